@@ -1,0 +1,165 @@
+"""The ``ingest`` command line. Expected failures print one line and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ingest.config import Settings
+from ingest.errors import IngestError
+from ingest.logs import configure_logging
+from metastore import Metastore, MetastoreError, apply_migrations, redact_url
+
+
+def _settings(require_kafka: bool = False) -> Settings:
+    return Settings.from_env(require_kafka=require_kafka)
+
+
+def cmd_migrate(_args: argparse.Namespace) -> int:
+    settings = _settings()
+    applied = apply_migrations(settings.database_url)
+    print(f"applied {len(applied)} migration(s) to {redact_url(settings.database_url)}"
+          + (": " + ", ".join(applied) if applied else " (already up to date)"))
+    return 0
+
+
+def cmd_source_apply(args: argparse.Namespace) -> int:
+    from ingest.spec import load_spec_file
+
+    spec, text = load_spec_file(Path(args.file))
+    with Metastore(_settings().database_url) as store:
+        version, changed = store.apply_source(spec.name, spec.to_json(), text)
+    print(f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)"))
+    return 0
+
+
+def cmd_source_list(_args: argparse.Namespace) -> int:
+    with Metastore(_settings().database_url) as store:
+        for row in store.list_sources():
+            print(f"{row['name']}\tversion {row['version']}\tupdated {row['updated_at'].isoformat()}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from ingest.worker import Worker
+
+    settings = _settings(require_kafka=True)
+    configure_logging(settings.log_format)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    Worker(settings, args.source).run(stop)
+    return 0
+
+
+def cmd_segments(args: argparse.Namespace) -> int:
+    from ingest.status import source_segments
+
+    with Metastore(_settings().database_url) as store:
+        segments = source_segments(store, args.source)
+    if args.json:
+        print(json.dumps(segments, indent=2))
+        return 0
+    print(f"{'id':>6} {'rows':>9} {'rejects':>7} {'skipped':>7}  ranges  files")
+    for s in segments:
+        ranges = ", ".join(f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in s["ranges"])
+        print(f"{s['id']:>6} {s['rows']:>9} {s['rejects']:>7} {s['skipped']:>7}  {ranges}  "
+              + " ".join(s["files"] + s["rejects_files"]))
+    print(f"{len(segments)} segment(s), {sum(s['rows'] for s in segments)} row(s)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ingest.status import source_status
+
+    settings = _settings()
+    with Metastore(settings.database_url) as store:
+        status = source_status(store, settings, args.source)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"source {status['source']} (spec version {status['spec_version']}), "
+          f"total lag {status['total_lag'] if status['kafka_reachable'] else '? (Kafka unreachable)'}, "
+          f"publish conflicts {status['publish_conflicts'] or 0}")
+    print(f"{'topic':<24} {'part':>4} {'next_offset':>12} {'high_wm':>10} {'lag':>8} {'serial':>6}  "
+          f"{'owner':<32} last_publish")
+    for p in status["partitions"]:
+        next_offset = p["next_offset"] if p["next_offset"] is not None else f"({p['initial_position']})"
+        print(f"{p['topic']:<24} {p['partition']:>4} {next_offset!s:>12} {_dash(p['high_watermark']):>10} "
+              f"{_dash(p['lag']):>8} {p['serial']:>6}  {_dash(p['owner']):<32} {_dash(p['last_publish_at'])}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from ingest.gc import collect_garbage
+    from ingest.worker import load_source
+
+    with Metastore(_settings().database_url) as store:
+        _version, spec = load_source(store, args.source)
+        result = collect_garbage(store, spec, grace_s=args.grace, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {len(result.deleted)} unpublished location(s); kept {result.kept} published; "
+          f"{result.too_young} unpublished younger than the grace period")
+    return 0
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ingest.gc import DEFAULT_GRACE_S
+
+    parser = argparse.ArgumentParser(prog="ingest", description="Exactly-once Kafka ingestion workers")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create or upgrade the metastore schema").set_defaults(func=cmd_migrate)
+
+    source = sub.add_parser("source", help="manage source specs").add_subparsers(dest="source_command", required=True)
+    apply = source.add_parser("apply", help="validate and store a TOML source spec (a new version if it changed)")
+    apply.add_argument("file")
+    apply.set_defaults(func=cmd_source_apply)
+    source.add_parser("list", help="list sources").set_defaults(func=cmd_source_list)
+
+    worker = sub.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
+    worker.add_argument("source")
+    worker.set_defaults(func=cmd_worker)
+
+    for name, func, help_text in (("segments", cmd_segments, "list published segments"),
+                                  ("status", cmd_status, "per-partition offsets, lag and owners")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("source")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+
+    gc = sub.add_parser("gc", help="delete segment files that no published segment points to")
+    gc.add_argument("source")
+    gc.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+                    help="only delete unpublished files older than this many seconds (default: %(default)s)")
+    gc.add_argument("--dry-run", action="store_true")
+    gc.set_defaults(func=cmd_gc)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (IngestError, MetastoreError) as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Worker settings from the environment.
+
+``INGEST_DATABASE_URL``, ``INGEST_KAFKA_BOOTSTRAP`` and ``INGEST_SPARK_MASTER`` name the
+servers. Any librdkafka property passes through untouched, either as
+``INGEST_KAFKA_PROP_<name with . as _>`` (e.g. ``INGEST_KAFKA_PROP_SECURITY_PROTOCOL=SASL_SSL``)
+or from a Java-style properties file named by ``INGEST_KAFKA_CONFIG_FILE``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ingest.errors import ConfigError
+
+KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
+# Properties the protocol depends on: a user may not override them.
+PROTOCOL_PROPERTIES = {
+    "enable.auto.commit": "false",
+    "enable.auto.offset.store": "false",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str
+    kafka_bootstrap: str
+    spark_master: str = "local[2]"
+    kafka_properties: Mapping[str, str] = field(default_factory=dict)
+    worker_id: str = ""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    log_format: str = "auto"
+    build_threads: int = 2
+    # Fault injection for tests and chaos runs: sleep this long between build and publish.
+    fault_publish_delay_s: float = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, require_kafka: bool = True) -> Settings:
+        env = os.environ if env is None else env
+        database_url = env.get("INGEST_DATABASE_URL", "")
+        if not database_url:
+            raise ConfigError("INGEST_DATABASE_URL: not set (e.g. postgresql://user:pass@host:5432/db)")
+        bootstrap = env.get("INGEST_KAFKA_BOOTSTRAP", "")
+        if require_kafka and not bootstrap:
+            raise ConfigError("INGEST_KAFKA_BOOTSTRAP: not set (e.g. broker1:9092,broker2:9092)")
+        props: dict[str, str] = {}
+        config_file = env.get("INGEST_KAFKA_CONFIG_FILE")
+        if config_file:
+            props.update(read_properties(Path(config_file)))
+        for key, value in env.items():
+            if key.startswith(KAFKA_PROP_PREFIX) and len(key) > len(KAFKA_PROP_PREFIX):
+                props[key[len(KAFKA_PROP_PREFIX):].lower().replace("_", ".")] = value
+        return cls(
+            database_url=database_url,
+            kafka_bootstrap=bootstrap,
+            spark_master=env.get("INGEST_SPARK_MASTER", "local[2]"),
+            kafka_properties=props,
+            worker_id=env.get("INGEST_WORKER_ID", "") or default_worker_id(),
+            metrics_host=env.get("INGEST_METRICS_HOST", "127.0.0.1"),
+            metrics_port=_optional_port(env.get("INGEST_METRICS_PORT")),
+            log_format=_choice("INGEST_LOG_FORMAT", env.get("INGEST_LOG_FORMAT", "auto"), ("auto", "json", "console")),
+            build_threads=_positive_int("INGEST_BUILD_THREADS", env.get("INGEST_BUILD_THREADS", "2")),
+            fault_publish_delay_s=_non_negative_float(
+                "INGEST_FAULT_PUBLISH_DELAY_S", env.get("INGEST_FAULT_PUBLISH_DELAY_S", "0")
+            ),
+        )
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"INGEST_KAFKA_CONFIG_FILE: cannot read {path}: {exc.strerror}") from exc
+    props: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        if "=" not in line:
+            raise ConfigError(f"INGEST_KAFKA_CONFIG_FILE: {path}:{number}: expected key=value")
+        key, value = line.split("=", 1)
+        props[key.strip()] = value.strip()
+    return props
+
+
+def _optional_port(value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    if not value.isdigit() or not 0 <= int(value) <= 65535:
+        raise ConfigError(f"INGEST_METRICS_PORT: expected a port number 0-65535, got {value!r}")
+    return int(value)
+
+
+def _positive_int(name: str, value: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _non_negative_float(name: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number < 0:
+        raise ConfigError(f"{name}: expected a non-negative number of seconds, got {value!r}")
+    return number
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | bool]:
+    """The consumer's librdkafka config: user pass-through first, the protocol's settings last."""
+    conf: dict[str, str | int | bool] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "group.id": group_id,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 1_000,
+        "max.poll.interval.ms": 300_000,
+        "enable.partition.eof": False,
+        "client.id": settings.worker_id,
+    }
+    conf.update(settings.kafka_properties)
+    conf.update(PROTOCOL_PROPERTIES)
+    return conf
+
+
+def admin_config(settings: Settings) -> dict[str, str | int | bool]:
+    """For admin/metadata clients: pass-through properties that are not consumer-only."""
+    conf: dict[str, str | int | bool] = {"bootstrap.servers": settings.kafka_bootstrap}
+    for key, value in settings.kafka_properties.items():
+        if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.")):
+            conf[key] = value
+    return conf

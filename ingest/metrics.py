@@ -1,0 +1,81 @@
+"""Every metric the worker exports, defined in one place.
+
+Each worker owns its own registry so that several workers in one process (tests) never
+share counters. Per-partition series are removed when the partition leaves the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from ingest.model import TopicPartition
+
+_BUILD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+_PUBLISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5)
+_ROWS_BUCKETS = (100, 1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000)
+_BYTES_BUCKETS = tuple(float(2**n) for n in range(16, 34, 2))
+_LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self, source: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.source = source
+        self.records_consumed = Counter("ingest_records_consumed", "Records read from Kafka", ["source"], registry=r)
+        self.bytes_consumed = Counter("ingest_bytes_consumed", "Record value bytes read from Kafka", ["source"],
+                                      registry=r)
+        self.records_published = Counter("ingest_records_published", "Rows in published segments", ["source"],
+                                          registry=r)
+        self.records_rejected = Counter("ingest_records_rejected", "Records published to rejects segments",
+                                        ["source"], registry=r)
+        self.records_skipped = Counter("ingest_records_skipped", "Unparseable records skipped (policy skip)",
+                                       ["source"], registry=r)
+        self.segments_published = Counter("ingest_segments_published", "Segments published", ["source"], registry=r)
+        self.publish_conflicts = Counter("ingest_publish_conflicts", "Publishes refused by the metastore",
+                                         ["source", "reason"], registry=r)
+        self.splits_killed = Counter("ingest_splits_killed", "Splits abandoned before publishing",
+                                     ["source", "reason"], registry=r)
+        self.split_failures = Counter("ingest_split_failures", "Split builds or publishes that failed",
+                                      ["source", "stage"], registry=r)
+        self.rebalances = Counter("ingest_rebalances", "Rebalance callbacks", ["source", "kind"], registry=r)
+        self.rebalance_seconds = Histogram("ingest_rebalance_callback_seconds", "Time spent in rebalance callbacks",
+                                           ["source", "kind"], buckets=(*_PUBLISH_BUCKETS, 10, 30), registry=r)
+        self.metastore_errors = Counter("ingest_metastore_errors", "Metastore calls that failed", ["source"],
+                                        registry=r)
+        self.kafka_errors = Counter("ingest_kafka_errors", "Errors reported by the Kafka client", ["source"],
+                                    registry=r)
+        self.assigned_partitions = Gauge("ingest_assigned_partitions", "Partitions assigned to this worker",
+                                         ["source"], registry=r)
+        self.paused_partitions = Gauge("ingest_paused_partitions", "Partitions paused (backpressure, fencing)",
+                                       ["source"], registry=r)
+        self.inflight_splits = Gauge("ingest_inflight_splits", "Sealed splits not yet published", ["source"],
+                                     registry=r)
+        self.inflight_bytes = Gauge("ingest_inflight_bytes", "Bytes of sealed splits not yet published",
+                                    ["source"], registry=r)
+        self.buffered_bytes = Gauge("ingest_buffered_bytes", "Bytes buffered in unsealed splits", ["source"],
+                                    registry=r)
+        self.partition_next_offset = Gauge("ingest_partition_next_offset", "Next offset to publish",
+                                           ["source", "topic", "partition"], registry=r)
+        self.build_seconds = Histogram("ingest_split_build_seconds", "Spark build time per split", ["source"],
+                                       buckets=_BUILD_BUCKETS, registry=r)
+        self.publish_seconds = Histogram("ingest_publish_transaction_seconds", "Publish transaction time",
+                                         ["source"], buckets=_PUBLISH_BUCKETS, registry=r)
+        self.visible_latency = Histogram("ingest_produce_to_visible_seconds",
+                                         "From a record's Kafka timestamp to its segment being published (newest "
+                                         "record of each segment)", ["source"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.segment_rows = Histogram("ingest_segment_rows", "Rows per published segment", ["source"],
+                                      buckets=_ROWS_BUCKETS, registry=r)
+        self.segment_bytes = Histogram("ingest_segment_bytes", "Bytes per published segment", ["source"],
+                                       buckets=_BYTES_BUCKETS, registry=r)
+
+    def forget_partition(self, tp: TopicPartition) -> None:
+        with contextlib.suppress(KeyError):
+            self.partition_next_offset.remove(self.source, tp.topic, str(tp.partition))
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve /metrics; returns the bound port (port 0 picks a free one)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_port)

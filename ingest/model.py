@@ -1,0 +1,80 @@
+"""Small value types shared by the loop, the pipeline, the builder and the metastore."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+StartFrom = Literal["earliest", "latest"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionClaim:
+    """What the assign transaction returns for one newly assigned partition.
+
+    ``serial`` is the value after this worker's bump: a publish for the partition is
+    accepted only while the stored serial still equals it. ``next_offset`` is None
+    when nothing was ever published; the consumer then starts at ``initial_position``.
+    """
+
+    tp: TopicPartition
+    serial: int
+    next_offset: int | None
+    initial_position: StartFrom
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Offsets ``[start, end)`` of one partition. ``start`` is the consumer position the
+    split began at (the previous split's end or the seek target), so consecutive splits of
+    a partition tile its offsets without gaps even where Kafka's offsets have holes."""
+
+    tp: TopicPartition
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRange:
+    """One partition of a publish: the range plus the serial the worker saw at assign."""
+
+    range: OffsetRange
+    serial: int
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltSegment:
+    """Files written for one split. Invisible until the publish transaction commits."""
+
+    split_id: uuid.UUID
+    location: str
+    files: tuple[str, ...]
+    row_count: int
+    size_bytes: int
+    min_event_time: datetime | None = None
+    max_event_time: datetime | None = None
+    rejects_location: str | None = None
+    rejects_files: tuple[str, ...] = ()
+    rejects_count: int = 0
+    skipped_count: int = 0
+    build_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentToPublish:
+    source: str
+    spec_version: int
+    worker_id: str
+    segment: BuiltSegment
+    ranges: tuple[PublishRange, ...] = field(default_factory=tuple)

@@ -1,0 +1,272 @@
+"""Sealed splits in flight: built concurrently, published one at a time per partition in
+offset order.
+
+Invariants:
+- For each partition, splits are published strictly in the order they were submitted;
+  a split is never published while an earlier split of its partition is unresolved.
+- When a split of a partition fails or is refused, every later split of that partition
+  still in flight is killed (they could only be refused: the stored offset did not move).
+- Files of a split are deleted only when it is certain they were not published.
+- Consumer calls never happen here: results go back to the polling thread via ``poll()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import structlog
+
+from ingest.builder import SegmentBuilder
+from ingest.errors import BuildError, ParseFailure, PublishAbandoned, SplitKilled
+from ingest.model import BuiltSegment, TopicPartition
+from ingest.publisher import Publisher
+from ingest.spec import SourceSpec
+from ingest.split import SealedSplit
+from metastore.errors import PublishConflict
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    split: SealedSplit
+    segment: BuiltSegment
+    segment_id: int
+    publish_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Killed:
+    split: SealedSplit
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Conflicted:
+    split: SealedSplit
+    conflict: PublishConflict
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    split: SealedSplit
+    stage: str
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    split: SealedSplit
+    error: ParseFailure
+
+
+Outcome = Published | Killed | Conflicted | Failed | Fatal
+
+
+@dataclass(slots=True)
+class _Entry:
+    split: SealedSplit
+    built: Future[BuiltSegment]
+
+
+class Pipeline:
+    def __init__(
+        self,
+        builder: SegmentBuilder,
+        publisher: Publisher,
+        spec: SourceSpec,
+        spec_version: int,
+        *,
+        build_threads: int = 2,
+        build_attempts: int = 3,
+        build_retry_s: float = 1.0,
+        publish_delay_s: float = 0.0,
+    ) -> None:
+        self._builder = builder
+        self._publisher = publisher
+        self._spec = spec
+        self._spec_version = spec_version
+        self._build_attempts = build_attempts
+        self._build_retry_s = build_retry_s
+        self._publish_delay_s = publish_delay_s
+        self._executor = ThreadPoolExecutor(max_workers=build_threads, thread_name_prefix="ingest-build")
+        self._cond = threading.Condition()
+        self._queues: dict[TopicPartition, deque[_Entry]] = {}
+        self._outcomes: list[Outcome] = []
+        self._inflight_bytes = 0
+        self._inflight_count = 0
+        self._closing = False
+        self._thread = threading.Thread(target=self._publish_loop, name="ingest-publish", daemon=True)
+        self._thread.start()
+
+    # -- polling thread API ------------------------------------------------------------
+
+    def submit(self, split: SealedSplit) -> None:
+        future = self._executor.submit(self._build, split)
+        with self._cond:
+            self._queues.setdefault(split.tp, deque()).append(_Entry(split, future))
+            self._inflight_count += 1
+            self._inflight_bytes += split.size_bytes
+        future.add_done_callback(self._wake)
+
+    def kill(self, tps: Iterable[TopicPartition], reason: str, deadline: float | None = None) -> int:
+        """Trip the kill switch of every in-flight split of these partitions. When this
+        returns, none of them can start a commit (unless a commit in progress outlived the
+        deadline; the metastore's serial check still fences it)."""
+        wanted = set(tps)
+        with self._cond:
+            splits = [e.split for tp, q in self._queues.items() if tp in wanted for e in q]
+        return self._trip(splits, reason, deadline)
+
+    def kill_all(self, reason: str, deadline: float | None = None) -> int:
+        with self._cond:
+            splits = [e.split for q in self._queues.values() for e in q]
+        return self._trip(splits, reason, deadline)
+
+    def poll(self) -> list[Outcome]:
+        with self._cond:
+            outcomes, self._outcomes = self._outcomes, []
+        return outcomes
+
+    @property
+    def inflight_count(self) -> int:
+        return self._inflight_count
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self._inflight_bytes
+
+    def inflight_partitions(self) -> set[TopicPartition]:
+        with self._cond:
+            return set(self._queues)
+
+    def join(self, timeout: float) -> bool:
+        """Wait until nothing is in flight; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queues:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.1))
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.kill_all("shutdown", deadline=time.monotonic() + min(timeout, 10.0))
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._thread.join(timeout)
+
+    # -- internals ---------------------------------------------------------------------
+
+    @staticmethod
+    def _trip(splits: list[SealedSplit], reason: str, deadline: float | None) -> int:
+        tripped = 0
+        for split in splits:
+            if split.kill_switch.tripped:
+                continue
+            timeout = 5.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not split.kill_switch.trip(reason, timeout=timeout):
+                log.warning("kill_switch_commit_in_progress", split=str(split.id), topic=split.tp.topic,
+                            partition=split.tp.partition)
+            tripped += 1
+        return tripped
+
+    def _wake(self, _future: object = None) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _build(self, split: SealedSplit) -> BuiltSegment:
+        attempt = 1
+        while True:
+            split.kill_switch.check()
+            try:
+                return self._builder.build(split, self._spec)
+            except BuildError as exc:
+                if attempt >= self._build_attempts:
+                    raise
+                log.warning("build_retry", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
+                            attempt=attempt, error=str(exc))
+                self._sleep_unless_killed(split, self._build_retry_s * attempt)
+                attempt += 1
+
+    @staticmethod
+    def _sleep_unless_killed(split: SealedSplit, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (remaining := end - time.monotonic()) > 0:
+            split.kill_switch.check()
+            time.sleep(min(remaining, 0.05))
+
+    def _next_ready(self) -> _Entry | None:
+        for queue in self._queues.values():
+            if queue[0].built.done():
+                return queue[0]
+        return None
+
+    def _publish_loop(self) -> None:
+        while True:
+            with self._cond:
+                entry = self._next_ready()
+                while entry is None:
+                    if self._closing and not self._queues:
+                        return
+                    self._cond.wait(0.1)
+                    entry = self._next_ready()
+            # A cancelled build (shutdown) is done too: it resolves as Killed below.
+            outcome = self._finish(entry)
+            self._record(entry, outcome)
+
+    def _finish(self, entry: _Entry) -> Outcome:
+        split = entry.split
+        try:
+            built = entry.built.result()
+        except (SplitKilled, CancelledError) as exc:
+            return Killed(split, exc.reason if isinstance(exc, SplitKilled) else "shutdown")
+        except ParseFailure as exc:
+            return Fatal(split, exc)
+        except Exception as exc:
+            log.error("build_failed", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
+                      error=str(exc), exc_info=not isinstance(exc, BuildError))
+            return Failed(split, "build", exc)
+        try:
+            if self._publish_delay_s:
+                self._sleep_unless_killed(split, self._publish_delay_s)
+            started = time.monotonic()
+            segment_id = self._publisher.publish(split, built, self._spec_version)
+            return Published(split, built, segment_id, time.monotonic() - started)
+        except PublishAbandoned as exc:
+            # The commit may have landed: leave the files for gc, which asks the metastore.
+            return Killed(split, exc.reason)
+        except SplitKilled as exc:
+            self._builder.discard(built)
+            return Killed(split, exc.reason)
+        except PublishConflict as exc:
+            self._builder.discard(built)
+            return Conflicted(split, exc)
+        except Exception as exc:
+            log.exception("publish_failed", split=str(split.id), error=str(exc))
+            self._builder.discard(built)
+            return Failed(split, "publish", exc)
+
+    def _record(self, entry: _Entry, outcome: Outcome) -> None:
+        later: list[SealedSplit] = []
+        with self._cond:
+            queue = self._queues[entry.split.tp]
+            assert queue[0] is entry
+            queue.popleft()
+            if not isinstance(outcome, Published | Killed):
+                later = [e.split for e in queue]
+            if not queue:
+                del self._queues[entry.split.tp]
+            self._inflight_count -= 1
+            self._inflight_bytes -= entry.split.size_bytes
+            self._outcomes.append(outcome)
+            self._cond.notify_all()
+        self._trip(later, "predecessor_failed", None)

@@ -1,0 +1,105 @@
+"""The serial-guarded publish of one built split, with retries that never publish twice.
+
+The metastore transaction is the real fence (serial + next_offset checks under row
+locks). The kill switch is held across it so that once a revoke callback has tripped
+the switch, no commit for the split can begin.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from ingest.errors import PublishAbandoned
+from ingest.model import BuiltSegment, PublishRange, SegmentToPublish
+from ingest.split import SealedSplit
+from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
+
+log = structlog.get_logger(__name__)
+
+
+class PublishStore(Protocol):
+    """The part of ``metastore.Metastore`` the publisher needs."""
+
+    def publish(self, item: SegmentToPublish) -> int: ...
+    def segment_for_split(self, split_id: uuid.UUID) -> int | None: ...
+
+
+class Publisher:
+    def __init__(
+        self,
+        store: PublishStore,
+        source: str,
+        worker_id: str,
+        *,
+        retry_initial_s: float = 0.2,
+        retry_max_s: float = 10.0,
+        on_store_error: Callable[[Exception], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._store = store
+        self._source = source
+        self._worker_id = worker_id
+        self._retry_initial_s = retry_initial_s
+        self._retry_max_s = retry_max_s
+        self._on_store_error = on_store_error
+        self._sleep = sleep
+
+    def publish(self, split: SealedSplit, segment: BuiltSegment, spec_version: int) -> int:
+        """Publish or raise: PublishConflict (refused), SplitKilled (tripped before commit).
+
+        While the metastore is unreachable it retries with capped backoff until it succeeds
+        or the split is killed. A commit whose outcome is unknown is resolved by looking the
+        split id up before anything is retried, so the split is never published twice.
+        """
+        item = SegmentToPublish(
+            source=self._source,
+            spec_version=spec_version,
+            worker_id=self._worker_id,
+            segment=segment,
+            ranges=(PublishRange(split.range, split.serial),),
+        )
+        delay = self._retry_initial_s
+        while True:
+            try:
+                with split.kill_switch.hold():
+                    return self._store.publish(item)
+            except CommitOutcomeUnknown as exc:
+                self._report(exc)
+                segment_id = self._resolve(split)
+                if segment_id is not None:
+                    return segment_id
+            except MetastoreUnavailable as exc:
+                self._report(exc)
+            log.warning("publish_retry", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
+                        retry_in_s=round(delay, 2))
+            self._sleep(delay)
+            delay = min(delay * 2, self._retry_max_s)
+
+    def _resolve(self, split: SealedSplit) -> int | None:
+        """After an unknown commit outcome: was the split published? Retries until the
+        metastore answers or the split is killed (then the answer no longer matters to us:
+        if the commit did land, the offsets advanced and nothing will be re-published)."""
+        delay = self._retry_initial_s
+        while True:
+            if split.kill_switch.tripped:
+                raise PublishAbandoned(split.kill_switch.reason or "killed")
+            try:
+                segment_id = self._store.segment_for_split(split.id)
+            except MetastoreUnavailable as exc:
+                self._report(exc)
+                self._sleep(delay)
+                delay = min(delay * 2, self._retry_max_s)
+                continue
+            log.info("commit_outcome_resolved", split=str(split.id), published=segment_id is not None)
+            return segment_id
+
+    def _report(self, exc: Exception) -> None:
+        log.warning("metastore_error", error=str(exc))
+        if self._on_store_error is not None:
+            self._on_store_error(exc)
+

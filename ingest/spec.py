@@ -1,0 +1,249 @@
+"""Source specs: the TOML a user applies with ``ingest source apply FILE``.
+
+Validation happens here, before anything starts; every error names the field and
+the allowed values. A validated spec round-trips through JSON (how the metastore
+stores it) without loss.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from ingest.errors import ConfigError
+from ingest.model import StartFrom
+
+ParseErrorPolicy = Literal["reject", "skip", "fail"]
+
+SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
+ALLOWED_TYPES = (*SCALAR_TYPES, *(f"array<{t}>" for t in SCALAR_TYPES))
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+# Column names become Parquet field names; keep them plain and free of the reserved prefix.
+_COLUMN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|mb|mib|gb|gib)?\s*$", re.IGNORECASE)
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+_TOP_LEVEL_KEYS = {
+    "name", "topics", "start_from", "format", "schema", "event_time", "split",
+    "segment_store", "on_parse_error", "consumer_group",
+}
+_SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
+
+
+@dataclass(frozen=True, slots=True)
+class SplitLimits:
+    max_records: int = 100_000
+    max_bytes: int = 64 * 1024**2
+    max_age_s: float = 30.0
+    # Backpressure: past either bound the worker pauses its partitions (poll() keeps going).
+    max_in_flight: int = 8
+    max_in_flight_bytes: int = 512 * 1024**2
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    name: str
+    topics: tuple[str, ...]
+    schema: tuple[tuple[str, str], ...]
+    event_time: str
+    segment_store: str
+    start_from: StartFrom = "earliest"
+    format: str = "json"
+    on_parse_error: ParseErrorPolicy = "reject"
+    split: SplitLimits = SplitLimits()
+    consumer_group: str = ""
+
+    @property
+    def group_id(self) -> str:
+        return self.consumer_group or f"ingest-{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["topics"] = list(self.topics)
+        doc["schema"] = [list(c) for c in self.schema]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SourceSpec:
+        return cls(
+            name=doc["name"],
+            topics=tuple(doc["topics"]),
+            schema=tuple((c[0], c[1]) for c in doc["schema"]),
+            event_time=doc["event_time"],
+            segment_store=doc["segment_store"],
+            start_from=doc["start_from"],
+            format=doc["format"],
+            on_parse_error=doc["on_parse_error"],
+            split=SplitLimits(**doc["split"]),
+            consumer_group=doc.get("consumer_group", ""),
+        )
+
+
+def validate_source_name(name: object) -> str:
+    """Source names become directory names and SQL values; allow a safe subset only."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(
+            f"name: {name!r} is not a valid source name "
+            "(lower-case letter first, then up to 62 of a-z 0-9 _ -)"
+        )
+    return name
+
+
+def parse_size(field: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()])
+    else:
+        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {value!r}")
+    if size <= 0:
+        raise ConfigError(f"{field}: must be positive, got {value!r}")
+    return size
+
+
+def parse_duration(field: str, value: object) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+        seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
+    else:
+        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {value!r}")
+    if seconds <= 0:
+        raise ConfigError(f"{field}: must be positive, got {value!r}")
+    return seconds
+
+
+def _positive_int(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{field}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{field}: {value!r} is not one of {', '.join(allowed)}")
+    return cast(str, value)
+
+
+def normalize_store_uri(value: object, base_dir: Path | None = None) -> str:
+    """``file://`` URIs and plain paths become absolute ``file://`` URIs; other schemes pass."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"segment_store: expected a URI such as file:///var/lib/ingest, got {value!r}")
+    if "://" in value:
+        scheme, rest = value.split("://", 1)
+        if scheme == "file":
+            if not rest.startswith("/"):
+                raise ConfigError(f"segment_store: file URIs must be absolute (file:///path), got {value!r}")
+            return "file://" + str(Path(rest).resolve())
+        return value.rstrip("/")
+    path = Path(value)
+    if not path.is_absolute():
+        path = (base_dir or Path.cwd()) / path
+    return "file://" + str(path.resolve())
+
+
+def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceSpec:
+    unknown = set(doc) - _TOP_LEVEL_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TOP_LEVEL_KEYS))}"
+        )
+    for required in ("name", "topics", "schema", "event_time"):
+        if required not in doc:
+            raise ConfigError(f"{required}: missing (required)")
+    name = validate_source_name(doc["name"])
+
+    topics = doc["topics"]
+    if not isinstance(topics, list) or not topics:
+        raise ConfigError(f"topics: expected a non-empty list of topic names, got {topics!r}")
+    for topic in topics:
+        if not isinstance(topic, str) or not _TOPIC_RE.match(topic):
+            raise ConfigError(f"topics: {topic!r} is not a valid Kafka topic name")
+    if len(set(topics)) != len(topics):
+        raise ConfigError("topics: lists a topic twice")
+
+    schema = doc["schema"]
+    if not isinstance(schema, dict) or not schema:
+        raise ConfigError("schema: expected a table of column = type with at least one column")
+    columns: list[tuple[str, str]] = []
+    for column, ctype in schema.items():
+        if not _COLUMN_RE.match(column):
+            raise ConfigError(
+                f"schema.{column}: invalid column name (letter first, then letters, digits, _; "
+                "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
+            )
+        if not isinstance(ctype, str) or ctype.strip().lower() not in ALLOWED_TYPES:
+            raise ConfigError(f"schema.{column}: type {ctype!r} is not one of {', '.join(ALLOWED_TYPES)}")
+        columns.append((column, ctype.strip().lower()))
+    if len({c.lower() for c, _ in columns}) != len(columns):
+        raise ConfigError("schema: column names must be unique ignoring case")
+
+    event_time = doc["event_time"]
+    types = dict(columns)
+    if event_time not in types:
+        raise ConfigError(f"event_time: {event_time!r} is not a column of [schema]")
+    if types[event_time] != "timestamp":
+        raise ConfigError(f"event_time: column {event_time!r} must have type timestamp, has {types[event_time]}")
+
+    split_doc = doc.get("split", {})
+    if not isinstance(split_doc, dict):
+        raise ConfigError("split: expected a table")
+    unknown = set(split_doc) - _SPLIT_KEYS
+    if unknown:
+        raise ConfigError(
+            f"split: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_SPLIT_KEYS))}"
+        )
+    defaults = SplitLimits()
+    limits = SplitLimits(
+        max_records=_positive_int("split.max_records", split_doc.get("max_records", defaults.max_records)),
+        max_bytes=parse_size("split.max_bytes", split_doc.get("max_bytes", defaults.max_bytes)),
+        max_age_s=parse_duration("split.max_age", split_doc.get("max_age", defaults.max_age_s)),
+        max_in_flight=_positive_int("split.max_in_flight", split_doc.get("max_in_flight", defaults.max_in_flight)),
+        max_in_flight_bytes=parse_size(
+            "split.max_in_flight_bytes", split_doc.get("max_in_flight_bytes", defaults.max_in_flight_bytes)
+        ),
+    )
+
+    group = doc.get("consumer_group", "")
+    if not isinstance(group, str):
+        raise ConfigError(f"consumer_group: expected a string, got {group!r}")
+
+    return SourceSpec(
+        name=name,
+        topics=tuple(topics),
+        schema=tuple(columns),
+        event_time=event_time,
+        segment_store=normalize_store_uri(doc.get("segment_store", "file:///var/lib/ingest/segments"), base_dir),
+        start_from=cast(StartFrom, _choice("start_from", doc.get("start_from", "earliest"), ("earliest", "latest"))),
+        format=_choice("format", doc.get("format", "json"), ("json",)),
+        on_parse_error=cast(
+            ParseErrorPolicy, _choice("on_parse_error", doc.get("on_parse_error", "reject"), ("reject", "skip", "fail"))
+        ),
+        split=limits,
+        consumer_group=group,
+    )
+
+
+def load_spec_file(path: Path) -> tuple[SourceSpec, str]:
+    """Parse and validate a TOML spec file; returns the spec and the file's text."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read spec file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"spec file {path} is not UTF-8 text") from exc
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"spec file {path} is not valid TOML: {exc}") from exc
+    return spec_from_dict(doc, base_dir=path.resolve().parent), text

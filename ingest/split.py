@@ -1,0 +1,194 @@
+"""Per-partition buffers, sealed splits and their kill switches.
+
+Invariants:
+- A buffer belongs to exactly one partition and one assignment (serial). It is
+  dropped, never re-used, when the partition is revoked or lost.
+- A buffer's ``start`` is the consumer position at which it began: the previous
+  split's ``end`` or the offset the partition was seeked to. Consecutive splits
+  of one assignment therefore tile the offsets with no gap and no overlap.
+- A sealed split is immutable; only its kill switch changes state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ingest.errors import SplitKilled
+from ingest.model import OffsetRange, TopicPartition
+from ingest.spec import SplitLimits
+
+
+class Record(Protocol):
+    """The part of ``confluent_kafka.Message`` a split needs (fakes implement it in tests)."""
+
+    def offset(self) -> int | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+
+
+class KillSwitch:
+    """Tripped once, never reset. Publishing holds it (``hold``) across the commit, so
+    once ``trip`` returns no commit of this split can start; a commit already running
+    finishes first (bounded by ``timeout``: past it the metastore's serial check is the
+    only fence, which is always sufficient for correctness)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._callbacks: list[Callable[[str], None]] = []
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason
+
+    @property
+    def tripped(self) -> bool:
+        return self._reason is not None
+
+    def on_trip(self, callback: Callable[[str], None]) -> None:
+        """Run ``callback(reason)`` when tripped (at once if already tripped)."""
+        run_now = False
+        with self._lock:
+            if self._reason is None:
+                self._callbacks.append(callback)
+            else:
+                run_now = True
+        if run_now:
+            callback(self._reason or "")
+
+    def trip(self, reason: str, timeout: float = 5.0) -> bool:
+        """Trip the switch. Returns False when a commit in progress did not finish in time."""
+        acquired = self._lock.acquire(timeout=timeout)
+        try:
+            if self._reason is not None:
+                return acquired
+            self._reason = reason
+            callbacks, self._callbacks = self._callbacks, []
+        finally:
+            if acquired:
+                self._lock.release()
+        for callback in callbacks:
+            callback(reason)
+        return acquired
+
+    def check(self) -> None:
+        if self._reason is not None:
+            raise SplitKilled(self._reason)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the switch from tripping while the body runs; raise if already tripped."""
+        with self._lock:
+            if self._reason is not None:
+                raise SplitKilled(self._reason)
+            yield
+
+
+@dataclass(frozen=True, slots=True)
+class SealedSplit:
+    id: uuid.UUID
+    tp: TopicPartition
+    serial: int
+    start: int
+    end: int
+    records: tuple[Record, ...]
+    size_bytes: int
+    first_record_at: float
+    sealed_at: float
+    seal_reason: str
+    kill_switch: KillSwitch = field(compare=False)
+    # Bumped by the loop each time it rewinds the partition: outcomes of splits from an
+    # older epoch are stale and must not trigger another rewind.
+    epoch: int = 0
+
+    @property
+    def range(self) -> OffsetRange:
+        return OffsetRange(self.tp, self.start, self.end)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+class PartitionBuffer:
+    """Records of one partition since the last seal."""
+
+    __slots__ = ("_first_at", "_records", "_size", "epoch", "position", "serial", "tp")
+
+    def __init__(self, tp: TopicPartition, serial: int, position: int | None, epoch: int = 0) -> None:
+        self.tp = tp
+        self.serial = serial
+        self.epoch = epoch
+        # None until the first record arrives when the partition started at a logical
+        # position (earliest/latest) rather than a stored offset.
+        self.position = position
+        self._records: list[Record] = []
+        self._size = 0
+        self._first_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    def append(self, record: Record, size: int, now: float) -> bool:
+        """Add a record; returns False (and drops it) if it lies before the position,
+        which happens only for messages fetched before a seek."""
+        offset = record.offset()
+        assert offset is not None
+        if self.position is None:
+            self.position = offset
+        if self._records:
+            last = self._records[-1].offset()
+            assert last is not None
+            if offset <= last:
+                return False
+        elif offset < self.position:
+            return False
+        if not self._records:
+            self._first_at = now
+        self._records.append(record)
+        self._size += size
+        return True
+
+    def should_seal(self, limits: SplitLimits, now: float) -> str | None:
+        if not self._records:
+            return None
+        if len(self._records) >= limits.max_records:
+            return "records"
+        if self._size >= limits.max_bytes:
+            return "bytes"
+        if now - self._first_at >= limits.max_age_s:
+            return "age"
+        return None
+
+    def seal(self, reason: str, now: float | None = None) -> SealedSplit:
+        assert self._records and self.position is not None
+        last = self._records[-1].offset()
+        assert last is not None
+        split = SealedSplit(
+            id=uuid.uuid4(),
+            tp=self.tp,
+            serial=self.serial,
+            start=self.position,
+            end=last + 1,
+            records=tuple(self._records),
+            size_bytes=self._size,
+            first_record_at=self._first_at,
+            sealed_at=time.monotonic() if now is None else now,
+            seal_reason=reason,
+            kill_switch=KillSwitch(),
+            epoch=self.epoch,
+        )
+        self.position = split.end
+        self._records = []
+        self._size = 0
+        return split

@@ -1,0 +1,78 @@
+"""What ``ingest status`` and ``ingest segments`` show: the metastore's view, with Kafka's
+watermarks beside it when Kafka answers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from ingest.config import Settings, admin_config
+from metastore import Metastore
+
+
+def high_watermarks(settings: Settings, tps: list[tuple[str, int]], timeout: float = 5.0) -> dict[tuple[str, int], int]:
+    """Kafka's high watermark per partition; empty when Kafka does not answer."""
+    if not tps or not settings.kafka_bootstrap:
+        return {}
+    conf: dict[str, Any] = {**admin_config(settings), "group.id": "ingest-status", "enable.auto.commit": False}
+    consumer = Consumer(conf)
+    marks: dict[tuple[str, int], int] = {}
+    try:
+        for topic, partition in tps:
+            try:
+                _low, high = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=timeout)
+            except KafkaException:
+                return marks
+            marks[(topic, partition)] = int(high)
+    finally:
+        consumer.close()
+    return marks
+
+
+def source_status(store: Metastore, settings: Settings, source: str) -> dict[str, Any]:
+    version, _spec = store.latest_spec(source)
+    rows = store.partitions(source)
+    marks = high_watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
+    partitions = []
+    total_lag = 0
+    for r in rows:
+        high = marks.get((r["topic"], r["partition"]))
+        next_offset = r["next_offset"]
+        lag = None if high is None else max(0, high - (next_offset or 0))
+        total_lag += lag or 0
+        partitions.append({
+            "topic": r["topic"], "partition": r["partition"], "next_offset": next_offset,
+            "high_watermark": high, "lag": lag, "owner": r["owner"], "serial": r["serial"],
+            "last_publish_at": _iso(r["last_publish_at"]), "initial_position": r["initial_position"],
+        })
+    return {
+        "source": source,
+        "spec_version": version,
+        "kafka_reachable": bool(marks) or not rows,
+        "total_lag": total_lag,
+        "publish_conflicts": store.conflict_counts(source),
+        "partitions": partitions,
+    }
+
+
+def source_segments(store: Metastore, source: str) -> list[dict[str, Any]]:
+    store.latest_spec(source)  # raises SourceNotFound for an unknown source
+    out = []
+    for r in store.segments(source):
+        out.append({
+            "id": r["id"], "split_id": str(r["split_id"]), "spec_version": r["spec_version"], "worker": r["worker"],
+            "location": r["location"], "files": list(r["files"]), "rows": r["row_count"], "bytes": r["size_bytes"],
+            "rejects": r["rejects_count"], "rejects_files": list(r["rejects_files"]), "skipped": r["skipped_count"],
+            "min_event_time": _iso(r["min_event_time"]), "max_event_time": _iso(r["max_event_time"]),
+            "published_at": _iso(r["published_at"]),
+            "ranges": [{"topic": x["topic"], "partition": x["partition"], "start": x["start"], "end": x["end"]}
+                       for x in r["ranges"]],
+        })
+    return out
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

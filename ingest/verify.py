@@ -1,0 +1,114 @@
+"""The exactly-once check: read every published segment's files and compare the Kafka
+coordinates found there with what was produced.
+
+Used by the tests, the demo and the chaos run. It trusts nothing but the metastore's
+segment rows and the Parquet files they point to.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from metastore import Metastore
+
+Coord = tuple[str, int]
+
+
+@dataclass
+class Verification:
+    rows: int = 0
+    rejects: int = 0
+    skipped: int = 0
+    segments: int = 0
+    missing: dict[Coord, list[int]] = field(default_factory=dict)
+    duplicates: dict[Coord, list[int]] = field(default_factory=dict)
+    unexpected: dict[Coord, list[int]] = field(default_factory=dict)
+    range_errors: list[str] = field(default_factory=list)
+    offset_errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicates or self.unexpected or self.range_errors or self.offset_errors)
+
+    def summary(self) -> str:
+        def count(d: dict[Coord, list[int]]) -> int:
+            return sum(len(v) for v in d.values())
+
+        return (f"segments={self.segments} rows={self.rows} rejects={self.rejects} skipped={self.skipped} "
+                f"missing={count(self.missing)} duplicated={count(self.duplicates)} "
+                f"unexpected={count(self.unexpected)} range_errors={len(self.range_errors)} "
+                f"offset_errors={len(self.offset_errors)}")
+
+
+def read_coordinates(uri: str) -> list[tuple[str, int, int]]:
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    table = pq.read_table(path, columns=["_topic", "_partition", "_offset"], filesystem=filesystem)
+    return list(zip(table["_topic"].to_pylist(), table["_partition"].to_pylist(), table["_offset"].to_pylist(),
+                    strict=True))
+
+
+def count_rows(uri: str) -> int:
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    return int(pq.ParquetFile(path, filesystem=filesystem).metadata.num_rows)
+
+
+def verify_exactly_once(store: Metastore, source: str, expected: dict[Coord, list[int]],
+                        skipped_ok: bool = False) -> Verification:
+    """``expected``: for each (topic, partition) the offsets produced (from delivery reports).
+
+    Checks that every expected offset is in exactly one published file (data or rejects),
+    that no other offset is, that each partition's published ranges tile ``[first, end)``
+    without gap or overlap, and that the stored next offset equals the log end.
+    """
+    result = Verification()
+    seen: Counter[tuple[str, int, int]] = Counter()
+    ranges: dict[Coord, list[tuple[int, int]]] = {}
+    for seg in store.segments(source):
+        result.segments += 1
+        result.rows += int(seg["row_count"])
+        result.rejects += int(seg["rejects_count"])
+        result.skipped += int(seg["skipped_count"])
+        for uri in list(seg["files"]) + list(seg["rejects_files"]):
+            seen.update(read_coordinates(uri))
+        for r in seg["ranges"]:
+            ranges.setdefault((r["topic"], r["partition"]), []).append((r["start"], r["end"]))
+    if result.skipped and not skipped_ok:
+        result.offset_errors.append(f"{result.skipped} records were skipped (policy skip): not verifiable")
+    by_partition: dict[Coord, Counter[int]] = {}
+    for (topic, partition, offset), n in seen.items():
+        by_partition.setdefault((topic, partition), Counter())[offset] = n
+    for coord in set(expected) | set(by_partition):
+        want = set(expected.get(coord, []))
+        got = by_partition.get(coord, Counter())
+        if (missing := sorted(want - set(got))) and not skipped_ok:
+            result.missing[coord] = missing
+        if dup := sorted(o for o, n in got.items() if n > 1):
+            result.duplicates[coord] = dup
+        if extra := sorted(set(got) - want):
+            result.unexpected[coord] = extra
+    stored = {(r["topic"], r["partition"]): r["next_offset"] for r in store.partitions(source)}
+    for coord, offsets in expected.items():
+        if not offsets:
+            continue
+        end = max(offsets) + 1
+        spans = sorted(ranges.get(coord, []))
+        position = min(offsets) if not spans else spans[0][0]
+        if spans and spans[0][0] > min(offsets):
+            result.range_errors.append(f"{coord}: first range starts at {spans[0][0]} > first offset {min(offsets)}")
+        for start, stop in spans:
+            if start != position:
+                result.range_errors.append(f"{coord}: range [{start}, {stop}) does not start at {position}")
+            position = stop
+        if position != end:
+            result.range_errors.append(f"{coord}: ranges end at {position}, log end is {end}")
+        if stored.get(coord) != end:
+            result.offset_errors.append(f"{coord}: stored next_offset {stored.get(coord)} != log end {end}")
+    return result
+
+
+def published_positions(store: Metastore, source: str) -> dict[Coord, int | None]:
+    return {(r["topic"], r["partition"]): r["next_offset"] for r in store.partitions(source)}

@@ -1,0 +1,125 @@
+"""One worker process: wires settings, metastore, Spark, pipeline, consumer and loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import AdminClient
+
+from ingest.assignment import Assignment
+from ingest.builder import SegmentBuilder
+from ingest.config import Settings, admin_config, consumer_config
+from ingest.errors import KafkaUnavailable, TopicNotFound
+from ingest.loop import ConsumeLoop
+from ingest.metrics import Metrics
+from ingest.pipeline import Pipeline
+from ingest.publisher import Publisher
+from ingest.rebalance import RebalanceHandler
+from ingest.spec import SourceSpec
+from metastore import Metastore
+
+log = structlog.get_logger(__name__)
+
+
+def load_source(store: Metastore, name: str) -> tuple[int, SourceSpec]:
+    version, doc = store.latest_spec(name)
+    return version, SourceSpec.from_json(doc)
+
+
+def topic_partitions(settings: Settings, topics: tuple[str, ...], timeout: float = 10.0) -> dict[str, int]:
+    """Partition counts of the source's topics; a clear error when one is missing."""
+    admin = AdminClient(admin_config(settings))
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"Kafka unreachable at {settings.kafka_bootstrap}: {exc.args[0].str()}") from exc
+    counts = {}
+    for topic in topics:
+        meta = metadata.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise TopicNotFound(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}")
+        counts[topic] = len(meta.partitions)
+    return counts
+
+
+class Worker:
+    """Runs until ``stop`` is set (SIGTERM/SIGINT in the CLI), then publishes what it holds,
+    leaves the group and releases everything."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: str,
+        *,
+        builder_factory: Callable[[], SegmentBuilder] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.metrics = metrics or Metrics(source)
+        self._builder_factory = builder_factory
+        self.assignment = Assignment()
+        self.loop: ConsumeLoop | None = None
+        self.ready = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        settings = self.settings
+        worker_id = settings.worker_id
+        store = Metastore(settings.database_url)
+        publish_store = Metastore(settings.database_url)
+        consumer: Any = None
+        pipeline: Pipeline | None = None
+        spark: Any = None
+        try:
+            version, spec = load_source(store, self.source)
+            counts = topic_partitions(settings, spec.topics)
+            for topic, count in counts.items():
+                store.register_partitions(spec.name, topic, range(count), spec.start_from)
+            if self._builder_factory is not None:
+                builder = self._builder_factory()
+            else:
+                from ingest.builder import SparkSegmentBuilder
+                from ingest.spark import create_session
+
+                spark = create_session(settings.spark_master, f"ingest-{spec.name}")
+                builder = SparkSegmentBuilder(spark)
+            publisher = Publisher(
+                publish_store, spec.name, worker_id,
+                on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
+            )
+            pipeline = Pipeline(builder, publisher, spec, version, build_threads=settings.build_threads,
+                                publish_delay_s=settings.fault_publish_delay_s)
+            conf = consumer_config(settings, spec.group_id)
+            incremental = "cooperative" in str(conf["partition.assignment.strategy"])
+            handler = RebalanceHandler(
+                source=spec.name, worker_id=worker_id, store=store, assignment=self.assignment,
+                pipeline=pipeline, metrics=self.metrics, incremental=incremental,
+                deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4),
+            )
+            consumer = Consumer(conf)
+            consumer.subscribe(list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke,
+                               on_lost=handler.on_lost)
+            self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
+                                    pipeline=pipeline, handler=handler, store=store, metrics=self.metrics)
+            if settings.metrics_port is not None:
+                port = self.metrics.serve(settings.metrics_host, settings.metrics_port)
+                log.info("metrics_serving", host=settings.metrics_host, port=port)
+            log.info("worker_started", source=spec.name, worker=worker_id, spec_version=version,
+                     topics=list(spec.topics), group=spec.group_id, spark_master=settings.spark_master)
+            self.ready.set()
+            self.loop.run(stop)
+        finally:
+            if consumer is not None:
+                # Leaves the group: the revoke callback kills whatever is still in flight.
+                consumer.close()
+            if pipeline is not None:
+                pipeline.close()
+            store.close()
+            publish_store.close()
+            if spark is not None:
+                spark.stop()
+            log.info("worker_stopped", source=self.source, worker=worker_id)

@@ -1,0 +1,49 @@
+"""The metastore's exception hierarchy. psycopg errors never leave this package untranslated."""
+
+from __future__ import annotations
+
+from ingest.model import TopicPartition
+
+
+class MetastoreError(Exception):
+    """Base class of every error the metastore raises."""
+
+    exit_code = 1
+
+
+class MetastoreUnavailable(MetastoreError):
+    """PostgreSQL cannot be reached or the connection broke. Retrying later may work."""
+
+    exit_code = 7
+
+
+class CommitOutcomeUnknown(MetastoreUnavailable):
+    """The connection broke while COMMIT was in flight: the transaction may or may not have
+    committed. Resolve by looking the split up (``Metastore.segment_for_split``)."""
+
+
+class SchemaMissing(MetastoreError):
+    """The metastore's tables do not exist: run ``ingest migrate``."""
+
+    exit_code = 8
+
+
+class SourceNotFound(MetastoreError):
+    exit_code = 3
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown source {name!r}: apply its spec first with `ingest source apply FILE`")
+        self.name = name
+
+
+class PublishConflict(MetastoreError):
+    """The publish check failed: this worker no longer owns the partition (``serial``),
+    the split does not start at the stored next offset (``offset``), or the partition row
+    is gone (``missing``). The transaction was rolled back."""
+
+    def __init__(self, reason: str, tp: TopicPartition, expected: int | None, actual: int | None) -> None:
+        super().__init__(f"publish rejected for {tp}: {reason} mismatch (expected {expected}, stored {actual})")
+        self.reason = reason
+        self.tp = tp
+        self.expected = expected
+        self.actual = actual

@@ -1,0 +1,109 @@
+-- Every statement the metastore runs, under `-- name: NAME` headers, loaded once by queries.py.
+-- Parameters are always bound (%(name)s); identifiers are never built from input.
+
+-- name: upsert_source
+INSERT INTO ingest_sources (name, version) VALUES (%(name)s, 1)
+ON CONFLICT (name) DO UPDATE SET version = ingest_sources.version + 1, updated_at = now()
+RETURNING version;
+
+-- name: lock_source
+SELECT version FROM ingest_sources WHERE name = %(name)s FOR UPDATE;
+
+-- name: latest_spec
+SELECT v.version, v.spec, v.spec_text
+FROM ingest_sources s JOIN ingest_source_versions v ON v.source = s.name AND v.version = s.version
+WHERE s.name = %(name)s;
+
+-- name: insert_source_version
+INSERT INTO ingest_source_versions (source, version, spec, spec_text)
+VALUES (%(name)s, %(version)s, %(spec)s, %(spec_text)s);
+
+-- name: list_sources
+SELECT name, version, created_at, updated_at FROM ingest_sources ORDER BY name;
+
+-- name: register_partitions
+-- Partitions known when a topic is first seen start at the source's start position;
+-- rows that exist are left alone.
+INSERT INTO ingest_partitions (source, topic, partition, initial_position)
+SELECT %(source)s, %(topic)s, p, %(initial_position)s FROM unnest(%(partitions)s::int[]) AS u(p)
+ON CONFLICT (source, topic, partition) DO NOTHING;
+
+-- name: claim_partitions
+-- A partition with no row appeared after its topic was registered (the topic grew): it
+-- starts from earliest so none of its records are skipped.
+INSERT INTO ingest_partitions (source, topic, partition, initial_position, serial, owner, assigned_at)
+SELECT %(source)s, t, p, 'earliest', 1, %(worker)s, now()
+FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS u(t, p)
+ORDER BY t, p
+ON CONFLICT (source, topic, partition) DO UPDATE
+SET serial = ingest_partitions.serial + 1, owner = EXCLUDED.owner, assigned_at = now()
+RETURNING topic, partition, serial, next_offset, initial_position;
+
+-- name: release_partition
+UPDATE ingest_partitions SET owner = NULL
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s
+  AND serial = %(serial)s AND owner = %(worker)s;
+
+-- name: lock_partitions
+-- Fixed lock order (topic, partition) so concurrent publishes never deadlock.
+SELECT topic, partition, serial, next_offset
+FROM ingest_partitions
+WHERE source = %(source)s
+  AND (topic, partition) IN (SELECT t, p FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS u(t, p))
+ORDER BY topic, partition
+FOR UPDATE;
+
+-- name: insert_segment
+INSERT INTO ingest_segments (
+    source, split_id, spec_version, worker, location, files, row_count, size_bytes,
+    min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count)
+VALUES (
+    %(source)s, %(split_id)s, %(spec_version)s, %(worker)s, %(location)s, %(files)s, %(row_count)s,
+    %(size_bytes)s, %(min_event_time)s, %(max_event_time)s, %(rejects_location)s, %(rejects_files)s,
+    %(rejects_count)s, %(skipped_count)s)
+RETURNING id;
+
+-- name: insert_range
+INSERT INTO ingest_segment_ranges (segment_id, source, topic, partition, start_offset, end_offset)
+VALUES (%(segment_id)s, %(source)s, %(topic)s, %(partition)s, %(start)s, %(end)s);
+
+-- name: advance_offset
+UPDATE ingest_partitions
+SET next_offset = %(end)s, last_publish_at = now(), last_segment_id = %(segment_id)s
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
+
+-- name: insert_conflict
+INSERT INTO ingest_publish_conflicts (source, topic, partition, reason, worker, split_id, expected, actual)
+VALUES (%(source)s, %(topic)s, %(partition)s, %(reason)s, %(worker)s, %(split_id)s, %(expected)s, %(actual)s);
+
+-- name: segment_for_split
+SELECT id FROM ingest_segments WHERE split_id = %(split_id)s;
+
+-- name: list_segments
+SELECT s.id, s.split_id, s.spec_version, s.worker, s.location, s.files, s.row_count, s.size_bytes,
+       s.min_event_time, s.max_event_time, s.rejects_location, s.rejects_files, s.rejects_count,
+       s.skipped_count, s.published_at,
+       coalesce(json_agg(json_build_object('topic', r.topic, 'partition', r.partition,
+                                           'start', r.start_offset, 'end', r.end_offset)
+                         ORDER BY r.topic, r.partition) FILTER (WHERE r.segment_id IS NOT NULL), '[]') AS ranges
+FROM ingest_segments s LEFT JOIN ingest_segment_ranges r ON r.segment_id = s.id
+WHERE s.source = %(source)s
+GROUP BY s.id
+ORDER BY s.id;
+
+-- name: list_partitions
+SELECT p.topic, p.partition, p.next_offset, p.initial_position, p.serial, p.owner, p.assigned_at,
+       p.last_publish_at, p.last_segment_id
+FROM ingest_partitions p
+WHERE p.source = %(source)s
+ORDER BY p.topic, p.partition;
+
+-- name: conflict_counts
+SELECT reason, count(*) AS n FROM ingest_publish_conflicts WHERE source = %(source)s GROUP BY reason;
+
+-- name: published_locations
+SELECT location, rejects_location FROM ingest_segments WHERE source = %(source)s;
+
+-- name: partition_state
+SELECT serial, next_offset FROM ingest_partitions
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;

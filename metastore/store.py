@@ -1,0 +1,242 @@
+"""The metastore: offsets, serials and published segments in PostgreSQL.
+
+One ``Metastore`` owns one connection and is used by one thread at a time; the worker
+gives its polling thread and its publisher thread one each. A broken connection is
+dropped and re-opened on the next call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ingest.model import PartitionClaim, SegmentToPublish, StartFrom, TopicPartition
+from metastore.connection import connect, wrap_exceptions
+from metastore.errors import CommitOutcomeUnknown, PublishConflict, SourceNotFound
+from metastore.queries import query
+
+Row = dict[str, Any]
+
+
+class Metastore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.Connection[Row] | None = None
+
+    # -- connection ---------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Row]:
+        if self._conn is not None and (self._conn.closed or self._conn.broken):
+            self._conn = None
+        if self._conn is None:
+            self._conn = connect(self.url)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Metastore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fetch(self, query_name: str, **params: Any) -> list[Row]:
+        with wrap_exceptions(self.url):
+            return self._connection().execute(query(query_name), params).fetchall()
+
+    def ping(self) -> None:
+        with wrap_exceptions(self.url):
+            self._connection().execute("SELECT 1")
+
+    # -- sources ------------------------------------------------------------------
+
+    def apply_source(self, name: str, spec: dict[str, Any], spec_text: str) -> tuple[int, bool]:
+        """Store a new version of the spec unless it equals the latest. Returns (version, changed)."""
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                current = conn.execute(query("lock_source"), {"name": name}).fetchone()
+                if current is not None:
+                    latest = conn.execute(query("latest_spec"), {"name": name}).fetchone()
+                    if latest is not None and latest["spec"] == json.loads(json.dumps(spec)):
+                        return int(latest["version"]), False
+                row = conn.execute(query("upsert_source"), {"name": name}).fetchone()
+                assert row is not None
+                version = int(row["version"])
+                conn.execute(
+                    query("insert_source_version"),
+                    {"name": name, "version": version, "spec": Jsonb(spec), "spec_text": spec_text},
+                )
+                return version, True
+
+    def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]:
+        rows = self._fetch("latest_spec", name=name)
+        if not rows:
+            raise SourceNotFound(name)
+        return int(rows[0]["version"]), cast(dict[str, Any], rows[0]["spec"])
+
+    def list_sources(self) -> list[Row]:
+        return self._fetch("list_sources")
+
+    # -- assignment -----------------------------------------------------------------
+
+    def register_partitions(
+        self, source: str, topic: str, partitions: Iterable[int], initial_position: StartFrom
+    ) -> None:
+        with wrap_exceptions(self.url):
+            self._connection().execute(
+                query("register_partitions"),
+                {"source": source, "topic": topic, "partitions": sorted(partitions),
+                 "initial_position": initial_position},
+            )
+
+    def claim_partitions(
+        self, source: str, worker: str, tps: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionClaim]:
+        """In one transaction: bump the serial of each partition, record the owner, read
+        the stored offset. A partition without a row is created (starting from earliest)."""
+        if not tps:
+            return {}
+        ordered = sorted(set(tps))
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                rows = conn.execute(
+                    query("claim_partitions"),
+                    {"source": source, "worker": worker,
+                     "topics": [tp.topic for tp in ordered], "partitions": [tp.partition for tp in ordered]},
+                ).fetchall()
+        claims = {}
+        for row in rows:
+            tp = TopicPartition(row["topic"], row["partition"])
+            claims[tp] = PartitionClaim(tp, int(row["serial"]), row["next_offset"], row["initial_position"])
+        return claims
+
+    def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None:
+        """Clear the owner if this worker's claim is still the current one (status only)."""
+        with wrap_exceptions(self.url):
+            self._connection().execute(
+                query("release_partition"),
+                {"source": source, "worker": worker, "topic": claim.tp.topic,
+                 "partition": claim.tp.partition, "serial": claim.serial},
+            )
+
+    # -- publish --------------------------------------------------------------------
+
+    def publish(self, item: SegmentToPublish) -> int:
+        """The serial-guarded publish. Locks the partition rows in a fixed order, checks for
+        each that the serial is the one seen at assign and that the range starts at the stored
+        next offset, then inserts the segment and advances the offsets, all in one transaction.
+
+        Raises PublishConflict (rolled back, conflict recorded) or CommitOutcomeUnknown.
+        """
+        ranges = sorted(item.ranges, key=lambda r: r.range.tp)
+        seg = item.segment
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            conflict: PublishConflict | None = None
+            committing = False
+            try:
+                with conn.transaction():
+                    locked = conn.execute(
+                        query("lock_partitions"),
+                        {"source": item.source,
+                         "topics": [r.range.tp.topic for r in ranges],
+                         "partitions": [r.range.tp.partition for r in ranges]},
+                    ).fetchall()
+                    stored = {TopicPartition(row["topic"], row["partition"]): row for row in locked}
+                    for r in ranges:
+                        conflict = _check(r.range.tp, r.serial, r.range.start, stored.get(r.range.tp))
+                        if conflict is not None:
+                            raise conflict
+                    segment_row = conn.execute(
+                        query("insert_segment"),
+                        {"source": item.source, "split_id": seg.split_id, "spec_version": item.spec_version,
+                         "worker": item.worker_id, "location": seg.location, "files": list(seg.files),
+                         "row_count": seg.row_count, "size_bytes": seg.size_bytes,
+                         "min_event_time": seg.min_event_time, "max_event_time": seg.max_event_time,
+                         "rejects_location": seg.rejects_location, "rejects_files": list(seg.rejects_files),
+                         "rejects_count": seg.rejects_count, "skipped_count": seg.skipped_count},
+                    ).fetchone()
+                    assert segment_row is not None
+                    segment_id = int(segment_row["id"])
+                    with conn.cursor() as cur:
+                        params = [
+                            {"segment_id": segment_id, "source": item.source, "topic": r.range.tp.topic,
+                             "partition": r.range.tp.partition, "start": r.range.start, "end": r.range.end}
+                            for r in ranges
+                        ]
+                        cur.executemany(query("insert_range"), params)
+                        cur.executemany(query("advance_offset"), params)
+                    conflict = None
+                    # Leaving this block sends COMMIT; a connection lost now leaves the outcome unknown.
+                    committing = True
+            except PublishConflict:
+                self._record_conflict(item, conflict)
+                raise
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if committing:
+                    self._conn = None
+                    raise CommitOutcomeUnknown(f"connection lost while committing split {seg.split_id}") from exc
+                raise
+            return segment_id
+
+    def _record_conflict(self, item: SegmentToPublish, conflict: PublishConflict | None) -> None:
+        if conflict is None:
+            return
+        self._connection().execute(
+            query("insert_conflict"),
+            {"source": item.source, "topic": conflict.tp.topic, "partition": conflict.tp.partition,
+             "reason": conflict.reason, "worker": item.worker_id, "split_id": item.segment.split_id,
+             "expected": conflict.expected, "actual": conflict.actual},
+        )
+
+    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None:
+        """(serial, next_offset) of one partition, or None if it has no row."""
+        rows = self._fetch("partition_state", source=source, topic=tp.topic, partition=tp.partition)
+        return (int(rows[0]["serial"]), rows[0]["next_offset"]) if rows else None
+
+    def segment_for_split(self, split_id: uuid.UUID) -> int | None:
+        rows = self._fetch("segment_for_split", split_id=split_id)
+        return int(rows[0]["id"]) if rows else None
+
+    # -- reading --------------------------------------------------------------------
+
+    def segments(self, source: str) -> list[Row]:
+        return self._fetch("list_segments", source=source)
+
+    def partitions(self, source: str) -> list[Row]:
+        return self._fetch("list_partitions", source=source)
+
+    def conflict_counts(self, source: str) -> dict[str, int]:
+        return {row["reason"]: int(row["n"]) for row in self._fetch("conflict_counts", source=source)}
+
+    def published_locations(self, source: str) -> set[str]:
+        locations: set[str] = set()
+        for row in self._fetch("published_locations", source=source):
+            locations.add(row["location"])
+            if row["rejects_location"]:
+                locations.add(row["rejects_location"])
+        return locations
+
+
+def _check(tp: TopicPartition, serial: int, start: int, row: Row | None) -> PublishConflict | None:
+    if row is None:
+        return PublishConflict("missing", tp, serial, None)
+    if int(row["serial"]) != serial:
+        return PublishConflict("serial", tp, serial, int(row["serial"]))
+    stored: int | None = row["next_offset"]
+    # A partition that never published has no stored offset: its first split may start
+    # wherever the consumer's start position put it.
+    if stored is not None and stored != start:
+        return PublishConflict("offset", tp, start, stored)
+    return None
+

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh Debian 12 machine, run as root: the OS packages the tests
+# need (PostgreSQL server binaries, a Java runtime for Spark, ps) and this package with
+# its test extras.  Nothing is installed that is already there, and apt's index is only
+# refreshed when something is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "setup: $*"; }
+
+missing=()
+if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+    missing+=(postgresql)
+fi
+if ! command -v java >/dev/null 2>&1; then
+    missing+=(openjdk-17-jre-headless)
+fi
+if ! command -v ps >/dev/null 2>&1; then
+    missing+=(procps)
+fi
+
+if ((${#missing[@]} > 0)); then
+    if [[ $(id -u) -ne 0 ]]; then
+        say "missing OS packages (${missing[*]}) and not root: install them and re-run" >&2
+        exit 1
+    fi
+    say "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+    say "OS packages present"
+fi
+
+# pip install -e costs ~8 s even when nothing changed: skip it while pyproject.toml is
+# unchanged since the last successful install from this checkout and the package still
+# imports from here.  The stamp lives outside the repository.
+stamp_dir="${XDG_CACHE_HOME:-$HOME/.cache}/ingest-setup"
+stamp="$stamp_dir/$(pwd | sha256sum | cut -c1-16)"
+want="$(python3 --version 2>&1) $(sha256sum pyproject.toml | cut -d' ' -f1)"
+here="$(pwd)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
+    && python3 -c "import ingest, sys; sys.exit(not ingest.__file__.startswith(sys.argv[1] + '/'))" "$here" 2>/dev/null; then
+    say "python package up to date"
+else
+    say "installing python package (editable, test extras)"
+    python3 -m pip install -q --root-user-action=ignore -e '.[test]'
+    mkdir -p "$stamp_dir"
+    echo "$want" >"$stamp"
+fi
+say "done"

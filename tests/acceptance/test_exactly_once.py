@@ -1,0 +1,198 @@
+"""End to end in one process: real broker, real PostgreSQL, real Spark (shared session)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from ingest.builder import SegmentBuilder
+from ingest.errors import ParseFailure
+from ingest.model import BuiltSegment
+from ingest.spec import SourceSpec
+from ingest.split import SealedSplit
+from metastore import Metastore
+from tests.acceptance.harness import (
+    Produced,
+    ThreadWorker,
+    apply_spec,
+    assert_exactly_once,
+    settings,
+    wait_until,
+    write_spec,
+)
+
+MakeTopic = Callable[..., str]
+BuilderFactory = Callable[[], SegmentBuilder]
+
+
+def test_one_worker_publishes_every_offset_exactly_once(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+) -> None:
+    topic = make_topic(partitions=6)
+    source, spec_path = write_spec(tmp_path, topic, max_records=6000, max_age="1s")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 6)
+    produced.produce(50_000)
+    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 180, "the worker to catch up")
+    worker.stop()
+    assert worker.error is None
+    result = assert_exactly_once(database_url, source, produced)
+    assert result.rows == 50_000 and result.rejects == 0
+    assert worker.consumed() == 50_000  # one worker, no rebalance: nothing read twice
+
+
+def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+) -> None:
+    topic = make_topic(partitions=6)
+    # Nothing seals on its own: every record stays buffered until the workers stop.
+    source, spec_path = write_spec(tmp_path, topic, max_records=1_000_000, max_age="10m")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 6)
+    produced.produce(600)
+    first = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    wait_until(lambda: first.consumed() == 600, 60, "the first worker to buffer everything")
+    second = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    wait_until(lambda: 0 < len(first.worker.assignment) < 6 and len(second.worker.assignment) > 0, 90,
+               "a cooperative rebalance")
+    kept = list(first.worker.assignment)
+    assert kept and all(len(owned.buffer) == 100 for owned in kept), [len(o.buffer) for o in kept]
+    assert first.consumed() == 600  # nothing the first worker kept was read again
+    second.stop()
+    first.stop()
+    assert first.error is None and second.error is None
+    assert_exactly_once(database_url, source, produced)
+    # Only the partitions that moved were read again, by their new owner, from the stored offset.
+    assert second.consumed() == 100 * (6 - len(kept))
+
+
+class ZombieBuilder:
+    """Builds for real, then lets another worker claim the partition before the publish."""
+
+    def __init__(self, inner: SegmentBuilder, database_url: str, source: str) -> None:
+        self.inner = inner
+        self.database_url = database_url
+        self.source = source
+        self.zombie_splits: list[BuiltSegment] = []
+
+    def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
+        built = self.inner.build(split, spec)
+        if split.tp.partition == 0 and not self.zombie_splits:
+            with Metastore(self.database_url) as store:
+                store.claim_partitions(self.source, "usurper", [split.tp])
+            self.zombie_splits.append(built)
+        return built
+
+    def discard(self, segment: BuiltSegment) -> None:
+        self.inner.discard(segment)
+
+
+def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+) -> None:
+    topic = make_topic(partitions=2)
+    source, spec_path = write_spec(tmp_path, topic, max_records=100, max_age="1s")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    produced.produce(400)
+    zombie = ZombieBuilder(spark_builder(), database_url, source)
+    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, lambda: zombie).start()
+    metrics = worker.worker.metrics
+    wait_until(lambda: metrics.publish_conflicts.labels(source, "serial")._value.get() >= 1, 60,
+               "the rejected publish")
+    worker.stop()
+    rejected = zombie.zombie_splits[0]
+    with Metastore(database_url) as store:
+        segments = store.segments(source)
+        assert str(rejected.split_id) not in {str(s["split_id"]) for s in segments}
+        assert not any(set(rejected.files) & set(s["files"]) for s in segments)
+        assert store.conflict_counts(source) == {"serial": 1}
+        positions = {r["partition"]: r["next_offset"] for r in store.partitions(source)}
+    assert positions[0] is None  # partition 0 never published: fenced at its first split
+    assert positions[1] == produced.ends[1]
+    assert not any(Path(f.removeprefix("file://")).exists() for f in rejected.files)
+    # A new worker claims partition 0 and publishes it; everything exactly once.
+    again = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 60, "the new worker to catch up")
+    again.stop()
+    assert_exactly_once(database_url, source, produced)
+
+
+BAD_VALUES: dict[str, bytes | None] = {
+    "invalid_json": b'{"id": 1, "user": ',
+    "type_mismatch": b'{"id": "not a number", "user": "x", "ts": "2026-11-22T10:00:00Z"}',
+    "invalid_utf8": b'{"id": 2, "user": "\xff\xfe", "ts": "2026-11-22T10:00:00Z"}',
+    "null_value": None,
+    "missing_event_time": b'{"id": 3, "user": "y"}',
+}
+
+
+def bad_every_tenth(i: int) -> bytes | None:
+    if i % 10 == 9:
+        kinds = list(BAD_VALUES)
+        return BAD_VALUES[kinds[(i // 10) % len(kinds)]]
+    if i % 10 == 4:  # JSON nulls in ordinary columns are valid
+        return json.dumps({"id": i, "user": None, "ts": "2026-11-22T10:00:00Z", "amount": None,
+                           "tags": None}).encode()
+    return json.dumps({"id": i, "user": f"u{i}", "ts": "2026-11-22T10:00:00Z", "amount": 1.5,
+                       "tags": ["t"]}).encode()
+
+
+@pytest.mark.parametrize("policy", ["reject", "skip"])
+def test_parse_errors_are_rejected_or_skipped_exactly_once(
+    policy: str, tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
+    spark_builder: BuilderFactory
+) -> None:
+    topic = make_topic(partitions=2)
+    source, spec_path = write_spec(tmp_path, topic, max_records=250, on_parse_error=policy)
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    produced.produce(1000, bad_every_tenth)
+    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 90, "the worker to catch up")
+        segments = store.segments(source)
+    worker.stop()
+    assert worker.error is None
+    good = sum(s["row_count"] for s in segments)
+    assert good == 900
+    if policy == "reject":
+        result = assert_exactly_once(database_url, source, produced)
+        assert result.rejects == 100
+        errors: dict[str, int] = {}
+        for s in segments:
+            for f in s["rejects_files"]:
+                table = pq.read_table(f.removeprefix("file://"))
+                assert table.column_names[-1] == "_error"
+                for e in table["_error"].to_pylist():
+                    errors[e] = errors.get(e, 0) + 1
+        assert errors == dict.fromkeys(BAD_VALUES, 20)
+    else:
+        assert sum(s["skipped_count"] for s in segments) == 100
+        assert not any(s["rejects_files"] for s in segments)
+
+
+def test_fail_policy_stops_the_worker_naming_the_record(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+) -> None:
+    topic = make_topic(partitions=1)
+    source, spec_path = write_spec(tmp_path, topic, max_records=50, on_parse_error="fail")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 1)
+    produced.produce(120, lambda i: b"not json" if i == 77 else json.dumps(
+        {"id": i, "ts": "2026-11-22T10:00:00Z"}).encode())
+    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    worker.thread.join(90)
+    assert isinstance(worker.error, ParseFailure)
+    assert (worker.error.topic, worker.error.partition, worker.error.offset) == (topic, 0, 77)
+    assert "offset=77" in str(worker.error)
+    with Metastore(database_url) as store:
+        positions = {r["partition"]: r["next_offset"] for r in store.partitions(source)}
+    assert positions[0] == 50  # the split holding offset 77 (and anything after) was not published

@@ -1,0 +1,125 @@
+"""Worker processes under rebalances, crashes and zombies (each process runs its own Spark)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metastore import Metastore
+from tests.acceptance.harness import (
+    ProcessWorker,
+    Produced,
+    apply_spec,
+    assert_exactly_once,
+    process_env,
+    wait_until,
+    write_spec,
+)
+
+pytestmark = pytest.mark.process
+MakeTopic = Callable[..., str]
+
+
+def background_producer(produced: Produced, batches: int, batch: int, pause_s: float) -> threading.Thread:
+    def run() -> None:
+        for _ in range(batches):
+            produced.produce(batch)
+            time.sleep(pause_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_rebalances_under_load_publish_every_offset_exactly_once(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    topic = make_topic(partitions=6)
+    source, spec_path = write_spec(tmp_path, topic, max_records=2000, max_age="1s")
+    apply_spec(database_url, spec_path)
+    env = process_env(database_url, kafka_bootstrap)
+    produced = Produced(kafka_bootstrap, topic, 6)
+    workers = [ProcessWorker(env, source, tmp_path, f"w{i}") for i in range(3)]
+    try:
+        producer = background_producer(produced, batches=30, batch=2000, pause_s=1.0)
+        with Metastore(database_url) as store:
+            wait_until(lambda: len(store.segments(source)) >= 3, 120, "the first segments")
+            workers[0].stop(timeout=60)          # graceful: publishes what it holds, leaves the group
+            time.sleep(3)
+            workers[1].kill()                    # crash: its partitions move after the session timeout
+            time.sleep(3)
+            workers.append(ProcessWorker(env, source, tmp_path, "w3"))  # scale up again
+            producer.join(120)
+            assert not producer.is_alive()
+            wait_until(lambda: produced.caught_up(store, source), 240, "the fleet to catch up")
+    finally:
+        for w in workers:
+            w.stop(timeout=60) if w.proc.poll() is None else None
+    assert workers[0].proc.returncode == 0
+    result = assert_exactly_once(database_url, source, produced)
+    assert result.rows == 60_000
+
+
+def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    topic = make_topic(partitions=2)
+    source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    produced.produce(2000)
+    # The zombie pauses 4 s between building a split and publishing it: the window to freeze it in.
+    zombie = ProcessWorker(process_env(database_url, kafka_bootstrap, INGEST_FAULT_PUBLISH_DELAY_S="4"),
+                           source, tmp_path, "zombie")
+    other: ProcessWorker | None = None
+    try:
+        wait_until(lambda: zombie.has_event("split_sealed"), 90, "the zombie to seal a split")
+        zombie.signal(signal.SIGSTOP)
+        other = ProcessWorker(process_env(database_url, kafka_bootstrap), source, tmp_path, "other")
+        with Metastore(database_url) as store:
+            wait_until(lambda: produced.caught_up(store, source), 120, "the other worker to take over")
+        published_while_frozen = sum(1 for e in zombie.events() if e.get("event") == "segment_published")
+        zombie.signal(signal.SIGCONT)
+        # Its in-flight split is either refused by the metastore (serial) or killed by on_lost.
+        wait_until(lambda: zombie.has_event("publish_rejected", reason="serial")
+                   or zombie.has_event("split_killed", reason="lost"), 60, "the zombie to be fenced")
+        assert sum(1 for e in zombie.events() if e.get("event") == "segment_published") == published_while_frozen
+        produced.produce(1000)
+        with Metastore(database_url) as store:
+            wait_until(lambda: produced.caught_up(store, source), 120, "the fleet to catch up again")
+    finally:
+        zombie.signal(signal.SIGCONT)
+        zombie.stop(timeout=60)
+        if other is not None:
+            other.stop(timeout=60)
+    assert_exactly_once(database_url, source, produced)
+
+
+def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    topic = make_topic(partitions=4)
+    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="1s")
+    apply_spec(database_url, spec_path)
+    env = process_env(database_url, kafka_bootstrap)
+    produced = Produced(kafka_bootstrap, topic, 4)
+    produced.produce(20_000)
+    first = [ProcessWorker(env, source, tmp_path, f"a{i}") for i in range(2)]
+    with Metastore(database_url) as store:
+        wait_until(lambda: len(store.segments(source)) >= 2, 120, "some segments")
+        for w in first:
+            w.kill()
+        assert not produced.caught_up(store, source)
+        produced.produce(10_000)
+        second = [ProcessWorker(env, source, tmp_path, f"b{i}") for i in range(2)]
+        try:
+            wait_until(lambda: produced.caught_up(store, source), 180, "the new fleet to catch up")
+        finally:
+            for w in second:
+                w.stop(timeout=60)
+    assert_exactly_once(database_url, source, produced)

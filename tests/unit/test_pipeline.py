@@ -1,0 +1,144 @@
+"""The pipeline and publisher against fakes of the builder and the metastore."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ingest.model import TopicPartition
+from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
+from ingest.publisher import Publisher
+from ingest.spec import SourceSpec
+from tests.fakes import FakeBuilder, FakeStore, make_split
+
+P0 = TopicPartition("t", 0)
+P1 = TopicPartition("t", 1)
+SPEC = SourceSpec(name="s", topics=("t",), schema=(("ts", "timestamp"),), event_time="ts",
+                  segment_store="file:///tmp/unused")
+
+
+@pytest.fixture
+def store() -> FakeStore:
+    return FakeStore(serials={P0: 1, P1: 1}, next_offsets={P0: None, P1: None})
+
+
+@pytest.fixture
+def builder() -> FakeBuilder:
+    return FakeBuilder()
+
+
+@pytest.fixture
+def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
+    publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
+    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01)
+    yield p
+    p.close(timeout=5)
+
+
+def drain(pipeline: Pipeline, n: int, timeout: float = 5.0) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    deadline = time.monotonic() + timeout
+    while len(outcomes) < n and time.monotonic() < deadline:
+        outcomes.extend(pipeline.poll())
+        time.sleep(0.005)
+    assert len(outcomes) == n, outcomes
+    return outcomes
+
+
+def test_a_partition_publishes_in_offset_order_even_when_a_later_split_builds_first(
+    pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
+) -> None:
+    gate = threading.Event()
+    builder.gates[0] = gate
+    first, second = make_split(P0, 0, 10), make_split(P0, 10, 20)
+    pipeline.submit(first)
+    pipeline.submit(second)
+    time.sleep(0.1)
+    assert store.segments == {}  # the second is built but must wait for the first
+    gate.set()
+    outcomes = drain(pipeline, 2)
+    assert [o.split.start for o in outcomes] == [0, 10]
+    assert all(isinstance(o, Published) for o in outcomes)
+    assert store.next_offsets[P0] == 20
+
+
+def test_killing_one_partition_leaves_the_others_untouched(
+    pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
+) -> None:
+    gate = threading.Event()
+    builder.gates[0] = gate
+    builder.gates[100] = gate
+    pipeline.submit(make_split(P0, 0, 10))
+    pipeline.submit(make_split(P1, 100, 110))
+    assert pipeline.kill([P0], "revoke") == 1
+    gate.set()
+    outcomes = {o.split.tp: o for o in drain(pipeline, 2)}
+    assert isinstance(outcomes[P0], Killed) and outcomes[P0].reason == "revoke"
+    assert isinstance(outcomes[P1], Published)
+    assert store.next_offsets == {P0: None, P1: 110}
+
+
+def test_a_zombie_split_is_refused_and_its_successors_are_killed(
+    pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
+) -> None:
+    gate = threading.Event()
+    builder.gates[0] = gate
+    first, second = make_split(P0, 0, 10), make_split(P0, 10, 20)
+    pipeline.submit(first)
+    pipeline.submit(second)
+    store.serials[P0] = 2  # another worker claimed the partition meanwhile
+    gate.set()
+    outcomes = drain(pipeline, 2)
+    assert isinstance(outcomes[0], Conflicted) and outcomes[0].conflict.reason == "serial"
+    assert isinstance(outcomes[1], Killed) and outcomes[1].reason == "predecessor_failed"
+    assert store.segments == {}
+    assert first.id in builder.discarded  # its files never become visible
+
+
+def test_a_split_not_starting_at_the_stored_offset_is_refused(pipeline: Pipeline, store: FakeStore) -> None:
+    store.next_offsets[P0] = 5
+    pipeline.submit(make_split(P0, 0, 10))
+    (outcome,) = drain(pipeline, 1)
+    assert isinstance(outcome, Conflicted) and outcome.conflict.reason == "offset"
+    assert store.next_offsets[P0] == 5
+
+
+def test_build_failures_are_retried_then_reported(pipeline: Pipeline, builder: FakeBuilder) -> None:
+    builder.failures[0] = 1
+    builder.failures[100] = 5
+    pipeline.submit(make_split(P0, 0, 10))
+    pipeline.submit(make_split(P1, 100, 110))
+    outcomes = {o.split.tp: o for o in drain(pipeline, 2)}
+    assert isinstance(outcomes[P0], Published)
+    assert isinstance(outcomes[P1], Failed) and outcomes[P1].stage == "build"
+
+
+def test_metastore_outage_is_retried_and_publishes_once(pipeline: Pipeline, store: FakeStore) -> None:
+    store.unavailable_for = 3
+    pipeline.submit(make_split(P0, 0, 10))
+    (outcome,) = drain(pipeline, 1)
+    assert isinstance(outcome, Published)
+    assert len(store.segments) == 1 and store.next_offsets[P0] == 10
+
+
+def test_unknown_commit_outcome_is_resolved_without_publishing_twice(pipeline: Pipeline, store: FakeStore) -> None:
+    store.lose_commit_ack = 1
+    pipeline.submit(make_split(P0, 0, 10))
+    pipeline.submit(make_split(P0, 10, 20))
+    outcomes = drain(pipeline, 2)
+    assert all(isinstance(o, Published) for o in outcomes)
+    assert len(store.segments) == 2 and store.next_offsets[P0] == 20
+
+
+def test_join_waits_for_everything_in_flight(pipeline: Pipeline, builder: FakeBuilder) -> None:
+    gate = threading.Event()
+    builder.gates[0] = gate
+    pipeline.submit(make_split(P0, 0, 10))
+    assert not pipeline.join(0.05)
+    assert pipeline.inflight_count == 1
+    gate.set()
+    assert pipeline.join(5)
+    assert pipeline.inflight_count == 0 and pipeline.inflight_bytes == 0

@@ -1,0 +1,77 @@
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.errors import ConfigError
+from ingest.spec import SourceSpec, load_spec_file, spec_from_dict
+
+
+def base(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": "clicks",
+        "topics": ["clicks"],
+        "event_time": "ts",
+        "segment_store": "file:///tmp/segments",
+        "schema": {"user": "string", "ts": "timestamp", "amount": "double", "tags": "array<string>"},
+        "split": {"max_records": 1000, "max_bytes": "1MiB", "max_age": "500ms"},
+    }
+    doc.update(over)
+    return doc
+
+
+def test_a_valid_spec_round_trips_through_json() -> None:
+    spec = spec_from_dict(base())
+    assert spec.split.max_bytes == 1024**2 and spec.split.max_age_s == 0.5
+    assert spec.group_id == "ingest-clicks"
+    assert SourceSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"name": "Bad Name"}, "name"),
+        ({"name": "../etc"}, "name"),
+        ({"topics": []}, "topics"),
+        ({"topics": ["ok", "ok"]}, "topics"),
+        ({"topics": ["bad topic"]}, "topics"),
+        ({"schema": {"ts": "timestamp", "x": "decimal"}}, "schema.x"),
+        ({"schema": {"ts": "timestamp", "_offset": "long"}}, "schema._offset"),
+        ({"event_time": "nope"}, "event_time"),
+        ({"event_time": "user"}, "event_time"),
+        ({"start_from": "middle"}, "start_from"),
+        ({"format": "avro"}, "format"),
+        ({"on_parse_error": "ignore"}, "on_parse_error"),
+        ({"split": {"max_records": 0}}, "split.max_records"),
+        ({"split": {"max_bytes": "lots"}}, "split.max_bytes"),
+        ({"split": {"max_age": -1}}, "split.max_age"),
+        ({"split": {"max_rows": 5}}, "split"),
+        ({"segment_store": "file://relative/path"}, "segment_store"),
+        ({"surprise": 1}, "unknown field"),
+    ],
+)
+def test_invalid_specs_name_the_field(override: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        spec_from_dict(base(**override))
+
+
+def test_missing_required_field() -> None:
+    doc = base()
+    del doc["event_time"]
+    with pytest.raises(ConfigError, match="event_time: missing"):
+        spec_from_dict(doc)
+
+
+def test_spec_files_relative_store_and_toml_errors(tmp_path: Path) -> None:
+    good = tmp_path / "s.toml"
+    good.write_text('name = "s"\ntopics = ["t"]\nevent_time = "ts"\nsegment_store = "data/seg"\n'
+                    '[schema]\nts = "timestamp"\n')
+    spec, text = load_spec_file(good)
+    assert spec.segment_store == "file://" + str(tmp_path / "data" / "seg")
+    assert "[schema]" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_spec_file(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_spec_file(tmp_path / "missing.toml")

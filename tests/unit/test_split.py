@@ -1,0 +1,104 @@
+import threading
+import time
+
+import pytest
+
+from ingest.errors import SplitKilled
+from ingest.model import TopicPartition
+from ingest.spec import SplitLimits
+from ingest.split import KillSwitch, PartitionBuffer
+from tests.fakes import FakeRecord
+
+TP = TopicPartition("t", 0)
+
+
+def test_consecutive_splits_tile_offsets_even_across_gaps() -> None:
+    buf = PartitionBuffer(TP, serial=3, position=10)
+    for offset in (10, 11, 14):  # 12 and 13 do not exist (e.g. transaction markers)
+        assert buf.append(FakeRecord(offset), 1, now=0.0)
+    first = buf.seal("records")
+    assert (first.start, first.end, first.serial, len(first)) == (10, 15, 3, 3)
+    assert buf.append(FakeRecord(17), 1, now=0.0)
+    second = buf.seal("records")
+    assert (second.start, second.end) == (15, 18)
+
+
+def test_records_before_the_position_or_repeated_are_dropped() -> None:
+    buf = PartitionBuffer(TP, serial=1, position=100)
+    assert not buf.append(FakeRecord(99), 1, now=0.0)
+    assert buf.append(FakeRecord(100), 1, now=0.0)
+    assert not buf.append(FakeRecord(100), 1, now=0.0)
+    assert len(buf) == 1
+
+
+def test_logical_start_takes_the_first_record_offset() -> None:
+    buf = PartitionBuffer(TP, serial=1, position=None)
+    buf.append(FakeRecord(42), 1, now=0.0)
+    assert buf.seal("age").start == 42
+
+
+def test_seal_reasons() -> None:
+    limits = SplitLimits(max_records=3, max_bytes=100, max_age_s=5.0)
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    assert buf.should_seal(limits, now=100.0) is None  # empty never seals
+    buf.append(FakeRecord(0), 10, now=0.0)
+    assert buf.should_seal(limits, now=1.0) is None
+    assert buf.should_seal(limits, now=5.0) == "age"
+    buf.append(FakeRecord(1), 95, now=0.0)
+    assert buf.should_seal(limits, now=1.0) == "bytes"
+    buf.append(FakeRecord(2), 1, now=0.0)
+    assert buf.should_seal(limits, now=1.0) == "records"
+
+
+def test_kill_switch_trips_once_and_runs_callbacks() -> None:
+    switch = KillSwitch()
+    seen: list[str] = []
+    switch.on_trip(seen.append)
+    assert switch.trip("revoke")
+    switch.trip("lost")
+    assert switch.reason == "revoke"
+    switch.on_trip(seen.append)  # registered after the trip: runs at once
+    assert seen == ["revoke", "revoke"]
+    with pytest.raises(SplitKilled):
+        switch.check()
+    with pytest.raises(SplitKilled), switch.hold():
+        pass
+
+
+def test_trip_waits_for_a_commit_in_progress() -> None:
+    switch = KillSwitch()
+    entered = threading.Event()
+    release = threading.Event()
+
+    def commit() -> None:
+        with switch.hold():
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=commit)
+    t.start()
+    entered.wait(5)
+    threading.Timer(0.2, release.set).start()
+    started = time.monotonic()
+    assert switch.trip("revoke", timeout=5)
+    assert time.monotonic() - started >= 0.15  # could not trip while the commit held it
+    t.join()
+
+
+def test_trip_gives_up_after_its_timeout_but_still_trips() -> None:
+    switch = KillSwitch()
+    entered = threading.Event()
+    release = threading.Event()
+
+    def commit() -> None:
+        with switch.hold():
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=commit)
+    t.start()
+    entered.wait(5)
+    assert not switch.trip("revoke", timeout=0.05)
+    assert switch.tripped
+    release.set()
+    t.join()
