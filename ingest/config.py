@@ -122,9 +122,9 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | bool]:
+def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
     """The consumer's librdkafka config: user pass-through first, the protocol's settings last."""
-    conf: dict[str, str | int | bool] = {
+    conf: dict[str, str | int | float | bool] = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
         "partition.assignment.strategy": "cooperative-sticky",
@@ -140,9 +140,9 @@ def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | 
     return conf
 
 
-def admin_config(settings: Settings) -> dict[str, str | int | bool]:
+def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:
     """For admin/metadata clients: pass-through properties that are not consumer-only."""
-    conf: dict[str, str | int | bool] = {"bootstrap.servers": settings.kafka_bootstrap}
+    conf: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.kafka_bootstrap}
     for key, value in settings.kafka_properties.items():
         if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.")):
             conf[key] = value

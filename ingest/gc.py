@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ingest import segment_store
+from ingest.segment_store import delete_dir, list_children
 from ingest.spec import SourceSpec
 from metastore import Metastore
 
@@ -35,14 +35,14 @@ def collect_garbage(store: Metastore, spec: SourceSpec, grace_s: float = DEFAULT
     now = time.time()
     kept = too_young = 0
     deleted: list[str] = []
-    for uri, mtime in segment_store.list_children(spec.segment_store, spec.name):
+    for uri, mtime in list_children(spec.segment_store, spec.name):
         if uri.rstrip("/") in published:
             kept += 1
         elif now - mtime < grace_s:
             too_young += 1
         else:
             if not dry_run:
-                segment_store.delete_dir(uri)
+                delete_dir(uri)
             deleted.append(uri)
             log.info("gc_deleted", source=spec.name, uri=uri, dry_run=dry_run)
     return GcResult(kept=kept, deleted=deleted, too_young=too_young)

@@ -130,9 +130,9 @@ def _positive_int(field: str, value: object) -> int:
 
 
 def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ConfigError(f"{field}: {value!r} is not one of {', '.join(allowed)}")
-    return cast(str, value)
+    return value
 
 
 def normalize_store_uri(value: object, base_dir: Path | None = None) -> str:
