@@ -1,12 +1,33 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from ingest.builder import SegmentBuilder, SparkSegmentBuilder
+from ingest.config import Settings
+from tests.acceptance.harness import StartWorker, ThreadWorker
 
 
 @pytest.fixture
-def spark_builder(spark: object) -> Callable[[], SegmentBuilder]:
+def spark_builder(spark: Any) -> Callable[[], SegmentBuilder]:
     return lambda: SparkSegmentBuilder(spark)
+
+
+@pytest.fixture
+def start_worker() -> Iterator[StartWorker]:
+    """Start in-process workers that are always stopped at teardown, even when the test
+    failed half-way (a worker left running would outlive the servers and the SparkSession)."""
+    started: list[ThreadWorker] = []
+
+    def start(settings: Settings, source: str, builder: Callable[[], SegmentBuilder]) -> ThreadWorker:
+        worker = ThreadWorker(settings, source, builder)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop_event.set()
+    for worker in started:
+        worker.thread.join(60)

@@ -125,6 +125,9 @@ class ThreadWorker:
         return self.worker.metrics.records_consumed.labels(self.worker.source)._value.get()  # type: ignore[no-any-return]
 
 
+StartWorker = Callable[[Settings, str, Callable[[], SegmentBuilder]], ThreadWorker]
+
+
 def process_env(database_url: str, bootstrap: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
     env.update({

@@ -17,7 +17,7 @@ from ingest.split import SealedSplit
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
-    ThreadWorker,
+    StartWorker,
     apply_spec,
     assert_exactly_once,
     settings,
@@ -30,14 +30,15 @@ BuilderFactory = Callable[[], SegmentBuilder]
 
 
 def test_one_worker_publishes_every_offset_exactly_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=6)
     source, spec_path = write_spec(tmp_path, topic, max_records=6000, max_age="1s")
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 6)
     produced.produce(50_000)
-    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
         wait_until(lambda: produced.caught_up(store, source), 180, "the worker to catch up")
     worker.stop()
@@ -48,7 +49,8 @@ def test_one_worker_publishes_every_offset_exactly_once(
 
 
 def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=6)
     # Nothing seals on its own: every record stays buffered until the workers stop.
@@ -56,9 +58,9 @@ def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 6)
     produced.produce(600)
-    first = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    first = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     wait_until(lambda: first.consumed() == 600, 60, "the first worker to buffer everything")
-    second = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    second = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     wait_until(lambda: 0 < len(first.worker.assignment) < 6 and len(second.worker.assignment) > 0, 90,
                "a cooperative rebalance")
     kept = list(first.worker.assignment)
@@ -94,7 +96,8 @@ class ZombieBuilder:
 
 
 def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=100, max_age="1s")
@@ -102,7 +105,7 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(400)
     zombie = ZombieBuilder(spark_builder(), database_url, source)
-    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, lambda: zombie).start()
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, lambda: zombie)
     metrics = worker.worker.metrics
     wait_until(lambda: metrics.publish_conflicts.labels(source, "serial")._value.get() >= 1, 60,
                "the rejected publish")
@@ -118,7 +121,7 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
     assert positions[1] == produced.ends[1]
     assert not any(Path(f.removeprefix("file://")).exists() for f in rejected.files)
     # A new worker claims partition 0 and publishes it; everything exactly once.
-    again = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    again = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
         wait_until(lambda: produced.caught_up(store, source), 60, "the new worker to catch up")
     again.stop()
@@ -148,14 +151,15 @@ def bad_every_tenth(i: int) -> bytes | None:
 @pytest.mark.parametrize("policy", ["reject", "skip"])
 def test_parse_errors_are_rejected_or_skipped_exactly_once(
     policy: str, tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
-    spark_builder: BuilderFactory
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=250, on_parse_error=policy)
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(1000, bad_every_tenth)
-    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
         wait_until(lambda: produced.caught_up(store, source), 90, "the worker to catch up")
         segments = store.segments(source)
@@ -180,7 +184,8 @@ def test_parse_errors_are_rejected_or_skipped_exactly_once(
 
 
 def test_fail_policy_stops_the_worker_naming_the_record(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=1)
     source, spec_path = write_spec(tmp_path, topic, max_records=50, on_parse_error="fail")
@@ -188,7 +193,7 @@ def test_fail_policy_stops_the_worker_naming_the_record(
     produced = Produced(kafka_bootstrap, topic, 1)
     produced.produce(120, lambda i: b"not json" if i == 77 else json.dumps(
         {"id": i, "ts": "2026-11-22T10:00:00Z"}).encode())
-    worker = ThreadWorker(settings(database_url, kafka_bootstrap), source, spark_builder).start()
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     worker.thread.join(90)
     assert isinstance(worker.error, ParseFailure)
     assert (worker.error.topic, worker.error.partition, worker.error.offset) == (topic, 0, 77)

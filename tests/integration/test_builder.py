@@ -1,0 +1,120 @@
+"""The Spark segment builder against a real (local) Spark."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ingest.builder import SparkSegmentBuilder
+from ingest.errors import ParseFailure, SplitKilled
+from ingest.model import TopicPartition
+from ingest.spec import SourceSpec, spec_from_dict
+from ingest.split import KillSwitch, SealedSplit
+from tests.fakes import FakeRecord
+
+TP = TopicPartition("events", 3)
+
+
+def make_spec(tmp_path: Path, policy: str = "reject") -> SourceSpec:
+    return spec_from_dict({
+        "name": "b", "topics": ["events"], "event_time": "ts", "segment_store": str(tmp_path / "store"),
+        "on_parse_error": policy,
+        "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "d": "date"},
+    })
+
+
+def split_of(values: list[bytes | None], start: int = 100) -> SealedSplit:
+    records = tuple(FakeRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
+    return SealedSplit(id=uuid.uuid4(), tp=TP, serial=1, start=start, end=start + len(values), records=records,
+                       size_bytes=sum(len(v or b"") for v in values), first_record_at=0.0, sealed_at=0.0,
+                       seal_reason="test", kill_switch=KillSwitch())
+
+
+def good(i: int) -> bytes:
+    return json.dumps({"id": i, "ok": i % 2 == 0, "ts": f"2026-11-22T10:00:{i % 60:02d}Z", "tags": ["x", str(i)],
+                       "d": "2026-11-22"}).encode()
+
+
+def all_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def test_good_rows_round_trip_with_kafka_coordinates_and_types(spark: Any, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    split = split_of([good(i) for i in range(50)])
+    built = SparkSegmentBuilder(spark).build(split, spec)
+    assert (built.row_count, built.rejects_count, built.skipped_count) == (50, 0, 0)
+    assert built.min_event_time == datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+    assert built.max_event_time == datetime(2026, 11, 22, 10, 0, 49, tzinfo=UTC)
+    table = pq.read_table([f.removeprefix("file://") for f in built.files])
+    assert table.column_names == ["_topic", "_partition", "_offset", "_timestamp", "_key", "id", "ok", "ts",
+                                  "tags", "d"]
+    rows = sorted(table.to_pylist(), key=lambda r: r["_offset"])
+    assert [r["_offset"] for r in rows] == list(range(100, 150))
+    assert rows[1]["_topic"] == "events" and rows[1]["_partition"] == 3 and rows[1]["_key"] == b"k1"
+    assert rows[0]["_key"] is None and rows[7]["tags"] == ["x", "7"] and rows[2]["ok"] is True
+    assert str(table.schema.field("_timestamp").type) == "timestamp[us, tz=UTC]"
+    assert built.size_bytes == sum(Path(f.removeprefix("file://")).stat().st_size for f in built.files)
+    # Only the data files: no _SUCCESS, no .crc, and the staging file is gone.
+    assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in built.files)
+
+
+def test_fail_policy_names_the_first_bad_record_and_leaves_nothing(spark: Any, tmp_path: Path) -> None:
+    values = [good(i) for i in range(20)]
+    values[13] = b"{broken"
+    values[17] = None
+    with pytest.raises(ParseFailure) as info:
+        SparkSegmentBuilder(spark).build(split_of(values), make_spec(tmp_path, "fail"))
+    assert (info.value.offset, info.value.reason) == (113, "invalid_json")
+    assert all_files(tmp_path / "store") == []
+
+
+def test_a_killed_split_raises_and_leaves_no_files(spark: Any, tmp_path: Path) -> None:
+    split = split_of([good(i) for i in range(10)])
+    split.kill_switch.trip("revoke")
+    with pytest.raises(SplitKilled):
+        SparkSegmentBuilder(spark).build(split, make_spec(tmp_path))
+    assert all_files(tmp_path / "store") == []
+
+
+def test_a_split_killed_while_building_raises_and_leaves_no_files(spark: Any, tmp_path: Path) -> None:
+    split = split_of([good(i) for i in range(20_000)])
+    threading.Timer(0.3, split.kill_switch.trip, args=("revoke",)).start()
+    started = time.monotonic()
+    with pytest.raises(SplitKilled):
+        SparkSegmentBuilder(spark).build(split, make_spec(tmp_path))
+    assert time.monotonic() - started < 30
+    assert all_files(tmp_path / "store") == []
+
+
+def test_builds_from_two_threads_at_once(spark: Any, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    builder = SparkSegmentBuilder(spark)
+    splits = [split_of([good(i) for i in range(500)], start=s) for s in (0, 1000)]
+    results: dict[int, int] = {}
+
+    def run(split: SealedSplit) -> None:
+        results[split.start] = builder.build(split, spec).row_count
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in splits]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == {0: 500, 1000: 500}
+
+
+def test_discard_deletes_data_and_rejects(spark: Any, tmp_path: Path) -> None:
+    builder = SparkSegmentBuilder(spark)
+    built = builder.build(split_of([good(1), b"nope", None]), make_spec(tmp_path))
+    assert (built.row_count, built.rejects_count) == (1, 2) and built.rejects_files
+    builder.discard(built)
+    assert all_files(tmp_path / "store") == []
