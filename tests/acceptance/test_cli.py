@@ -1,0 +1,105 @@
+"""The ``ingest`` command line as a user runs it: one clear line for expected failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from ingest.builder import SegmentBuilder
+from ingest.embedded import free_port
+from metastore import Metastore
+from tests.acceptance.harness import (
+    REPO,
+    Produced,
+    StartWorker,
+    apply_spec,
+    assert_exactly_once,
+    process_env,
+    settings,
+    wait_until,
+    write_spec,
+)
+
+
+def ingest(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ingest", *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ingest: error:")]
+    assert len(errors) == 1, result.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka_bootstrap: str) -> None:
+    env = process_env(database_url, kafka_bootstrap)
+    assert "already up to date" in ingest(env, "migrate").stdout
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\ntopics = ["t"]\nevent_time = "ts"\n[schema]\nts = "timestamp"\nn = "decimal"\n')
+    assert_one_line_error(ingest(env, "source", "apply", str(bad)), 2, "schema.n", "decimal")
+    assert_one_line_error(ingest(env, "source", "apply", str(tmp_path / "missing.toml")), 2, "cannot read")
+    assert_one_line_error(ingest(env, "status", "nope"), 3, "unknown source 'nope'")
+
+    down = {**env, "INGEST_DATABASE_URL": f"postgresql://ingest:s3cret@127.0.0.1:{free_port()}/db"}
+    result = ingest(down, "segments", "x")
+    assert_one_line_error(result, 7, "PostgreSQL unavailable", "ingest:***@")
+    assert "s3cret" not in result.stderr
+
+    unmigrated = {**env, "INGEST_DATABASE_URL": database_url.rsplit("/", 1)[0] + "/postgres"}
+    assert_one_line_error(ingest(unmigrated, "status", "x"), 8, "ingest migrate")
+
+    name, spec = write_spec(tmp_path, "no-such-topic-" + uuid.uuid4().hex[:6])
+    assert ingest(env, "source", "apply", str(spec)).stdout.strip() == f"source {name}: version 1"
+    assert "(unchanged)" in ingest(env, "source", "apply", str(spec)).stdout
+    assert_one_line_error(ingest(env, "worker", name), 5, "does not exist")
+    no_kafka = {**env, "INGEST_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
+    assert_one_line_error(ingest(no_kafka, "worker", name), 4, "Kafka unreachable")
+
+
+def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstrap: str,
+                                make_topic: Callable[..., str], spark_builder: Callable[[], SegmentBuilder],
+                                start_worker: StartWorker) -> None:
+    topic = make_topic(partitions=2)
+    source, spec_path = write_spec(tmp_path, topic, max_records=300)
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    produced.produce(1000)
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 90, "the worker to catch up")
+    worker.stop()
+    env = process_env(database_url, kafka_bootstrap)
+
+    segments = json.loads(ingest(env, "segments", source, "--json").stdout)
+    assert sum(s["rows"] for s in segments) == 1000
+    ranges = sorted((r["partition"], r["start"], r["end"]) for s in segments for r in s["ranges"])
+    for p in (0, 1):
+        mine = [(start, end) for part, start, end in ranges if part == p]
+        assert mine[0][0] == 0 and mine[-1][1] == produced.ends[p]
+        assert all(a[1] == b[0] for a, b in zip(mine, mine[1:], strict=False))
+    assert f"{len(segments)} segment(s), 1000 row(s)" in ingest(env, "segments", source).stdout
+
+    status = json.loads(ingest(env, "status", source, "--json").stdout)
+    assert {p["partition"]: p["next_offset"] for p in status["partitions"]} == produced.ends
+    assert all(p["serial"] == 1 and p["lag"] is not None and p["lag"] >= 0 for p in status["partitions"])
+    assert source in ingest(env, "status", source).stdout
+
+    orphan = tmp_path / "store" / source / "segments" / str(uuid.uuid4())
+    orphan.mkdir(parents=True)
+    (orphan / "part-0.parquet").write_bytes(b"not published")
+    dry = ingest(env, "gc", source, "--grace", "0", "--dry-run")
+    assert "would delete 1 unpublished location(s)" in dry.stdout and orphan.exists()
+    assert "deleted 0 " in ingest(env, "gc", source).stdout  # default grace keeps young files
+    result = ingest(env, "gc", source, "--grace", "0")
+    assert f"deleted 1 unpublished location(s); kept {len(segments)} published" in result.stdout
+    assert not orphan.exists()
+    assert_exactly_once(database_url, source, produced)  # every published file is still there

@@ -1,0 +1,43 @@
+from pathlib import Path
+
+import pytest
+
+from ingest.config import Settings, consumer_config
+from ingest.errors import ConfigError
+
+
+def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("# SASL\nsasl.mechanism=PLAIN\nenable.auto.commit=true\n")
+    settings = Settings.from_env({
+        "INGEST_DATABASE_URL": "postgresql://x@h/db",
+        "INGEST_KAFKA_BOOTSTRAP": "k:9092",
+        "INGEST_KAFKA_CONFIG_FILE": str(props),
+        "INGEST_KAFKA_PROP_SECURITY_PROTOCOL": "SASL_SSL",
+        "INGEST_KAFKA_PROP_PARTITION_ASSIGNMENT_STRATEGY": "range",
+        "INGEST_KAFKA_PROP_ENABLE_AUTO_OFFSET_STORE": "true",
+    })
+    conf = consumer_config(settings, "ingest-s")
+    assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "PLAIN"
+    assert conf["partition.assignment.strategy"] == "range"
+    assert conf["enable.auto.commit"] == "false" and conf["enable.auto.offset.store"] == "false"
+    assert conf["group.id"] == "ingest-s" and conf["bootstrap.servers"] == "k:9092"
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({}, "INGEST_DATABASE_URL"),
+        ({"INGEST_DATABASE_URL": "postgresql://h/db"}, "INGEST_KAFKA_BOOTSTRAP"),
+        ({"INGEST_METRICS_PORT": "99999"}, "INGEST_METRICS_PORT"),
+        ({"INGEST_BUILD_THREADS": "0"}, "INGEST_BUILD_THREADS"),
+        ({"INGEST_LOG_FORMAT": "xml"}, "INGEST_LOG_FORMAT"),
+        ({"INGEST_FAULT_PUBLISH_DELAY_S": "-1"}, "INGEST_FAULT_PUBLISH_DELAY_S"),
+    ],
+)
+def test_invalid_settings_name_the_variable(env: dict[str, str], field: str) -> None:
+    full = {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092", **env}
+    if field in ("INGEST_DATABASE_URL", "INGEST_KAFKA_BOOTSTRAP"):
+        full = env
+    with pytest.raises(ConfigError, match=field):
+        Settings.from_env(full)
