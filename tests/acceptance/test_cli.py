@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstr
     for p in (0, 1):
         mine = [(start, end) for part, start, end in ranges if part == p]
         assert mine[0][0] == 0 and mine[-1][1] == produced.ends[p]
-        assert all(a[1] == b[0] for a, b in zip(mine, mine[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(mine))
     assert f"{len(segments)} segment(s), 1000 row(s)" in ingest(env, "segments", source).stdout
 
     status = json.loads(ingest(env, "status", source, "--json").stdout)
