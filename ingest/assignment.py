@@ -19,6 +19,9 @@ class PartitionStatus(enum.Enum):
     REWINDING = "rewinding"
     # Refused for a serial mismatch: another worker owns it now; paused until revoked or lost.
     FENCED = "fenced"
+    # The stored offset is no longer in the log (retention, topic re-created): stopped,
+    # never silently skipped. An operator decides (see the README).
+    OUT_OF_RANGE = "out_of_range"
 
 
 @dataclass(slots=True)
@@ -31,6 +34,9 @@ class OwnedPartition:
     # While REWINDING: when to try the re-seek, and how many failures led here (backoff).
     retry_at: float = 0.0
     failures: int = 0
+    # Whether the consumer has this partition paused. A new assignment starts unpaused, as
+    # the consumer does, so the flag lives and dies with the assignment.
+    paused: bool = False
 
     @property
     def tp(self) -> TopicPartition:

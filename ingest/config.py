@@ -22,6 +22,9 @@ KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
 PROTOCOL_PROPERTIES = {
     "enable.auto.commit": "false",
     "enable.auto.offset.store": "false",
+    # A stored offset that fell out of the log must surface as an error, never be silently
+    # replaced by earliest/latest (that would skip or re-read records unnoticed).
+    "auto.offset.reset": "error",
 }
 
 
@@ -128,7 +131,6 @@ def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | 
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
         "partition.assignment.strategy": "cooperative-sticky",
-        "auto.offset.reset": "earliest",
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 1_000,
         "max.poll.interval.ms": 300_000,

@@ -62,7 +62,7 @@ class ConsumeLoop:
         self._batch_size = batch_size
         self._poll_timeout_s = poll_timeout_s
         self._drain_timeout_s = drain_timeout_s
-        self._paused: set[TopicPartition] = set()
+        self._lag_due = 0.0
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
 
@@ -87,6 +87,9 @@ class ConsumeLoop:
         self._rewind_due(now)
         self._apply_backpressure()
         self._update_gauges()
+        if now >= self._lag_due:
+            self._lag_due = now + 1.0
+            self._update_lag()
 
     def drain(self) -> bool:
         """Seal every buffer and wait (still polling, partitions paused) until the pipeline
@@ -117,7 +120,7 @@ class ConsumeLoop:
         for msg in messages:
             err = msg.error()
             if err is not None:
-                self._kafka_error(err)
+                self._kafka_error(msg, err)
                 continue
             owned = self._assignment.get(msg.topic(), msg.partition())
             if owned is None or owned.status is not PartitionStatus.ACTIVE:
@@ -138,10 +141,20 @@ class ConsumeLoop:
                  start=split.start, end=split.end, records=len(split), bytes=split.size_bytes, reason=reason)
         self._pipeline.submit(split)
 
-    def _kafka_error(self, err: Any) -> None:
+    def _kafka_error(self, msg: Any, err: Any) -> None:
         self._metrics.kafka_errors.labels(self._source).inc()
         if err.fatal():
             raise WorkerFailed(f"fatal Kafka error: {err.str()}")
+        if err.code() == KafkaError._AUTO_OFFSET_RESET:
+            owned = self._assignment.get(msg.topic(), msg.partition())
+            if owned is not None and owned.status is not PartitionStatus.OUT_OF_RANGE:
+                owned.status = PartitionStatus.OUT_OF_RANGE
+                owned.reset_buffer(None)
+                self._pipeline.kill([owned.tp], "out_of_range")
+                log.error("offset_out_of_range", source=self._source, worker=self._worker_id,
+                          topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err.str(),
+                          action="partition stopped; nothing skipped")
+            return
         if err.code() != KafkaError._PARTITION_EOF:
             log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
 
@@ -252,27 +265,46 @@ class ConsumeLoop:
 
     def _apply_backpressure(self) -> None:
         limits = self._spec.split
-        owned_tps = set(self._assignment.tps())
         held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
-        if self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes:
-            wanted = owned_tps
-        else:
-            wanted = {o.tp for o in self._assignment if o.status is not PartitionStatus.ACTIVE}
-        self._paused &= owned_tps
-        self._pause(wanted)
+        full = self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes
+        self._pause({o.tp for o in self._assignment if full or o.status is not PartitionStatus.ACTIVE})
 
     def _pause(self, wanted: set[TopicPartition]) -> None:
-        to_pause = wanted - self._paused
-        to_resume = self._paused - wanted
+        to_pause = [o for o in self._assignment if o.tp in wanted and not o.paused]
+        to_resume = [o for o in self._assignment if o.tp not in wanted and o.paused]
         if to_pause:
-            self._consumer.pause([KafkaTopicPartition(tp.topic, tp.partition) for tp in sorted(to_pause)])
+            self._consumer.pause([KafkaTopicPartition(o.tp.topic, o.tp.partition) for o in to_pause])
+            for o in to_pause:
+                o.paused = True
         if to_resume:
-            self._consumer.resume([KafkaTopicPartition(tp.topic, tp.partition) for tp in sorted(to_resume)])
-        self._paused = set(wanted)
+            self._consumer.resume([KafkaTopicPartition(o.tp.topic, o.tp.partition) for o in to_resume])
+            for o in to_resume:
+                o.paused = False
+
+    def _update_lag(self) -> None:
+        """Per-partition lag in records (Kafka's cached high watermark minus the published
+        offset) and in seconds (age of the oldest record consumed but not yet published)."""
+        now_ms = time.time() * 1000
+        for owned in self._assignment:
+            tp = owned.tp
+            labels = (self._source, tp.topic, str(tp.partition))
+            published = owned.published_end if owned.published_end is not None else owned.claim.next_offset
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    KafkaTopicPartition(tp.topic, tp.partition), cached=True)
+            except KafkaException:
+                high = -1
+            if high >= 0 and published is not None:
+                self._metrics.partition_lag_records.labels(*labels).set(max(0, high - published))
+            oldest = self._pipeline.oldest_pending_ms(tp)
+            if oldest is None:
+                oldest = owned.buffer.first_timestamp_ms()
+            self._metrics.partition_lag_seconds.labels(*labels).set(
+                0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
 
     def _update_gauges(self) -> None:
         source = self._source
-        self._metrics.paused_partitions.labels(source).set(len(self._paused))
+        self._metrics.paused_partitions.labels(source).set(sum(1 for o in self._assignment if o.paused))
         self._metrics.inflight_splits.labels(source).set(self._pipeline.inflight_count)
         self._metrics.inflight_bytes.labels(source).set(self._pipeline.inflight_bytes)
         self._metrics.buffered_bytes.labels(source).set(self._assignment.buffered_bytes())

@@ -59,6 +59,13 @@ class Metrics:
                                     registry=r)
         self.partition_next_offset = Gauge("ingest_partition_next_offset", "Next offset to publish",
                                            ["source", "topic", "partition"], registry=r)
+        self.partition_lag_records = Gauge("ingest_partition_lag_records",
+                                           "High watermark minus the next offset to publish",
+                                           ["source", "topic", "partition"], registry=r)
+        self.partition_lag_seconds = Gauge("ingest_partition_lag_seconds",
+                                           "Age of the oldest consumed record not yet published (0: none)",
+                                           ["source", "topic", "partition"], registry=r)
+        self.worker_up = Gauge("ingest_worker_up", "1 while the worker runs its loop", ["source"], registry=r)
         self.build_seconds = Histogram("ingest_split_build_seconds", "Spark build time per split", ["source"],
                                        buckets=_BUILD_BUCKETS, registry=r)
         self.publish_seconds = Histogram("ingest_publish_transaction_seconds", "Publish transaction time",
@@ -72,8 +79,10 @@ class Metrics:
                                        buckets=_BYTES_BUCKETS, registry=r)
 
     def forget_partition(self, tp: TopicPartition) -> None:
-        with contextlib.suppress(KeyError):
-            self.partition_next_offset.remove(self.source, tp.topic, str(tp.partition))
+        """Drop the series of a partition this worker no longer owns (its new owner reports it)."""
+        for gauge in (self.partition_next_offset, self.partition_lag_records, self.partition_lag_seconds):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self.source, tp.topic, str(tp.partition))
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics; returns the bound port (port 0 picks a free one)."""

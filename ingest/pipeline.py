@@ -141,6 +141,14 @@ class Pipeline:
     def inflight_bytes(self) -> int:
         return self._inflight_bytes
 
+    def oldest_pending_ms(self, tp: TopicPartition) -> int | None:
+        """Kafka timestamp of the first record of the oldest unresolved split of ``tp``."""
+        with self._cond:
+            queue = self._queues.get(tp)
+            if not queue or not queue[0].split.records:
+                return None
+            return queue[0].split.records[0].timestamp()[1]
+
     def inflight_partitions(self) -> set[TopicPartition]:
         with self._cond:
             return set(self._queues)

@@ -139,6 +139,9 @@ class PartitionBuffer:
     def size_bytes(self) -> int:
         return self._size
 
+    def first_timestamp_ms(self) -> int | None:
+        return self._records[0].timestamp()[1] if self._records else None
+
     def append(self, record: Record, size: int, now: float) -> bool:
         """Add a record; returns False (and drops it) if it lies before the position,
         which happens only for messages fetched before a seek."""

@@ -64,6 +64,7 @@ class Worker:
         self._builder_factory = builder_factory
         self.assignment = Assignment()
         self.loop: ConsumeLoop | None = None
+        self.metrics_port: int | None = None
         self.ready = threading.Event()
 
     def run(self, stop: threading.Event) -> None:
@@ -106,13 +107,15 @@ class Worker:
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
                                     pipeline=pipeline, handler=handler, store=store, metrics=self.metrics)
             if settings.metrics_port is not None:
-                port = self.metrics.serve(settings.metrics_host, settings.metrics_port)
-                log.info("metrics_serving", host=settings.metrics_host, port=port)
+                self.metrics_port = self.metrics.serve(settings.metrics_host, settings.metrics_port)
+                log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
             log.info("worker_started", source=spec.name, worker=worker_id, spec_version=version,
                      topics=list(spec.topics), group=spec.group_id, spark_master=settings.spark_master)
             self.ready.set()
+            self.metrics.worker_up.labels(spec.name).set(1)
             self.loop.run(stop)
         finally:
+            self.metrics.worker_up.labels(self.source).set(0)
             if consumer is not None:
                 # Leaves the group: the revoke callback kills whatever is still in flight.
                 consumer.close()

@@ -15,6 +15,9 @@ fi
 if ! command -v java >/dev/null 2>&1; then
     missing+=(openjdk-17-jre-headless)
 fi
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    missing+=(prometheus)
+fi
 if ! command -v ps >/dev/null 2>&1; then
     missing+=(procps)
 fi
