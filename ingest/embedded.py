@@ -282,6 +282,13 @@ class LocalPostgres:
         self._stop_server(crash=crash, timeout=timeout)
         self.start()
 
+    def outage(self, seconds: float, crash: bool = True) -> None:
+        """Make the server unreachable for ``seconds``: stop it (SIGKILL by default), wait,
+        start it again on the same port with the same data."""
+        self._stop_server(crash=crash, timeout=15.0)
+        time.sleep(seconds)
+        self.start()
+
     def __enter__(self) -> Self:
         self.start()
         return self

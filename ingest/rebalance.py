@@ -116,6 +116,10 @@ class RebalanceHandler:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
+        if partitions:
+            # librdkafka keeps a partition's pause flag across an eager unassign/assign; the
+            # loop's invariant is that a new assignment starts unpaused, so make it true.
+            consumer.resume(partitions)
 
     def _drop(self, consumer: Any, partitions: list[KafkaTopicPartition], kind: str) -> None:
         started = time.monotonic()

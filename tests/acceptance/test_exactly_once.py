@@ -201,3 +201,27 @@ def test_fail_policy_stops_the_worker_naming_the_record(
     with Metastore(database_url) as store:
         positions = {r["partition"]: r["next_offset"] for r in store.partitions(source)}
     assert positions[0] == 50  # the split holding offset 77 (and anything after) was not published
+
+
+def test_eager_rebalancing_is_exactly_once_too(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker
+) -> None:
+    topic = make_topic(partitions=4)
+    source, spec_path = write_spec(tmp_path, topic, max_records=700, max_age="1s")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 4)
+    produced.produce(4000)
+    props = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500", "partition.assignment.strategy": "range"}
+    first = start_worker(settings(database_url, kafka_bootstrap, kafka_properties=props), source, spark_builder)
+    with Metastore(database_url) as store:
+        wait_until(lambda: len(store.segments(source)) >= 1, 60, "a first segment")
+        second = start_worker(settings(database_url, kafka_bootstrap, kafka_properties=props), source, spark_builder)
+        produced.produce(4000)
+        wait_until(lambda: produced.caught_up(store, source), 120, "both workers to catch up")
+        serials = {r["partition"]: r["serial"] for r in store.partitions(source)}
+    first.stop()
+    second.stop()
+    assert first.error is None and second.error is None
+    assert max(serials.values()) >= 2  # an eager rebalance re-claimed partitions
+    assert_exactly_once(database_url, source, produced)
