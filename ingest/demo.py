@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print("worker 0 metrics:\n  " + "\n  ".join(lines))
         except OSError as exc:
             print(f"(metrics of worker 0 unavailable: {exc})")
-        print(f"\nlook around:\n  psql '{url}' -c 'SELECT * FROM ingest_partitions ORDER BY partition'"
+        print(f"\nlook around:\n  psql '{url}' -c 'SELECT * FROM ingest_partition_status ORDER BY partition'"
               f"\n  psql '{url}' -c 'SELECT id, row_count, rejects_count, files FROM ingest_segments LIMIT 5'"
               f"\n  INGEST_DATABASE_URL='{url}' INGEST_KAFKA_BOOTSTRAP={broker.bootstrap} "
               "python -m ingest segments clicks")

@@ -77,6 +77,17 @@ def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> N
     assert store.partition_state("src", T0) == (claim.serial, 25)
 
 
+def test_the_partition_status_view(store: Metastore, database_url: str) -> None:
+    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    store.publish(item(T0, claim.serial, 0, 10))
+    with pytest.raises(PublishConflict):
+        store.publish(item(T0, claim.serial - 1, 10, 20))
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT topic, partition, next_offset, serial, owner, segments, publish_conflicts "
+                            "FROM ingest_partition_status WHERE source = 'src' ORDER BY partition").fetchall()
+    assert rows == [("events", 0, 10, claim.serial, "w1", 1, 1), ("events", 1, None, 0, None, 0, 0)]
+
+
 def test_a_zombie_cannot_publish_after_another_worker_claimed(store: Metastore) -> None:
     zombie = store.claim_partitions("src", "zombie", [T0])[T0]
     store.claim_partitions("src", "new-owner", [T0])
