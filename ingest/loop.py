@@ -63,6 +63,9 @@ class ConsumeLoop:
         self._poll_timeout_s = poll_timeout_s
         self._drain_timeout_s = drain_timeout_s
         self._lag_due = 0.0
+        self.started_at = time.monotonic()
+        # Read by the health endpoint from another thread: a float store is atomic.
+        self.last_step_at = self.started_at
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
 
@@ -75,6 +78,7 @@ class ConsumeLoop:
         self.drain()
 
     def step(self) -> None:
+        self.last_step_at = time.monotonic()
         messages = self._consumer.consume(self._batch_size, self._poll_timeout_s)
         self._raise_callback_error()
         now = time.monotonic()

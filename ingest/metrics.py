@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ingest.model import TopicPartition
 
@@ -84,7 +84,3 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(self.source, tp.topic, str(tp.partition))
 
-    def serve(self, host: str, port: int) -> int:
-        """Serve /metrics; returns the bound port (port 0 picks a free one)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_port)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 from ingest.assignment import Assignment
 from ingest.builder import SegmentBuilder
 from ingest.config import Settings, admin_config, consumer_config
+from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, TopicNotFound
 from ingest.loop import ConsumeLoop
 from ingest.metrics import Metrics
@@ -67,12 +69,34 @@ class Worker:
         self.metrics_port: int | None = None
         self.ready = threading.Event()
 
+    def healthy(self) -> tuple[bool, str]:
+        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted)."""
+        loop = self.loop
+        if loop is None:
+            return False, "starting"
+        stalled = time.monotonic() - loop.last_step_at
+        return (stalled < 30.0), f"last poll {stalled:.1f}s ago"
+
+    def ready_check(self) -> tuple[bool, str]:
+        """Ready: alive and consuming assigned partitions, or idle by design (the group gave
+        this worker no partition: more workers than partitions)."""
+        ok, reason = self.healthy()
+        if not ok:
+            return ok, reason
+        assert self.loop is not None
+        owned = len(self.assignment)
+        if owned:
+            return True, f"{owned} partition(s) assigned"
+        waited = time.monotonic() - self.loop.started_at
+        return (waited > 15.0), "no partition assigned" + (" (idle by design)" if waited > 15.0 else " yet")
+
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
         worker_id = settings.worker_id
         store = Metastore(settings.database_url)
         publish_store = Metastore(settings.database_url)
         consumer: Any = None
+        endpoints: Endpoints | None = None
         pipeline: Pipeline | None = None
         spark: Any = None
         try:
@@ -107,7 +131,8 @@ class Worker:
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
                                     pipeline=pipeline, handler=handler, store=store, metrics=self.metrics)
             if settings.metrics_port is not None:
-                self.metrics_port = self.metrics.serve(settings.metrics_host, settings.metrics_port)
+                endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
+                self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
                 log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
             log.info("worker_started", source=spec.name, worker=worker_id, spec_version=version,
                      topics=list(spec.topics), group=spec.group_id, spark_master=settings.spark_master)
@@ -116,6 +141,8 @@ class Worker:
             self.loop.run(stop)
         finally:
             self.metrics.worker_up.labels(self.source).set(0)
+            if endpoints is not None:
+                endpoints.close()
             if consumer is not None:
                 # Leaves the group: the revoke callback kills whatever is still in flight.
                 consumer.close()

@@ -79,6 +79,9 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
     wait_until(lambda: all(value(scrape(first), "ingest_partition_lag_seconds", source=source, topic=topic,
                                  partition=str(p)) == 0 for p in range(4)), 5, "lag age to drop to 0")
     assert partitions_with(m, "ingest_partition_lag_records") == {"0", "1", "2", "3"}
+    for path, body in (("/healthz", "last poll"), ("/readyz", "4 partition(s) assigned")):
+        with urllib.request.urlopen(f"http://127.0.0.1:{first.worker.metrics_port}{path}", timeout=5) as resp:
+            assert resp.status == 200 and body in resp.read().decode()
 
     second = start_worker(settings(database_url, kafka_bootstrap, metrics_port=0), source, spark_builder)
     wait_until(lambda: 0 < len(first.worker.assignment) < 4 and len(second.worker.assignment) > 0, 90,
