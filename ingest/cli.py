@@ -88,16 +88,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"source {status['source']} (spec version {status['spec_version']}), "
+    print(f"source {status['source']}: {status['state']} ({status['detailed_state']}), "
+          f"spec version {status['spec_version']}, "
           f"total lag {status['total_lag'] if status['kafka_reachable'] else '? (Kafka unreachable)'}, "
-          f"publish conflicts {status['publish_conflicts'] or 0}")
+          f"publish conflicts {status['publish_conflicts'] or 0}, live workers {len(status['workers'])}")
     print(f"{'topic':<24} {'part':>4} {'next_offset':>12} {'high_wm':>10} {'lag':>8} {'serial':>6}  "
           f"{'owner':<32} last_publish")
     for p in status["partitions"]:
         next_offset = p["next_offset"] if p["next_offset"] is not None else f"({p['initial_position']})"
         print(f"{p['topic']:<24} {p['partition']:>4} {next_offset!s:>12} {_dash(p['high_watermark']):>10} "
               f"{_dash(p['lag']):>8} {p['serial']:>6}  {_dash(p['owner']):<32} {_dash(p['last_publish_at'])}")
+    for w in status["workers"]:
+        print(f"worker {w['worker']} on {w['host']} pid {w['pid']}: {w['state']}, {len(w['partitions'])} "
+              f"partition(s), heartbeat {w['heartbeat_at']}")
+    for e in status["recent_errors"]:
+        print(f"error {e['at']} {e['worker']} {e['kind']}: {e['message']}")
     return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the source is healthy, 1 when not (for probes and scripts)."""
+    from ingest.status import source_status
+
+    settings = _settings()
+    with Metastore(settings.database_url) as store:
+        status = source_status(store, settings, args.source, errors=0)
+    healthy = status["state"] != "UNHEALTHY"
+    print(f"{args.source}: {'healthy' if healthy else 'unhealthy'} ({status['state']}, {status['detailed_state']})")
+    return 0 if healthy else 1
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -140,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("source")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=func)
+
+    health = sub.add_parser("health", help="exit 0 if the source is healthy, 1 if not")
+    health.add_argument("source")
+    health.set_defaults(func=cmd_health)
 
     gc = sub.add_parser("gc", help="delete segment files that no published segment points to")
     gc.add_argument("source")

@@ -22,6 +22,7 @@ from ingest.metrics import Metrics
 from ingest.model import PartitionClaim, TopicPartition
 from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline, Published
 from ingest.rebalance import RebalanceHandler, start_offset
+from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
 from metastore.errors import MetastoreError
 
@@ -45,6 +46,7 @@ class ConsumeLoop:
         pipeline: Pipeline,
         handler: RebalanceHandler,
         store: OffsetStore,
+        registry: WorkerRegistry,
         metrics: Metrics,
         batch_size: int = 2000,
         poll_timeout_s: float = 0.1,
@@ -58,6 +60,7 @@ class ConsumeLoop:
         self._pipeline = pipeline
         self._handler = handler
         self._store = store
+        self._registry = registry
         self._metrics = metrics
         self._batch_size = batch_size
         self._poll_timeout_s = poll_timeout_s
@@ -94,6 +97,7 @@ class ConsumeLoop:
         if now >= self._lag_due:
             self._lag_due = now + 1.0
             self._update_lag()
+        self._registry.beat("running", [str(tp) for tp in self._assignment.tps()])
 
     def drain(self) -> bool:
         """Seal every buffer and wait (still polling, partitions paused) until the pipeline
@@ -103,6 +107,7 @@ class ConsumeLoop:
             if owned.status is PartitionStatus.ACTIVE and len(owned.buffer):
                 self._seal(owned, "shutdown", now)
         self._pause(set(self._assignment.tps()))
+        self._registry.beat("draining", [str(tp) for tp in self._assignment.tps()], force=True)
         deadline = now + self._drain_timeout_s
         while self._pipeline.inflight_count and time.monotonic() < deadline:
             # Paused: this returns nothing new but keeps the group session alive.
@@ -158,6 +163,7 @@ class ConsumeLoop:
                 log.error("offset_out_of_range", source=self._source, worker=self._worker_id,
                           topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err.str(),
                           action="partition stopped; nothing skipped")
+                self._registry.error("OFFSET_OUT_OF_RANGE", f"{owned.tp} offset {msg.offset()}: {err.str()}")
             return
         if err.code() != KafkaError._PARTITION_EOF:
             log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
@@ -183,6 +189,7 @@ class ConsumeLoop:
             elif isinstance(outcome, Conflicted):
                 reason = outcome.conflict.reason
                 self._metrics.publish_conflicts.labels(self._source, reason).inc()
+                self._registry.error("PUBLISH_CONFLICT", str(outcome.conflict))
                 log.warning("publish_rejected", reason=reason, expected=outcome.conflict.expected,
                             stored=outcome.conflict.actual, **fields)
                 if current and owned is not None and not draining:
@@ -194,10 +201,12 @@ class ConsumeLoop:
                         self._schedule_rewind(owned)
             elif isinstance(outcome, Failed):
                 self._metrics.split_failures.labels(self._source, outcome.stage).inc()
+                self._registry.error(f"{outcome.stage.upper()}_FAILED", f"{split.tp}: {outcome.error}")
                 log.error("split_failed", stage=outcome.stage, error=str(outcome.error), **fields)
                 if current and owned is not None and not draining:
                     self._schedule_rewind(owned)
             elif isinstance(outcome, Fatal):
+                self._registry.error("PARSE_FAILURE", str(outcome.error))
                 raise outcome.error
 
     def _published(self, outcome: Published, owned: OwnedPartition | None, fields: dict[str, Any]) -> None:

@@ -13,49 +13,80 @@ from ingest.config import Settings, admin_config
 from metastore import Metastore
 
 
-def high_watermarks(settings: Settings, tps: list[tuple[str, int]], timeout: float = 5.0) -> dict[tuple[str, int], int]:
-    """Kafka's high watermark per partition; empty when Kafka does not answer."""
+def watermarks(settings: Settings, tps: list[tuple[str, int]],
+               timeout: float = 5.0) -> dict[tuple[str, int], tuple[int, int]]:
+    """Kafka's (low, high) watermarks per partition; empty when Kafka does not answer."""
     if not tps or not settings.kafka_bootstrap:
         return {}
     conf: dict[str, Any] = {**admin_config(settings), "group.id": "ingest-status", "enable.auto.commit": False}
     consumer = Consumer(conf)
-    marks: dict[tuple[str, int], int] = {}
+    marks: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         for topic, partition in tps:
             try:
-                _low, high = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=timeout)
+                low, high = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=timeout)
             except KafkaException:
                 return marks
-            marks[(topic, partition)] = int(high)
+            marks[(topic, partition)] = (int(low), int(high))
     finally:
         consumer.close()
     return marks
 
 
-def source_status(store: Metastore, settings: Settings, source: str) -> dict[str, Any]:
+def source_status(store: Metastore, settings: Settings, source: str, errors: int = 10) -> dict[str, Any]:
     version, _spec = store.latest_spec(source)
     rows = store.partitions(source)
-    marks = high_watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
+    marks = watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
+    last_event = {(r["topic"], r["partition"]): r["last_event_time"] for r in store.partition_status(source)}
     partitions = []
     total_lag = 0
     for r in rows:
-        high = marks.get((r["topic"], r["partition"]))
+        low, high = marks.get((r["topic"], r["partition"]), (None, None))
         next_offset = r["next_offset"]
-        lag = None if high is None else max(0, high - (next_offset or 0))
+        lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
         partitions.append({
             "topic": r["topic"], "partition": r["partition"], "next_offset": next_offset,
-            "high_watermark": high, "lag": lag, "owner": r["owner"], "serial": r["serial"],
-            "last_publish_at": _iso(r["last_publish_at"]), "initial_position": r["initial_position"],
+            "earliest_offset": low, "high_watermark": high, "lag": lag, "owner": r["owner"], "serial": r["serial"],
+            "last_publish_at": _iso(r["last_publish_at"]),
+            "last_event_time": _iso(last_event.get((r["topic"], r["partition"]))),
+            "initial_position": r["initial_position"],
         })
+    workers = [{"worker": w["worker"], "host": w["host"], "pid": w["pid"], "version": w["version"],
+                "state": w["state"], "partitions": list(w["partitions"]), "started_at": _iso(w["started_at"]),
+                "heartbeat_at": _iso(w["heartbeat_at"])} for w in store.live_workers(source)]
+    recent = [{"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
+              for e in store.recent_errors(source, errors)]
+    kafka_reachable = bool(marks) or not rows
+    state, detail = _state(partitions, workers, kafka_reachable, total_lag)
     return {
         "source": source,
+        "state": state,
+        "detailed_state": detail,
         "spec_version": version,
-        "kafka_reachable": bool(marks) or not rows,
+        "kafka_reachable": kafka_reachable,
         "total_lag": total_lag,
         "publish_conflicts": store.conflict_counts(source),
+        "workers": workers,
         "partitions": partitions,
+        "recent_errors": recent,
     }
+
+
+def _state(partitions: list[dict[str, Any]], workers: list[dict[str, Any]], kafka_reachable: bool,
+           total_lag: int) -> tuple[str, str]:
+    """The source's state and why, Druid-supervisor style."""
+    if not partitions and not workers:
+        return "PENDING", "NO_WORKERS"
+    if not workers:
+        return "UNHEALTHY", "NO_WORKERS"
+    if not kafka_reachable:
+        return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
+    if all(w["state"] == "draining" for w in workers):
+        return "DRAINING", "DRAINING"
+    if total_lag == 0:
+        return "IDLE", "CAUGHT_UP"
+    return "RUNNING", "RUNNING"
 
 
 def source_segments(store: Metastore, source: str) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
 from ingest.publisher import Publisher
 from ingest.rebalance import RebalanceHandler
+from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
 from metastore import Metastore
 
@@ -96,6 +97,8 @@ class Worker:
         store = Metastore(settings.database_url)
         publish_store = Metastore(settings.database_url)
         consumer: Any = None
+        registry: WorkerRegistry | None = None
+        final_state = "failed"
         endpoints: Endpoints | None = None
         pipeline: Pipeline | None = None
         spark: Any = None
@@ -128,8 +131,11 @@ class Worker:
             consumer = Consumer(conf)
             consumer.subscribe(list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke,
                                on_lost=handler.on_lost)
+            registry = WorkerRegistry(store, spec.name, worker_id)
+            registry.beat("starting", [], force=True)
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
-                                    pipeline=pipeline, handler=handler, store=store, metrics=self.metrics)
+                                    pipeline=pipeline, handler=handler, store=store, registry=registry,
+                                    metrics=self.metrics)
             if settings.metrics_port is not None:
                 endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
@@ -139,7 +145,14 @@ class Worker:
             self.ready.set()
             self.metrics.worker_up.labels(spec.name).set(1)
             self.loop.run(stop)
+            final_state = "stopped"
+        except BaseException as exc:
+            if registry is not None:
+                registry.error("WORKER_FAILED", f"{type(exc).__name__}: {exc}")
+            raise
         finally:
+            if registry is not None:
+                registry.beat(final_state, [], force=True)
             self.metrics.worker_up.labels(self.source).set(0)
             if endpoints is not None:
                 endpoints.close()

@@ -107,3 +107,29 @@ SELECT location, rejects_location FROM ingest_segments WHERE source = %(source)s
 -- name: partition_state
 SELECT serial, next_offset FROM ingest_partitions
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
+
+-- name: heartbeat
+INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions)
+VALUES (%(worker)s, %(source)s, %(host)s, %(pid)s, %(version)s, %(state)s, %(partitions)s)
+ON CONFLICT (worker) DO UPDATE
+SET state = EXCLUDED.state, partitions = EXCLUDED.partitions, heartbeat_at = now();
+
+-- name: live_workers
+SELECT worker, host, pid, version, state, partitions, started_at, heartbeat_at
+FROM ingest_workers
+WHERE source = %(source)s AND heartbeat_at > now() - make_interval(secs => %(expiry_s)s)
+  AND state NOT IN ('stopped', 'failed')
+ORDER BY worker;
+
+-- name: expire_workers
+DELETE FROM ingest_workers WHERE heartbeat_at < now() - make_interval(secs => %(keep_s)s);
+
+-- name: record_error
+INSERT INTO ingest_errors (source, worker, kind, message) VALUES (%(source)s, %(worker)s, %(kind)s, %(message)s);
+
+-- name: recent_errors
+SELECT worker, kind, message, at FROM ingest_errors WHERE source = %(source)s ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: partition_status
+SELECT topic, partition, last_event_time, segments, publish_conflicts
+FROM ingest_partition_status WHERE source = %(source)s ORDER BY topic, partition;

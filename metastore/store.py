@@ -208,6 +208,28 @@ class Metastore:
         rows = self._fetch("segment_for_split", split_id=split_id)
         return int(rows[0]["id"]) if rows else None
 
+    # -- workers and errors -----------------------------------------------------------
+
+    def heartbeat(self, source: str, worker: str, host: str, pid: int, version: str, state: str,
+                  partitions: Sequence[str]) -> None:
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            conn.execute(query("heartbeat"), {"source": source, "worker": worker, "host": host, "pid": pid,
+                                              "version": version, "state": state, "partitions": list(partitions)})
+            # Rows of workers dead for a day are only noise.
+            conn.execute(query("expire_workers"), {"keep_s": 86_400})
+
+    def live_workers(self, source: str, expiry_s: float = 30.0) -> list[Row]:
+        return self._fetch("live_workers", source=source, expiry_s=expiry_s)
+
+    def record_error(self, source: str, worker: str, kind: str, message: str) -> None:
+        with wrap_exceptions(self.url):
+            self._connection().execute(query("record_error"),
+                                       {"source": source, "worker": worker, "kind": kind, "message": message[:2000]})
+
+    def recent_errors(self, source: str, limit: int = 10) -> list[Row]:
+        return self._fetch("recent_errors", source=source, limit=limit)
+
     # -- reading --------------------------------------------------------------------
 
     def segments(self, source: str) -> list[Row]:
@@ -215,6 +237,9 @@ class Metastore:
 
     def partitions(self, source: str) -> list[Row]:
         return self._fetch("list_partitions", source=source)
+
+    def partition_status(self, source: str) -> list[Row]:
+        return self._fetch("partition_status", source=source)
 
     def conflict_counts(self, source: str) -> dict[str, int]:
         return {row["reason"]: int(row["n"]) for row in self._fetch("conflict_counts", source=source)}

@@ -91,6 +91,9 @@ def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstr
 
     status = json.loads(ingest(env, "status", source, "--json").stdout)
     assert {p["partition"]: p["next_offset"] for p in status["partitions"]} == produced.ends
+    assert (status["state"], status["detailed_state"]) == ("UNHEALTHY", "NO_WORKERS")  # the worker stopped
+    assert all(p["last_event_time"] for p in status["partitions"])
+    assert ingest(env, "health", source).returncode == 1
     assert all(p["serial"] == 1 and p["lag"] is not None and p["lag"] >= 0 for p in status["partitions"])
     assert source in ingest(env, "status", source).stdout
 

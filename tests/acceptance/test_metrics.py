@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.builder import SegmentBuilder
 from ingest.embedded import free_port
+from ingest.status import source_status
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
@@ -79,6 +80,12 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
     wait_until(lambda: all(value(scrape(first), "ingest_partition_lag_seconds", source=source, topic=topic,
                                  partition=str(p)) == 0 for p in range(4)), 5, "lag age to drop to 0")
     assert partitions_with(m, "ingest_partition_lag_records") == {"0", "1", "2", "3"}
+    with Metastore(database_url) as store:
+        status = source_status(store, first.worker.settings, source)
+    assert status["state"] in ("IDLE", "RUNNING"), status["state"]
+    assert [(w["worker"], w["state"], len(w["partitions"])) for w in status["workers"]] == [
+        (first.worker.settings.worker_id, "running", 4)]
+    assert status["recent_errors"] == []
     for path, body in (("/healthz", "last poll"), ("/readyz", "4 partition(s) assigned")):
         with urllib.request.urlopen(f"http://127.0.0.1:{first.worker.metrics_port}{path}", timeout=5) as resp:
             assert resp.status == 200 and body in resp.read().decode()
