@@ -106,6 +106,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_control(args: argparse.Namespace) -> int:
+    """suspend / resume / drain: set the source's desired state; workers act within seconds."""
+    import time
+
+    state = {"suspend": "suspended", "resume": "running", "drain": "draining"}[args.command]
+    settings = _settings()
+    with Metastore(settings.database_url) as store:
+        store.set_control(args.source, state, stay=getattr(args, "stay", False))
+        print(f"source {args.source}: desired state {state}")
+        if args.command != "drain":
+            return 0
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            workers = store.live_workers(args.source)
+            pending = [w["worker"] for w in workers if w["state"] != "drained"]
+            if not pending:
+                print(f"source {args.source}: drained ({len(workers)} worker(s) idle, every fetched record published)")
+                return 0
+            time.sleep(1.0)
+        print(f"ingest: error: drain of {args.source} timed out after {args.timeout:.0f}s; still draining: "
+              + ", ".join(pending), file=sys.stderr)
+        return 1
+
+
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the source is healthy, 1 when not (for probes and scripts)."""
     from ingest.status import source_status
@@ -158,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("source")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=func)
+
+    for name, help_text in (("suspend", "workers publish what they hold, then pause (staying in the group)"),
+                            ("resume", "workers consume again from the stored offsets (also ends a drain)"),
+                            ("drain", "workers publish everything held, report drained and exit (for upgrades)")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("source")
+        if name == "drain":
+            p.add_argument("--stay", action="store_true", help="keep drained workers running, idle")
+            p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default %(default)s)")
+        p.set_defaults(func=cmd_control)
 
     health = sub.add_parser("health", help="exit 0 if the source is healthy, 1 if not")
     health.add_argument("source")

@@ -66,6 +66,10 @@ class ConsumeLoop:
         self._poll_timeout_s = poll_timeout_s
         self._drain_timeout_s = drain_timeout_s
         self._lag_due = 0.0
+        # Only a worker that was consuming when a drain began exits after it; one started
+        # while the drain is pending waits, idle, for `ingest resume` (a new release's pods).
+        self._ran = False
+        self._was_holding = False
         self.started_at = time.monotonic()
         # Read by the health endpoint from another thread: a float store is atomic.
         self.last_step_at = self.started_at
@@ -75,21 +79,52 @@ class ConsumeLoop:
     # -- driving -------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Run until ``stop`` is set, then publish what is held (bounded by the drain timeout)."""
+        """Run until ``stop`` is set (or a drain without ``--stay`` completed), then publish
+        what is held (bounded by the drain timeout)."""
         while not stop.is_set():
             self.step()
+            if self.state == "drained" and self._ran and not self._registry.drain_stay:
+                log.info("worker_exiting_after_drain", source=self._source, worker=self._worker_id)
+                break
         self.drain()
+
+    @property
+    def holding(self) -> bool:
+        """Suspended or draining: publish what is held, take nothing new."""
+        return self._registry.desired_state in ("suspended", "draining")
+
+    @property
+    def state(self) -> str:
+        desired = self._registry.desired_state
+        if desired == "running":
+            return "running"
+        empty = self._pipeline.inflight_count == 0 and not any(len(o.buffer) for o in self._assignment)
+        if desired == "draining":
+            return "drained" if empty else "draining"
+        return "suspended" if empty else "suspending"
 
     def step(self) -> None:
         self.last_step_at = time.monotonic()
         messages = self._consumer.consume(self._batch_size, self._poll_timeout_s)
         self._raise_callback_error()
         now = time.monotonic()
-        if messages:
+        holding = self.holding
+        if holding != self._was_holding:
+            self._was_holding = holding
+            if not holding:
+                self._resume_positions()
+        if messages and not holding:
             self._route(messages, now)
+        # While holding, deliveries (fetched before the pause took effect) are not buffered:
+        # the buffers were sealed at their positions, and resuming seeks back to them.
+        self._ran = self._ran or not holding
         for owned in self._assignment:
-            if owned.status is PartitionStatus.ACTIVE and (reason := owned.buffer.should_seal(self._spec.split, now)):
+            if owned.status is not PartitionStatus.ACTIVE:
+                continue
+            if reason := owned.buffer.should_seal(self._spec.split, now):
                 self._seal(owned, reason, now)
+            elif holding and len(owned.buffer):
+                self._seal(owned, self._registry.desired_state, now)
         self._handle(self._pipeline.poll(), draining=False)
         self._rewind_due(now)
         self._apply_backpressure()
@@ -97,7 +132,7 @@ class ConsumeLoop:
         if now >= self._lag_due:
             self._lag_due = now + 1.0
             self._update_lag()
-        self._registry.beat("running", [str(tp) for tp in self._assignment.tps()])
+        self._registry.beat(self.state, [str(tp) for tp in self._assignment.tps()])
 
     def drain(self) -> bool:
         """Seal every buffer and wait (still polling, partitions paused) until the pipeline
@@ -233,6 +268,21 @@ class ConsumeLoop:
                  skipped=seg.skipped_count, bytes=seg.size_bytes, build_s=round(seg.build_seconds, 3),
                  publish_ms=round(outcome.publish_seconds * 1000, 2), **fields)
 
+    def _resume_positions(self) -> None:
+        """After a suspend or drain: continue each partition right after its last sealed split.
+        Its buffer is empty (sealed while holding) and already starts at that position."""
+        for owned in self._assignment:
+            if owned.status is not PartitionStatus.ACTIVE:
+                continue
+            position = owned.buffer.position
+            target = position if position is not None else start_offset(owned.claim)
+            try:
+                self._consumer.seek(KafkaTopicPartition(owned.tp.topic, owned.tp.partition, target))
+            except KafkaException as exc:
+                log.warning("resume_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
+                self._schedule_rewind(owned)
+        log.info("consumption_resumed", source=self._source, worker=self._worker_id)
+
     # -- rewinds -------------------------------------------------------------------
 
     def _schedule_rewind(self, owned: OwnedPartition) -> None:
@@ -279,7 +329,8 @@ class ConsumeLoop:
     def _apply_backpressure(self) -> None:
         limits = self._spec.split
         held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
-        full = self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes
+        full = (self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes
+                or self.holding)
         self._pause({o.tp for o in self._assignment if full or o.status is not PartitionStatus.ACTIVE})
 
     def _pause(self, wanted: set[TopicPartition]) -> None:

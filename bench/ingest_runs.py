@@ -1,0 +1,475 @@
+"""The ingest side of the bench: worker fleets, their throughput, latency and rebalances.
+
+Every run gets a new source (so a new consumer group and no stored offsets: it starts from
+earliest) and its own segment store directory.  Completion is read from the metastore
+(every partition's ``next_offset`` equals the log end taken from the producer's delivery
+reports), never from the broker's high watermark, which Tansu reports wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_steady
+from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time, stop_all
+from bench.stats import percentiles
+from ingest.embedded import create_topic, free_port
+from ingest.spec import spec_from_dict
+from ingest.verify import verify_exactly_once
+from metastore import Metastore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    max_records: int = 200_000
+    max_bytes: str = "64MiB"
+    max_age: str = "3s"
+
+
+@dataclass
+class Context:
+    database_url: str
+    bootstrap: str
+    work: Path
+    driver_memory: str = "2g"
+    timeout: float = 900.0
+    log: Callable[[str], None] = print
+
+    def new_source(self, prefix: str) -> str:
+        # Source names: a-z first, then a-z 0-9 _ - ; a new name = a new group, offsets from earliest.
+        return f"{prefix}_{uuid.uuid4().hex[:6]}"
+
+
+def apply_source(ctx: Context, source: str, topic: str, split: SplitConfig) -> None:
+    store_dir = ctx.work / "segments" / source
+    store_dir.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "name": source,
+        "topics": [topic],
+        "start_from": "earliest",
+        "event_time": EVENT_TIME,
+        "segment_store": "file://" + str(store_dir),
+        "on_parse_error": "reject",
+        "schema": dict(SCHEMA),
+        "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
+    }
+    spec = spec_from_dict(doc)
+    text = "# written by python -m bench\n" + "\n".join(f"{k} = {v!r}" for k, v in doc.items())
+    with Metastore(ctx.database_url) as store:
+        store.apply_source(spec.name, spec.to_json(), text)
+
+
+def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    env.update({
+        "INGEST_DATABASE_URL": ctx.database_url,
+        "INGEST_KAFKA_BOOTSTRAP": ctx.bootstrap,
+        "INGEST_SPARK_MASTER": spark_master,
+        "INGEST_SPARK_DRIVER_MEMORY": ctx.driver_memory,
+        "INGEST_BUILD_THREADS": str(build_threads),
+        "INGEST_LOG_FORMAT": "json",
+        # As in the demo and the process tests: group changes settle in seconds, not ~25 s.
+        "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
+        "INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS": "500",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    })
+    return env
+
+
+@dataclass
+class Fleet:
+    ctx: Context
+    source: str
+    env: dict[str, str]
+    sampler: TreeSampler = field(default_factory=TreeSampler)
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def add(self, name: str) -> WorkerProcess:
+        worker = WorkerProcess.start(name, self.source, self.env, self.ctx.work / "logs", free_port(), REPO)
+        self.workers.append(worker)
+        self.sampler.add_root(worker.proc.pid)
+        return worker
+
+    def check_alive(self) -> None:
+        dead = [w for w in self.workers if not w.alive() and w.proc.returncode not in (0, None)]
+        if dead:
+            w = dead[0]
+            raise RuntimeError(f"worker {w.name} exited with {w.proc.returncode}; log tail:\n{w.log_tail()}")
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for w in self.workers for e in w.events(name)]
+
+    def stop(self) -> None:
+        try:
+            stop_all(self.workers)
+        finally:
+            self.sampler.stop()
+
+
+def start_fleet(ctx: Context, source: str, n: int, spark_master: str, build_threads: int, prefix: str) -> Fleet:
+    (ctx.work / "logs").mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(ctx, source, worker_env(ctx, spark_master, build_threads))
+    fleet.sampler.start()
+    for i in range(n):
+        fleet.add(f"{prefix}-{i}")
+    return fleet
+
+
+def wait_published(ctx: Context, fleet: Fleet, ends: dict[int, int], topic: str, timeout: float) -> None:
+    """Until every partition's stored next_offset equals its log end (bounded by ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    with Metastore(ctx.database_url) as store:
+        while True:
+            positions = {(r["topic"], r["partition"]): r["next_offset"] for r in store.partitions(fleet.source)}
+            if all((positions.get((topic, p)) or 0) >= end for p, end in ends.items()):
+                return
+            fleet.check_alive()
+            if time.monotonic() > deadline:
+                got = sum(positions.get((topic, p)) or 0 for p in ends)
+                raise TimeoutError(f"{fleet.source}: {got}/{sum(ends.values())} records published "
+                                   f"after {timeout:.0f} s")
+            time.sleep(0.2)
+
+
+def _published_rows_logged(fleet: Fleet) -> int:
+    return sum(int(e.get("rows", 0)) + int(e.get("rejects", 0)) + int(e.get("skipped", 0))
+               for e in fleet.events("segment_published"))
+
+
+def verify(ctx: Context, source: str, topic: str, ends: dict[int, int]) -> dict[str, Any]:
+    expected = {(topic, p): list(range(end)) for p, end in ends.items()}
+    with Metastore(ctx.database_url) as store:
+        result = verify_exactly_once(store, source, expected)
+    return {"ok": result.ok, "summary": result.summary()}
+
+
+def run_throughput(ctx: Context, topic: str, data: Produced, workers: int, spark_master: str,
+                   build_threads: int, split: SplitConfig, label: str) -> tuple[dict[str, Any], Fleet]:
+    """Start ``workers`` workers on a fresh source over the pre-produced topic; time it until all is published.
+
+    The measured span runs from the first assignment of a partition to any worker (the moment
+    records start flowing; Spark start-up of the first worker is before it) to the last
+    ``segment_published`` event; both are the workers' own log timestamps.  Returns the result
+    and the fleet, still running (the caller reuses it or stops it).
+    """
+    source = ctx.new_source(label)
+    apply_source(ctx, source, topic, split)
+    ctx.log(f"[{label}] {workers} worker(s), {spark_master}, source {source}")
+    fleet = start_fleet(ctx, source, workers, spark_master, build_threads, prefix=label)
+    try:
+        wait_published(ctx, fleet, data.ends, topic, ctx.timeout)
+        done_sample = fleet.sampler.sample()
+        # The metastore commit comes before the log line: give the logs a moment to catch up.
+        deadline = time.monotonic() + 15
+        while _published_rows_logged(fleet) < data.records and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except BaseException:
+        fleet.stop()
+        raise
+    assigned = [parse_log_time(e["timestamp"]) for e in fleet.events("partitions_assigned") if e.get("partitions")]
+    published = fleet.events("segment_published")
+    t_start = min(assigned) if assigned else fleet.workers[0].started_at
+    t_end = max((parse_log_time(e["timestamp"]) for e in published), default=done_sample.at)
+    wall = max(t_end - t_start, 1e-6)
+    cpu = fleet.sampler.cpu_at(t_end) - fleet.sampler.cpu_at(t_start)
+    started = [parse_log_time(e["timestamp"]) for e in fleet.events("worker_started")]
+    peaks = fleet.sampler.peak_rss_by_root()
+    result: dict[str, Any] = {
+        "system": "ingest",
+        "source": source,
+        "workers": workers,
+        "spark_master": spark_master,
+        "build_threads": build_threads,
+        "records": data.records,
+        "value_bytes": data.value_bytes,
+        "wall_s": wall,
+        "records_per_s": data.records / wall,
+        "mb_per_s": data.value_bytes / wall / 1e6,
+        "cpu_s": cpu,
+        "cpu_s_per_million": cpu / data.records * 1e6,
+        "peak_rss_mb": fleet.sampler.peak_rss_bytes() / 2**20,
+        "peak_rss_mb_per_worker": [peaks.get(w.proc.pid, 0) / 2**20 for w in fleet.workers],
+        "segments": len(published),
+        # How far into the measured span the last worker was still starting (its Spark JVM,
+        # then a rebalance to join): with N workers that start-up is part of the run.
+        "last_worker_started_after_s": max(0.0, max(started, default=t_start) - t_start),
+        "launch_to_done_s": t_end - min(w.started_at for w in fleet.workers),
+        "publish_ms": [float(e["publish_ms"]) for e in published if "publish_ms" in e],
+        "build_s": [float(e["build_s"]) for e in published if "build_s" in e],
+    }
+    return result, fleet
+
+
+def steady_latency(ctx: Context, fleet: Fleet, topic: str, partitions: int, before: dict[int, int],
+                   rate: float, duration_s: float, first_id: int) -> tuple[dict[str, Any], dict[int, int]]:
+    """Produce at a steady rate to the fleet's topic; per segment, published_at minus its newest record's
+    Kafka timestamp (read from the segment's files).  Returns the result and the new log ends."""
+    ctx.log(f"[latency] producing {rate:.0f} records/s for {duration_s:.0f} s to {fleet.source}'s fleet")
+    steady = produce_steady(ctx.bootstrap, topic, partitions, rate, duration_s, first_id)
+    ends = {p: max(before.get(p, 0), steady.ends.get(p, 0)) for p in set(before) | set(steady.ends)}
+    wait_published(ctx, fleet, ends, topic, ctx.timeout)
+    latencies: list[float] = []
+    publish_ms: list[float] = []
+    steady_ids = set()
+    with Metastore(ctx.database_url) as store:
+        for seg in store.segments(fleet.source):
+            ranges = seg["ranges"]
+            # Only segments made of the steady records (the bulk run's end is where they begin).
+            if not ranges or any(r["start"] < before.get(r["partition"], 0) for r in ranges):
+                continue
+            newest_ms = _newest_timestamp_ms(list(seg["files"]) + list(seg["rejects_files"]))
+            if newest_ms is None:
+                continue
+            published_at: datetime = seg["published_at"]
+            latencies.append(published_at.timestamp() - newest_ms / 1000)
+            steady_ids.add(int(seg["id"]))
+    for e in fleet.events("segment_published"):
+        if int(e.get("segment_id", -1)) in steady_ids and "publish_ms" in e:
+            publish_ms.append(float(e["publish_ms"]))
+    result = {
+        "rate_per_s": rate,
+        "duration_s": duration_s,
+        "records": steady.records,
+        "segments": len(latencies),
+        "produce_to_visible_s": percentiles(latencies),
+        "produce_to_visible_samples_s": sorted(latencies),
+        "publish_ms_steady": percentiles(publish_ms),
+    }
+    return result, ends
+
+
+def _newest_timestamp_ms(uris: Sequence[str]) -> float | None:
+    newest: float | None = None
+    for uri in uris:
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        table = pq.read_table(path, columns=["_timestamp"], filesystem=filesystem)
+        if table.num_rows == 0:
+            continue
+        value = pc.max(table["_timestamp"]).as_py()
+        if value is not None:
+            ms = value.timestamp() * 1000
+            newest = ms if newest is None else max(newest, ms)
+    return newest
+
+
+# --------------------------------------------------------------------------- rebalances
+
+
+def _consumed(worker: WorkerProcess) -> float:
+    return metric(worker.metrics(), "ingest_records_consumed_total")
+
+
+def _assigned(worker: WorkerProcess) -> float:
+    return metric(worker.metrics(), "ingest_assigned_partitions")
+
+
+def _settle(workers: Sequence[WorkerProcess], partitions: int, quiet_s: float, timeout: float,
+            ready: Callable[[], bool] = lambda: True) -> float:
+    """Wait until the live workers hold every partition, ``ready()`` holds and no consumed counter
+    moved for ``quiet_s``.  Returns the seconds waited."""
+    started = time.monotonic()
+    deadline = started + timeout
+    last: list[float] | None = None
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        live = [w for w in workers if w.alive()]
+        counts = [_consumed(w) for w in live]
+        held = sum(_assigned(w) for w in live)
+        if counts != last:
+            last, quiet_since = counts, time.monotonic()
+        if held == partitions and ready() and time.monotonic() - quiet_since >= quiet_s:
+            return time.monotonic() - started
+        time.sleep(0.25)
+    raise TimeoutError(f"group did not settle within {timeout:.0f} s")
+
+
+def _assigned_since(workers: Sequence[WorkerProcess], since: float) -> dict[int, int]:
+    """Partitions newly assigned after ``since`` and the offset each new owner started from
+    (``partitions_assigned`` logs ``topic[p]@offset#serial``; no stored offset yet means 0)."""
+    starts: dict[int, int] = {}
+    for w in workers:
+        for e in w.events("partitions_assigned"):
+            if parse_log_time(e["timestamp"]) < since:
+                continue
+            for item in e.get("partitions", []):
+                tp, _, rest = str(item).partition("@")
+                offset = rest.split("#", 1)[0]
+                starts[int(tp[tp.rfind("[") + 1:-1])] = int(offset) if offset.isdigit() else 0
+    return starts
+
+
+def _dropped_since(workers: Sequence[WorkerProcess], since: float) -> int:
+    return sum(int(e.get("buffered_records_dropped", 0)) for w in workers for e in w.events("partitions_revoked")
+               if parse_log_time(e["timestamp"]) >= since)
+
+
+class GroupMember:
+    """A plain confluent-kafka consumer in a worker group: joining and leaving makes the group
+    rebalance without moving any partition when the workers already hold one each (sticky
+    assignment keeps a balanced group as it is).  It never commits and starts at ``latest``, so
+    even if it were given a partition it would read nothing already in the topic."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, timeout: float) -> None:
+        from confluent_kafka import Consumer
+
+        self.assigned: list[int] | None = None
+        self.received = 0
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+        })
+        self._topic = topic
+        self._timeout = timeout
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="group-member", daemon=True)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self.assigned = sorted([*(self.assigned or []), *(p.partition for p in partitions)])
+
+    def _run(self) -> None:
+        # Every consumer call stays on this thread (FIELD-NOTES: cross-thread calls can block).
+        self._consumer.subscribe([self._topic], on_assign=self._on_assign)
+        deadline = time.monotonic() + self._timeout
+        try:
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                msg = self._consumer.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    self.received += 1
+        finally:
+            self._consumer.close()  # leaves the group: the second rebalance
+
+    def start(self) -> GroupMember:
+        self._thread.start()
+        return self
+
+    def leave(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def _rebalanced_since(workers: Sequence[WorkerProcess], since: float) -> bool:
+    """Every live worker went through an assignment callback (empty or not) after ``since``."""
+    return all(any(parse_log_time(e["timestamp"]) >= since for e in w.events("partitions_assigned"))
+               for w in workers if w.alive())
+
+
+def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> dict[str, Any]:
+    """Records re-consumed per rebalance, on a 2-partition topic with everything held in buffers.
+
+    Splits never seal (huge max_records, max_age 1 h): every consumed record stays buffered, so
+    any record a worker reads twice shows up in its ``ingest_records_consumed_total``.  Events:
+
+    1. scale-up 1→2: one partition moves; the worker that keeps the other must re-read 0, the new
+       owner re-reads the moved partition from its stored offset (its buffer was never published);
+    2. a plain consumer joins the group and leaves it again: two rebalances that move no partition
+       (two partitions, already one per worker); both workers must re-read 0.  A plain consumer
+       rather than a third worker because it costs no Spark JVM (~10 s to start on 2 cores);
+    3. scale-down 2→1: SIGTERM a worker; it publishes what it holds before leaving, so the worker
+       that takes its partition starts at the log end and re-reads 0.
+    """
+    partitions = 2
+    create_topic(ctx.bootstrap, topic, partitions)
+    data = produce_dataset(ctx.bootstrap, topic, records, partitions)
+    source = ctx.new_source("rebalance")
+    apply_source(ctx, source, topic, SplitConfig(max_records=100_000_000, max_bytes="8GiB", max_age="1h"))
+    ctx.log(f"[rebalance] {records} records on {partitions} partitions, source {source}")
+    fleet = start_fleet(ctx, source, 0, spark_master, 1, prefix="rebalance")
+    events: list[dict[str, Any]] = []
+    try:
+        a = fleet.add("rebalance-a")
+        wait = _settle([a], partitions, quiet_s=1.0, timeout=ctx.timeout, ready=lambda: _consumed(a) >= records)
+
+        def snapshot() -> dict[str, float]:
+            return {w.name: _consumed(w) for w in fleet.workers if w.alive()}
+
+        def event(name: str, before: dict[str, float], after: dict[str, float], since: float,
+                  settle_s: float) -> dict[str, Any]:
+            # The topic is static and fully consumed, so every record read after ``since`` is a
+            # re-read.  A moved partition is read by its new owner from the offset it was assigned
+            # at up to the log end; whatever else was read was read on partitions that did not move.
+            starts = _assigned_since(fleet.workers, since)
+            moved_reads = sum(data.ends.get(p, 0) - start for p, start in starts.items())
+            total_reads = sum(after.get(n, 0) - before.get(n, 0) for n in after)
+            return {
+                "event": name,
+                "partitions_moved": sorted(starts),
+                # Records re-read on partitions that stayed with their owner: must be 0.
+                "reconsumed_kept": total_reads - moved_reads,
+                # Records the new owners read of the moved partitions (the old owner's unpublished
+                # buffer, dropped on revoke, is read again from the stored offset).
+                "reconsumed_moved": moved_reads,
+                "buffered_records_dropped": _dropped_since(fleet.workers, since),
+                # From the change (launch, join, SIGTERM) until every partition is held again and
+                # no consumed counter moved for 2 s.
+                "settle_s": settle_s,
+            }
+
+        ctx.log(f"[rebalance] worker a consumed all {records} records ({wait:.1f} s); adding worker b")
+        before = snapshot()
+        since = time.time()
+        b = fleet.add("rebalance-b")
+        settle = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout,
+                         ready=lambda: _assigned(b) > 0)
+        after = snapshot()
+        events.append(event("scale-up 1->2", before, after, since, settle))
+
+        ctx.log("[rebalance] a plain consumer joins the group and leaves (nothing should move)")
+        before = after
+        since = time.time()
+        member = GroupMember(ctx.bootstrap, f"ingest-{source}", topic, ctx.timeout).start()
+        try:
+            joined = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout,
+                             ready=lambda: member.assigned is not None and _rebalanced_since(fleet.workers, since))
+        finally:
+            left_at = time.time()
+            member.leave()
+        left = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout,
+                       ready=lambda: _rebalanced_since(fleet.workers, left_at))
+        after = snapshot()
+        ev = event("member joins and leaves (no partition moves)", before, after, since, joined + left)
+        ev["member_assigned"] = member.assigned
+        ev["member_received"] = member.received
+        events.append(ev)
+
+        ctx.log(f"[rebalance] stopping {b.name} (it drains, then its partition moves to {a.name})")
+        before = after
+        final_b = before[b.name]
+        since = time.time()
+        b.stop()
+        settle = _settle([a], partitions, quiet_s=2.0, timeout=ctx.timeout)
+        after = {**snapshot(), b.name: final_b}
+        # b published what it held before leaving: a starts b's partition at the log end.
+        events.append(event("scale-down 2->1 (after drain)", before, after, since, settle))
+        totals = after
+    finally:
+        fleet.stop()
+    consumed_total = sum(totals.values())
+    return {
+        "topic": topic,
+        "partitions": partitions,
+        "records": records,
+        "events": events,
+        "consumed_by_worker": totals,
+        "consumed_total": consumed_total,
+        "reconsumed_total": consumed_total - records,
+        "exactly_once": verify(ctx, source, topic, data.ends),
+    }

@@ -1,0 +1,265 @@
+"""Child processes of the bench and what they cost: CPU seconds and RSS of whole process trees.
+
+Read straight from ``/proc`` (Linux only, like the rest of the bench): psutil is not a
+dependency of the project, and /proc gives the same numbers.  A worker's tree includes the
+Spark JVM that pyspark launches as its child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    ppid: int
+    cpu_s: float
+    rss_bytes: int
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """ppid, user+system CPU seconds and RSS of one process (all its threads); None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    rest = raw[raw.rfind(")") + 2:].split()
+    # rest[0] is field 3 (state): ppid is field 4, utime 14, stime 15, rss 24 (in pages).
+    return ProcStat(ppid=int(rest[1]), cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK,
+                    rss_bytes=int(rest[21]) * _PAGE)
+
+
+def process_tree(roots: Sequence[int]) -> dict[int, ProcStat]:
+    """Every live process descending from ``roots`` (roots included), with its stats."""
+    stats: dict[int, ProcStat] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = read_stat(int(entry))
+            if st is not None:
+                stats[int(entry)] = st
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(st.ppid, []).append(pid)
+    tree: dict[int, ProcStat] = {}
+    todo = [r for r in roots if r in stats]
+    while todo:
+        pid = todo.pop()
+        if pid in tree:
+            continue
+        tree[pid] = stats[pid]
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+@dataclass
+class Sample:
+    at: float  # wall clock (time.time()), the same clock as the workers' log timestamps
+    cpu_s: float  # cumulative CPU of every process ever seen in the trees (exited ones keep their last value)
+    rss_bytes: int  # sum of RSS of the live processes
+    rss_by_root: dict[int, int]
+
+
+class TreeSampler:
+    """Samples the CPU and RSS of the process trees under some root pids, in a thread.
+
+    CPU is cumulative per pid: a process that exits keeps the last value seen, so a window's
+    CPU is ``cpu_at(end) - cpu_at(start)`` (linear between samples).
+    """
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self._interval = interval
+        self._roots: list[int] = []
+        self._last_cpu: dict[int, float] = {}
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
+
+    def add_root(self, pid: int) -> None:
+        with self._lock:
+            self._roots.append(pid)
+
+    def start(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def sample(self) -> Sample:
+        with self._lock:
+            roots = list(self._roots)
+            rss_by_root: dict[int, int] = {}
+            total_rss = 0
+            for root in roots:
+                tree = process_tree([root])
+                rss = 0
+                for pid, st in tree.items():
+                    self._last_cpu[pid] = st.cpu_s
+                    rss += st.rss_bytes
+                rss_by_root[root] = rss
+                total_rss += rss
+            s = Sample(at=time.time(), cpu_s=sum(self._last_cpu.values()), rss_bytes=total_rss,
+                       rss_by_root=rss_by_root)
+            self.samples.append(s)
+            return s
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self._interval)
+
+    def cpu_at(self, at: float) -> float:
+        """Cumulative CPU seconds at wall time ``at``, interpolated between samples."""
+        samples = list(self.samples)
+        if not samples:
+            return 0.0
+        if at <= samples[0].at:
+            return samples[0].cpu_s
+        for a, b in itertools.pairwise(samples):
+            if a.at <= at <= b.at:
+                frac = (at - a.at) / (b.at - a.at) if b.at > a.at else 1.0
+                return a.cpu_s + frac * (b.cpu_s - a.cpu_s)
+        return samples[-1].cpu_s
+
+    def peak_rss_bytes(self) -> int:
+        return max((s.rss_bytes for s in self.samples), default=0)
+
+    def peak_rss_by_root(self) -> dict[int, int]:
+        peaks: dict[int, int] = {}
+        for s in self.samples:
+            for root, rss in s.rss_by_root.items():
+                peaks[root] = max(peaks.get(root, 0), rss)
+        return peaks
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+def parse_log_time(value: str) -> float:
+    """structlog's ISO-8601 UTC timestamp (``...Z``) as epoch seconds."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class WorkerProcess:
+    """``python -m ingest worker SOURCE``: its own process group (so the JVM dies with it), JSON log in a file."""
+
+    name: str
+    source: str
+    log_path: Path
+    metrics_port: int
+    proc: subprocess.Popen[bytes]
+    started_at: float
+    _log: IO[bytes] = field(repr=False)
+
+    @classmethod
+    def start(cls, name: str, source: str, env: dict[str, str], log_dir: Path, metrics_port: int,
+              cwd: Path) -> WorkerProcess:
+        log_path = log_dir / f"{name}.log"
+        log = log_path.open("wb")
+        env = {**env, "INGEST_METRICS_PORT": str(metrics_port), "INGEST_WORKER_ID": name}
+        started_at = time.time()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ingest", "worker", source],
+            env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # Own group: a stuck worker is killed together with its Spark JVM.
+            process_group=0,
+        )
+        return cls(name=name, source=source, log_path=log_path, metrics_port=metrics_port, proc=proc,
+                   started_at=started_at, _log=log)
+
+    def events(self, name: str | None = None) -> Iterator[dict[str, Any]]:
+        """The JSON events logged so far (Spark's and the JVM's plain lines are skipped)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return
+        for line in text.splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line still being written
+            if name is None or event.get("event") == name:
+                yield event
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return f"<no log: {exc}>"
+
+    def metrics(self) -> dict[str, float]:
+        """This worker's /metrics, as ``{name{labels}: value}`` (empty if it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=3) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return {}
+        return parse_prometheus(text)
+
+    def stop(self, timeout: float = 90.0) -> int | None:
+        """SIGTERM (the worker publishes what it holds, bounded), then SIGKILL the group after ``timeout``."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+            return None
+        finally:
+            self._log.close()
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
+
+
+def metric(values: dict[str, float], name: str) -> float:
+    """Sum of every series of ``name`` (whatever its labels)."""
+    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+
+
+def stop_all(workers: Sequence[WorkerProcess], timeout: float = 90.0) -> None:
+    """SIGTERM every worker at once (their drains overlap), then wait for each."""
+    for w in workers:
+        if w.alive():
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        w.stop(timeout=max(1.0, deadline - time.monotonic()))

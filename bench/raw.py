@@ -1,0 +1,150 @@
+"""The raw baseline: consume everything, parse the JSON with pyarrow, write Parquet. No guarantees.
+
+No offsets stored anywhere, no Spark, no metastore: the ceiling of "Kafka → Parquet" on this
+machine with the same client library (confluent-kafka) and the same output columns as the
+ingest segments (``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key``, then the
+schema's columns, zstd).  Runs as its own process so that its CPU and memory are its own:
+
+    python -m bench.raw --bootstrap H:P --topic T --ends '{"0": 3334, ...}' --out DIR --result FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import resource
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from bench.data import SCHEMA
+
+_ARROW_TYPES: dict[str, Any] = {
+    "long": pa.int64(),
+    "string": pa.string(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "double": pa.float64(),
+    "array<string>": pa.list_(pa.string()),
+}
+
+
+def arrow_schema() -> pa.Schema:
+    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA.items()])
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class BatchWriter:
+    """Turns a batch of messages into one zstd Parquet file."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self._out_dir = out_dir
+        self._parse = pa_json.ParseOptions(explicit_schema=arrow_schema(), unexpected_field_behavior="ignore")
+        self.files = 0
+        self.rows = 0
+        self.bytes = 0
+
+    def write(self, topic: str, messages: list[Any]) -> None:
+        values = b"\n".join(m.value() for m in messages)
+        table = pa_json.read_json(io.BytesIO(values), parse_options=self._parse)
+        n = len(messages)
+        kafka = pa.table({
+            "_topic": pa.array([topic] * n, pa.string()),
+            "_partition": pa.array([m.partition() for m in messages], pa.int32()),
+            "_offset": pa.array([m.offset() for m in messages], pa.int64()),
+            "_timestamp": pa.array([m.timestamp()[1] for m in messages], pa.timestamp("ms", tz="UTC")),
+            "_key": pa.array([m.key() for m in messages], pa.binary()),
+        })
+        for name in table.column_names:
+            kafka = kafka.append_column(name, table[name])
+        path = self._out_dir / f"part-{self.files:05d}.parquet"
+        pq.write_table(kafka, path, compression="zstd")
+        self.files += 1
+        self.rows += n
+        self.bytes += path.stat().st_size
+
+
+def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: int, timeout: float) -> dict[str, Any]:
+    from confluent_kafka import Consumer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        # A fresh group: starts from earliest, like every other system in the bench.
+        "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+    })
+    consumer.subscribe([topic])
+    writer = BatchWriter(out_dir)
+    # Done when every partition delivered its last offset (delivery reports of the producer:
+    # Tansu's watermarks are wrong, so they cannot say when we are done).
+    remaining = {p: end for p, end in ends.items() if end > 0}
+    pending: list[Any] = []
+    first_at: float | None = None
+    first_cpu = 0.0
+    deadline = time.monotonic() + timeout
+    try:
+        while remaining and time.monotonic() < deadline:
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            for m in messages:
+                if m.error() is not None:
+                    continue
+                if first_at is None:
+                    first_at = time.time()
+                    first_cpu = _cpu_seconds()
+                pending.append(m)
+                p, offset = m.partition(), m.offset()
+                if p in remaining and offset is not None and offset + 1 >= remaining[p]:
+                    del remaining[p]
+            if len(pending) >= batch or (pending and not remaining):
+                writer.write(topic, pending)
+                pending = []
+        last_at = time.time()
+        last_cpu = _cpu_seconds()
+    finally:
+        consumer.close()
+    return {
+        "ok": not remaining,
+        "first_record_at": first_at,
+        "last_write_at": last_at,
+        "rows": writer.rows,
+        "files": writer.files,
+        "file_bytes": writer.bytes,
+        "cpu_s": last_cpu - first_cpu,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "missing_partitions": sorted(remaining),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--ends", required=True, help="JSON object: partition -> log end offset")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--batch", type=int, default=200_000, help="records per Parquet file")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--result", required=True, type=Path)
+    args = parser.parse_args(argv)
+    ends = {int(p): int(e) for p, e in json.loads(args.ends).items()}
+    result = run(args.bootstrap, args.topic, ends, args.out, args.batch, args.timeout)
+    args.result.write_text(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The bench's outputs: one table on stdout, results.json, chart.png."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SYSTEMS = ("ingest_1", "ingest_n", "raw", "peer")
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def label(key: str, row: dict[str, Any]) -> str:
+    if key.startswith("ingest"):
+        return f"ingest ({row.get('workers', '?')} worker{'s' if row.get('workers') != 1 else ''})"
+    return {"raw": "raw baseline", "peer": "peer: quixstreams"}.get(key, key)
+
+
+def ratios(throughput: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """records/s of each ingest run over the raw baseline and over the peer (None where one is missing)."""
+    out: dict[str, float | None] = {}
+    for key in ("ingest_1", "ingest_n"):
+        mine = throughput.get(key, {}).get("records_per_s")
+        for other in ("raw", "peer"):
+            theirs = throughput.get(other, {}).get("records_per_s")
+            out[f"{key}/{other}"] = mine / theirs if mine and theirs else None
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    tp: dict[str, dict[str, Any]] = results["throughput"]
+    r = results["ratios"]
+    head = ["system", "records", "wall s", "records/s", "MB/s", "CPU s/M rec", "peak RSS MB", "/ raw", "/ peer"]
+    rows: list[list[str]] = []
+    for key in SYSTEMS:
+        row = tp.get(key)
+        if row is None:
+            continue
+        if row.get("status") == "n/a":
+            rows.append([label(key, row), "n/a", "", "", "", "", "", "", row.get("reason", "")[:60]])
+            continue
+        rows.append([
+            label(key, row), _fmt(row["records"]), _fmt(row["wall_s"], 2), _fmt(row["records_per_s"], 0),
+            _fmt(row["mb_per_s"], 2), _fmt(row["cpu_s_per_million"], 1), _fmt(row["peak_rss_mb"], 0),
+            _fmt(r.get(f"{key}/raw"), 3) if key.startswith("ingest") else "",
+            _fmt(r.get(f"{key}/peer"), 3) if key.startswith("ingest") else "",
+        ])
+    widths = [max(len(head[i]), *(len(x[i]) for x in rows)) for i in range(len(head))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
+
+    out = [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows)]
+    lat = results.get("latency", {})
+    pub = lat.get("publish_transaction_ms", {})
+    vis = lat.get("produce_to_visible_s", {})
+    out.append("")
+    out.append(f"publish transaction: p50 {_fmt(pub.get('p50'), 2)} ms, p99 {_fmt(pub.get('p99'), 2)} ms "
+               f"({pub.get('n', 0)} publishes)")
+    steady = lat.get("steady", {})
+    out.append(f"produce-to-visible at {_fmt(steady.get('rate_per_s'), 0)} records/s for "
+               f"{_fmt(steady.get('duration_s'), 0)} s: p50 {_fmt(vis.get('p50'), 2)} s, "
+               f"p99 {_fmt(vis.get('p99'), 2)} s "
+               f"({vis.get('n', 0)} segments; split max_age {results['config']['split']['max_age']})")
+    rb = results.get("rebalance")
+    if rb:
+        for ev in rb["events"]:
+            out.append(f"rebalance {ev['event']}: partitions moved {ev['partitions_moved']}, re-consumed on kept "
+                       f"partitions {_fmt(ev['reconsumed_kept'], 0)}, on moved partitions "
+                       f"{_fmt(ev['reconsumed_moved'], 0)} (settled in {_fmt(ev['settle_s'], 1)} s)")
+        out.append(f"rebalance total: {_fmt(rb['consumed_total'], 0)} records consumed for {rb['records']:,} in the "
+                   f"topic; exactly-once: {rb['exactly_once']['ok']}")
+    checks = results.get("exactly_once", {})
+    if checks:
+        out.append("exactly-once checks: " + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'}"
+                                                       for k, v in checks.items()))
+    return "\n".join(out)
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def chart(results: dict[str, Any], path: Path) -> str | None:
+    """Throughput per system and the latency distributions.  Returns why not, if matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed: no chart"
+    matplotlib.use("Agg")  # no display here; must precede pyplot's import
+    import matplotlib.pyplot as plt
+
+    tp: dict[str, dict[str, Any]] = results["throughput"]
+    keys = [k for k in SYSTEMS if k in tp and tp[k].get("status") != "n/a"]
+    names = [label(k, tp[k]) for k in keys]
+    values = [float(tp[k]["records_per_s"]) for k in keys]
+    colors = ["#1f77b4" if k.startswith("ingest") else "#7f7f7f" if k == "raw" else "#ff7f0e" for k in keys]
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    ax = axes[0]
+    bars = ax.bar(range(len(keys)), values, color=colors)
+    ax.set_xticks(range(len(keys)), names, rotation=15, ha="right")
+    # A raw ceiling can be 10-100x the others at small sizes: a log axis keeps every bar readable.
+    if values and min(values) > 0 and max(values) / min(values) > 20:
+        ax.set_yscale("log")
+    ax.set_ylabel("records / s")
+    cfg = results["config"]
+    ax.set_title(f"throughput: {cfg['records']:,} records x ~{cfg['avg_record_bytes']:.0f} B, "
+                 f"{cfg['partitions']} partitions")
+    for bar, v in zip(bars, values, strict=True):
+        ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8)
+
+    lat = results.get("latency", {})
+    for ax, samples, unit, title in (
+        (axes[1], lat.get("publish_ms_samples", []), "ms", "publish transaction"),
+        (axes[2], lat.get("steady", {}).get("produce_to_visible_samples_s", []), "s",
+         f"produce-to-visible at {lat.get('steady', {}).get('rate_per_s', 0):.0f} records/s"),
+    ):
+        if samples:
+            ordered = sorted(samples)
+            n = len(ordered)
+            ax.step(ordered, [(i + 1) / n for i in range(n)], where="post")
+            stats = lat.get("publish_transaction_ms" if unit == "ms" else "produce_to_visible_s", {})
+            for q, style in (("p50", "--"), ("p99", ":")):
+                if stats.get(q) is not None:
+                    ax.axvline(stats[q], linestyle=style, color="k", linewidth=0.8,
+                               label=f"{q} {stats[q]:.2f} {unit}")
+            ax.legend(loc="lower right", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(unit)
+        ax.set_ylabel("fraction <= x")
+        ax.set_title(f"{title} (CDF, n={len(samples)})")
+    fig.suptitle(f"python -m bench on {cfg['cpus']} CPUs (load at start {cfg['load_at_start']:.2f})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None

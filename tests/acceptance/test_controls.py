@@ -1,0 +1,124 @@
+"""Operator controls while workers ingest: suspend / resume / drain, exactly once throughout."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ingest.builder import SegmentBuilder
+from metastore import Metastore
+from tests.acceptance.harness import (
+    Produced,
+    StartWorker,
+    apply_spec,
+    assert_exactly_once,
+    process_env,
+    settings,
+    wait_until,
+    write_spec,
+)
+from tests.acceptance.test_cli import ingest
+
+
+def steady_producer(produced: Produced, batches: int, pause_s: float = 0.3) -> threading.Thread:
+    thread = threading.Thread(target=lambda: [(produced.produce(300), time.sleep(pause_s)) for _ in range(batches)],
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def worker_states(database_url: str, source: str) -> list[str]:
+    with Metastore(database_url) as store:
+        return [w["state"] for w in store.live_workers(source)]
+
+
+def test_suspend_publishes_what_is_held_and_resume_continues(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+) -> None:
+    topic = make_topic(partitions=3)
+    source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # seals only on command
+    apply_spec(database_url, spec_path)
+    env = process_env(database_url, kafka_bootstrap)
+    produced = Produced(kafka_bootstrap, topic, 3)
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
+    steady_producer(produced, 10).join(60)
+    wait_until(lambda: worker.consumed() == produced.next_id, 30, "everything to be buffered")
+    assert ingest(env, "suspend", source).returncode == 0
+    with Metastore(database_url) as store:
+        # Suspending seals and publishes the buffers although no split limit was reached.
+        wait_until(lambda: produced.caught_up(store, source), 60, "the held records to be published")
+    wait_until(lambda: worker_states(database_url, source) == ["suspended"], 15, "the worker to report suspended")
+    produced.produce(900)
+    time.sleep(3)
+    assert worker.consumed() == produced.next_id - 900  # paused: nothing new taken
+    assert worker.thread.is_alive() and len(worker.worker.assignment) == 3  # still in the group
+    assert ingest(env, "resume", source).returncode == 0
+    wait_until(lambda: worker.consumed() == produced.next_id, 30, "consumption to resume")
+    worker.stop()  # publishes what it holds on the way out
+    assert_exactly_once(database_url, source, produced)
+
+
+def test_drain_publishes_everything_held_and_the_worker_exits(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+) -> None:
+    topic = make_topic(partitions=3)
+    source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # nothing seals alone
+    apply_spec(database_url, spec_path)
+    env = process_env(database_url, kafka_bootstrap)
+    produced = Produced(kafka_bootstrap, topic, 3)
+    produced.produce(3000)
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
+    wait_until(lambda: worker.consumed() == 3000, 30, "everything to be buffered")
+    result = ingest(env, "drain", source, "--timeout", "60", timeout=90)
+    assert result.returncode == 0 and "drained" in result.stdout, result.stderr
+    worker.thread.join(30)
+    assert not worker.thread.is_alive() and worker.error is None  # exited by itself, cleanly
+    with Metastore(database_url) as store:
+        assert produced.caught_up(store, source)  # every fetched record was published
+    assert_exactly_once(database_url, source, produced)
+
+
+def test_drain_with_stay_holds_the_fleet_until_resume(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+) -> None:
+    topic = make_topic(partitions=4)
+    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="5s")
+    apply_spec(database_url, spec_path)
+    env = process_env(database_url, kafka_bootstrap)
+    produced = Produced(kafka_bootstrap, topic, 4)
+    workers = [start_worker(settings(database_url, kafka_bootstrap), source, spark_builder) for _ in range(2)]
+    producer = steady_producer(produced, 15)
+    time.sleep(4)
+    drain: dict[str, subprocess.CompletedProcess[str]] = {}
+    drainer = threading.Thread(target=lambda: drain.update(
+        result=ingest(env, "drain", source, "--stay", "--timeout", "90", timeout=120)))
+    drainer.start()
+    wait_until(lambda: "draining" in worker_states(database_url, source), 15, "the drain to begin")
+    # A worker started while the drain is pending takes nothing until `resume`.
+    late = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
+    drainer.join(120)
+    producer.join(60)
+    assert drain["result"].returncode == 0 and "drained" in drain["result"].stdout, drain["result"].stderr
+    assert all(w.thread.is_alive() for w in [*workers, late])  # --stay: idle, still in the group
+
+    def published() -> dict[int, int | None]:
+        with Metastore(database_url) as store:
+            return {r["partition"]: r["next_offset"] for r in store.partitions(source)}
+
+    at_drain = published()
+    produced.produce(1000)
+    time.sleep(4)
+    assert late.consumed() == 0
+    assert published() == at_drain  # drained: nothing moves until resume
+    assert ingest(env, "resume", source).returncode == 0
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 90, "the fleet to catch up after resume")
+    for w in [*workers, late]:
+        w.stop()
+    assert_exactly_once(database_url, source, produced)

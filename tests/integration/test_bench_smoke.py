@@ -1,0 +1,61 @@
+"""``python -m bench --quick`` runs end to end and writes its outputs.
+
+A smoke test only: it checks that every phase produced numbers and files, never how fast
+anything was (CI machines are shared and small).  The peer column may be "n/a" when
+quixstreams is not installed (it lives in its own virtualenv, see bench/peer.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 240
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 60)]
+
+
+def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+
+    results = json.loads((out / "results.json").read_text())
+    assert {"config", "throughput", "ratios", "latency", "rebalance", "exactly_once"} <= set(results)
+    throughput = results["throughput"]
+    for key in ("ingest_1", "ingest_n", "raw"):
+        row = throughput[key]
+        assert row["records"] == results["config"]["records"]
+        for field in ("records_per_s", "mb_per_s", "cpu_s_per_million", "peak_rss_mb", "wall_s"):
+            assert row[field] > 0, (key, field, row[field])
+    peer = throughput["peer"]
+    assert peer.get("status") == "n/a" or peer["records_per_s"] > 0, peer
+    assert results["ratios"]["ingest_1/raw"] > 0
+
+    latency = results["latency"]
+    assert latency["publish_transaction_ms"]["n"] > 0
+    assert latency["publish_transaction_ms"]["p50"] > 0
+    assert latency["produce_to_visible_s"]["n"] > 0
+    assert latency["produce_to_visible_s"]["p99"] >= latency["produce_to_visible_s"]["p50"] > 0
+
+    rebalance = results["rebalance"]
+    assert [e["event"] for e in rebalance["events"]] == [
+        "scale-up 1->2", "member joins and leaves (no partition moves)", "scale-down 2->1 (after drain)"]
+    # Correctness, not speed: what the protocol promises about re-reads.
+    for event in rebalance["events"]:
+        assert event["reconsumed_kept"] == 0, event
+    assert rebalance["events"][1]["partitions_moved"] == []
+    assert rebalance["events"][1]["member_assigned"] == []
+    assert rebalance["events"][1]["member_received"] == 0
+    assert rebalance["events"][2]["reconsumed_moved"] == 0
+    assert all(check["ok"] for check in results["exactly_once"].values()), results["exactly_once"]
+
+    assert (out / "chart.png").stat().st_size > 0
+    assert "records/s" in proc.stdout
