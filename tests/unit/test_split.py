@@ -1,5 +1,7 @@
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -65,8 +67,10 @@ def test_kill_switch_trips_once_and_runs_callbacks() -> None:
         pass
 
 
-def test_trip_waits_for_a_commit_in_progress() -> None:
-    switch = KillSwitch()
+@contextmanager
+def commit_in_progress(switch: KillSwitch) -> Iterator[threading.Event]:
+    """A thread holds the switch (as a publish does across its commit) until the yielded
+    event is set."""
     entered = threading.Event()
     release = threading.Event()
 
@@ -75,30 +79,27 @@ def test_trip_waits_for_a_commit_in_progress() -> None:
             entered.set()
             release.wait(5)
 
-    t = threading.Thread(target=commit)
-    t.start()
-    entered.wait(5)
-    threading.Timer(0.2, release.set).start()
-    started = time.monotonic()
-    assert switch.trip("revoke", timeout=5)
-    assert time.monotonic() - started >= 0.15  # could not trip while the commit held it
-    t.join()
+    thread = threading.Thread(target=commit)
+    thread.start()
+    assert entered.wait(5)
+    try:
+        yield release
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_trip_waits_for_a_commit_in_progress() -> None:
+    switch = KillSwitch()
+    with commit_in_progress(switch) as release:
+        threading.Timer(0.2, release.set).start()
+        started = time.monotonic()
+        assert switch.trip("revoke", timeout=5)
+        assert time.monotonic() - started >= 0.15  # could not trip while the commit held it
 
 
 def test_trip_gives_up_after_its_timeout_but_still_trips() -> None:
     switch = KillSwitch()
-    entered = threading.Event()
-    release = threading.Event()
-
-    def commit() -> None:
-        with switch.hold():
-            entered.set()
-            release.wait(5)
-
-    t = threading.Thread(target=commit)
-    t.start()
-    entered.wait(5)
-    assert not switch.trip("revoke", timeout=0.05)
-    assert switch.tripped
-    release.set()
-    t.join()
+    with commit_in_progress(switch):
+        assert not switch.trip("revoke", timeout=0.05)
+        assert switch.tripped
