@@ -269,8 +269,8 @@ def _newest_timestamp_ms(uris: Sequence[str]) -> float | None:
 # --------------------------------------------------------------------------- rebalances
 
 
-def _consumed(worker: WorkerProcess) -> float:
-    return metric(worker.metrics(), "ingest_records_consumed_total")
+def _consumed(worker: WorkerProcess) -> int:
+    return int(metric(worker.metrics(), "ingest_records_consumed_total"))
 
 
 def _assigned(worker: WorkerProcess) -> float:
@@ -283,7 +283,7 @@ def _settle(workers: Sequence[WorkerProcess], partitions: int, quiet_s: float, t
     moved for ``quiet_s``.  Returns the seconds waited."""
     started = time.monotonic()
     deadline = started + timeout
-    last: list[float] | None = None
+    last: list[int] | None = None
     quiet_since = time.monotonic()
     while time.monotonic() < deadline:
         live = [w for w in workers if w.alive()]
@@ -398,10 +398,10 @@ def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> 
         a = fleet.add("rebalance-a")
         wait = _settle([a], partitions, quiet_s=1.0, timeout=ctx.timeout, ready=lambda: _consumed(a) >= records)
 
-        def snapshot() -> dict[str, float]:
+        def snapshot() -> dict[str, int]:
             return {w.name: _consumed(w) for w in fleet.workers if w.alive()}
 
-        def event(name: str, before: dict[str, float], after: dict[str, float], since: float,
+        def event(name: str, before: dict[str, int], after: dict[str, int], since: float,
                   settle_s: float) -> dict[str, Any]:
             # The topic is static and fully consumed, so every record read after ``since`` is a
             # re-read.  A moved partition is read by its new owner from the offset it was assigned

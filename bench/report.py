@@ -40,12 +40,14 @@ def table(results: dict[str, Any]) -> str:
     r = results["ratios"]
     head = ["system", "records", "wall s", "records/s", "MB/s", "CPU s/M rec", "peak RSS MB", "/ raw", "/ peer"]
     rows: list[list[str]] = []
+    missing: list[str] = []
     for key in SYSTEMS:
         row = tp.get(key)
         if row is None:
             continue
         if row.get("status") == "n/a":
-            rows.append([label(key, row), "n/a", "", "", "", "", "", "", row.get("reason", "")[:60]])
+            rows.append([label(key, row), "n/a", "", "", "", "", "", "", ""])
+            missing.append(f"{label(key, row)}: n/a, {row.get('reason', 'no reason given')}")
             continue
         rows.append([
             label(key, row), _fmt(row["records"]), _fmt(row["wall_s"], 2), _fmt(row["records_per_s"], 0),
@@ -58,7 +60,7 @@ def table(results: dict[str, Any]) -> str:
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
 
-    out = [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows)]
+    out = [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows), *missing]
     lat = results.get("latency", {})
     pub = lat.get("publish_transaction_ms", {})
     vis = lat.get("produce_to_visible_s", {})
@@ -127,6 +129,9 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
     ):
         if samples:
             ordered = sorted(samples)
+            # Publish times have a long tail (a cold first publish, a busy PostgreSQL): log x.
+            if unit == "ms" and ordered[0] > 0 and ordered[-1] / ordered[0] > 20:
+                ax.set_xscale("log")
             n = len(ordered)
             ax.step(ordered, [(i + 1) / n for i in range(n)], where="post")
             stats = lat.get("publish_transaction_ms" if unit == "ms" else "produce_to_visible_s", {})
@@ -140,7 +145,8 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
         ax.set_xlabel(unit)
         ax.set_ylabel("fraction <= x")
         ax.set_title(f"{title} (CDF, n={len(samples)})")
-    fig.suptitle(f"python -m bench on {cfg['cpus']} CPUs (load at start {cfg['load_at_start']:.2f})", fontsize=10)
+    fig.suptitle(f"python -m bench on {cfg['cpus']} CPUs (load average {cfg['load_at_start']:.2f} at start, "
+                 f"{cfg['load_at_end']:.2f} at end)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

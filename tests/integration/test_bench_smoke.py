@@ -15,17 +15,29 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT_S = 240
+# --quick takes ~2.5 min on an idle 2-core machine and ~3.5 min while other tests load it (it
+# starts 4 Spark JVMs one after another); the bound is a hang guard, not a speed check.
+RUN_TIMEOUT_S = 300
 
-pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 60)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
 
 def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # SIGTERM, not SIGKILL: the bench then stops its workers, broker and PostgreSQL.
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"python -m bench --quick did not finish in {RUN_TIMEOUT_S} s\n{stderr[-3000:]}")
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
 
     results = json.loads((out / "results.json").read_text())
     assert {"config", "throughput", "ratios", "latency", "rebalance", "exactly_once"} <= set(results)
@@ -58,4 +70,4 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     assert all(check["ok"] for check in results["exactly_once"].values()), results["exactly_once"]
 
     assert (out / "chart.png").stat().st_size > 0
-    assert "records/s" in proc.stdout
+    assert "records/s" in stdout
