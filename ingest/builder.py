@@ -12,7 +12,12 @@ a BuildError. Every failure deletes what the build wrote.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
 import time
+import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -22,9 +27,9 @@ import structlog
 
 from ingest import segment_store
 from ingest.errors import BuildError, ParseFailure, SplitKilled
-from ingest.model import BuiltSegment
+from ingest.model import BuiltSegment, TopicPartition
 from ingest.spec import SourceSpec
-from ingest.split import SealedSplit
+from ingest.split import KillSwitch, SealedSplit
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +43,7 @@ STAGED_SCHEMA = pa.schema([
     ("_key", pa.binary()),
     ("_value", pa.binary()),
 ])
+STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
 
 
 class SegmentBuilder(Protocol):
@@ -74,6 +80,78 @@ def spark_type(name: str) -> Any:
     return scalars[name]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """Spark column expressions of one build (unresolved, so reusable by every split)."""
+
+    staged_columns: tuple[Any, ...]
+    error: Any
+    observed: tuple[Any, ...]
+    good: Any
+    output_columns: tuple[Any, ...]
+
+
+def _make_plan(spec: SourceSpec) -> _Plan:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
+        + [T.StructField(CORRUPT, T.StringType(), True)]
+    )
+    value = F.col("_value")
+    text = value.cast("string")
+    parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    event_time = F.col("_p").getField(spec.event_time)
+    corrupt = F.col("_p").getField(CORRUPT)
+    # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
+    error = (
+        F.when(value.isNull(), F.lit("null_value"))
+        .when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
+        # from_json gives a null struct (not a corrupt record) for blank input and `null`.
+        .when(F.col("_p").isNull(), F.lit("invalid_json"))
+        .when(corrupt.isNull() & event_time.isNotNull(), F.lit(None).cast("string"))
+        .when(corrupt.isNull(), F.lit("missing_event_time"))
+        .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
+        .otherwise(F.lit("type_mismatch"))
+    )
+    good = F.col("_error").isNull()
+    good_time = F.unix_micros(F.when(good, event_time))
+    return _Plan(
+        staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
+        error=error,
+        observed=(
+            F.count(F.lit(1)).alias("total"),
+            F.count("_error").alias("errors"),
+            F.min(good_time).alias("min_us"),
+            F.max(good_time).alias("max_us"),
+        ),
+        good=good,
+        output_columns=(*(F.col(c) for c in META_COLUMNS),
+                        *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)),
+    )
+
+
+class _SyntheticRecord:
+    __slots__ = ("_offset", "_value")
+
+    def __init__(self, offset: int, value: bytes) -> None:
+        self._offset = offset
+        self._value = value
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 946_684_800_000)
+
+    def key(self) -> bytes | None:
+        return None
+
+    def value(self) -> bytes:
+        return self._value
+
+
 def _utc(micros: int | None) -> datetime | None:
     return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
 
@@ -83,6 +161,8 @@ class SparkSegmentBuilder:
 
     def __init__(self, spark: Any) -> None:
         self._spark = spark
+        self._plans: dict[tuple[tuple[tuple[str, str], ...], str], _Plan] = {}
+        self._plans_lock = threading.Lock()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
         started = time.monotonic()
@@ -116,6 +196,21 @@ class SparkSegmentBuilder:
         log.debug("split_built", split=str(split.id), rows=built.row_count, seconds=round(elapsed, 3))
         return _with_build_time(built, elapsed)
 
+    def warm_up(self, spec: SourceSpec, records: int = 2000) -> float:
+        """Build and discard a synthetic split before the worker joins its group, so the
+        first real split does not pay for the JVM's class loading, JIT and code generation
+        (seconds on a cold JVM). Returns the seconds it took."""
+        started = time.monotonic()
+        good = json.dumps({spec.event_time: "2000-01-01T00:00:00Z"}).encode()
+        synthetic = tuple(_SyntheticRecord(i, good if i % 100 else b"{") for i in range(records))
+        split = SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", 0), serial=0, start=0, end=records,
+                            records=synthetic, size_bytes=len(good) * records, first_record_at=started,
+                            sealed_at=started, seal_reason="warm_up", kill_switch=KillSwitch())
+        # Policy "fail" stops at the synthetic bad record: the parse path ran all the same.
+        with contextlib.suppress(ParseFailure):
+            self.discard(self.build(split, spec))
+        return time.monotonic() - started
+
     def discard(self, segment: BuiltSegment) -> None:
         self._cleanup(segment.location, *([segment.rejects_location] if segment.rejects_location else []))
 
@@ -133,43 +228,28 @@ class SparkSegmentBuilder:
         fs, path = segment_store.filesystem(uri)
         pq.write_table(stage_records(split), path, filesystem=fs, compression="none")
 
+    def _plan(self, spec: SourceSpec) -> _Plan:
+        """The column expressions of a build, made once per (schema, event time): building
+        them costs hundreds of Py4J round trips, which would otherwise be paid per split and
+        contend for the GIL with the consumer thread."""
+        key = (spec.schema, spec.event_time)
+        with self._plans_lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = _make_plan(spec)
+            return plan
+
     def _run(self, split: SealedSplit, spec: SourceSpec, staged: str, data_dir: str,
              rejects_dir: str) -> BuiltSegment:
         from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-        from pyspark.sql import types as T
 
-        schema = T.StructType(
-            [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
-            + [T.StructField(CORRUPT, T.StringType(), True)]
-        )
-        value = F.col("_value")
-        text = value.cast("string")
-        parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-        df = self._spark.read.parquet(staged).select(*META_COLUMNS, "_value", parsed.alias("_p"))
-        event_time = F.col("_p").getField(spec.event_time)
-        corrupt = F.col("_p").getField(CORRUPT)
-        # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
-        error = (
-            F.when(value.isNull(), F.lit("null_value"))
-            .when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
-            .when(corrupt.isNull() & event_time.isNotNull(), F.lit(None).cast("string"))
-            .when(corrupt.isNull(), F.lit("missing_event_time"))
-            .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
-            .otherwise(F.lit("type_mismatch"))
-        )
-        df = df.withColumn("_error", error)
-        good_time = F.unix_micros(F.when(F.col("_error").isNull(), event_time))
+        plan = self._plan(spec)
+        # The staged schema is fixed: giving it saves reading the footer to infer it.
+        df = (self._spark.read.schema(STAGED_DDL).parquet(staged)
+              .select(*plan.staged_columns).withColumn("_error", plan.error))
         observation = Observation(f"split-{split.id}")
-        observed = df.observe(
-            observation,
-            F.count(F.lit(1)).alias("total"),
-            F.count("_error").alias("errors"),
-            F.min(good_time).alias("min_us"),
-            F.max(good_time).alias("max_us"),
-        )
-        columns = [*META_COLUMNS, *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)]
-        (observed.filter(F.col("_error").isNull()).select(*columns)
+        observed = df.observe(observation, *plan.observed)
+        (observed.filter(plan.good).select(*plan.output_columns)
          .write.mode("errorifexists").option("compression", "zstd").parquet(data_dir))
         stats = observation.get
         total, errors = int(stats["total"]), int(stats["errors"])
@@ -179,12 +259,12 @@ class SparkSegmentBuilder:
         rejects_files: list[tuple[str, int]] = []
         skipped = 0
         if errors and spec.on_parse_error == "fail":
-            first = (df.filter(F.col("_error").isNotNull()).select("_offset", "_error")
+            first = (df.filter(~plan.good).select("_offset", "_error")
                      .orderBy("_offset").limit(1).collect()[0])
             raise ParseFailure(split.tp.topic, split.tp.partition, int(first["_offset"]), str(first["_error"]))
         if errors and spec.on_parse_error == "reject":
             split.kill_switch.check()
-            (df.filter(F.col("_error").isNotNull()).select(*META_COLUMNS, "_value", "_error")
+            (df.filter(~plan.good).select(*META_COLUMNS, "_value", "_error")
              .write.mode("errorifexists").option("compression", "zstd").parquet(rejects_dir))
             rejects_files = segment_store.list_files(rejects_dir)
         elif errors:

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from ingest.assignment import Assignment
-from ingest.builder import SegmentBuilder
+from ingest.builder import SegmentBuilder, SparkSegmentBuilder
 from ingest.config import Settings, admin_config, consumer_config
 from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, TopicNotFound
@@ -91,6 +91,17 @@ class Worker:
         waited = time.monotonic() - self.loop.started_at
         return (waited > 15.0), "no partition assigned" + (" (idle by design)" if waited > 15.0 else " yet")
 
+    @staticmethod
+    def _warm_up(builder: SparkSegmentBuilder, spec: SourceSpec) -> None:
+        """Before joining the group: a cold JVM makes the first splits slow, and a failure
+        here (e.g. an unwritable store) is reported by the real builds, with retries."""
+        try:
+            seconds = builder.warm_up(spec)
+        except Exception as exc:
+            log.warning("spark_warm_up_failed", source=spec.name, error=str(exc))
+        else:
+            log.info("spark_warmed_up", source=spec.name, seconds=round(seconds, 2))
+
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
         worker_id = settings.worker_id
@@ -110,11 +121,11 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory()
             else:
-                from ingest.builder import SparkSegmentBuilder
                 from ingest.spark import create_session
 
                 spark = create_session(settings.spark_master, f"ingest-{spec.name}")
                 builder = SparkSegmentBuilder(spark)
+                self._warm_up(builder, spec)
             publisher = Publisher(
                 publish_store, spec.name, worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),

@@ -118,3 +118,14 @@ def test_discard_deletes_data_and_rejects(spark: Any, tmp_path: Path) -> None:
     assert (built.row_count, built.rejects_count) == (1, 2) and built.rejects_files
     builder.discard(built)
     assert all_files(tmp_path / "store") == []
+
+
+@pytest.mark.parametrize("policy", ["reject", "fail"])
+def test_warm_up_runs_the_build_path_and_leaves_nothing(spark: Any, tmp_path: Path, policy: str) -> None:
+    builder = SparkSegmentBuilder(spark)
+    spec = make_spec(tmp_path, policy)
+    assert builder.warm_up(spec, records=300) > 0
+    assert all_files(tmp_path / "store") == []
+    # The warmed-up builder (and its cached plan) builds real splits unchanged.
+    built = builder.build(split_of([good(1), good(2)]), spec)
+    assert built.row_count == 2

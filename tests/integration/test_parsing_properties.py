@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ingest.builder import SparkSegmentBuilder
@@ -96,6 +96,8 @@ def _not_json_object(b: bytes) -> bool:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                  HealthCheck.function_scoped_fixture])
 @given(st.lists(record(), min_size=1, max_size=40))
+# Blank input and a JSON `null` parse to a null struct, not a corrupt record.
+@example(records=[(b"", "invalid_json"), (b"null", "invalid_json"), (b"  ", "invalid_json"), (b"[]", "invalid_json")])
 def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
     spark: Any, tmp_path: Path, records: list[tuple[bytes | None, str | None]]
 ) -> None:
