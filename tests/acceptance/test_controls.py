@@ -9,10 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ingest.builder import SegmentBuilder
+from ingest.verify import Verification, verify_epochs
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
     StartWorker,
+    ThreadWorker,
     apply_spec,
     assert_exactly_once,
     process_env,
@@ -20,7 +22,7 @@ from tests.acceptance.harness import (
     wait_until,
     write_spec,
 )
-from tests.acceptance.test_cli import ingest
+from tests.acceptance.test_cli import assert_one_line_error, ingest
 
 
 def steady_producer(produced: Produced, batches: int, pause_s: float = 0.3) -> threading.Thread:
@@ -124,3 +126,67 @@ def test_drain_with_stay_holds_the_fleet_until_resume(
     for w in [*workers, late]:
         w.stop()
     assert_exactly_once(database_url, source, produced)
+
+
+# -- reset, terminate, spec updates, NOTIFY ------------------------------------------------
+
+
+def assert_exactly_once_per_epoch(database_url: str, source: str, produced: Produced) -> Verification:
+    """With resets, every offset of a replayed range appears once per epoch (see verify_epochs)."""
+    with Metastore(database_url) as store:
+        result = verify_epochs(store, source, {(produced.topic, p): end for p, end in produced.ends.items()})
+    assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"
+    return result
+
+
+def gauge(worker: ThreadWorker, name: str) -> float:
+    return getattr(worker.worker.metrics, name).labels(worker.worker.source)._value.get()  # type: ignore[no-any-return]
+
+
+def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
+    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+) -> None:
+    topic = make_topic(partitions=2)
+    source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s")
+    apply_spec(database_url, spec_path)
+    env = process_env(database_url, kafka_bootstrap)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    # A publish waits 1 s after its build, so splits are in flight when the reset commits.
+    worker = start_worker(settings(database_url, kafka_bootstrap, fault_publish_delay_s=1.0), source, spark_builder)
+    producer = steady_producer(produced, 12)
+
+    def stored(partition: int) -> int | None:
+        with Metastore(database_url) as store:
+            return {r["partition"]: r["next_offset"] for r in store.partitions(source)}[partition]
+
+    wait_until(lambda: (stored(0) or 0) > 0 and gauge(worker, "inflight_splits") > 0, 60,
+               "a first publish and splits in flight")
+    # Replaying needs --yes: refused with one line, nothing changed.
+    before = stored(0)
+    refused = ingest(env, "reset", source, "--to", f"{topic}:0=0")
+    assert_one_line_error(refused, 10, "replays", "--yes")
+    with Metastore(database_url) as store:
+        assert store.recent_resets(source) == [] and stored(0) >= (before or 0)
+    wait_until(lambda: gauge(worker, "inflight_splits") > 0, 30, "splits in flight")
+    result = ingest(env, "reset", source, "--to", "0=0", "--reason", "replay after a bad deploy", "--yes")
+    assert result.returncode == 0 and "replays [0, " in result.stdout, result.stderr
+    with Metastore(database_url) as store:
+        [audit] = store.recent_resets(source)
+        [p] = audit["partitions"]
+        assert audit["reason"] == "replay after a bad deploy" and "@" in audit["actor"]
+        assert p["partition"] == 0 and p["new_offset"] == 0 and p["replayed_end"] == p["old_offset"] > 0
+    producer.join(60)
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 90, "the worker to re-read and catch up")
+        # The old epoch's in-flight work was dropped (kill switch) or refused (serial).
+        conflicts = store.conflict_counts(source)
+    killed = worker.worker.metrics.splits_killed.labels(source, "reset")._value.get()
+    assert killed + conflicts.get("serial", 0) >= 1, (killed, conflicts)
+    status = ingest(env, "status", source)
+    assert status.returncode == 0 and f"reset #{audit['id']}" in status.stdout, status.stderr
+    worker.stop()
+    assert worker.error is None
+    verification = assert_exactly_once_per_epoch(database_url, source, produced)
+    # The replayed range is in the output twice: once per epoch.
+    assert verification.rows == sum(produced.ends.values()) + p["old_offset"]
