@@ -251,6 +251,9 @@ def test_a_spec_update_is_picked_up_by_a_running_worker(
     spec_path.write_text(full)
     applied = ingest(env, "source", "apply", str(spec_path))
     assert applied.returncode == 0 and "version 2" in applied.stdout, applied.stderr
+    producer.join(60)
+    # Under load the first batches may all be sealed before the worker sees version 2: keep producing.
+    producer = steady_producer(produced, 5)
     wait_until(lambda: 2 in versions(), 60, "a segment built with version 2")
     producer.join(60)
     with Metastore(database_url) as store:
