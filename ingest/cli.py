@@ -14,7 +14,7 @@ from typing import Any
 from ingest.config import Settings
 from ingest.errors import IngestError
 from ingest.logs import configure_logging
-from ingest.model import TopicPartition
+from ingest.model import PartitionReset, TopicPartition
 from metastore import Metastore, MetastoreError, apply_migrations, redact_url
 
 
@@ -226,16 +226,23 @@ def cmd_reset(args: argparse.Namespace) -> int:
         print(f"source {args.source}: nothing to reset (stored offsets already there)")
         return 0
     if result.reset_id is None:
-        effects = [f"{p.tp} {'replays' if p.replayed else 'skips'} [{(p.replayed or p.skipped or (0, 0))[0]}, "
-                   f"{(p.replayed or p.skipped or (0, 0))[1]})" for p in result.partitions if p.replayed or p.skipped]
-        raise ResetNotConfirmed(f"reset of {args.source} would change what is published ({'; '.join(effects)}); "
+        effects = "; ".join(f"{p.tp} {_reset_effect(p)}" for p in result.partitions if p.replayed or p.skipped)
+        raise ResetNotConfirmed(f"reset of {args.source} would change what is published ({effects}); "
                                 "nothing changed: re-run with --yes to apply")
     print(f"source {args.source}: reset #{result.reset_id} by {actor}")
     for p in result.partitions:
-        effect = (f", replays [{p.replayed[0]}, {p.replayed[1]})" if p.replayed else "") + (
-            f", skips [{p.skipped[0]}, {p.skipped[1]})" if p.skipped else "")
-        print(f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial}){effect}")
+        effect = _reset_effect(p)
+        print(f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
+              + (f", {effect}" if effect else ""))
     return 0
+
+
+def _reset_effect(p: PartitionReset) -> str:
+    if p.replayed:
+        return f"replays [{p.replayed[0]}, {p.replayed[1]})"
+    if p.skipped:
+        return f"skips [{p.skipped[0]}, {p.skipped[1]})"
+    return ""
 
 
 def cmd_terminate(args: argparse.Namespace) -> int:
