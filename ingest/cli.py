@@ -14,6 +14,7 @@ from typing import Any
 from ingest.config import Settings
 from ingest.errors import IngestError
 from ingest.logs import configure_logging
+from ingest.model import PartitionReset, TopicPartition
 from metastore import Metastore, MetastoreError, apply_migrations, redact_url
 
 
@@ -34,7 +35,8 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
 
     spec, text = load_spec_file(Path(args.file))
     with Metastore(_settings().database_url) as store:
-        version, changed = store.apply_source(spec.name, spec.to_json(), text)
+        version, changed = store.apply_source(spec.name, spec.to_json(), text,
+                                              reactivate=getattr(args, "reactivate", False))
     print(f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)"))
     return 0
 
@@ -42,7 +44,8 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
 def cmd_source_list(_args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         for row in store.list_sources():
-            print(f"{row['name']}\tversion {row['version']}\tupdated {row['updated_at'].isoformat()}")
+            print(f"{row['name']}\tversion {row['version']}\t{row['desired_state']}\t"
+                  f"updated {row['updated_at'].isoformat()}")
     return 0
 
 
@@ -103,6 +106,11 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"partition(s), heartbeat {w['heartbeat_at']}")
     for e in status["recent_errors"]:
         print(f"error {e['at']} {e['worker']} {e['kind']}: {e['message']}")
+    for r in status.get("recent_resets", []):
+        moves = ", ".join(f"{p['topic']}[{p['partition']}] {_dash(p['old_offset'])}->{p['new_offset']}"
+                          for p in r["partitions"])
+        print(f"reset #{r['id']} {r['at']} by {r['actor']} to {r['target']}: {moves}"
+              + (f" ({r['reason']})" if r["reason"] else ""))
     return 0
 
 
@@ -155,6 +163,114 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_source_history(args: argparse.Namespace) -> int:
+    from ingest.history import source_history
+
+    with Metastore(_settings().database_url) as store:
+        versions = source_history(store, args.source)
+    if args.json:
+        print(json.dumps(versions, indent=2))
+        return 0
+    for v in versions:
+        print(f"version {v['version']}\t{v['applied_at']}\t" + "; ".join(v["changes"]))
+    return 0
+
+
+def _reset_targets(to: str, rows: list[dict[str, Any]],
+                   settings: Settings) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """``--to`` as offsets per partition, and Kafka's low watermarks where known."""
+    from ingest.errors import ConfigError, KafkaUnavailable
+    from ingest.status import watermarks
+
+    tps = [TopicPartition(r["topic"], r["partition"]) for r in rows]
+    if not tps:
+        raise ConfigError("the source has no partitions yet (a worker registers them when it starts)")
+    logical = to in ("earliest", "latest")
+    # Never-published partitions would start from Kafka's earliest: the plan needs it to say what is skipped.
+    asked = tps if logical else [TopicPartition(r["topic"], r["partition"]) for r in rows if r["next_offset"] is None]
+    marks = watermarks(settings, [(tp.topic, tp.partition) for tp in asked])
+    earliest = {tp: marks[(tp.topic, tp.partition)][0] for tp in asked if (tp.topic, tp.partition) in marks}
+    if logical:
+        if len(marks) != len(tps):
+            raise KafkaUnavailable(f"--to {to} needs Kafka's watermarks, but Kafka at {settings.kafka_bootstrap!r} "
+                                   "did not answer; give explicit offsets (TOPIC:PARTITION=OFFSET)")
+        return {tp: marks[(tp.topic, tp.partition)][0 if to == "earliest" else 1] for tp in tps}, earliest
+    topics = sorted({tp.topic for tp in tps})
+    targets: dict[TopicPartition, int] = {}
+    for item in to.split(","):
+        where, sep, offset = item.strip().rpartition("=")
+        topic, colon, partition = where.rpartition(":")
+        if not colon and len(topics) == 1:
+            topic = topics[0]
+        if not sep or not topic or not partition.isdigit() or not offset.isdigit():
+            raise ConfigError(f"--to: expected earliest, latest or TOPIC:PARTITION=OFFSET,... got {item!r}")
+        targets[TopicPartition(topic, int(partition))] = int(offset)
+    return targets, earliest
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Set stored offsets (audited); workers drop what they hold for those partitions and re-seek."""
+    import getpass
+    import socket
+
+    from ingest.errors import ResetNotConfirmed
+
+    settings = _settings()
+    with Metastore(settings.database_url) as store:
+        store.latest_spec(args.source)  # SourceNotFound for an unknown source
+        targets, earliest = _reset_targets(args.to, store.partitions(args.source), settings)
+        actor = f"{getpass.getuser()}@{socket.gethostname()}"
+        result = store.reset_offsets(args.source, targets, actor=actor, reason=args.reason, target=args.to,
+                                     confirmed=args.yes, earliest=earliest)
+    if not result.partitions:
+        print(f"source {args.source}: nothing to reset (stored offsets already there)")
+        return 0
+    if result.reset_id is None:
+        effects = "; ".join(f"{p.tp} {_reset_effect(p)}" for p in result.partitions if p.replayed or p.skipped)
+        raise ResetNotConfirmed(f"reset of {args.source} would change what is published ({effects}); "
+                                "nothing changed: re-run with --yes to apply")
+    print(f"source {args.source}: reset #{result.reset_id} by {actor}")
+    for p in result.partitions:
+        effect = _reset_effect(p)
+        print(f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
+              + (f", {effect}" if effect else ""))
+    return 0
+
+
+def _reset_effect(p: PartitionReset) -> str:
+    if p.replayed:
+        return f"replays [{p.replayed[0]}, {p.replayed[1]})"
+    if p.skipped:
+        return f"skips [{p.skipped[0]}, {p.skipped[1]})"
+    return ""
+
+
+def cmd_terminate(args: argparse.Namespace) -> int:
+    """Drain every worker (they publish what they hold and exit), then mark the source terminated."""
+    import time
+
+    with Metastore(_settings().database_url) as store:
+        if store.control(args.source).terminated:
+            print(f"source {args.source}: already terminated")
+            return 0
+        store.set_control(args.source, "terminating")
+        print(f"source {args.source}: terminating (workers publish what they hold and exit)")
+        deadline = time.monotonic() + args.timeout
+        while True:
+            pending = [w["worker"] for w in store.live_workers(args.source) if w["state"] != "drained"]
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                print(f"ingest: error: terminate of {args.source} timed out after {args.timeout:.0f}s; still "
+                      "draining: " + ", ".join(pending) + " (the source stays terminating; re-run to wait again)",
+                      file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        store.mark_terminated(args.source)
+    print(f"source {args.source}: terminated (segments, status and history stay queryable)")
+    return 0
+
+
 def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -171,6 +287,24 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("file")
     apply.set_defaults(func=cmd_source_apply)
     source.add_parser("list", help="list sources").set_defaults(func=cmd_source_list)
+    apply.add_argument("--reactivate", action="store_true", help="run a terminated source again")
+    history = source.add_parser("history", help="every applied version of a source's spec and what changed")
+    history.add_argument("source")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    history.set_defaults(func=cmd_source_history)
+
+    reset = sub.add_parser("reset", help="set stored offsets (audited); workers re-seek")
+    reset.add_argument("source")
+    reset.add_argument("--to", required=True, help="earliest, latest or TOPIC:PARTITION=OFFSET,... "
+                       "(PARTITION=OFFSET for a one-topic source)")
+    reset.add_argument("--reason", default="", help="why (stored in the audit table)")
+    reset.add_argument("--yes", action="store_true", help="confirm a reset that skips or replays records")
+    reset.set_defaults(func=cmd_reset)
+
+    terminate = sub.add_parser("terminate", help="drain every worker, then mark the source terminated")
+    terminate.add_argument("source")
+    terminate.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default %(default)s)")
+    terminate.set_defaults(func=cmd_terminate)
 
     worker = sub.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
     worker.add_argument("source")

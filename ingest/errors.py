@@ -66,3 +66,9 @@ class ParseFailure(IngestError):
 
 class WorkerFailed(IngestError):
     """The worker stopped because of an unrecoverable condition."""
+
+
+class ResetNotConfirmed(IngestError):
+    """``ingest reset`` would skip or replay records and ``--yes`` was not given: nothing changed."""
+
+    exit_code = 10

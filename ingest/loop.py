@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -33,6 +34,16 @@ _REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 class OffsetStore(Protocol):
     def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
+    def reclaim_partitions(
+        self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
+    ) -> dict[TopicPartition, PartitionClaim]: ...
+    def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
+
+
+# Desired states in which workers publish what they hold and take nothing new; the last
+# three also end the worker once it is drained.
+_HOLDING_STATES = ("suspended", "draining", "terminating", "terminated")
+_DRAINING_STATES = ("draining", "terminating", "terminated")
 
 
 class ConsumeLoop:
@@ -51,6 +62,7 @@ class ConsumeLoop:
         batch_size: int = 2000,
         poll_timeout_s: float = 0.1,
         drain_timeout_s: float = 60.0,
+        spec_version: int = 0,
     ) -> None:
         self._consumer = consumer
         self._spec = spec
@@ -75,6 +87,12 @@ class ConsumeLoop:
         self.last_step_at = self.started_at
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
+        self._spec_version = spec_version
+        # The reset generation already acted on (None: not known yet; the first one seen
+        # triggers a harmless re-claim check).
+        control = registry.control
+        self._reset_generation: int | None = control.reset_generation if control is not None else None
+        self._controls_retry_at = 0.0
 
     # -- driving -------------------------------------------------------------------
 
@@ -83,7 +101,8 @@ class ConsumeLoop:
         what is held (bounded by the drain timeout)."""
         while not stop.is_set():
             self.step()
-            if self.state == "drained" and self._ran and not self._registry.drain_stay:
+            terminating = self._registry.desired_state in ("terminating", "terminated")
+            if self.state == "drained" and (terminating or (self._ran and not self._registry.drain_stay)):
                 log.info("worker_exiting_after_drain", source=self._source, worker=self._worker_id)
                 break
         self.drain()
@@ -91,7 +110,7 @@ class ConsumeLoop:
     @property
     def holding(self) -> bool:
         """Suspended or draining: publish what is held, take nothing new."""
-        return self._registry.desired_state in ("suspended", "draining")
+        return self._registry.desired_state in _HOLDING_STATES
 
     @property
     def state(self) -> str:
@@ -99,7 +118,7 @@ class ConsumeLoop:
         if desired == "running":
             return "running"
         empty = self._pipeline.inflight_count == 0 and not any(len(o.buffer) for o in self._assignment)
-        if desired == "draining":
+        if desired in _DRAINING_STATES:
             return "drained" if empty else "draining"
         return "suspended" if empty else "suspending"
 
@@ -133,6 +152,7 @@ class ConsumeLoop:
             self._lag_due = now + 1.0
             self._update_lag()
         self._registry.beat(self.state, [str(tp) for tp in self._assignment.tps()])
+        self._apply_controls(now)
 
     def drain(self) -> bool:
         """Seal every buffer and wait (still polling, partitions paused) until the pipeline
@@ -282,6 +302,70 @@ class ConsumeLoop:
                 log.warning("resume_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
                 self._schedule_rewind(owned)
         log.info("consumption_resumed", source=self._source, worker=self._worker_id)
+
+    # -- resets and spec versions ----------------------------------------------------
+
+    def _apply_controls(self, now: float) -> None:
+        """Act on a reset (the reset generation moved) or a new spec version, as the last
+        heartbeat (or a NOTIFY that triggered it) read them. Retried after a metastore error."""
+        control = self._registry.control
+        if control is None or now < self._controls_retry_at:
+            return
+        try:
+            if control.reset_generation != self._reset_generation:
+                self._reclaim_after_reset()
+                self._reset_generation = control.reset_generation
+            if control.spec_version != self._spec_version:
+                self._load_spec()
+        except MetastoreError as exc:
+            self._metrics.metastore_errors.labels(self._source).inc()
+            self._controls_retry_at = now + 1.0
+            log.warning("control_apply_failed", source=self._source, worker=self._worker_id, error=str(exc))
+
+    def _reclaim_after_reset(self) -> None:
+        """An ``ingest reset`` bumped the serials of some partitions: everything held for them
+        (buffers, in-flight splits) belongs to the old epoch and could only be refused. Claim
+        them again (their serial moves once more, fencing anything of ours still in flight),
+        drop what is held and seek to the offset the reset stored. Partitions whose serial moved
+        because another worker claimed them are not touched (the metastore checks the owner)."""
+        held = [(owned.tp, owned.claim.serial) for owned in self._assignment]
+        claims = self._store.reclaim_partitions(self._source, self._worker_id, held)
+        if not claims:
+            log.info("reset_seen", source=self._source, worker=self._worker_id, reclaimed=0)
+            return
+        killed = self._pipeline.kill(claims, "reset")
+        for tp, claim in claims.items():
+            owned = self._assignment.get(tp.topic, tp.partition)
+            if owned is None:
+                continue  # revoked meanwhile: the next owner's claim reads the reset offset
+            owned.claim = claim
+            owned.failures = 0
+            owned.published_end = None
+            owned.reset_buffer(claim.next_offset)
+            owned.status = PartitionStatus.ACTIVE
+            try:
+                self._consumer.seek(KafkaTopicPartition(tp.topic, tp.partition, start_offset(claim)))
+            except KafkaException as exc:
+                log.warning("reset_seek_failed", source=self._source, partition=str(tp), error=str(exc))
+                self._schedule_rewind(owned)
+        log.info("partitions_reset", source=self._source, worker=self._worker_id, splits_killed=killed,
+                 partitions=[f"{c.tp}@{c.next_offset}#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)])
+
+    def _load_spec(self) -> None:
+        """A new spec version: splits sealed from now on are built and published with it (split
+        limits apply to the open buffers at once). Consumption does not stop. Topics and the
+        consumer group are fixed for the life of a worker: changing them needs a restart."""
+        version, doc = self._store.latest_spec(self._source)
+        spec = SourceSpec.from_json(doc)
+        if (spec.topics, spec.group_id) != (self._spec.topics, self._spec.group_id):
+            log.warning("spec_change_needs_restart", source=self._source, worker=self._worker_id,
+                        spec_version=version, topics=list(spec.topics), group=spec.group_id)
+        self._spec = spec
+        self._pipeline.set_spec(spec, version)
+        self._registry.spec_version = version
+        log.info("spec_version_applied", source=self._source, worker=self._worker_id, spec_version=version,
+                 previous=self._spec_version)
+        self._spec_version = version
 
     # -- rewinds -------------------------------------------------------------------
 

@@ -78,3 +78,45 @@ class SegmentToPublish:
     worker_id: str
     segment: BuiltSegment
     ranges: tuple[PublishRange, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceControl:
+    """What operators asked of a source, as workers read it with their heartbeat."""
+
+    desired_state: str
+    drain_stay: bool
+    # Bumped by every `ingest reset`; a worker that sees it change re-claims reset partitions.
+    reset_generation: int
+    # The latest applied spec version.
+    spec_version: int
+
+    @property
+    def terminated(self) -> bool:
+        return self.desired_state == "terminated"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReset:
+    """One partition of an ``ingest reset``: offsets before and after, what it skips
+    (``[start, end)`` never published) or replays (``[start, end)`` published once already)."""
+
+    tp: TopicPartition
+    old_offset: int | None
+    new_offset: int
+    skipped: tuple[int, int] | None = None
+    replayed: tuple[int, int] | None = None
+    old_serial: int = 0
+    new_serial: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResetResult:
+    """The plan of a reset, and whether it was applied (``reset_id`` set)."""
+
+    partitions: tuple[PartitionReset, ...]
+    reset_id: int | None = None
+
+    @property
+    def changes_data(self) -> bool:
+        return any(p.skipped or p.replayed for p in self.partitions)

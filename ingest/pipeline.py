@@ -72,6 +72,8 @@ Outcome = Published | Killed | Conflicted | Failed | Fatal
 class _Entry:
     split: SealedSplit
     built: Future[BuiltSegment]
+    # The spec version current when the split was submitted: it is built and published with it.
+    spec_version: int = 0
 
 
 class Pipeline:
@@ -106,10 +108,15 @@ class Pipeline:
 
     # -- polling thread API ------------------------------------------------------------
 
+    def set_spec(self, spec: SourceSpec, spec_version: int) -> None:
+        """A new spec version applies from the next submitted split on (a split boundary);
+        splits already submitted are built and published with the version they were sealed under."""
+        self._spec, self._spec_version = spec, spec_version
+
     def submit(self, split: SealedSplit) -> None:
-        future = self._executor.submit(self._build, split)
+        future = self._executor.submit(self._build, split, self._spec)
         with self._cond:
-            self._queues.setdefault(split.tp, deque()).append(_Entry(split, future))
+            self._queues.setdefault(split.tp, deque()).append(_Entry(split, future, self._spec_version))
             self._inflight_count += 1
             self._inflight_bytes += split.size_bytes
         future.add_done_callback(self._wake)
@@ -191,12 +198,12 @@ class Pipeline:
         with self._cond:
             self._cond.notify_all()
 
-    def _build(self, split: SealedSplit) -> BuiltSegment:
+    def _build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
         attempt = 1
         while True:
             split.kill_switch.check()
             try:
-                return self._builder.build(split, self._spec)
+                return self._builder.build(split, spec)
             except BuildError as exc:
                 if attempt >= self._build_attempts:
                     raise
@@ -247,7 +254,7 @@ class Pipeline:
             if self._publish_delay_s:
                 self._sleep_unless_killed(split, self._publish_delay_s)
             started = time.monotonic()
-            segment_id = self._publisher.publish(split, built, self._spec_version)
+            segment_id = self._publisher.publish(split, built, entry.spec_version)
             return Published(split, built, segment_id, time.monotonic() - started)
         except PublishAbandoned as exc:
             # The commit may have landed: leave the files for gc, which asks the metastore.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -12,6 +13,7 @@ from typing import Protocol
 import structlog
 
 from ingest import __version__
+from ingest.model import SourceControl
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
@@ -21,40 +23,61 @@ HEARTBEAT_INTERVAL_S = 2.0
 
 class RegistryStore(Protocol):
     def heartbeat(self, source: str, worker: str, host: str, pid: int, version: str, state: str,
-                  partitions: Sequence[str]) -> None: ...
+                  partitions: Sequence[str], spec_version: int | None = None) -> None: ...
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None: ...
-    def control(self, source: str) -> tuple[str, bool]: ...
+    def control(self, source: str) -> SourceControl: ...
 
 
 class WorkerRegistry:
-    def __init__(self, store: RegistryStore, source: str, worker_id: str) -> None:
+    def __init__(self, store: RegistryStore, source: str, worker_id: str, *,
+                 changed: threading.Event | None = None, interval_s: float | None = None) -> None:
         self._store = store
         self._source = source
         self._worker_id = worker_id
         self._host = socket.gethostname()
         self._pid = os.getpid()
         self._due = 0.0
+        # Read at construction (not as a default argument) so tests can lengthen the poll.
+        self._interval_s = HEARTBEAT_INTERVAL_S if interval_s is None else interval_s
+        # Set by the LISTEN thread when the source's controls changed: beat at once.
+        self._changed = changed
         # What operators asked for, as of the last heartbeat that reached the metastore.
-        self.desired_state = "running"
-        self.drain_stay = False
+        self.control: SourceControl | None = None
+        # The spec version this worker builds with (reported in the registry).
+        self.spec_version: int | None = None
+
+    @property
+    def desired_state(self) -> str:
+        return self.control.desired_state if self.control is not None else "running"
+
+    @property
+    def drain_stay(self) -> bool:
+        return self.control.drain_stay if self.control is not None else False
 
     def beat(self, state: str, partitions: Sequence[str], *, force: bool = False) -> None:
-        """Heartbeat (at most every HEARTBEAT_INTERVAL_S unless forced) and read the controls."""
+        """Heartbeat (at most every interval unless forced or notified) and read the controls."""
         now = time.monotonic()
-        if not force and now < self._due:
+        notified = self._changed is not None and self._changed.is_set()
+        if not force and not notified and now < self._due:
             return
-        self._due = now + HEARTBEAT_INTERVAL_S
+        self._due = now + self._interval_s
+        if self._changed is not None:
+            # Cleared before the read: a change committed after it sets the flag again.
+            self._changed.clear()
         try:
             self._store.heartbeat(self._source, self._worker_id, self._host, self._pid, __version__, state,
-                                  partitions)
-            desired, stay = self._store.control(self._source)
+                                  partitions, self.spec_version)
+            control = self._store.control(self._source)
         except MetastoreError as exc:
             log.warning("heartbeat_failed", source=self._source, worker=self._worker_id, error=str(exc))
             return
-        if (desired, stay) != (self.desired_state, self.drain_stay):
-            log.info("control_changed", source=self._source, worker=self._worker_id, desired_state=desired,
-                     drain_stay=stay, previous=self.desired_state)
-        self.desired_state, self.drain_stay = desired, stay
+        previous = self.control
+        if previous is None or control != previous:
+            log.info("control_changed", source=self._source, worker=self._worker_id,
+                     desired_state=control.desired_state, drain_stay=control.drain_stay,
+                     reset_generation=control.reset_generation, spec_version=control.spec_version,
+                     previous=previous.desired_state if previous else None, notified=notified)
+        self.control = control
 
     def error(self, kind: str, message: str) -> None:
         try:

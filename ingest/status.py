@@ -54,11 +54,17 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         })
     workers = [{"worker": w["worker"], "host": w["host"], "pid": w["pid"], "version": w["version"],
                 "state": w["state"], "partitions": list(w["partitions"]), "started_at": _iso(w["started_at"]),
-                "heartbeat_at": _iso(w["heartbeat_at"])} for w in store.live_workers(source)]
+                "heartbeat_at": _iso(w["heartbeat_at"]), "spec_version": w.get("spec_version")}
+               for w in store.live_workers(source)]
     recent = [{"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
               for e in store.recent_errors(source, errors)]
     kafka_reachable = bool(marks) or not rows
     state, detail = _state(partitions, workers, kafka_reachable, total_lag)
+    control = store.control(source)
+    if control.desired_state in ("terminating", "terminated"):
+        state = detail = control.desired_state.upper()
+    resets = [{"id": r["id"], "actor": r["actor"], "reason": r["reason"], "target": r["target"], "at": _iso(r["at"]),
+               "partitions": r["partitions"]} for r in store.recent_resets(source, 5)]
     return {
         "source": source,
         "state": state,
@@ -70,6 +76,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         "workers": workers,
         "partitions": partitions,
         "recent_errors": recent,
+        "desired_state": control.desired_state,
+        "recent_resets": resets,
     }
 
 

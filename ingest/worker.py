@@ -23,7 +23,8 @@ from ingest.publisher import Publisher
 from ingest.rebalance import RebalanceHandler
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
-from metastore import Metastore
+from metastore import Metastore, SourceTerminated
+from metastore.listener import ControlListener
 
 log = structlog.get_logger(__name__)
 
@@ -113,8 +114,12 @@ class Worker:
         endpoints: Endpoints | None = None
         pipeline: Pipeline | None = None
         spark: Any = None
+        listener: ControlListener | None = None
         try:
             version, spec = load_source(store, self.source)
+            desired = store.control(spec.name).desired_state
+            if desired in ("terminating", "terminated"):
+                raise SourceTerminated(spec.name, desired)
             counts = topic_partitions(settings, spec.topics)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
@@ -142,11 +147,14 @@ class Worker:
             consumer = Consumer(conf)
             consumer.subscribe(list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke,
                                on_lost=handler.on_lost)
-            registry = WorkerRegistry(store, spec.name, worker_id)
+            # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
+            listener = ControlListener(settings.database_url, spec.name).start()
+            registry = WorkerRegistry(store, spec.name, worker_id, changed=listener.changed)
+            registry.spec_version = version
             registry.beat("starting", [], force=True)
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
                                     pipeline=pipeline, handler=handler, store=store, registry=registry,
-                                    metrics=self.metrics)
+                                    metrics=self.metrics, spec_version=version)
             if settings.metrics_port is not None:
                 endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
@@ -167,6 +175,8 @@ class Worker:
             self.metrics.worker_up.labels(self.source).set(0)
             if endpoints is not None:
                 endpoints.close()
+            if listener is not None:
+                listener.close()
             if consumer is not None:
                 # Leaves the group: the revoke callback kills whatever is still in flight.
                 consumer.close()

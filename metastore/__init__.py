@@ -3,23 +3,27 @@
 from metastore.connection import redact_url
 from metastore.errors import (
     CommitOutcomeUnknown,
+    InvalidReset,
     MetastoreError,
     MetastoreUnavailable,
     PublishConflict,
     SchemaMissing,
     SourceNotFound,
+    SourceTerminated,
 )
 from metastore.migrations import apply_migrations
 from metastore.store import Metastore
 
 __all__ = [
     "CommitOutcomeUnknown",
+    "InvalidReset",
     "Metastore",
     "MetastoreError",
     "MetastoreUnavailable",
     "PublishConflict",
     "SchemaMissing",
     "SourceNotFound",
+    "SourceTerminated",
     "apply_migrations",
     "redact_url",
 ]

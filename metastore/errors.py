@@ -47,3 +47,21 @@ class PublishConflict(MetastoreError):
         self.tp = tp
         self.expected = expected
         self.actual = actual
+
+
+class SourceTerminated(MetastoreError):
+    """The source was terminated (``ingest terminate``): no worker runs it and no control
+    applies until it is re-activated with ``ingest source apply FILE --reactivate``."""
+
+    exit_code = 9
+
+    def __init__(self, name: str, state: str = "terminated") -> None:
+        what = "is terminated" if state == "terminated" else "is being terminated (`ingest terminate` in progress)"
+        super().__init__(f"source {name!r} {what}: re-activate it with `ingest source apply FILE --reactivate`")
+        self.name = name
+
+
+class InvalidReset(MetastoreError):
+    """An ``ingest reset`` named partitions the source does not have, or negative offsets."""
+
+    exit_code = 2

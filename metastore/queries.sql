@@ -7,7 +7,17 @@ ON CONFLICT (name) DO UPDATE SET version = ingest_sources.version + 1, updated_a
 RETURNING version;
 
 -- name: lock_source
-SELECT version FROM ingest_sources WHERE name = %(name)s FOR UPDATE;
+-- Applies and resets lock the source row before any partition row; publishes and claims lock
+-- partition rows only, always in (topic, partition) order: no lock cycle.
+SELECT version, desired_state FROM ingest_sources WHERE name = %(name)s FOR UPDATE;
+
+-- name: reactivate_source
+UPDATE ingest_sources
+SET desired_state = 'running', drain_stay = false, terminated_at = NULL, control_changed_at = now()
+WHERE name = %(name)s;
+
+-- name: list_versions
+SELECT version, spec, applied_at FROM ingest_source_versions WHERE source = %(name)s ORDER BY version;
 
 -- name: latest_spec
 SELECT v.version, v.spec, v.spec_text
@@ -19,7 +29,7 @@ INSERT INTO ingest_source_versions (source, version, spec, spec_text)
 VALUES (%(name)s, %(version)s, %(spec)s, %(spec_text)s);
 
 -- name: list_sources
-SELECT name, version, created_at, updated_at FROM ingest_sources ORDER BY name;
+SELECT name, version, desired_state, terminated_at, created_at, updated_at FROM ingest_sources ORDER BY name;
 
 -- name: register_partitions
 -- Partitions known when a topic is first seen start at the source's start position;
@@ -109,13 +119,14 @@ SELECT serial, next_offset FROM ingest_partitions
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: heartbeat
-INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions)
-VALUES (%(worker)s, %(source)s, %(host)s, %(pid)s, %(version)s, %(state)s, %(partitions)s)
+INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions, spec_version)
+VALUES (%(worker)s, %(source)s, %(host)s, %(pid)s, %(version)s, %(state)s, %(partitions)s, %(spec_version)s)
 ON CONFLICT (worker) DO UPDATE
-SET state = EXCLUDED.state, partitions = EXCLUDED.partitions, heartbeat_at = now();
+SET state = EXCLUDED.state, partitions = EXCLUDED.partitions, spec_version = EXCLUDED.spec_version,
+    heartbeat_at = now();
 
 -- name: live_workers
-SELECT worker, host, pid, version, state, partitions, started_at, heartbeat_at
+SELECT worker, host, pid, version, state, partitions, spec_version, started_at, heartbeat_at
 FROM ingest_workers
 WHERE source = %(source)s AND heartbeat_at > now() - make_interval(secs => %(expiry_s)s)
   AND state NOT IN ('stopped', 'failed')
@@ -135,9 +146,72 @@ SELECT topic, partition, last_event_time, segments, publish_conflicts
 FROM ingest_partition_status WHERE source = %(source)s ORDER BY topic, partition;
 
 -- name: set_control
+-- A terminated source stays terminated until `ingest source apply --reactivate`.
 UPDATE ingest_sources SET desired_state = %(state)s, drain_stay = %(stay)s, control_changed_at = now()
-WHERE name = %(name)s
+WHERE name = %(name)s AND desired_state <> 'terminated'
 RETURNING name;
 
+-- name: mark_terminated
+UPDATE ingest_sources SET desired_state = 'terminated', terminated_at = now(), control_changed_at = now()
+WHERE name = %(name)s AND desired_state = 'terminating'
+RETURNING terminated_at;
+
 -- name: get_control
-SELECT desired_state, drain_stay FROM ingest_sources WHERE name = %(name)s;
+SELECT desired_state, drain_stay, reset_generation, version, terminated_at FROM ingest_sources WHERE name = %(name)s;
+
+-- name: lock_source_partitions
+SELECT topic, partition, serial, next_offset, initial_position, last_segment_id
+FROM ingest_partitions
+WHERE source = %(source)s
+ORDER BY topic, partition
+FOR UPDATE;
+
+-- name: reset_partition
+-- The serial bump fences every publish in flight for the partition (it presents the old serial).
+UPDATE ingest_partitions SET next_offset = %(new_offset)s, serial = serial + 1, epoch = epoch + 1
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s
+RETURNING serial;
+
+-- name: bump_reset_generation
+UPDATE ingest_sources SET reset_generation = reset_generation + 1, control_changed_at = now()
+WHERE name = %(name)s;
+
+-- name: insert_reset
+INSERT INTO ingest_resets (source, actor, reason, target) VALUES (%(source)s, %(actor)s, %(reason)s, %(target)s)
+RETURNING id, at;
+
+-- name: insert_reset_partition
+INSERT INTO ingest_reset_partitions (
+    reset_id, topic, partition, old_offset, new_offset, old_serial, new_serial, last_segment_id,
+    skipped_start, skipped_end, replayed_start, replayed_end)
+VALUES (
+    %(reset_id)s, %(topic)s, %(partition)s, %(old_offset)s, %(new_offset)s, %(old_serial)s, %(new_serial)s,
+    %(last_segment_id)s, %(skipped_start)s, %(skipped_end)s, %(replayed_start)s, %(replayed_end)s);
+
+-- name: recent_resets
+SELECT r.id, r.actor, r.reason, r.target, r.at,
+       json_agg(json_build_object(
+           'topic', p.topic, 'partition', p.partition, 'old_offset', p.old_offset, 'new_offset', p.new_offset,
+           'old_serial', p.old_serial, 'new_serial', p.new_serial, 'last_segment_id', p.last_segment_id,
+           'skipped_start', p.skipped_start, 'skipped_end', p.skipped_end,
+           'replayed_start', p.replayed_start, 'replayed_end', p.replayed_end)
+           ORDER BY p.topic, p.partition) AS partitions
+FROM ingest_resets r JOIN ingest_reset_partitions p ON p.reset_id = r.id
+WHERE r.source = %(source)s
+GROUP BY r.id
+ORDER BY r.id DESC
+LIMIT %(limit)s;
+
+-- name: reclaim_partitions
+-- After a reset: a partition whose serial moved while this worker is still its recorded
+-- owner was reset (a claim by another worker would have changed the owner). Bump the serial
+-- again (a claim of our own) and read the offset the reset stored. Rows are locked first
+-- (lock_partitions, fixed order) in the same transaction.
+UPDATE ingest_partitions p SET serial = p.serial + 1, assigned_at = now()
+FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[]) AS u(t, part, s)
+WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part
+  AND p.owner = %(worker)s AND p.serial <> u.s
+RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
+
+-- name: listen_controls
+LISTEN ingest_control;

@@ -10,14 +10,23 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ingest.model import PartitionClaim, SegmentToPublish, StartFrom, TopicPartition
+from ingest.model import (
+    PartitionClaim,
+    PartitionReset,
+    ResetResult,
+    SegmentToPublish,
+    SourceControl,
+    StartFrom,
+    TopicPartition,
+)
 from metastore.connection import connect, wrap_exceptions
-from metastore.errors import CommitOutcomeUnknown, PublishConflict, SourceNotFound
+from metastore.errors import CommitOutcomeUnknown, InvalidReset, PublishConflict, SourceNotFound, SourceTerminated
 from metastore.queries import query
 
 Row = dict[str, Any]
@@ -58,13 +67,21 @@ class Metastore:
 
     # -- sources ------------------------------------------------------------------
 
-    def apply_source(self, name: str, spec: dict[str, Any], spec_text: str) -> tuple[int, bool]:
-        """Store a new version of the spec unless it equals the latest. Returns (version, changed)."""
+    def apply_source(self, name: str, spec: dict[str, Any], spec_text: str,
+                     reactivate: bool = False) -> tuple[int, bool]:
+        """Store a new version of the spec unless it equals the latest. Returns (version, changed).
+
+        A terminated source refuses (SourceTerminated) unless ``reactivate``: then it is set
+        running again (its history, segments and offsets are kept)."""
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
                 current = conn.execute(query("lock_source"), {"name": name}).fetchone()
                 if current is not None:
+                    if current["desired_state"] == "terminated":
+                        if not reactivate:
+                            raise SourceTerminated(name)
+                        conn.execute(query("reactivate_source"), {"name": name})
                     latest = conn.execute(query("latest_spec"), {"name": name}).fetchone()
                     if latest is not None and latest["spec"] == json.loads(json.dumps(spec)):
                         return int(latest["version"]), False
@@ -85,6 +102,13 @@ class Metastore:
 
     def list_sources(self) -> list[Row]:
         return self._fetch("list_sources")
+
+    def spec_versions(self, name: str) -> list[Row]:
+        """Every applied version of a source's spec, oldest first."""
+        rows = self._fetch("list_versions", name=name)
+        if not rows:
+            raise SourceNotFound(name)
+        return rows
 
     # -- assignment -----------------------------------------------------------------
 
@@ -128,6 +152,29 @@ class Metastore:
                 {"source": source, "worker": worker, "topic": claim.tp.topic,
                  "partition": claim.tp.partition, "serial": claim.serial},
             )
+
+    def reclaim_partitions(
+        self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
+    ) -> dict[TopicPartition, PartitionClaim]:
+        """For partitions this worker holds with the given serials: those whose stored serial
+        moved while this worker is still the recorded owner were reset. Claim them again
+        (serial bumped once more) and return the new claims with the offsets the reset stored.
+        Partitions another worker claimed (owner changed) are not touched: they are fenced."""
+        if not held:
+            return {}
+        ordered = sorted(held, key=lambda h: h[0])
+        params = {"source": source, "worker": worker, "topics": [tp.topic for tp, _ in ordered],
+                  "partitions": [tp.partition for tp, _ in ordered], "serials": [serial for _, serial in ordered]}
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                conn.execute(query("lock_partitions"), params)
+                rows = conn.execute(query("reclaim_partitions"), params).fetchall()
+        return {
+            TopicPartition(r["topic"], r["partition"]): PartitionClaim(
+                TopicPartition(r["topic"], r["partition"]), int(r["serial"]), r["next_offset"], r["initial_position"])
+            for r in rows
+        }
 
     # -- publish --------------------------------------------------------------------
 
@@ -212,23 +259,92 @@ class Metastore:
 
     def set_control(self, source: str, state: str, stay: bool = False) -> None:
         if not self._fetch("set_control", name=source, state=state, stay=stay):
-            raise SourceNotFound(source)
+            self.control(source)  # SourceNotFound for an unknown source
+            raise SourceTerminated(source)
 
-    def control(self, source: str) -> tuple[str, bool]:
-        """(desired_state, drain_stay) of a source."""
+    def mark_terminated(self, source: str) -> bool:
+        """terminating -> terminated (after the drain). False if the source is not terminating."""
+        return bool(self._fetch("mark_terminated", name=source))
+
+    def control(self, source: str) -> SourceControl:
         rows = self._fetch("get_control", name=source)
         if not rows:
             raise SourceNotFound(source)
-        return str(rows[0]["desired_state"]), bool(rows[0]["drain_stay"])
+        row = rows[0]
+        return SourceControl(str(row["desired_state"]), bool(row["drain_stay"]), int(row["reset_generation"]),
+                             int(row["version"]))
+
+    # -- resets -------------------------------------------------------------------------
+
+    def reset_offsets(
+        self, source: str, targets: dict[TopicPartition, int], *, actor: str, reason: str, target: str,
+        confirmed: bool, earliest: dict[TopicPartition, int] | None = None,
+    ) -> ResetResult:
+        """Set stored offsets, in one transaction that also bumps each changed partition's
+        serial (so every publish in flight for it is refused) and the source's reset
+        generation (so workers re-claim and re-seek), and records the audit rows.
+
+        The plan is computed from the rows locked in that same transaction. When it skips or
+        replays records and ``confirmed`` is false, nothing is written and the plan is
+        returned with ``reset_id`` None. ``earliest``: Kafka's low watermarks where known
+        (what a partition that never published would start from).
+        """
+        bad = sorted(str(tp) + f"={offset}" for tp, offset in targets.items() if offset < 0)
+        if bad:
+            raise InvalidReset(f"offsets must be >= 0: {', '.join(bad)}")
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                if conn.execute(query("lock_source"), {"name": source}).fetchone() is None:
+                    raise SourceNotFound(source)
+                rows = {TopicPartition(r["topic"], r["partition"]): r
+                        for r in conn.execute(query("lock_source_partitions"), {"source": source}).fetchall()}
+                unknown = sorted(tp for tp in targets if tp not in rows)
+                if unknown:
+                    known = ", ".join(str(tp) for tp in sorted(rows)) or "none yet: start a worker first"
+                    raise InvalidReset(f"source {source!r} has no partition {', '.join(map(str, unknown))} "
+                                       f"(known: {known})")
+                plan = tuple(
+                    _plan_partition(tp, rows[tp], offset, (earliest or {}).get(tp))
+                    for tp, offset in sorted(targets.items()) if rows[tp]["next_offset"] != offset
+                )
+                result = ResetResult(plan)
+                if not plan or (result.changes_data and not confirmed):
+                    return result
+                head = conn.execute(query("insert_reset"), {"source": source, "actor": actor, "reason": reason,
+                                                            "target": target}).fetchone()
+                assert head is not None
+                applied = []
+                for p in plan:
+                    new_serial = conn.execute(query("reset_partition"), {
+                        "source": source, "topic": p.tp.topic, "partition": p.tp.partition,
+                        "new_offset": p.new_offset}).fetchone()
+                    assert new_serial is not None
+                    p = replace(p, new_serial=int(new_serial["serial"]))
+                    conn.execute(query("insert_reset_partition"), {
+                        "reset_id": head["id"], "topic": p.tp.topic, "partition": p.tp.partition,
+                        "old_offset": p.old_offset, "new_offset": p.new_offset, "old_serial": p.old_serial,
+                        "new_serial": p.new_serial, "last_segment_id": rows[p.tp]["last_segment_id"],
+                        "skipped_start": p.skipped[0] if p.skipped else None,
+                        "skipped_end": p.skipped[1] if p.skipped else None,
+                        "replayed_start": p.replayed[0] if p.replayed else None,
+                        "replayed_end": p.replayed[1] if p.replayed else None})
+                    applied.append(p)
+                conn.execute(query("bump_reset_generation"), {"name": source})
+                return ResetResult(tuple(applied), int(head["id"]))
+
+    def recent_resets(self, source: str, limit: int = 5) -> list[Row]:
+        return self._fetch("recent_resets", source=source, limit=limit)
 
     # -- workers and errors -----------------------------------------------------------
 
     def heartbeat(self, source: str, worker: str, host: str, pid: int, version: str, state: str,
-                  partitions: Sequence[str]) -> None:
+                  partitions: Sequence[str], spec_version: int | None = None) -> None:
         with wrap_exceptions(self.url):
             conn = self._connection()
             conn.execute(query("heartbeat"), {"source": source, "worker": worker, "host": host, "pid": pid,
-                                              "version": version, "state": state, "partitions": list(partitions)})
+                                              "version": version, "state": state, "partitions": list(partitions),
+                                              "spec_version": spec_version})
             # Rows of workers dead for a day are only noise.
             conn.execute(query("expire_workers"), {"keep_s": 86_400})
 
@@ -264,6 +380,25 @@ class Metastore:
             if row["rejects_location"]:
                 locations.add(row["rejects_location"])
         return locations
+
+
+def _plan_partition(tp: TopicPartition, row: Row, new: int, earliest: int | None) -> PartitionReset:
+    old: int | None = row["next_offset"]
+    skipped = replayed = None
+    if old is not None:
+        if new > old:
+            skipped = (old, new)
+        elif new < old:
+            replayed = (new, old)
+    elif row["initial_position"] == "earliest":
+        # Nothing published yet: the partition would start at Kafka's earliest offset
+        # (0 when it is not known), so a later offset skips what lies before it.
+        floor = earliest if earliest is not None else 0
+        if new > floor:
+            skipped = (floor, new)
+    # Never published and starting from latest: nothing would have been read before the
+    # new offset either way, so the reset neither skips nor replays published data.
+    return PartitionReset(tp, old, new, skipped, replayed, old_serial=int(row["serial"]))
 
 
 def _check(tp: TopicPartition, serial: int, start: int, row: Row | None) -> PublishConflict | None:

@@ -135,3 +135,85 @@ def test_sources_are_versioned_and_unchanged_specs_are_not(store: Metastore) -> 
 def test_unreachable_postgres_is_one_clear_error() -> None:
     with pytest.raises(MetastoreUnavailable, match=r"PostgreSQL unavailable at postgresql://u:\*\*\*@127.0.0.1:1/db"):
         Metastore("postgresql://u:secret@127.0.0.1:1/db").ping()
+
+
+# -- resets, terminate, spec versions, NOTIFY ---------------------------------------------
+
+
+def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store: Metastore) -> None:
+    claim = store.claim_partitions("src", "w1", [T0, T1])
+    first = store.publish(item(T0, claim[T0].serial, 0, 10))
+    store.publish(item(T0, claim[T0].serial, 10, 20))
+    before = store.control("src").reset_generation
+    # Replays [5, 20): refused without confirmation, and nothing is written.
+    plan = store.reset_offsets("src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5",
+                               confirmed=False)
+    assert plan.reset_id is None and plan.changes_data and plan.partitions[0].replayed == (5, 20)
+    assert store.partition_state("src", T0) == (claim[T0].serial, 20)
+    done = store.reset_offsets("src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5",
+                               confirmed=True)
+    assert done.reset_id is not None and store.control("src").reset_generation == before + 1
+    assert store.partition_state("src", T0) == (claim[T0].serial + 1, 5)
+    # The split that was in flight when the reset committed presents the old serial: refused.
+    with pytest.raises(PublishConflict) as refused:
+        store.publish(item(T0, claim[T0].serial, 20, 30))
+    assert refused.value.reason == "serial"
+    assert store.conflict_counts("src") == {"serial": 1}
+    # The owner re-claims (serial bumped again) and re-reads the offset the reset stored; T1 was not reset.
+    reclaimed = store.reclaim_partitions("src", "w1", [(T0, claim[T0].serial), (T1, claim[T1].serial)])
+    assert set(reclaimed) == {T0} and reclaimed[T0].serial == claim[T0].serial + 2 and reclaimed[T0].next_offset == 5
+    assert store.reclaim_partitions("src", "w2", [(T0, claim[T0].serial)]) == {}  # only the recorded owner
+    # The replay publishes offsets (and range starts) of the old epoch again.
+    store.publish(item(T0, reclaimed[T0].serial, 5, 10))
+    store.publish(item(T0, reclaimed[T0].serial, 10, 12))
+    [audit] = store.recent_resets("src")
+    assert audit["actor"] == "op@host" and audit["reason"] == "bad parse" and audit["target"] == "events:0=5"
+    [p] = audit["partitions"]
+    assert (p["old_offset"], p["new_offset"], p["replayed_start"], p["replayed_end"], p["skipped_start"]) == (
+        20, 5, 5, 20, None)
+    assert p["last_segment_id"] == first + 1  # segments after it belong to the new epoch
+
+
+def test_a_reset_that_skips_is_planned_from_the_stored_offsets(store: Metastore) -> None:
+    claim = store.claim_partitions("src", "w1", [T0])
+    store.publish(item(T0, claim[T0].serial, 0, 10))
+    plan = store.reset_offsets("src", {T0: 40, T1: 7}, actor="a", reason="", target="latest", confirmed=False,
+                               earliest={T1: 3})
+    assert [(p.tp, p.old_offset, p.skipped, p.replayed) for p in plan.partitions] == [
+        (T0, 10, (10, 40), None), (T1, None, (3, 7), None)]
+    # Setting an offset to what is stored changes nothing and needs no confirmation.
+    assert store.reset_offsets("src", {T0: 10}, actor="a", reason="", target="x", confirmed=False).partitions == ()
+    from metastore.errors import InvalidReset
+
+    with pytest.raises(InvalidReset, match="no partition"):
+        store.reset_offsets("src", {TopicPartition("events", 9): 0}, actor="a", reason="", target="x",
+                            confirmed=True)
+
+
+def test_terminate_and_reactivate(store: Metastore) -> None:
+    from metastore import SourceTerminated
+
+    store.set_control("src", "terminating")
+    assert store.mark_terminated("src")
+    assert store.control("src").terminated
+    with pytest.raises(SourceTerminated):
+        store.set_control("src", "running")
+    with pytest.raises(SourceTerminated):
+        store.apply_source("src", {"name": "src", "x": 1}, "")
+    assert store.segments("src") == [] and store.spec_versions("src")  # history stays queryable
+    version, changed = store.apply_source("src", {"name": "src", "x": 1}, "", reactivate=True)
+    assert changed and version == 2 and store.control("src").desired_state == "running"
+    assert [v["version"] for v in store.spec_versions("src")] == [1, 2]
+
+
+def test_every_control_change_notifies_listeners(store: Metastore, database_url: str) -> None:
+    from metastore.listener import ControlListener
+
+    listener = ControlListener(database_url, "src", wait_s=0.1).start()
+    try:
+        assert listener.changed.wait(10)  # set once LISTEN is in place
+        listener.changed.clear()
+        store.set_control("src", "suspended")
+        assert listener.changed.wait(10)
+    finally:
+        listener.close()
