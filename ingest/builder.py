@@ -29,6 +29,9 @@ from ingest.split import SealedSplit
 log = structlog.get_logger(__name__)
 
 CORRUPT = "_corrupt"
+# Fail if the split's directory exists (split ids are fresh). "error", not its alias
+# "errorifexists": the Spark Connect client only knows the short name.
+WRITE_MODE = "error"
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
 STAGED_SCHEMA = pa.schema([
     ("_topic", pa.string()),
@@ -170,7 +173,7 @@ class SparkSegmentBuilder:
         )
         columns = [*META_COLUMNS, *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)]
         (observed.filter(F.col("_error").isNull()).select(*columns)
-         .write.mode("errorifexists").option("compression", "zstd").parquet(data_dir))
+         .write.mode(WRITE_MODE).option("compression", "zstd").parquet(data_dir))
         stats = observation.get
         total, errors = int(stats["total"]), int(stats["errors"])
         if total != len(split):
@@ -185,7 +188,7 @@ class SparkSegmentBuilder:
         if errors and spec.on_parse_error == "reject":
             split.kill_switch.check()
             (df.filter(F.col("_error").isNotNull()).select(*META_COLUMNS, "_value", "_error")
-             .write.mode("errorifexists").option("compression", "zstd").parquet(rejects_dir))
+             .write.mode(WRITE_MODE).option("compression", "zstd").parquet(rejects_dir))
             rejects_files = segment_store.list_files(rejects_dir)
         elif errors:
             skipped = errors

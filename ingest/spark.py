@@ -19,6 +19,10 @@ BASE_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.localRelationThreshold": "0",
 }
+# Static settings of the Spark application itself: under Spark Connect the driver is the
+# server, which owns them (they are set on its command line), and a client that tries to
+# set them only gets a CANNOT_MODIFY_CONFIG warning.
+SERVER_ONLY_CONF = frozenset({"spark.ui.enabled", "spark.ui.showConsoleProgress"})
 # Only meaningful when the driver runs here; loopback only.
 LOCAL_DRIVER_CONF = {
     "spark.driver.host": "127.0.0.1",
@@ -32,8 +36,11 @@ def create_session(master: str = "local[2]", app_name: str = "ingest",
 
     builder = SparkSession.builder.appName(app_name)
     conf = dict(BASE_CONF)
-    if master.startswith("sc://"):
+    if is_connect(master):
+        # Everything left in conf is a runtime SQL setting, applied to this client's own
+        # server-side session (several workers can share one server without interfering).
         builder = builder.remote(master)
+        conf = {k: v for k, v in conf.items() if k not in SERVER_ONLY_CONF}
     else:
         builder = builder.master(master)
         conf.update(LOCAL_DRIVER_CONF)
@@ -42,6 +49,10 @@ def create_session(master: str = "local[2]", app_name: str = "ingest",
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if not master.startswith("sc://"):
+    if not is_connect(master):  # a Connect session has no SparkContext
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def is_connect(master: str) -> bool:
+    return master.startswith("sc://")
