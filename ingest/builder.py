@@ -22,7 +22,7 @@ import structlog
 
 from ingest import segment_store
 from ingest.errors import BuildError, ParseFailure, SplitKilled
-from ingest.model import BuiltSegment
+from ingest.model import PARSE_ERRORS, BuiltSegment
 from ingest.spec import SourceSpec
 from ingest.split import SealedSplit
 
@@ -156,6 +156,8 @@ class SparkSegmentBuilder:
         error = (
             F.when(value.isNull(), F.lit("null_value"))
             .when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
+            # from_json gives no struct at all (not even a corrupt-record one) for empty or blank input.
+            .when(F.col("_p").isNull(), F.lit("invalid_json"))
             .when(corrupt.isNull() & event_time.isNotNull(), F.lit(None).cast("string"))
             .when(corrupt.isNull(), F.lit("missing_event_time"))
             .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
@@ -170,6 +172,7 @@ class SparkSegmentBuilder:
             F.count("_error").alias("errors"),
             F.min(good_time).alias("min_us"),
             F.max(good_time).alias("max_us"),
+            *(F.count(F.when(F.col("_error") == F.lit(reason), 1)).alias(reason) for reason in PARSE_ERRORS),
         )
         columns = [*META_COLUMNS, *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)]
         (observed.filter(F.col("_error").isNull()).select(*columns)
@@ -193,6 +196,9 @@ class SparkSegmentBuilder:
         elif errors:
             skipped = errors
 
+        by_reason = tuple((reason, int(stats[reason])) for reason in PARSE_ERRORS if stats[reason])
+        if sum(n for _, n in by_reason) != errors:
+            raise BuildError(f"split {split.id}: {errors} parse errors, by reason {by_reason}")
         files = segment_store.list_files(data_dir)
         return BuiltSegment(
             split_id=split.id,
@@ -206,6 +212,7 @@ class SparkSegmentBuilder:
             rejects_files=tuple(uri for uri, _ in rejects_files),
             rejects_count=errors if rejects_files else 0,
             skipped_count=skipped,
+            parse_errors=by_reason,
         )
 
     @staticmethod

@@ -154,6 +154,7 @@ class Worker:
             if registry is not None:
                 registry.beat(final_state, [], force=True)
             self.metrics.worker_up.labels(self.source).set(0)
+            self.metrics.set_worker_state(final_state)
             if endpoints is not None:
                 endpoints.close()
             if consumer is not None:
