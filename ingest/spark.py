@@ -23,7 +23,8 @@ BASE_CONF = {
 # server, which owns them (they are set on its command line), and a client that tries to
 # set them only gets a CANNOT_MODIFY_CONFIG warning.
 SERVER_ONLY_CONF = frozenset({"spark.ui.enabled", "spark.ui.showConsoleProgress"})
-# Only meaningful when the driver runs here; loopback only.
+# Only for local[N]: the executors live in this JVM, so the driver needs no address others can
+# reach. A standalone cluster's executors must connect back, so Spark picks the address there.
 LOCAL_DRIVER_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
@@ -35,18 +36,10 @@ def create_session(master: str = "local[2]", app_name: str = "ingest",
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    conf = dict(BASE_CONF)
-    if is_connect(master):
-        # Everything left in conf is a runtime SQL setting, applied to this client's own
-        # server-side session (several workers can share one server without interfering).
-        builder = builder.remote(master)
-        conf = {k: v for k, v in conf.items() if k not in SERVER_ONLY_CONF}
-    else:
-        builder = builder.master(master)
-        conf.update(LOCAL_DRIVER_CONF)
-        conf["spark.driver.memory"] = os.environ.get("INGEST_SPARK_DRIVER_MEMORY", "2g")
-    conf.update(extra_conf or {})
-    for key, value in conf.items():
+    # Under Connect, everything in session_conf is a runtime SQL setting, applied to this
+    # client's own server-side session (several workers share one server without interfering).
+    builder = builder.remote(master) if is_connect(master) else builder.master(master)
+    for key, value in session_conf(master, extra_conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not is_connect(master):  # a Connect session has no SparkContext
@@ -56,3 +49,18 @@ def create_session(master: str = "local[2]", app_name: str = "ingest",
 
 def is_connect(master: str) -> bool:
     return master.startswith("sc://")
+
+
+def session_conf(master: str, extra_conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings the worker's session is created with. Anything else (jars such as
+    hadoop-aws, fs.s3a.* credentials) comes from spark-defaults.conf in SPARK_CONF_DIR when
+    this process is the driver (local, spark://), or from the Connect server's command line."""
+    if is_connect(master):
+        conf = {k: v for k, v in BASE_CONF.items() if k not in SERVER_ONLY_CONF}
+    else:
+        conf = dict(BASE_CONF)
+        if master.startswith("local"):
+            conf.update(LOCAL_DRIVER_CONF)
+        conf["spark.driver.memory"] = os.environ.get("INGEST_SPARK_DRIVER_MEMORY", "2g")
+    conf.update(extra_conf or {})
+    return conf
