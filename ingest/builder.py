@@ -27,13 +27,16 @@ import structlog
 
 from ingest import segment_store
 from ingest.errors import BuildError, ParseFailure, SplitKilled
-from ingest.model import BuiltSegment, TopicPartition
+from ingest.model import PARSE_ERRORS, BuiltSegment, TopicPartition
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
 
 log = structlog.get_logger(__name__)
 
 CORRUPT = "_corrupt"
+# Fail if the split's directory exists (split ids are fresh). "error", not its alias
+# "errorifexists": the Spark Connect client only knows the short name.
+WRITE_MODE = "error"
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
 STAGED_SCHEMA = pa.schema([
     ("_topic", pa.string()),
@@ -125,6 +128,7 @@ def _make_plan(spec: SourceSpec) -> _Plan:
             F.count("_error").alias("errors"),
             F.min(good_time).alias("min_us"),
             F.max(good_time).alias("max_us"),
+            *(F.count(F.when(F.col("_error") == F.lit(reason), 1)).alias(reason) for reason in PARSE_ERRORS),
         ),
         good=good,
         output_columns=(*(F.col(c) for c in META_COLUMNS),
@@ -250,7 +254,7 @@ class SparkSegmentBuilder:
         observation = Observation(f"split-{split.id}")
         observed = df.observe(observation, *plan.observed)
         (observed.filter(plan.good).select(*plan.output_columns)
-         .write.mode("errorifexists").option("compression", "zstd").parquet(data_dir))
+         .write.mode(WRITE_MODE).option("compression", "zstd").parquet(data_dir))
         stats = observation.get
         total, errors = int(stats["total"]), int(stats["errors"])
         if total != len(split):
@@ -265,11 +269,14 @@ class SparkSegmentBuilder:
         if errors and spec.on_parse_error == "reject":
             split.kill_switch.check()
             (df.filter(~plan.good).select(*META_COLUMNS, "_value", "_error")
-             .write.mode("errorifexists").option("compression", "zstd").parquet(rejects_dir))
+             .write.mode(WRITE_MODE).option("compression", "zstd").parquet(rejects_dir))
             rejects_files = segment_store.list_files(rejects_dir)
         elif errors:
             skipped = errors
 
+        by_reason = tuple((reason, int(stats[reason])) for reason in PARSE_ERRORS if stats[reason])
+        if sum(n for _, n in by_reason) != errors:
+            raise BuildError(f"split {split.id}: {errors} parse errors, by reason {by_reason}")
         files = segment_store.list_files(data_dir)
         return BuiltSegment(
             split_id=split.id,
@@ -283,6 +290,7 @@ class SparkSegmentBuilder:
             rejects_files=tuple(uri for uri, _ in rejects_files),
             rejects_count=errors if rejects_files else 0,
             skipped_count=skipped,
+            parse_errors=by_reason,
         )
 
     @staticmethod

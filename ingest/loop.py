@@ -270,8 +270,7 @@ class ConsumeLoop:
         m = self._metrics
         m.segments_published.labels(source).inc()
         m.records_published.labels(source).inc(seg.row_count)
-        m.records_rejected.labels(source).inc(seg.rejects_count)
-        m.records_skipped.labels(source).inc(seg.skipped_count)
+        m.count_parse_errors(seg)
         m.build_seconds.labels(source).observe(seg.build_seconds)
         m.publish_seconds.labels(source).observe(outcome.publish_seconds)
         m.segment_rows.labels(source).observe(seg.row_count)
@@ -454,5 +453,6 @@ class ConsumeLoop:
         source = self._source
         self._metrics.paused_partitions.labels(source).set(sum(1 for o in self._assignment if o.paused))
         self._metrics.inflight_splits.labels(source).set(self._pipeline.inflight_count)
+        self._metrics.set_worker_state(self.state)
         self._metrics.inflight_bytes.labels(source).set(self._pipeline.inflight_bytes)
         self._metrics.buffered_bytes.labels(source).set(self._assignment.buffered_bytes())

@@ -10,13 +10,18 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ingest.model import TopicPartition
+from ingest.model import PARSE_ERRORS, BuiltSegment, TopicPartition
 
 _BUILD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _PUBLISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5)
 _ROWS_BUCKETS = (100, 1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000)
 _BYTES_BUCKETS = tuple(float(2**n) for n in range(16, 34, 2))
 _LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600)
+# Values of ingest_worker_state's `state` label (one-hot: exactly one is 1). The loop's
+# states (running, suspending, suspended, draining, drained) plus the process's own.
+WORKER_STATES = ("starting", "running", "suspending", "suspended", "draining", "drained", "stopped", "failed")
+# Counted when a builder reports rejects or skips without saying why.
+UNKNOWN_REASON = "unknown"
 
 
 class Metrics:
@@ -30,9 +35,9 @@ class Metrics:
         self.records_published = Counter("ingest_records_published", "Rows in published segments", ["source"],
                                           registry=r)
         self.records_rejected = Counter("ingest_records_rejected", "Records published to rejects segments",
-                                        ["source"], registry=r)
+                                        ["source", "reason"], registry=r)
         self.records_skipped = Counter("ingest_records_skipped", "Unparseable records skipped (policy skip)",
-                                       ["source"], registry=r)
+                                       ["source", "reason"], registry=r)
         self.segments_published = Counter("ingest_segments_published", "Segments published", ["source"], registry=r)
         self.publish_conflicts = Counter("ingest_publish_conflicts", "Publishes refused by the metastore",
                                          ["source", "reason"], registry=r)
@@ -66,6 +71,8 @@ class Metrics:
                                            "Age of the oldest consumed record not yet published (0: none)",
                                            ["source", "topic", "partition"], registry=r)
         self.worker_up = Gauge("ingest_worker_up", "1 while the worker runs its loop", ["source"], registry=r)
+        self.worker_state = Gauge("ingest_worker_state", "The worker's state: 1 for the current one, 0 for the others",
+                                  ["source", "state"], registry=r)
         self.build_seconds = Histogram("ingest_split_build_seconds", "Spark build time per split", ["source"],
                                        buckets=_BUILD_BUCKETS, registry=r)
         self.publish_seconds = Histogram("ingest_publish_transaction_seconds", "Publish transaction time",
@@ -77,6 +84,32 @@ class Metrics:
                                       buckets=_ROWS_BUCKETS, registry=r)
         self.segment_bytes = Histogram("ingest_segment_bytes", "Bytes per published segment", ["source"],
                                        buckets=_BYTES_BUCKETS, registry=r)
+
+        # Every reason and state exists from the start (at 0), so rate() and alerts see the first increase.
+        for reason in PARSE_ERRORS:
+            self.records_rejected.labels(source, reason)
+            self.records_skipped.labels(source, reason)
+        self._states = list(WORKER_STATES)
+        self.set_worker_state("starting")
+
+    def set_worker_state(self, state: str) -> None:
+        if state not in self._states:  # a state added elsewhere still shows up, one-hot
+            self._states.append(state)
+        for known in self._states:
+            self.worker_state.labels(self.source, known).set(1 if known == state else 0)
+
+    def count_parse_errors(self, segment: BuiltSegment) -> None:
+        """Rejected and skipped records of a published segment, by reason."""
+        for counter, total in ((self.records_rejected, segment.rejects_count),
+                               (self.records_skipped, segment.skipped_count)):
+            if not total:
+                continue
+            known = 0
+            for reason, count in segment.parse_errors:
+                counter.labels(self.source, reason).inc(count)
+                known += count
+            if total > known:
+                counter.labels(self.source, UNKNOWN_REASON).inc(total - known)
 
     def forget_partition(self, tp: TopicPartition) -> None:
         """Drop the series of a partition this worker no longer owns (its new owner reports it)."""

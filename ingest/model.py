@@ -9,6 +9,10 @@ from typing import Literal
 
 StartFrom = Literal["earliest", "latest"]
 
+# Why a record could not be parsed: the builder's `_error` values, the reason label of
+# ingest_records_rejected_total / ingest_records_skipped_total. A fixed set (no label explosion).
+PARSE_ERRORS = ("invalid_json", "type_mismatch", "invalid_utf8", "null_value", "missing_event_time")
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class TopicPartition:
@@ -69,6 +73,8 @@ class BuiltSegment:
     rejects_count: int = 0
     skipped_count: int = 0
     build_seconds: float = 0.0
+    # (reason, count) for the records counted in rejects_count or skipped_count; reasons from PARSE_ERRORS.
+    parse_errors: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,14 @@ def staging_file(store_uri: str, source: str, split_id: uuid.UUID) -> str:
     return _join(store_uri, source, "_staging", f"{split_id}.parquet")
 
 
+def arrow_uri(uri: str) -> str:
+    """The URI pyarrow understands for a store URI: Spark's Hadoop S3A connector wants
+    ``s3a://bucket/key``, pyarrow names the same objects ``s3://bucket/key``."""
+    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+
+
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    fs, path = pafs.FileSystem.from_uri(uri)
+    fs, path = pafs.FileSystem.from_uri(arrow_uri(uri))
     return fs, str(path)
 
 

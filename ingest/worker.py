@@ -173,6 +173,7 @@ class Worker:
             if registry is not None:
                 registry.beat(final_state, [], force=True)
             self.metrics.worker_up.labels(self.source).set(0)
+            self.metrics.set_worker_state(final_state)
             if endpoints is not None:
                 endpoints.close()
             if listener is not None:

@@ -1,3 +1,3 @@
 """Shared test configuration: server and Spark fixtures live in plugin modules."""
 
-pytest_plugins = ["tests.fixtures.servers", "tests.fixtures.spark"]
+pytest_plugins = ["tests.fixtures.servers", "tests.fixtures.spark", "tests.fixtures.spark_connect"]

@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.builder import SegmentBuilder
 from ingest.embedded import free_port
+from ingest.metrics import WORKER_STATES
+from ingest.model import PARSE_ERRORS
 from ingest.status import source_status
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -68,11 +70,17 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
     m = scrape(first)
     assert value(m, "ingest_records_consumed_total", source=source) == 3000
     assert value(m, "ingest_records_published_total", source=source) == sum(s["row_count"] for s in segments) == 2970
-    assert value(m, "ingest_records_rejected_total", source=source) == 30
+    # By reason: every reason is exported from the start, only the one that happened counts.
+    assert value(m, "ingest_records_rejected_total", source=source, reason="invalid_json") == 30
+    for reason in PARSE_ERRORS[1:]:
+        assert value(m, "ingest_records_rejected_total", source=source, reason=reason) == 0
+        assert value(m, "ingest_records_skipped_total", source=source, reason=reason) == 0
     assert value(m, "ingest_publish_transaction_seconds_count", source=source) == len(segments)
     assert value(m, "ingest_segment_rows_sum", source=source) == 2970
     assert value(m, "ingest_assigned_partitions", source=source) == 4
     assert value(m, "ingest_worker_up", source=source) == 1
+    assert {dict(labels)["state"]: v for (n, labels), v in m.items() if n == "ingest_worker_state"} == {
+        s: float(s == "running") for s in WORKER_STATES}
     assert value(m, "ingest_rebalances_total", source=source, kind="assign") == 1
     for p, end in produced.ends.items():
         assert value(m, "ingest_partition_next_offset", source=source, topic=topic, partition=str(p)) == end
@@ -100,6 +108,9 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
     for name in ("ingest_partition_next_offset", "ingest_partition_lag_records", "ingest_partition_lag_seconds"):
         assert partitions_with(m, name) <= owned, name
     assert value(m, "ingest_rebalances_total", source=source, kind="revoke") >= 1
+    first.stop()
+    states = {s: first.worker.metrics.worker_state.labels(source, s)._value.get() for s in WORKER_STATES}
+    assert states == {s: float(s == "stopped") for s in WORKER_STATES}
 
 
 def test_a_real_prometheus_scrapes_two_workers(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -118,5 +119,7 @@ def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
                if built.rejects_files else [])
     assert {r["_offset"]: r["_error"] for r in rejects} == {
         o: t for (_, t), o in zip(records, range(len(records)), strict=True) if t is not None}
+    # The per-reason counts (the reason label of ingest_records_rejected_total) match the rejects file.
+    assert dict(built.parse_errors) == Counter(r["_error"] for r in rejects)
     for r in rejects:  # the raw bytes are kept exactly
         assert r["_value"] == records[r["_offset"]][0]

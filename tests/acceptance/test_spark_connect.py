@@ -1,0 +1,100 @@
+"""Workers whose Spark is a Spark Connect server (``INGEST_SPARK_MASTER=sc://…``).
+
+The server is the one the pyspark wheel ships, started by the ``spark_connect`` fixture on
+this machine, so the staging and segment directories are shared storage for both sides.
+Workers run as processes: a Connect session puts PySpark into remote mode process-wide.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from metastore import Metastore
+from tests.acceptance.harness import (
+    REPO,
+    ProcessWorker,
+    Produced,
+    apply_spec,
+    assert_exactly_once,
+    process_env,
+    sample_value,
+    wait_until,
+    write_spec,
+)
+
+pytestmark = pytest.mark.process
+
+
+def bad_every_500(i: int) -> bytes:
+    return b"{not json" if i % 500 == 7 else sample_value(i)
+
+
+def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str], spark_connect: str
+) -> None:
+    topic = make_topic(partitions=2)
+    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="1s")
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    produced.produce(4000, bad_every_500)
+    worker = ProcessWorker(process_env(database_url, kafka_bootstrap, INGEST_SPARK_MASTER=spark_connect),
+                           source, tmp_path, "connect")
+    try:
+        with Metastore(database_url) as store:
+            wait_until(lambda: produced.caught_up(store, source) or worker.proc.poll() is not None
+                       or worker.has_event("build_failed"), 240, "the worker on Spark Connect to publish everything")
+    finally:
+        code = worker.stop(timeout=90)
+    failures = [e["error"] for e in worker.events() if e.get("event") in ("build_retry", "build_failed")]
+    assert not failures, failures[:3]
+    assert code == 0, worker.log_path.read_text()[-3000:]
+    assert worker.has_event("worker_started", spark_master=spark_connect)
+    result = assert_exactly_once(database_url, source, produced)
+    # Rejects went through the server too (a second write job), in the same transaction.
+    assert (result.rows, result.rejects) == (3992, 8)
+
+
+def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_connect: str) -> None:
+    """The kill switch's Spark half under Connect: ``interruptTag`` from another thread ends
+    the tagged job (the builder tags each split's jobs and interrupts that tag on revoke)."""
+    script = textwrap.dedent(f"""
+        import threading, time
+        from ingest.spark import create_session
+
+        spark = create_session({spark_connect!r}, "interrupt-test")
+        outcome = []
+
+        def run():
+            spark.addTag("ingest-split-x")
+            try:
+                spark.range(0, 10**13, 1, 1).selectExpr("sum(id * id) AS s").collect()
+                outcome.append("finished")
+            except Exception as exc:
+                outcome.append(type(exc).__name__ + ": " + str(exc).splitlines()[0])
+            finally:
+                spark.removeTag("ingest-split-x")
+
+        job = threading.Thread(target=run)
+        job.start()
+        interrupted = []
+        for _ in range(240):  # the job has to be running before it can be interrupted
+            time.sleep(0.5)
+            interrupted = spark.interruptTag("ingest-split-x")
+            if interrupted or not job.is_alive():
+                break
+        job.join(120)
+        print("INTERRUPTED", len(interrupted), "ALIVE", job.is_alive(), "OUTCOME", outcome)
+        spark.stop()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=process_env("postgresql://unused", "unused:9092"))
+    last = [line for line in proc.stdout.splitlines() if line.startswith("INTERRUPTED")]
+    assert proc.returncode == 0 and last, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "ALIVE False" in last[0] and "INTERRUPTED 0" not in last[0], last[0]
+    assert "finished" not in last[0], last[0]

@@ -1,0 +1,48 @@
+"""Metric helpers: parse errors by reason and the one-hot worker state."""
+
+from __future__ import annotations
+
+import uuid
+
+from ingest.metrics import UNKNOWN_REASON, WORKER_STATES, Metrics
+from ingest.model import PARSE_ERRORS, BuiltSegment
+
+
+def sample(m: Metrics, name: str, **labels: str) -> float | None:
+    return m.registry.get_sample_value(name, {"source": "s", **labels})
+
+
+def segment(**over: object) -> BuiltSegment:
+    base: dict[str, object] = {"split_id": uuid.uuid4(), "location": "file:///x", "files": (), "row_count": 1,
+                               "size_bytes": 1}
+    base.update(over)
+    return BuiltSegment(**base)  # type: ignore[arg-type]
+
+
+def test_rejects_and_skips_are_counted_by_reason_and_every_reason_exists_from_the_start() -> None:
+    m = Metrics("s")
+    assert all(sample(m, "ingest_records_rejected_total", reason=r) == 0 for r in PARSE_ERRORS)
+    m.count_parse_errors(segment(rejects_count=5, parse_errors=(("invalid_json", 3), ("null_value", 2))))
+    m.count_parse_errors(segment(skipped_count=4, parse_errors=(("type_mismatch", 4),)))
+    # A builder that gives no reasons: the total still adds up, under "unknown".
+    m.count_parse_errors(segment(rejects_count=2))
+    assert sample(m, "ingest_records_rejected_total", reason="invalid_json") == 3
+    assert sample(m, "ingest_records_rejected_total", reason="null_value") == 2
+    assert sample(m, "ingest_records_rejected_total", reason=UNKNOWN_REASON) == 2
+    assert sample(m, "ingest_records_rejected_total", reason="type_mismatch") == 0
+    assert sample(m, "ingest_records_skipped_total", reason="type_mismatch") == 4
+
+
+def test_worker_state_is_one_hot() -> None:
+    m = Metrics("s")
+    assert {s: sample(m, "ingest_worker_state", state=s) for s in WORKER_STATES} == {
+        s: float(s == "starting") for s in WORKER_STATES}
+    m.set_worker_state("draining")
+    assert {s: sample(m, "ingest_worker_state", state=s) for s in WORKER_STATES} == {
+        s: float(s == "draining") for s in WORKER_STATES}
+    m.set_worker_state("resetting")  # a state this module does not know yet still shows, alone
+    assert sample(m, "ingest_worker_state", state="resetting") == 1
+    assert sum(sample(m, "ingest_worker_state", state=s) or 0 for s in WORKER_STATES) == 0
+    m.set_worker_state("running")
+    assert sample(m, "ingest_worker_state", state="resetting") == 0
+    assert sample(m, "ingest_worker_state", state="running") == 1
