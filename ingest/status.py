@@ -38,6 +38,9 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     rows = store.partitions(source)
     marks = watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
     last_event = {(r["topic"], r["partition"]): r["last_event_time"] for r in store.partition_status(source)}
+    offset_gaps = source_gaps(store, source)
+    # A partition is stopped at a gap while an unskipped gap starts at its stored offset.
+    stopped_at = {(g["topic"], g["partition"], g["from_offset"]): g for g in offset_gaps if not g["skipped"]}
     partitions = []
     total_lag = 0
     for r in rows:
@@ -45,8 +48,12 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         next_offset = r["next_offset"]
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
+        gap = stopped_at.get((r["topic"], r["partition"], next_offset))
         partitions.append({
-            "topic": r["topic"], "partition": r["partition"], "next_offset": next_offset,
+            "topic": r["topic"], "partition": r["partition"],
+            "state": "OFFSET_OUT_OF_RANGE" if gap is not None else "OK",
+            "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
+            "next_offset": next_offset,
             "earliest_offset": low, "high_watermark": high, "lag": lag, "owner": r["owner"], "serial": r["serial"],
             "last_publish_at": _iso(r["last_publish_at"]),
             "last_event_time": _iso(last_event.get((r["topic"], r["partition"]))),
@@ -69,6 +76,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         "publish_conflicts": store.conflict_counts(source),
         "workers": workers,
         "partitions": partitions,
+        "offset_gaps": offset_gaps,
+        "unacknowledged_gaps": sum(1 for g in offset_gaps if g["acknowledged_at"] is None),
         "recent_errors": recent,
     }
 
@@ -82,11 +91,24 @@ def _state(partitions: list[dict[str, Any]], workers: list[dict[str, Any]], kafk
         return "UNHEALTHY", "NO_WORKERS"
     if not kafka_reachable:
         return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
+    if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
+        return "UNHEALTHY", "OFFSET_OUT_OF_RANGE"
+    if any(w["state"] == "unhealthy" for w in workers):
+        return "UNHEALTHY", "SPLITS_FAILING"
     if all(w["state"] == "draining" for w in workers):
         return "DRAINING", "DRAINING"
     if total_lag == 0:
         return "IDLE", "CAUGHT_UP"
     return "RUNNING", "RUNNING"
+
+
+def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
+    store.latest_spec(source)  # raises SourceNotFound for an unknown source
+    return [{"id": g["id"], "topic": g["topic"], "partition": g["partition"], "from_offset": g["from_offset"],
+             "to_offset": g["to_offset"], "lost_records": g["to_offset"] - g["from_offset"],
+             "skipped": g["skipped"], "worker": g["worker"], "detected_at": _iso(g["detected_at"]),
+             "skipped_at": _iso(g["skipped_at"]), "acknowledged_at": _iso(g["acknowledged_at"]),
+             "acknowledged_by": g["acknowledged_by"]} for g in store.gaps(source)]
 
 
 def source_segments(store: Metastore, source: str) -> list[dict[str, Any]]:

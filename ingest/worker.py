@@ -71,10 +71,13 @@ class Worker:
         self.ready = threading.Event()
 
     def healthy(self) -> tuple[bool, str]:
-        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted)."""
+        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted) and
+        splits do not keep failing (a dead Spark session or an unwritable store)."""
         loop = self.loop
         if loop is None:
             return False, "starting"
+        if (reason := loop.unhealthy_reason) is not None:
+            return False, reason
         stalled = time.monotonic() - loop.last_step_at
         return (stalled < 30.0), f"last poll {stalled:.1f}s ago"
 
