@@ -306,7 +306,7 @@ class ConsumeLoop:
             position = owned.buffer.position
             target = position if position is not None else start_offset(owned.claim)
             try:
-                self._consumer.seek(KafkaTopicPartition(owned.tp.topic, owned.tp.partition, target))
+                self._seek(owned, target)
             except KafkaException as exc:
                 log.warning("resume_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
                 self._schedule_rewind(owned)
@@ -344,7 +344,7 @@ class ConsumeLoop:
             claim = PartitionClaim(owned.tp, owned.claim.serial, state[1], owned.claim.initial_position)
             target = start_offset(claim)
             try:
-                self._consumer.seek(KafkaTopicPartition(owned.tp.topic, owned.tp.partition, target))
+                self._seek(owned, target)
             except KafkaException as exc:
                 owned.retry_at = now + 1.0
                 log.warning("rewind_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
@@ -352,6 +352,42 @@ class ConsumeLoop:
             owned.reset_buffer(state[1])
             owned.status = PartitionStatus.ACTIVE
             log.info("partition_rewound", source=self._source, partition=str(owned.tp), offset=state[1])
+
+    def _seek(self, owned: OwnedPartition, offset: int) -> None:
+        """Move the partition's fetch position to ``offset``.
+
+        Once Kafka refused an offset (auto.offset.reset=error), librdkafka leaves the
+        partition's fetcher stopped and ``seek()`` fails with _STATE, however often it is
+        retried; re-assigning the partition at ``offset`` restarts the fetcher. Eager
+        assignment can only be replaced whole: the other partitions are re-assigned at the
+        position the consumer reached (what it prefetched beyond is fetched again and the
+        buffers drop what they already hold), so nothing is skipped there either.
+        """
+        target = KafkaTopicPartition(owned.tp.topic, owned.tp.partition, offset)
+        try:
+            self._consumer.seek(target)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._STATE:
+                raise
+        if self._handler.incremental:
+            self._consumer.incremental_unassign([KafkaTopicPartition(owned.tp.topic, owned.tp.partition)])
+            self._consumer.incremental_assign([target])
+        else:
+            others = [o for o in self._assignment if o.tp != owned.tp]
+            reached = self._consumer.position([KafkaTopicPartition(o.tp.topic, o.tp.partition) for o in others])
+            assign = [target]
+            for o, at in zip(others, reached, strict=True):
+                position = at.offset if at.offset >= 0 else (
+                    o.buffer.position if o.buffer.position is not None else start_offset(o.claim))
+                assign.append(KafkaTopicPartition(o.tp.topic, o.tp.partition, position))
+            self._consumer.assign(assign)
+        # A new assignment starts unpaused (librdkafka may keep the flag: make it true);
+        # the backpressure pass pauses it again if it must be.
+        self._consumer.resume([KafkaTopicPartition(owned.tp.topic, owned.tp.partition)])
+        owned.paused = False
+        log.info("partition_fetch_restarted", source=self._source, worker=self._worker_id,
+                 partition=str(owned.tp), offset=offset)
 
     # -- offsets no longer in the log ------------------------------------------------
 
@@ -433,7 +469,7 @@ class ConsumeLoop:
         self._registry.error("OFFSET_GAP_SKIPPED", f"{tp}: offsets [{stored}, {low}) were no longer in the log and"
                              f" were skipped (gap {gap_id}; acknowledge with `ingest gaps ack`)")
         try:
-            self._consumer.seek(KafkaTopicPartition(tp.topic, tp.partition, low))
+            self._seek(owned, low)
         except KafkaException as exc:
             # next_offset already moved: a rewind re-seeks to it.
             log.warning("rewind_seek_failed", error=str(exc), **fields)
