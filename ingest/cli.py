@@ -102,6 +102,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"worker {w['worker']} on {w['host']} pid {w['pid']}: {w['state']}, {len(w['partitions'])} "
               f"partition(s), heartbeat {w['heartbeat_at']}")
     for p in status["partitions"]:
+        if p["state"] == "STUCK":
+            print(f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
+                  f"{p['last_publish_at'] or 'its owner started'}")
         if p["lost_range"] is not None:
             print(f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
                   f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped")

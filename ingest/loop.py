@@ -29,9 +29,9 @@ from metastore.errors import MetastoreError, PublishConflict
 log = structlog.get_logger(__name__)
 
 _REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-# Splits that failed (each after its build retries) in a row, with no publish in between,
-# before the worker reports itself unhealthy: a broken Spark session or an unwritable store
-# does not heal by rewinding, and an orchestrator restarts a worker whose /healthz fails.
+# Default of splits that failed (each after its build retries) in a row, with no publish in
+# between, before the worker reports itself unhealthy: a broken Spark session or an unwritable
+# store does not heal by rewinding, and an orchestrator restarts a worker whose /healthz fails.
 UNHEALTHY_AFTER_FAILED_SPLITS = 5
 
 
@@ -58,6 +58,7 @@ class ConsumeLoop:
         batch_size: int = 2000,
         poll_timeout_s: float = 0.1,
         drain_timeout_s: float = 60.0,
+        unhealthy_after_failed_splits: int = UNHEALTHY_AFTER_FAILED_SPLITS,
     ) -> None:
         self._consumer = consumer
         self._spec = spec
@@ -76,6 +77,7 @@ class ConsumeLoop:
         # Failed splits since the last publish, and the last failure (the cause reported).
         self._failed_streak = 0
         self._last_failure = ""
+        self._unhealthy_after = unhealthy_after_failed_splits
         # Only a worker that was consuming when a drain began exits after it; one started
         # while the drain is pending waits, idle, for `ingest resume` (a new release's pods).
         self._ran = False
@@ -102,7 +104,7 @@ class ConsumeLoop:
     def unhealthy_reason(self) -> str | None:
         """Why the worker should be restarted, or None. Offsets never advance past a failed
         split (it is rewound and re-read), so this only surfaces a worker that makes no progress."""
-        if self._failed_streak < UNHEALTHY_AFTER_FAILED_SPLITS:
+        if self._failed_streak < self._unhealthy_after:
             return None
         return f"{self._failed_streak} splits failed in a row, none published since; last: {self._last_failure}"
 
@@ -261,7 +263,7 @@ class ConsumeLoop:
                 self._metrics.split_failures.labels(self._source, outcome.stage).inc()
                 self._failed_streak += 1
                 self._last_failure = f"{outcome.stage} of {split.tp} [{split.start}, {split.end}): {outcome.error}"
-                if self._failed_streak == UNHEALTHY_AFTER_FAILED_SPLITS:
+                if self._failed_streak == self._unhealthy_after:
                     log.error("worker_unhealthy", source=self._source, worker=self._worker_id,
                               reason=self.unhealthy_reason)
                 self._registry.error(f"{outcome.stage.upper()}_FAILED", f"{split.tp}: {outcome.error}")

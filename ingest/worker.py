@@ -138,7 +138,8 @@ class Worker:
             registry.beat("starting", [], force=True)
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
                                     pipeline=pipeline, handler=handler, store=store, registry=registry,
-                                    metrics=self.metrics)
+                                    metrics=self.metrics,
+                                    unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits)
             if settings.metrics_port is not None:
                 endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
