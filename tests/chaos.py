@@ -499,9 +499,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         source, spec_path = write_spec(work, TOPIC, name="chaos", max_records=config.max_records_per_split,
                                        max_age="2s")
         apply_spec(url, spec_path)
-        # The rebalance timeout is max.poll.interval.ms: the fallback broker was seen holding a
-        # group whose members all vanished (SIGKILL + graceful stop together) until it ran out,
-        # so keep it at a minute. The loop never blocks poll() for that long.
+        # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
+        # that long). Known: the fallback Tansu broker was seen never assigning new members
+        # (4+ minutes) after every member vanished at once (SIGKILL of one while the other
+        # stopped gracefully); the run then reports "caught up: False", not a loss.
         env = process_env(url, broker.bootstrap, INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000")
         fleet = Fleet(env, source, work, t0)
         producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
