@@ -20,7 +20,8 @@ class PartitionStatus(enum.Enum):
     # Refused for a serial mismatch: another worker owns it now; paused until revoked or lost.
     FENCED = "fenced"
     # The stored offset is no longer in the log (retention, topic re-created): stopped,
-    # never silently skipped. An operator decides (see the README).
+    # never silently skipped. With on_offset_out_of_range = "earliest" the loop moves it past
+    # the gap (recorded in the gap ledger) and it becomes ACTIVE again; otherwise it stays.
     OUT_OF_RANGE = "out_of_range"
 
 
@@ -34,6 +35,10 @@ class OwnedPartition:
     # While REWINDING: when to try the re-seek, and how many failures led here (backoff).
     retry_at: float = 0.0
     failures: int = 0
+    # While OUT_OF_RANGE: the offset Kafka refused, and whether the gap is still to be
+    # measured and recorded (retried while Kafka or the metastore does not answer).
+    refused_offset: int | None = None
+    gap_pending: bool = False
     # Whether the consumer has this partition paused. A new assignment starts unpaused, as
     # the consumer does, so the flag lives and dies with the assignment.
     paused: bool = False

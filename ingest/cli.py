@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.config import Settings
-from ingest.errors import IngestError
+from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging
 from ingest.model import PartitionReset, TopicPartition
 from metastore import Metastore, MetastoreError, apply_migrations, redact_url
@@ -104,6 +104,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     for w in status["workers"]:
         print(f"worker {w['worker']} on {w['host']} pid {w['pid']}: {w['state']}, {len(w['partitions'])} "
               f"partition(s), heartbeat {w['heartbeat_at']}")
+    for p in status["partitions"]:
+        if p["state"] == "STUCK":
+            print(f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
+                  f"{p['last_publish_at'] or 'its owner started'}")
+        if p["lost_range"] is not None:
+            print(f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
+                  f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped")
+    for g in status["offset_gaps"]:
+        if g["acknowledged_at"] is None:
+            print(_gap_line(g))
     for e in status["recent_errors"]:
         print(f"error {e['at']} {e['worker']} {e['kind']}: {e['message']}")
     for r in status.get("recent_resets", []):
@@ -111,6 +121,42 @@ def cmd_status(args: argparse.Namespace) -> int:
                           for p in r["partitions"])
         print(f"reset #{r['id']} {r['at']} by {r['actor']} to {r['target']}: {moves}"
               + (f" ({r['reason']})" if r["reason"] else ""))
+    return 0
+
+
+def _gap_line(g: dict[str, Any]) -> str:
+    action = f"skipped at {g['skipped_at']}" if g["skipped"] else "partition stopped there"
+    ack = (f"acknowledged by {g['acknowledged_by']} at {g['acknowledged_at']}" if g["acknowledged_at"]
+           else "unacknowledged")
+    return (f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
+            f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}")
+
+
+def cmd_gaps_list(args: argparse.Namespace) -> int:
+    from ingest.status import source_gaps
+
+    with Metastore(_settings().database_url) as store:
+        gaps = source_gaps(store, args.source)
+    if args.json:
+        print(json.dumps(gaps, indent=2))
+        return 0
+    for g in gaps:
+        print(_gap_line(g))
+    print(f"{len(gaps)} gap(s), {sum(1 for g in gaps if g['acknowledged_at'] is None)} unacknowledged")
+    return 0
+
+
+def cmd_gaps_ack(args: argparse.Namespace) -> int:
+    import getpass
+
+    if not args.all and not args.id:
+        raise ConfigError("gaps ack: name the gaps with --id N (repeatable) or pass --all")
+    by = args.by or getpass.getuser()
+    with Metastore(_settings().database_url) as store:
+        store.latest_spec(args.source)  # SourceNotFound for an unknown source
+        acked = store.acknowledge_gaps(args.source, by, None if args.all else args.id)
+    print(f"acknowledged {len(acked)} gap(s) of {args.source} as {by}" + (f": {', '.join(map(str, acked))}"
+                                                                          if acked else ""))
     return 0
 
 
@@ -326,6 +372,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--stay", action="store_true", help="keep drained workers running, idle")
             p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default %(default)s)")
         p.set_defaults(func=cmd_control)
+
+    gaps = sub.add_parser("gaps", help="the gap ledger: offsets no longer in the log when they were needed")
+    gaps_sub = gaps.add_subparsers(dest="gaps_command", required=True)
+    gaps_list = gaps_sub.add_parser("list", help="every recorded gap of a source")
+    gaps_list.add_argument("source")
+    gaps_list.add_argument("--json", action="store_true", help="machine-readable output")
+    gaps_list.set_defaults(func=cmd_gaps_list)
+    gaps_ack = gaps_sub.add_parser("ack", help="acknowledge gaps (they stay in the ledger)")
+    gaps_ack.add_argument("source")
+    gaps_ack.add_argument("--id", type=int, action="append", help="a gap id (repeatable)")
+    gaps_ack.add_argument("--all", action="store_true", help="every unacknowledged gap of the source")
+    gaps_ack.add_argument("--by", help="who acknowledges (default: the OS user)")
+    gaps_ack.set_defaults(func=cmd_gaps_ack)
 
     health = sub.add_parser("health", help="exit 0 if the source is healthy, 1 if not")
     health.add_argument("source")

@@ -41,6 +41,11 @@ class Settings:
     build_threads: int = 2
     # Fault injection for tests and chaos runs: sleep this long between build and publish.
     fault_publish_delay_s: float = 0.0
+    # Splits failing in a row (each after its build retries, none published in between)
+    # before the worker reports itself unhealthy (/healthz, /readyz, registry, `ingest health`).
+    unhealthy_after_failed_splits: int = 5
+    # `ingest status`: a partition with lag and no publish for this long is STUCK.
+    stuck_after_s: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, require_kafka: bool = True) -> Settings:
@@ -71,6 +76,10 @@ class Settings:
             fault_publish_delay_s=_non_negative_float(
                 "INGEST_FAULT_PUBLISH_DELAY_S", env.get("INGEST_FAULT_PUBLISH_DELAY_S", "0")
             ),
+            unhealthy_after_failed_splits=_positive_int(
+                "INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", env.get("INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", "5")
+            ),
+            stuck_after_s=_non_negative_float("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
         )
 
 

@@ -25,11 +25,15 @@ from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline
 from ingest.rebalance import RebalanceHandler, start_offset
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
-from metastore.errors import MetastoreError
+from metastore.errors import MetastoreError, PublishConflict
 
 log = structlog.get_logger(__name__)
 
 _REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# Default of splits that failed (each after its build retries) in a row, with no publish in
+# between, before the worker reports itself unhealthy: a broken Spark session or an unwritable
+# store does not heal by rewinding, and an orchestrator restarts a worker whose /healthz fails.
+UNHEALTHY_AFTER_FAILED_SPLITS = 5
 
 
 class OffsetStore(Protocol):
@@ -38,6 +42,9 @@ class OffsetStore(Protocol):
         self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
     ) -> dict[TopicPartition, PartitionClaim]: ...
     def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
+    def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None: ...
+    def skip_gap(self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int,
+                 to_offset: int) -> int: ...
 
 
 # Desired states in which workers publish what they hold and take nothing new; the last
@@ -63,6 +70,7 @@ class ConsumeLoop:
         poll_timeout_s: float = 0.1,
         drain_timeout_s: float = 60.0,
         spec_version: int = 0,
+        unhealthy_after_failed_splits: int = UNHEALTHY_AFTER_FAILED_SPLITS,
     ) -> None:
         self._consumer = consumer
         self._spec = spec
@@ -78,6 +86,10 @@ class ConsumeLoop:
         self._poll_timeout_s = poll_timeout_s
         self._drain_timeout_s = drain_timeout_s
         self._lag_due = 0.0
+        # Failed splits since the last publish, and the last failure (the cause reported).
+        self._failed_streak = 0
+        self._last_failure = ""
+        self._unhealthy_after = unhealthy_after_failed_splits
         # Only a worker that was consuming when a drain began exits after it; one started
         # while the drain is pending waits, idle, for `ingest resume` (a new release's pods).
         self._ran = False
@@ -108,6 +120,14 @@ class ConsumeLoop:
         self.drain()
 
     @property
+    def unhealthy_reason(self) -> str | None:
+        """Why the worker should be restarted, or None. Offsets never advance past a failed
+        split (it is rewound and re-read), so this only surfaces a worker that makes no progress."""
+        if self._failed_streak < self._unhealthy_after:
+            return None
+        return f"{self._failed_streak} splits failed in a row, none published since; last: {self._last_failure}"
+
+    @property
     def holding(self) -> bool:
         """Suspended or draining: publish what is held, take nothing new."""
         return self._registry.desired_state in _HOLDING_STATES
@@ -116,7 +136,7 @@ class ConsumeLoop:
     def state(self) -> str:
         desired = self._registry.desired_state
         if desired == "running":
-            return "running"
+            return "unhealthy" if self.unhealthy_reason is not None else "running"
         empty = self._pipeline.inflight_count == 0 and not any(len(o.buffer) for o in self._assignment)
         if desired in _DRAINING_STATES:
             return "drained" if empty else "draining"
@@ -146,6 +166,7 @@ class ConsumeLoop:
                 self._seal(owned, self._registry.desired_state, now)
         self._handle(self._pipeline.poll(), draining=False)
         self._rewind_due(now)
+        self._gaps_due(now)
         self._apply_backpressure()
         self._update_gauges()
         if now >= self._lag_due:
@@ -211,14 +232,18 @@ class ConsumeLoop:
             raise WorkerFailed(f"fatal Kafka error: {err.str()}")
         if err.code() == KafkaError._AUTO_OFFSET_RESET:
             owned = self._assignment.get(msg.topic(), msg.partition())
-            if owned is not None and owned.status is not PartitionStatus.OUT_OF_RANGE:
+            if owned is not None and owned.status is PartitionStatus.ACTIVE:
+                # Stop the partition first: nothing of it is buffered or published until the
+                # gap is measured against the stored offset and recorded.
                 owned.status = PartitionStatus.OUT_OF_RANGE
                 owned.reset_buffer(None)
+                owned.refused_offset = msg.offset()
+                owned.gap_pending = True
+                owned.retry_at = 0.0
                 self._pipeline.kill([owned.tp], "out_of_range")
-                log.error("offset_out_of_range", source=self._source, worker=self._worker_id,
-                          topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), error=err.str(),
-                          action="partition stopped; nothing skipped")
-                self._registry.error("OFFSET_OUT_OF_RANGE", f"{owned.tp} offset {msg.offset()}: {err.str()}")
+                log.warning("offset_refused", source=self._source, worker=self._worker_id, topic=msg.topic(),
+                            partition=msg.partition(), offset=msg.offset(), error=err.str())
+                self._resolve_gap(owned, time.monotonic())
             return
         if err.code() != KafkaError._PARTITION_EOF:
             log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
@@ -256,6 +281,11 @@ class ConsumeLoop:
                         self._schedule_rewind(owned)
             elif isinstance(outcome, Failed):
                 self._metrics.split_failures.labels(self._source, outcome.stage).inc()
+                self._failed_streak += 1
+                self._last_failure = f"{outcome.stage} of {split.tp} [{split.start}, {split.end}): {outcome.error}"
+                if self._failed_streak == self._unhealthy_after:
+                    log.error("worker_unhealthy", source=self._source, worker=self._worker_id,
+                              reason=self.unhealthy_reason)
                 self._registry.error(f"{outcome.stage.upper()}_FAILED", f"{split.tp}: {outcome.error}")
                 log.error("split_failed", stage=outcome.stage, error=str(outcome.error), **fields)
                 if current and owned is not None and not draining:
@@ -278,6 +308,7 @@ class ConsumeLoop:
         newest_ms = max((r.timestamp()[1] for r in outcome.split.records[-1:]), default=0)
         if newest_ms > 0:
             m.visible_latency.labels(source).observe(max(0.0, time.time() - newest_ms / 1000))
+        self._failed_streak = 0
         if owned is not None:
             owned.published_end = outcome.split.end
             owned.failures = 0
@@ -296,7 +327,7 @@ class ConsumeLoop:
             position = owned.buffer.position
             target = position if position is not None else start_offset(owned.claim)
             try:
-                self._consumer.seek(KafkaTopicPartition(owned.tp.topic, owned.tp.partition, target))
+                self._seek(owned, target)
             except KafkaException as exc:
                 log.warning("resume_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
                 self._schedule_rewind(owned)
@@ -343,7 +374,7 @@ class ConsumeLoop:
             owned.reset_buffer(claim.next_offset)
             owned.status = PartitionStatus.ACTIVE
             try:
-                self._consumer.seek(KafkaTopicPartition(tp.topic, tp.partition, start_offset(claim)))
+                self._seek(owned, start_offset(claim))
             except KafkaException as exc:
                 log.warning("reset_seek_failed", source=self._source, partition=str(tp), error=str(exc))
                 self._schedule_rewind(owned)
@@ -398,7 +429,7 @@ class ConsumeLoop:
             claim = PartitionClaim(owned.tp, owned.claim.serial, state[1], owned.claim.initial_position)
             target = start_offset(claim)
             try:
-                self._consumer.seek(KafkaTopicPartition(owned.tp.topic, owned.tp.partition, target))
+                self._seek(owned, target)
             except KafkaException as exc:
                 owned.retry_at = now + 1.0
                 log.warning("rewind_seek_failed", source=self._source, partition=str(owned.tp), error=str(exc))
@@ -406,6 +437,136 @@ class ConsumeLoop:
             owned.reset_buffer(state[1])
             owned.status = PartitionStatus.ACTIVE
             log.info("partition_rewound", source=self._source, partition=str(owned.tp), offset=state[1])
+
+    def _seek(self, owned: OwnedPartition, offset: int) -> None:
+        """Move the partition's fetch position to ``offset``.
+
+        Once Kafka refused an offset (auto.offset.reset=error), librdkafka leaves the
+        partition's fetcher stopped and ``seek()`` fails with _STATE, however often it is
+        retried; re-assigning the partition at ``offset`` restarts the fetcher. Eager
+        assignment can only be replaced whole: the other partitions are re-assigned at the
+        position the consumer reached (what it prefetched beyond is fetched again and the
+        buffers drop what they already hold), so nothing is skipped there either.
+        """
+        target = KafkaTopicPartition(owned.tp.topic, owned.tp.partition, offset)
+        try:
+            self._consumer.seek(target)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._STATE:
+                raise
+        if self._handler.incremental:
+            self._consumer.incremental_unassign([KafkaTopicPartition(owned.tp.topic, owned.tp.partition)])
+            self._consumer.incremental_assign([target])
+        else:
+            others = [o for o in self._assignment if o.tp != owned.tp]
+            reached = self._consumer.position([KafkaTopicPartition(o.tp.topic, o.tp.partition) for o in others])
+            assign = [target]
+            for o, at in zip(others, reached, strict=True):
+                position = at.offset if at.offset >= 0 else (
+                    o.buffer.position if o.buffer.position is not None else start_offset(o.claim))
+                assign.append(KafkaTopicPartition(o.tp.topic, o.tp.partition, position))
+            self._consumer.assign(assign)
+        # A new assignment starts unpaused (librdkafka may keep the flag: make it true);
+        # the backpressure pass pauses it again if it must be.
+        self._consumer.resume([KafkaTopicPartition(owned.tp.topic, owned.tp.partition)])
+        owned.paused = False
+        log.info("partition_fetch_restarted", source=self._source, worker=self._worker_id,
+                 partition=str(owned.tp), offset=offset)
+
+    # -- offsets no longer in the log ------------------------------------------------
+
+    def _resolve_gap(self, owned: OwnedPartition, now: float) -> None:
+        """Measure what the log lost against the *stored* offset and act on the policy.
+
+        The partition's in-flight splits are dead (killed when Kafka refused the offset), so
+        the stored next_offset is final: the lost range is ``[next_offset, earliest)``.
+        ``fail`` records the gap and leaves the partition stopped; ``earliest`` moves
+        next_offset past the gap in the same transaction that records it (serial-guarded
+        like a publish), then consumes from ``earliest``. Kafka or the metastore not
+        answering: retried a few seconds later, never skipped.
+        """
+        tp = owned.tp
+        fields: dict[str, Any] = {"source": self._source, "worker": self._worker_id, "topic": tp.topic,
+                                  "partition": tp.partition}
+        owned.retry_at = now + 5.0
+        try:
+            state = self._store.partition_state(self._source, tp)
+        except MetastoreError as exc:
+            self._metrics.metastore_errors.labels(self._source).inc()
+            log.warning("offset_gap_check_failed", error=str(exc), **fields)
+            return
+        if state is None or state[0] != owned.claim.serial:
+            owned.status = PartitionStatus.FENCED
+            owned.gap_pending = False
+            log.warning("partition_fenced", serial=owned.claim.serial, stored_serial=state[0] if state else None,
+                        **fields)
+            return
+        stored = state[1] if state[1] is not None else owned.refused_offset
+        try:
+            low, high = self._consumer.get_watermark_offsets(KafkaTopicPartition(tp.topic, tp.partition),
+                                                             timeout=5.0, cached=False)
+        except KafkaException as exc:
+            log.warning("offset_gap_check_failed", error=str(exc), **fields)
+            return
+        if stored is None or stored < 0 or low <= stored <= high:
+            # The stored offset is in the log: only the position the consumer had reached was
+            # refused (e.g. records buffered past a split that was then killed). Re-read.
+            owned.gap_pending = False
+            log.info("offset_in_range_again", stored=stored, earliest=low, high_watermark=high, **fields)
+            self._schedule_rewind(owned)
+            return
+        if stored > high:
+            # Past the log end: the topic was re-created or truncated. Not a gap to skip.
+            owned.gap_pending = False
+            log.error("offset_out_of_range", stored=stored, earliest=low, high_watermark=high,
+                      action="partition stopped; the stored offset is past the log end", **fields)
+            self._registry.error("OFFSET_OUT_OF_RANGE", f"{tp}: stored offset {stored} is past the log end {high}"
+                                 " (topic re-created?); partition stopped, nothing skipped")
+            return
+        lost = {"from_offset": stored, "to_offset": low, "lost_records": low - stored}
+        try:
+            if self._spec.on_offset_out_of_range == "earliest":
+                gap_id = self._store.skip_gap(self._source, self._worker_id, tp, owned.claim.serial, stored, low)
+            else:
+                self._store.record_gap(self._source, self._worker_id, tp, stored, low)
+        except PublishConflict as exc:
+            owned.gap_pending = False
+            log.warning("offset_gap_conflict", reason=exc.reason, **lost, **fields)
+            if exc.reason == "serial":
+                owned.status = PartitionStatus.FENCED
+            else:
+                self._schedule_rewind(owned)
+            return
+        except MetastoreError as exc:
+            self._metrics.metastore_errors.labels(self._source).inc()
+            log.warning("offset_gap_record_failed", error=str(exc), **lost, **fields)
+            return
+        owned.gap_pending = False
+        skipped = self._spec.on_offset_out_of_range == "earliest"
+        self._metrics.offset_gap_records.labels(self._source, "skipped" if skipped else "stopped").inc(low - stored)
+        if not skipped:
+            log.error("offset_out_of_range", **lost, action="partition stopped; nothing skipped", **fields)
+            self._registry.error("OFFSET_OUT_OF_RANGE", f"{tp}: offsets [{stored}, {low}) are no longer in the log;"
+                                 " partition stopped, nothing skipped (on_offset_out_of_range = \"fail\")")
+            return
+        log.error("offset_gap_skipped", gap_id=gap_id, **lost, policy="earliest", **fields)
+        self._registry.error("OFFSET_GAP_SKIPPED", f"{tp}: offsets [{stored}, {low}) were no longer in the log and"
+                             f" were skipped (gap {gap_id}; acknowledge with `ingest gaps ack`)")
+        try:
+            self._seek(owned, low)
+        except KafkaException as exc:
+            # next_offset already moved: a rewind re-seeks to it.
+            log.warning("rewind_seek_failed", error=str(exc), **fields)
+            self._schedule_rewind(owned)
+            return
+        owned.reset_buffer(low)
+        owned.status = PartitionStatus.ACTIVE
+
+    def _gaps_due(self, now: float) -> None:
+        for owned in self._assignment:
+            if owned.status is PartitionStatus.OUT_OF_RANGE and owned.gap_pending and owned.retry_at <= now:
+                self._resolve_gap(owned, now)
 
     # -- backpressure --------------------------------------------------------------
 

@@ -45,6 +45,10 @@ class Metrics:
                                      ["source", "reason"], registry=r)
         self.split_failures = Counter("ingest_split_failures", "Split builds or publishes that failed",
                                       ["source", "stage"], registry=r)
+        self.offset_gap_records = Counter("ingest_offset_gap_records",
+                                          "Offsets no longer in the log when needed (gap ledger), by action "
+                                          "(stopped: partition stopped; skipped: policy earliest)",
+                                          ["source", "action"], registry=r)
         self.rebalances = Counter("ingest_rebalances", "Rebalance callbacks", ["source", "kind"], registry=r)
         self.rebalance_seconds = Histogram("ingest_rebalance_callback_seconds", "Time spent in rebalance callbacks",
                                            ["source", "kind"], buckets=(*_PUBLISH_BUCKETS, 10, 30), registry=r)

@@ -68,6 +68,11 @@ class RebalanceHandler:
         # (exceptions raised inside librdkafka callbacks are easy to lose).
         self.error: Exception | None = None
 
+    @property
+    def incremental(self) -> bool:
+        """Cooperative (incremental) assignment, or eager."""
+        return self._incremental
+
     # -- callbacks -----------------------------------------------------------------
 
     def on_assign(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:

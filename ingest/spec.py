@@ -17,6 +17,10 @@ from ingest.errors import ConfigError
 from ingest.model import StartFrom
 
 ParseErrorPolicy = Literal["reject", "skip", "fail"]
+# What a partition does when its stored offset is no longer in the log (retention, a
+# re-created topic): stop (default), or move to the earliest offset and record the skipped
+# range in the gap ledger. Never silently.
+OutOfRangePolicy = Literal["fail", "earliest"]
 
 SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
 ALLOWED_TYPES = (*SCALAR_TYPES, *(f"array<{t}>" for t in SCALAR_TYPES))
@@ -31,7 +35,7 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 _TOP_LEVEL_KEYS = {
     "name", "topics", "start_from", "format", "schema", "event_time", "split",
-    "segment_store", "on_parse_error", "consumer_group",
+    "segment_store", "on_parse_error", "consumer_group", "on_offset_out_of_range",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 
@@ -58,6 +62,7 @@ class SourceSpec:
     on_parse_error: ParseErrorPolicy = "reject"
     split: SplitLimits = SplitLimits()
     consumer_group: str = ""
+    on_offset_out_of_range: OutOfRangePolicy = "fail"
 
     @property
     def group_id(self) -> str:
@@ -82,6 +87,8 @@ class SourceSpec:
             on_parse_error=doc["on_parse_error"],
             split=SplitLimits(**doc["split"]),
             consumer_group=doc.get("consumer_group", ""),
+            # Specs stored before the option existed had the "fail" behaviour.
+            on_offset_out_of_range=doc.get("on_offset_out_of_range", "fail"),
         )
 
 
@@ -231,6 +238,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         ),
         split=limits,
         consumer_group=group,
+        on_offset_out_of_range=cast(OutOfRangePolicy, _choice(
+            "on_offset_out_of_range", doc.get("on_offset_out_of_range", "fail"), ("fail", "earliest"))),
     )
 
 

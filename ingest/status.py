@@ -3,7 +3,7 @@ watermarks beside it when Kafka answers."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
@@ -33,11 +33,34 @@ def watermarks(settings: Settings, tps: list[tuple[str, int]],
     return marks
 
 
+def partition_state(*, stopped_at_gap: bool, lag: int | None, last_publish_at: datetime | None,
+                    owner_started_at: datetime | None, now: datetime, stuck_after_s: float) -> str:
+    """OFFSET_OUT_OF_RANGE (stopped at a gap), STUCK or OK.
+
+    STUCK: Kafka's watermark says there is data (lag > 0) and nothing was published for
+    ``stuck_after_s`` — since the last publish, or since its owner started when it never
+    published. That is a broker stalling silently, a fetcher that stopped, or builds that
+    keep failing. A lag Kafka cannot tell (no watermark) is not evidence either way.
+    """
+    if stopped_at_gap:
+        return "OFFSET_OUT_OF_RANGE"
+    since = last_publish_at or owner_started_at
+    if lag and since is not None and (now - since).total_seconds() > stuck_after_s:
+        return "STUCK"
+    return "OK"
+
+
 def source_status(store: Metastore, settings: Settings, source: str, errors: int = 10) -> dict[str, Any]:
     version, _spec = store.latest_spec(source)
     rows = store.partitions(source)
     marks = watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
     last_event = {(r["topic"], r["partition"]): r["last_event_time"] for r in store.partition_status(source)}
+    offset_gaps = source_gaps(store, source)
+    # A partition is stopped at a gap while an unskipped gap starts at its stored offset.
+    stopped_at = {(g["topic"], g["partition"], g["from_offset"]): g for g in offset_gaps if not g["skipped"]}
+    live = store.live_workers(source)
+    started = {w["worker"]: w["started_at"] for w in live}
+    now = datetime.now(UTC)
     partitions = []
     total_lag = 0
     for r in rows:
@@ -45,8 +68,14 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         next_offset = r["next_offset"]
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
+        gap = stopped_at.get((r["topic"], r["partition"], next_offset))
         partitions.append({
-            "topic": r["topic"], "partition": r["partition"], "next_offset": next_offset,
+            "topic": r["topic"], "partition": r["partition"],
+            "state": partition_state(stopped_at_gap=gap is not None, lag=lag, last_publish_at=r["last_publish_at"],
+                                     owner_started_at=started.get(r["owner"]), now=now,
+                                     stuck_after_s=settings.stuck_after_s),
+            "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
+            "next_offset": next_offset,
             "earliest_offset": low, "high_watermark": high, "lag": lag, "owner": r["owner"], "serial": r["serial"],
             "last_publish_at": _iso(r["last_publish_at"]),
             "last_event_time": _iso(last_event.get((r["topic"], r["partition"]))),
@@ -55,7 +84,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     workers = [{"worker": w["worker"], "host": w["host"], "pid": w["pid"], "version": w["version"],
                 "state": w["state"], "partitions": list(w["partitions"]), "started_at": _iso(w["started_at"]),
                 "heartbeat_at": _iso(w["heartbeat_at"]), "spec_version": w.get("spec_version")}
-               for w in store.live_workers(source)]
+               for w in live]
     recent = [{"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
               for e in store.recent_errors(source, errors)]
     kafka_reachable = bool(marks) or not rows
@@ -75,6 +104,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         "publish_conflicts": store.conflict_counts(source),
         "workers": workers,
         "partitions": partitions,
+        "offset_gaps": offset_gaps,
+        "unacknowledged_gaps": sum(1 for g in offset_gaps if g["acknowledged_at"] is None),
         "recent_errors": recent,
         "desired_state": control.desired_state,
         "recent_resets": resets,
@@ -90,11 +121,26 @@ def _state(partitions: list[dict[str, Any]], workers: list[dict[str, Any]], kafk
         return "UNHEALTHY", "NO_WORKERS"
     if not kafka_reachable:
         return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
+    if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
+        return "UNHEALTHY", "OFFSET_OUT_OF_RANGE"
+    if any(w["state"] == "unhealthy" for w in workers):
+        return "UNHEALTHY", "SPLITS_FAILING"
+    if any(p["state"] == "STUCK" for p in partitions):
+        return "UNHEALTHY", "STUCK_PARTITIONS"
     if all(w["state"] == "draining" for w in workers):
         return "DRAINING", "DRAINING"
     if total_lag == 0:
         return "IDLE", "CAUGHT_UP"
     return "RUNNING", "RUNNING"
+
+
+def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
+    store.latest_spec(source)  # raises SourceNotFound for an unknown source
+    return [{"id": g["id"], "topic": g["topic"], "partition": g["partition"], "from_offset": g["from_offset"],
+             "to_offset": g["to_offset"], "lost_records": g["to_offset"] - g["from_offset"],
+             "skipped": g["skipped"], "worker": g["worker"], "detected_at": _iso(g["detected_at"]),
+             "skipped_at": _iso(g["skipped_at"]), "acknowledged_at": _iso(g["acknowledged_at"]),
+             "acknowledged_by": g["acknowledged_by"]} for g in store.gaps(source)]
 
 
 def source_segments(store: Metastore, source: str) -> list[dict[str, Any]]:

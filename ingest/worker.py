@@ -72,10 +72,13 @@ class Worker:
         self.ready = threading.Event()
 
     def healthy(self) -> tuple[bool, str]:
-        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted)."""
+        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted) and
+        splits do not keep failing (a dead Spark session or an unwritable store)."""
         loop = self.loop
         if loop is None:
             return False, "starting"
+        if (reason := loop.unhealthy_reason) is not None:
+            return False, reason
         stalled = time.monotonic() - loop.last_step_at
         return (stalled < 30.0), f"last poll {stalled:.1f}s ago"
 
@@ -154,7 +157,8 @@ class Worker:
             registry.beat("starting", [], force=True)
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
                                     pipeline=pipeline, handler=handler, store=store, registry=registry,
-                                    metrics=self.metrics, spec_version=version)
+                                    metrics=self.metrics, spec_version=version,
+                                    unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits)
             if settings.metrics_port is not None:
                 endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)

@@ -215,3 +215,38 @@ RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
 
 -- name: listen_controls
 LISTEN ingest_control;
+SELECT desired_state, drain_stay FROM ingest_sources WHERE name = %(name)s;
+
+-- name: record_gap
+-- The partition stopped at from_offset. Seen again (a restart, retention moving on): the
+-- lost range only grows; a skipped gap is never reopened.
+INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker)
+VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s)
+ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
+SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), worker = EXCLUDED.worker
+WHERE NOT ingest_offset_gaps.skipped
+RETURNING id;
+
+-- name: insert_skipped_gap
+-- Runs inside the transaction that moves next_offset past the gap (skip_offsets).
+INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, skipped, skipped_at)
+VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s, true, now())
+ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
+SET to_offset = EXCLUDED.to_offset, worker = EXCLUDED.worker, skipped = true, skipped_at = now()
+RETURNING id;
+
+-- name: skip_offsets
+UPDATE ingest_partitions SET next_offset = %(to_offset)s
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
+
+-- name: list_gaps
+SELECT id, topic, partition, from_offset, to_offset, skipped, worker, detected_at, skipped_at,
+       acknowledged_at, acknowledged_by
+FROM ingest_offset_gaps WHERE source = %(source)s ORDER BY id;
+
+-- name: ack_gaps
+-- ids NULL: every unacknowledged gap of the source.
+UPDATE ingest_offset_gaps SET acknowledged_at = now(), acknowledged_by = %(by)s
+WHERE source = %(source)s AND acknowledged_at IS NULL
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+RETURNING id;

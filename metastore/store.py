@@ -246,6 +246,45 @@ class Metastore:
              "expected": conflict.expected, "actual": conflict.actual},
         )
 
+    # -- offset gaps ------------------------------------------------------------------
+
+    def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None:
+        """The partition stopped at ``from_offset``: ``[from_offset, to_offset)`` is no longer in the log."""
+        self._fetch("record_gap", source=source, worker=worker, topic=tp.topic, partition=tp.partition,
+                    from_offset=from_offset, to_offset=to_offset)
+
+    def skip_gap(self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int,
+                 to_offset: int) -> int:
+        """Move ``next_offset`` from ``from_offset`` to ``to_offset`` and write the gap to the
+        ledger, in one transaction guarded like a publish: the row is locked, the serial must
+        be the caller's and ``next_offset`` must still be ``from_offset`` (or unset).
+
+        Returns the gap's id; raises PublishConflict (rolled back) when the check fails."""
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                locked = conn.execute(
+                    query("lock_partitions"),
+                    {"source": source, "topics": [tp.topic], "partitions": [tp.partition]},
+                ).fetchall()
+                conflict = _check(tp, serial, from_offset, locked[0] if locked else None)
+                if conflict is not None:
+                    raise conflict
+                params = {"source": source, "worker": worker, "topic": tp.topic, "partition": tp.partition,
+                          "from_offset": from_offset, "to_offset": to_offset}
+                row = conn.execute(query("insert_skipped_gap"), params).fetchone()
+                assert row is not None
+                conn.execute(query("skip_offsets"), params)
+                return int(row["id"])
+
+    def gaps(self, source: str) -> list[Row]:
+        return self._fetch("list_gaps", source=source)
+
+    def acknowledge_gaps(self, source: str, by: str, ids: Sequence[int] | None = None) -> list[int]:
+        """Acknowledge the given gaps (None: every unacknowledged one); returns the ids changed."""
+        rows = self._fetch("ack_gaps", source=source, by=by, ids=None if ids is None else list(ids))
+        return [int(r["id"]) for r in rows]
+
     def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None:
         """(serial, next_offset) of one partition, or None if it has no row."""
         rows = self._fetch("partition_state", source=source, topic=tp.topic, partition=tp.partition)

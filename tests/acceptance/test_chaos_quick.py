@@ -1,0 +1,16 @@
+"""The CI variant of the chaos run (``python -m tests.chaos --quick``): a seeded short schedule
+of faults against worker processes, then every published Parquet file is checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.chaos import ChaosConfig, run
+
+
+def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    config = ChaosConfig.quick(seed=7, workdir=tmp_path)
+    result = run(config, log=print)
+    print(result.summary())
+    assert len(result.faults) == config.fault_count
+    assert result.ok, result.summary()

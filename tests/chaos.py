@@ -1,0 +1,631 @@
+"""The chaos run: real PostgreSQL, a real broker, a fleet of worker processes, a producer
+of unique records and faults on a seeded random schedule; at the end every produced
+record must be in exactly one published segment, with its payload intact.
+
+    python -m tests.chaos [--records 500000] [--duration 300] [--workers 3] [--seed 1] [--quick]
+
+Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replacement),
+``stop`` (SIGSTOP past the session timeout, then SIGCONT: a zombie), ``add`` (one more
+worker), ``term`` (SIGTERM: a graceful stop, then a replacement), ``pg_restart``,
+``pg_outage`` (PostgreSQL unreachable for 20 s), ``spark`` (SIGKILL a worker's Spark JVM:
+its builds fail until its /healthz reports it unhealthy and the supervisor restarts it).
+
+A supervisor plays the orchestrator: it restarts workers that exit on their own or whose
+``/healthz`` keeps failing, and counts both. Recovery after a fault is the time from the
+end of the fault until every partition's published offset moved past where it stood then
+(or reached the end of what was produced). Exit status: 0 when exactly-once holds and the
+fleet caught up, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ingest.embedded import LocalBroker, LocalPostgres, create_topic, free_port
+from ingest.verify import Verification, verify_exactly_once, verify_payloads
+from metastore import Metastore, MetastoreError, apply_migrations
+from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
+
+FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark")
+SESSION_TIMEOUT_S = 6.0
+PG_OUTAGE_S = 20.0
+TOPIC = "chaos"
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    records: int = 500_000
+    duration_s: float = 300.0
+    workers: int = 3
+    partitions: int = 6
+    seed: int = 1
+    faults: tuple[str, ...] = FAULT_KINDS
+    # How many faults to inject (kinds cycled in a seeded order) and the gap between them.
+    fault_count: int = 14
+    gap_s: tuple[float, float] = (10.0, 20.0)
+    catchup_timeout_s: float = 600.0
+    max_records_per_split: int = 20_000
+    workdir: Path | None = None
+
+    @classmethod
+    def quick(cls, seed: int = 1, workdir: Path | None = None) -> ChaosConfig:
+        """The CI variant: ~20k records, 5 faults, a few minutes on a loaded 2-core machine."""
+        return cls(records=20_000, duration_s=60.0, workers=2, partitions=4, seed=seed,
+                   faults=("kill", "stop", "pg_outage", "spark", "pg_restart"), fault_count=5,
+                   gap_s=(6.0, 10.0), catchup_timeout_s=240.0, max_records_per_split=2_000, workdir=workdir)
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    started: float
+    ended: float = 0.0
+    # Published offsets when the fault ended; recovered once every partition moved past them.
+    baseline: dict[int, int] = field(default_factory=dict)
+    recovered: float | None = None
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.recovered is None else max(0.0, self.recovered - self.ended)
+
+
+@dataclass
+class ChaosResult:
+    config: ChaosConfig
+    produced: int
+    verification: Verification
+    payload_rows: int
+    payload_errors: list[str]
+    caught_up: bool
+    faults: list[Fault]
+    conflicts: dict[str, int]
+    splits_killed: Counter[str]
+    unplanned_exits: int
+    health_restarts: int
+    producer_errors: list[str]
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.verification.ok and not self.payload_errors and self.caught_up and not self.producer_errors
+                and self.verification.rows == self.produced)
+
+    def summary(self) -> str:
+        kinds = Counter(f.kind for f in self.faults)
+        lines = [
+            f"chaos run seed={self.config.seed}: {'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
+            f"  records produced {self.produced}, published rows {self.verification.rows}, "
+            f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
+            f"  exactly-once: {self.verification.summary()}",
+            f"  payload mismatches {len(self.payload_errors)}" + (f": {self.payload_errors[:3]}"
+                                                                 if self.payload_errors else ""),
+            f"  caught up: {self.caught_up}; producer errors: {len(self.producer_errors)}",
+            "  faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
+            "  publish conflicts rejected: " + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items()))
+                                                or "0"),
+            "  splits killed: " + (", ".join(f"{k}={n}" for k, n in sorted(self.splits_killed.items())) or "0"),
+            f"  workers restarted by the supervisor: exited on their own {self.unplanned_exits}, "
+            f"unhealthy {self.health_restarts}",
+            "  recovery after each fault:",
+        ]
+        for f in self.faults:
+            rec = f"{f.recovery_s:.1f}s" if f.recovery_s is not None else "not measured (no progress seen)"
+            lines.append(f"    t={f.started:6.1f}s {f.kind:<10} {f.target:<10} lasted {f.ended - f.started:5.1f}s, "
+                         f"recovered in {rec}")
+        if not self.verification.ok:
+            v = self.verification
+            def head(d: dict[tuple[str, int], list[int]]) -> dict[str, str]:
+                return {f"{t}[{p}]": f"{len(o)} from {o[0]}" for (t, p), o in list(d.items())[:4] if o}
+
+            lines.append(f"  first problems: missing={head(v.missing)} duplicates={head(v.duplicates)} "
+                         f"{v.range_errors[:3]} {v.offset_errors[:3]}")
+        return "\n".join(lines)
+
+
+def _log(t0: float, message: str) -> None:
+    print(f"[chaos {time.monotonic() - t0:7.1f}s] {message}", flush=True)
+
+
+# --------------------------------------------------------------------------- the records
+
+
+def record_value(i: int) -> bytes:
+    """Record ``i``'s value; :func:`expected_row` is the row it must become."""
+    return json.dumps({"id": i, "user": f"user-{i % 997}-{i * 7919 % 100_003}", "ts": _ts(i).isoformat(),
+                       "amount": i * 0.25, "tags": ["c", str(i % 11), str(i)]}).encode()
+
+
+def _ts(i: int) -> datetime:
+    return datetime.fromtimestamp(1_790_000_000 + i, tz=UTC)
+
+
+def expected_row(i: int) -> dict[str, Any]:
+    return {"_key": str(i).encode(), "id": i, "user": f"user-{i % 997}-{i * 7919 % 100_003}", "ts": _ts(i),
+            "amount": i * 0.25, "tags": ["c", str(i % 11), str(i)]}
+
+
+class ChaosProducer:
+    """Produces ids 0..records-1 at an even pace over ``duration_s`` (bounded by both), and
+    keeps from the delivery reports which id landed at which (partition, offset)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, records: int, duration_s: float) -> None:
+        from confluent_kafka import Producer
+
+        self.topic = topic
+        self.partitions = partitions
+        self.records = records
+        self.duration_s = duration_s
+        self.delivered: dict[int, dict[int, int]] = {p: {} for p in range(partitions)}
+        self.errors: list[str] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.num.messages": 2000,
+            "queue.buffering.max.messages": 200_000, "partitioner": "murmur2_random",
+            # Long enough never to give up on a record while the broker is healthy: a record
+            # reported failed might still be in the log, which the check could not explain.
+            "message.timeout.ms": 600_000,
+        })
+        self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
+        self.done = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def ends(self) -> dict[int, int]:
+        with self._lock:
+            return {p: (max(d) + 1 if d else 0) for p, d in self.delivered.items()}
+
+    def delivered_count(self) -> int:
+        with self._lock:
+            return sum(len(d) for d in self.delivered.values())
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(f"{msg.key()!r}: {err}")
+            return
+        with self._lock:
+            self.delivered[msg.partition()][msg.offset()] = int(msg.key())
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        deadline = started + self.duration_s * 2 + 60
+        try:
+            while self.sent < self.records and time.monotonic() < deadline:
+                elapsed = time.monotonic() - started
+                due = min(self.records, int(self.records * min(1.0, elapsed / self.duration_s)) + 1)
+                while self.sent < due:
+                    i = self.sent
+                    try:
+                        self._producer.produce(self.topic, value=record_value(i), key=str(i).encode(),
+                                               partition=i % self.partitions, on_delivery=self._on_delivery)
+                    except BufferError:
+                        self._producer.poll(0.05)
+                        continue
+                    self.sent += 1
+                self._producer.poll(0.05)
+            remaining = self._producer.flush(120)
+            if remaining:
+                self.errors.append(f"{remaining} records still undelivered after the final flush")
+        finally:
+            self.done.set()
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+class Fleet:
+    """Worker processes with metrics ports, and the supervisor that restarts the ones that
+    exit on their own or report themselves unhealthy."""
+
+    def __init__(self, env: dict[str, str], source: str, log_dir: Path, t0: float) -> None:
+        self._env = env
+        self._source = source
+        self._log_dir = log_dir
+        self._t0 = t0
+        self._lock = threading.RLock()
+        self._seq = 0
+        self.live: dict[str, tuple[ProcessWorker, int]] = {}
+        self.all: list[ProcessWorker] = []
+        self.frozen: set[str] = set()
+        self.unplanned_exits = 0
+        self.health_restarts = 0
+        self._unhealthy_seen: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="chaos-supervisor", daemon=True)
+
+    def start(self, n: int) -> None:
+        for _ in range(n):
+            self.add()
+        self._thread.start()
+
+    def add(self) -> str:
+        with self._lock:
+            name = f"w{self._seq}"
+            self._seq += 1
+            port = free_port()
+            env = {**self._env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"chaos-{name}"}
+            worker = ProcessWorker(env, self._source, self._log_dir, name)
+            self.live[name] = (worker, port)
+            self.all.append(worker)
+            return name
+
+    def pick(self, rng: random.Random) -> str | None:
+        with self._lock:
+            names = sorted(n for n in self.live if n not in self.frozen)
+            return rng.choice(names) if names else None
+
+    def worker(self, name: str) -> ProcessWorker:
+        with self._lock:
+            return self.live[name][0]
+
+    def remove(self, name: str) -> ProcessWorker:
+        with self._lock:
+            return self.live.pop(name)[0]
+
+    def spark_jvm(self, name: str) -> int | None:
+        """Pid of the Spark JVM under a worker process (a child or grandchild running java)."""
+        root = self.worker(name).proc.pid
+        out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, check=False)
+        children: dict[int, list[tuple[int, str]]] = {}
+        for line in out.stdout.splitlines():
+            parts = line.split(None, 2)
+            if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+                children.setdefault(int(parts[1]), []).append((int(parts[0]), parts[2]))
+        queue = [root]
+        for _ in range(1000):
+            if not queue:
+                break
+            pid = queue.pop()
+            for child, comm in children.get(pid, []):
+                if comm == "java":
+                    return child
+                queue.append(child)
+        return None
+
+    def _healthz(self, port: int) -> tuple[int, str] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=3) as resp:
+                return int(resp.status), resp.read().decode(errors="replace").strip()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode(errors="replace").strip()
+        except OSError:
+            return None  # not serving yet (starting) or gone
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(2.0):
+            with self._lock:
+                snapshot = list(self.live.items())
+            for name, (worker, port) in snapshot:
+                if name in self.frozen:
+                    continue
+                code = worker.proc.poll()
+                if code is not None:
+                    with self._lock:
+                        if self.live.pop(name, None) is None:
+                            continue
+                        self.unplanned_exits += 1
+                        new = self.add()
+                    _log(self._t0, f"supervisor: {name} exited on its own (code {code}); started {new}")
+                    continue
+                probe = self._healthz(port)
+                if probe is not None and probe[0] == 503 and "splits failed" in probe[1]:
+                    self._unhealthy_seen[name] += 1
+                    if self._unhealthy_seen[name] >= 2:
+                        with self._lock:
+                            if self.live.pop(name, None) is None:
+                                continue
+                            self.health_restarts += 1
+                            new = self.add()
+                        _log(self._t0, f"supervisor: {name} unhealthy ({probe[1]}); restarting as {new}")
+                        threading.Thread(target=_stop_worker, args=(worker, 30.0), daemon=True).start()
+
+    def shutdown(self, timeout: float = 90.0) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for worker in self.all:
+            if worker.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.send_signal(signal.SIGCONT)
+                    worker.proc.send_signal(signal.SIGTERM)
+        for worker in self.all:
+            _stop_worker(worker, timeout)
+
+
+def _stop_worker(worker: ProcessWorker, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` (as an orchestrator's grace period)."""
+    try:
+        worker.stop(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class Monitor:
+    """Polls the published offsets to time each fault's recovery."""
+
+    def __init__(self, url: str, source: str, producer: ChaosProducer, t0: float) -> None:
+        self._t0 = t0  # fault times are seconds since the run started
+        self._url = url
+        self._source = source
+        self._producer = producer
+        self.faults: list[Fault] = []
+        self.positions: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def ended(self, fault: Fault) -> None:
+        with self._lock:
+            fault.baseline = dict(self.positions)
+            self.faults.append(fault)
+
+    def _run(self) -> None:
+        store = Metastore(self._url)
+        try:
+            while not self._stop.wait(0.5):
+                try:
+                    rows = store.partitions(self._source)
+                except MetastoreError:
+                    continue  # an outage: the run itself injected it
+                now = time.monotonic() - self._t0
+                ends = self._producer.ends()
+                with self._lock:
+                    self.positions = {int(r["partition"]): int(r["next_offset"] or 0) for r in rows}
+                    for fault in self.faults:
+                        if fault.recovered is None and all(
+                            self.positions.get(p, 0) > fault.baseline.get(p, 0)
+                            or self.positions.get(p, 0) >= ends.get(p, 0)
+                            for p in ends
+                        ):
+                            fault.recovered = now
+        finally:
+            store.close()
+
+
+def _fault_plan(config: ChaosConfig, rng: random.Random) -> list[str]:
+    kinds = list(config.faults)
+    plan: list[str] = []
+    while len(plan) < config.fault_count:
+        rng.shuffle(kinds)
+        plan.extend(kinds)
+    return plan[: config.fault_count]
+
+
+def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_workers: int,
+            t0: float) -> tuple[str, str]:
+    """Inject one fault; returns what it hit and the kind actually injected."""
+    if kind == "pg_restart":
+        pg.restart()
+        return "postgres", kind
+    if kind == "pg_outage":
+        pg.outage(PG_OUTAGE_S)
+        return "postgres", kind
+    if kind == "add" or (kind == "term" and len(fleet.live) <= 1):
+        if len(fleet.live) >= max_workers:
+            kind = "kill"
+        else:
+            return fleet.add(), "add"
+    name = fleet.pick(rng)
+    if name is None:
+        return fleet.add(), "add"
+    if kind == "kill":
+        fleet.remove(name).kill()
+        fleet.add()
+    elif kind == "term":
+        worker = fleet.remove(name)
+        _stop_worker(worker, 90.0)
+        fleet.add()
+    elif kind == "stop":
+        worker = fleet.worker(name)
+        fleet.frozen.add(name)
+        worker.signal(signal.SIGSTOP)
+        time.sleep(SESSION_TIMEOUT_S + rng.uniform(2.0, 5.0))
+        worker.signal(signal.SIGCONT)
+        fleet.frozen.discard(name)
+    elif kind == "spark":
+        pid = fleet.spark_jvm(name)
+        if pid is None:
+            _log(t0, f"{name} has no Spark JVM yet; killing the worker instead")
+            fleet.remove(name).kill()
+            fleet.add()
+            return name, "kill"
+        os.kill(pid, signal.SIGKILL)
+    return name, kind
+
+
+def _caught_up(url: str, source: str, ends: Mapping[int, int]) -> bool:
+    try:
+        with Metastore(url) as store:
+            positions = {int(r["partition"]): r["next_offset"] for r in store.partitions(source)}
+    except MetastoreError:
+        return False
+    return all(positions.get(p) == end for p, end in ends.items() if end)
+
+
+def _count_kills(workers: list[ProcessWorker]) -> Counter[str]:
+    kills: Counter[str] = Counter()
+    for worker in workers:
+        for event in worker.events():
+            if event.get("event") == "split_killed":
+                kills[str(event.get("reason"))] += 1
+    return kills
+
+
+def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosResult:
+    t0 = time.monotonic()
+    say = log or (lambda message: _log(t0, message))
+    rng = random.Random(config.seed)
+    work = config.workdir or Path(tempfile.mkdtemp(prefix="ingest-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    say(f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
+        f"{config.workers} workers, {config.partitions} partitions")
+    with LocalPostgres() as pg, LocalBroker(log_dir=work / "broker") as broker:
+        url = pg.url
+        apply_migrations(url)
+        create_topic(broker.bootstrap, TOPIC, config.partitions)
+        source, spec_path = write_spec(work, TOPIC, name="chaos", max_records=config.max_records_per_split,
+                                       max_age="2s")
+        apply_spec(url, spec_path)
+        # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
+        # that long). Known: the fallback Tansu broker was seen never assigning new members
+        # (4+ minutes) after every member vanished at once (SIGKILL of one while the other
+        # stopped gracefully); the run then reports "caught up: False", not a loss.
+        env = process_env(url, broker.bootstrap, INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000")
+        fleet = Fleet(env, source, work, t0)
+        producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
+        monitor = Monitor(url, source, producer, t0)
+        try:
+            fleet.start(config.workers)
+            # Workers start Spark before they join the group (tens of seconds on a loaded
+            # machine): produce only once the fleet consumes, so the faults hit production.
+            say("waiting for the fleet to own every partition")
+            _wait(lambda: _fleet_ready(url, source, config.workers, config.partitions), 300,
+                  "the workers to join and own every partition")
+            producer.start()
+            monitor.start()
+            say("fleet ready; producing; waiting for the first segment before injecting faults")
+            _wait(lambda: _published_any(url, source), 180, "the first worker to publish")
+            plan = _fault_plan(config, rng)
+            say(f"fault plan: {', '.join(plan)}")
+            for kind in plan:
+                time.sleep(rng.uniform(*config.gap_s))
+                started = time.monotonic()
+                target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0)
+                fault = Fault(injected, target, started - t0, time.monotonic() - t0)
+                monitor.ended(fault)
+                say(f"fault {injected} on {target} ({fault.ended - fault.started:.1f}s); "
+                    f"delivered {producer.delivered_count()}/{config.records}")
+            producer.join(config.duration_s * 2 + 200)
+            say(f"producer done: {producer.delivered_count()} delivered, {len(producer.errors)} errors; "
+                "waiting for the fleet to catch up")
+            ends = producer.ends()
+            deadline = time.monotonic() + config.catchup_timeout_s
+            caught_up = False
+            while time.monotonic() < deadline:
+                if _caught_up(url, source, ends):
+                    caught_up = True
+                    break
+                time.sleep(1.0)
+            # Let the monitor see the final positions before it stops.
+            time.sleep(1.5)
+        finally:
+            monitor.stop()
+            fleet.shutdown()
+        say(f"caught up: {caught_up}; verifying every published file")
+        expected = {(TOPIC, p): sorted(d) for p, d in producer.delivered.items()}
+        ids = producer.delivered
+        with Metastore(url) as store:
+            verification = verify_exactly_once(store, source, expected)
+            conflicts = store.conflict_counts(source)
+
+            def want(topic: str, partition: int, offset: int) -> dict[str, Any] | None:
+                i = ids.get(partition, {}).get(offset) if topic == TOPIC else None
+                return None if i is None else expected_row(i)
+
+            payload_rows, payload_errors = verify_payloads(store, source, want,
+                                                           ["_key", "id", "user", "ts", "amount", "tags"])
+        return ChaosResult(
+            config=config, produced=producer.delivered_count(), verification=verification,
+            payload_rows=payload_rows, payload_errors=payload_errors, caught_up=caught_up, faults=monitor.faults,
+            conflicts=conflicts, splits_killed=_count_kills(fleet.all), unplanned_exits=fleet.unplanned_exits,
+            health_restarts=fleet.health_restarts, producer_errors=producer.errors,
+            elapsed_s=time.monotonic() - t0,
+        )
+
+
+def _fleet_ready(url: str, source: str, workers: int, partitions: int) -> bool:
+    try:
+        with Metastore(url) as store:
+            live = [w for w in store.live_workers(source) if w["state"] == "running"]
+    except MetastoreError:
+        return False
+    owned = {tp for w in live for tp in w["partitions"]}
+    return len(live) >= workers and len(owned) == partitions
+
+
+def _published_any(url: str, source: str) -> bool:
+    try:
+        with Metastore(url) as store:
+            return bool(store.segments(source))
+    except MetastoreError:
+        return False
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1.0)
+    raise TimeoutError(f"chaos: timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _iter_kinds(text: str) -> Iterator[str]:
+    for kind in text.split(","):
+        kind = kind.strip()
+        if kind not in FAULT_KINDS:
+            raise argparse.ArgumentTypeError(f"unknown fault {kind!r}; known: {', '.join(FAULT_KINDS)}")
+        yield kind
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the CI variant (~20k records, 5 faults)")
+    parser.add_argument("--records", type=int, help="unique records to produce (default 500000)")
+    parser.add_argument("--duration", type=float, help="seconds to spread the production over (default 300)")
+    parser.add_argument("--workers", type=int, help="initial fleet size (default 3)")
+    parser.add_argument("--partitions", type=int, help="topic partitions (default 6)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", type=lambda t: tuple(_iter_kinds(t)), help="comma-separated fault kinds")
+    parser.add_argument("--fault-count", type=int, help="faults to inject (default 14)")
+    parser.add_argument("--workdir", type=Path, help="keep logs, broker log and segments here")
+    args = parser.parse_args(argv)
+    config = ChaosConfig.quick(args.seed, args.workdir) if args.quick else ChaosConfig(seed=args.seed,
+                                                                                       workdir=args.workdir)
+    overrides = {"records": args.records, "duration_s": args.duration, "workers": args.workers,
+                 "partitions": args.partitions, "faults": args.faults, "fault_count": args.fault_count}
+    from dataclasses import replace
+
+    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    if config.records <= 0 or config.workers <= 0 or config.duration_s <= 0:
+        parser.error("--records, --workers and --duration must be positive")
+    result = run(config)
+    print(result.summary(), flush=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
