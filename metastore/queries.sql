@@ -215,7 +215,6 @@ RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
 
 -- name: listen_controls
 LISTEN ingest_control;
-SELECT desired_state, drain_stay FROM ingest_sources WHERE name = %(name)s;
 
 -- name: record_gap
 -- The partition stopped at from_offset. Seen again (a restart, retention moving on): the

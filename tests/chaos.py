@@ -47,6 +47,9 @@ from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, wri
 FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark")
 SESSION_TIMEOUT_S = 6.0
 PG_OUTAGE_S = 20.0
+# A replacement worker starts Spark (and warms it up) before it joins the group: a minute or
+# more on a loaded 2-core machine.
+PEER_READY_TIMEOUT_S = 240.0
 TOPIC = "chaos"
 
 
@@ -306,9 +309,34 @@ class Fleet:
                 queue.append(child)
         return None
 
-    def _healthz(self, port: int) -> tuple[int, str] | None:
+    def ready(self, name: str) -> bool:
+        with self._lock:
+            entry = self.live.get(name)
+        if entry is None or name in self.frozen:
+            return False
+        probe = self._healthz(entry[1], "readyz")
+        return probe is not None and probe[0] == 200
+
+    def ensure_peer(self, excluding: str, timeout: float) -> bool:
+        """Make sure a worker other than ``excluding`` is in the group (ready) before it is
+        taken out, as an orchestrator's rolling replacement does (maxUnavailable 0). The
+        fallback broker never assigns partitions to members that join a group all of whose
+        members left (FIELD-NOTES), so a fleet must not drop to zero members. Returns True
+        if it had to start the peer."""
+        with self._lock:
+            others = [n for n in self.live if n != excluding]
+        if any(self.ready(n) for n in others):
+            return False
+        name = self.add()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.ready(name):
+            time.sleep(1.0)
+        _log(self._t0, f"started {name} first so that the group keeps a member")
+        return True
+
+    def _healthz(self, port: int, path: str = "healthz") -> tuple[int, str] | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=3) as resp:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=3) as resp:
                 return int(resp.status), resp.read().decode(errors="replace").strip()
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read().decode(errors="replace").strip()
@@ -341,7 +369,14 @@ class Fleet:
                             self.health_restarts += 1
                             new = self.add()
                         _log(self._t0, f"supervisor: {name} unhealthy ({probe[1]}); restarting as {new}")
-                        threading.Thread(target=_stop_worker, args=(worker, 30.0), daemon=True).start()
+                        threading.Thread(target=self._replace, args=(worker, new), daemon=True).start()
+
+    def _replace(self, old: ProcessWorker, new: str, timeout: float = 240.0) -> None:
+        """Stop ``old`` once ``new`` is in the group (bounded), so the group keeps a member."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stop.is_set() and not self.ready(new):
+            time.sleep(1.0)
+        _stop_worker(old, 30.0)
 
     def shutdown(self, timeout: float = 90.0) -> None:
         self._stop.set()
@@ -441,13 +476,18 @@ def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_
     name = fleet.pick(rng)
     if name is None:
         return fleet.add(), "add"
+    peer_started = False
+    if kind in ("kill", "term", "spark", "stop"):
+        peer_started = fleet.ensure_peer(name, PEER_READY_TIMEOUT_S)
     if kind == "kill":
         fleet.remove(name).kill()
-        fleet.add()
+        if not peer_started:
+            fleet.add()
     elif kind == "term":
         worker = fleet.remove(name)
         _stop_worker(worker, 90.0)
-        fleet.add()
+        if not peer_started:
+            fleet.add()
     elif kind == "stop":
         worker = fleet.worker(name)
         fleet.frozen.add(name)
@@ -460,7 +500,8 @@ def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_
         if pid is None:
             _log(t0, f"{name} has no Spark JVM yet; killing the worker instead")
             fleet.remove(name).kill()
-            fleet.add()
+            if not peer_started:
+                fleet.add()
             return name, "kill"
         os.kill(pid, signal.SIGKILL)
     return name, kind
