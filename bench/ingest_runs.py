@@ -427,8 +427,15 @@ def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> 
         before = snapshot()
         since = time.time()
         b = fleet.add("rebalance-b")
-        settle = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout,
-                         ready=lambda: _assigned(b) > 0)
+
+        def b_caught_up() -> bool:
+            # b must have read its new partition to the log end: a fetch that starts later than
+            # the quiet window would otherwise be counted against the next event.
+            starts = _assigned_since([b], since)
+            due = sum(data.ends.get(p, 0) - start for p, start in starts.items())
+            return _assigned(b) > 0 and bool(starts) and _consumed(b) >= due
+
+        settle = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout, ready=b_caught_up)
         after = snapshot()
         events.append(event("scale-up 1->2", before, after, since, settle))
 
