@@ -1,13 +1,16 @@
-"""Spark turns a sealed split into Parquet files that stay invisible until published.
+"""Spark turns sealed splits into Parquet files that stay invisible until published.
 
-The records are staged as one Parquet file (Kafka coordinates plus raw key and value
-bytes); one Spark job reads it, parses the values against the source's schema, and
-writes the good rows as zstd Parquet. The job also observes, in the same pass, how many
-rows failed to parse and the event-time range. Rejected records go to a second job only
-when there are any.
+Splits are built in batches: every split of a batch is staged as its own Parquet file
+(Kafka coordinates plus raw key and value bytes), and one Spark job reads them all, parses
+the values against the source's schema and writes the good rows as zstd Parquet, one task
+per staged file. A job has a fixed cost (planning, and on a young JVM compiling the
+planner's code) that would otherwise be paid per split. The output files are then told
+apart by their footers (``ingest.output_files``) and moved into one directory per split.
+Records that failed to parse go through a second job only when there are any.
 
-Invariant: ``row_count + rejects_count + skipped_count == len(split)``; anything else is
-a BuildError. Every failure deletes what the build wrote.
+Invariant, per split: ``row_count + rejects_count + skipped_count == len(split)``;
+anything else is a BuildError. Every failure deletes what the build wrote. One split's
+failure (killed, bad input under ``fail``) does not fail the others of its batch.
 """
 
 from __future__ import annotations
@@ -17,15 +20,17 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest import segment_store
+from ingest import output_files, segment_store
 from ingest.errors import BuildError, ParseFailure, SplitKilled
 from ingest.model import PARSE_ERRORS, BuiltSegment, TopicPartition
 from ingest.spec import SourceSpec
@@ -49,8 +54,16 @@ STAGED_SCHEMA = pa.schema([
 STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
 
 
+# What building one split of a batch gave: its segment, or why there is none (SplitKilled,
+# ParseFailure under policy "fail", BuildError).
+BuildResult = BuiltSegment | Exception
+
+
 class SegmentBuilder(Protocol):
-    def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment: ...
+    def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuildResult]:
+        """One result per split, in order. Raises nothing for a split's own failure."""
+        ...
+
     def discard(self, segment: BuiltSegment) -> None: ...
 
 
@@ -85,11 +98,14 @@ def spark_type(name: str) -> Any:
 
 @dataclass(frozen=True)
 class _Plan:
-    """Spark column expressions of one build (unresolved, so reusable by every split)."""
+    """Spark column expressions of one build (unresolved, so reusable by every batch)."""
 
     staged_columns: tuple[Any, ...]
     error: Any
-    observed: tuple[Any, ...]
+    # Observing the row count also fences the optimizer: without it, the filter on
+    # ``_error`` is pushed below the projection and from_json is inlined, parsing each
+    # value four times instead of once.
+    total: Any
     good: Any
     output_columns: tuple[Any, ...]
 
@@ -118,19 +134,11 @@ def _make_plan(spec: SourceSpec) -> _Plan:
         .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
         .otherwise(F.lit("type_mismatch"))
     )
-    good = F.col("_error").isNull()
-    good_time = F.unix_micros(F.when(good, event_time))
     return _Plan(
         staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
         error=error,
-        observed=(
-            F.count(F.lit(1)).alias("total"),
-            F.count("_error").alias("errors"),
-            F.min(good_time).alias("min_us"),
-            F.max(good_time).alias("max_us"),
-            *(F.count(F.when(F.col("_error") == F.lit(reason), 1)).alias(reason) for reason in PARSE_ERRORS),
-        ),
-        good=good,
+        total=F.count(F.lit(1)).alias("total"),
+        good=F.col("_error").isNull(),
         output_columns=(*(F.col(c) for c in META_COLUMNS),
                         *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)),
     )
@@ -161,7 +169,7 @@ def _utc(micros: int | None) -> datetime | None:
 
 
 class SparkSegmentBuilder:
-    """Safe to call from several threads with one SparkSession (jobs are tagged per split)."""
+    """Safe to call from several threads with one SparkSession (jobs are tagged per batch)."""
 
     def __init__(self, spark: Any) -> None:
         self._spark = spark
@@ -169,36 +177,27 @@ class SparkSegmentBuilder:
         self._plans_lock = threading.Lock()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
+        """One split on its own: its segment, or the exception its build ended with."""
+        result = self.build_batch([split], spec)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuildResult]:
         started = time.monotonic()
-        kill = split.kill_switch
-        kill.check()
-        staged = segment_store.staging_file(spec.segment_store, spec.name, split.id)
-        data_dir = segment_store.segment_dir(spec.segment_store, spec.name, split.id)
-        rejects_dir = segment_store.rejects_dir(spec.segment_store, spec.name, split.id)
-        tag = f"ingest-split-{split.id}"
-        kill.on_trip(lambda _reason: self._interrupt(tag))
-        try:
-            self._stage(split, staged)
-            kill.check()
-            self._spark.addTag(tag)
-            try:
-                built = self._run(split, spec, staged, data_dir, rejects_dir)
-            finally:
-                self._spark.removeTag(tag)
-            kill.check()
-        except (SplitKilled, ParseFailure):
-            self._cleanup(data_dir, rejects_dir)
-            raise
-        except Exception as exc:
-            self._cleanup(data_dir, rejects_dir)
-            if kill.tripped:
-                raise SplitKilled(kill.reason or "killed") from exc
-            raise BuildError(f"building split {split.id} of {split.tp} failed: {_first_line(exc)}") from exc
-        finally:
-            self._cleanup(staged)
+        results: dict[uuid.UUID, BuildResult] = {}
+        live = []
+        for split in splits:
+            if split.kill_switch.tripped:
+                results[split.id] = SplitKilled(split.kill_switch.reason or "killed")
+            else:
+                live.append(split)
+        if live:
+            results.update(self._build_live(live, spec))
         elapsed = time.monotonic() - started
-        log.debug("split_built", split=str(split.id), rows=built.row_count, seconds=round(elapsed, 3))
-        return _with_build_time(built, elapsed)
+        log.debug("batch_built", splits=len(splits), records=sum(len(s) for s in splits), seconds=round(elapsed, 3))
+        return [replace(r, build_seconds=elapsed) if isinstance(r, BuiltSegment) else r
+                for r in (results[split.id] for split in splits)]
 
     def warm_up(self, spec: SourceSpec, records: int = 2000) -> float:
         """Build and discard a synthetic split before the worker joins its group, so the
@@ -220,6 +219,58 @@ class SparkSegmentBuilder:
 
     # -- internals -----------------------------------------------------------------
 
+    def _build_live(self, splits: list[SealedSplit], spec: SourceSpec) -> dict[uuid.UUID, BuildResult]:
+        batch = uuid.uuid4()
+        store, name = spec.segment_store, spec.name
+        staged = {split.id: segment_store.staging_file(store, name, split.id) for split in splits}
+        batch_dirs = (segment_store.segment_dir(store, name, batch), segment_store.rejects_dir(store, name, batch))
+        tag = f"ingest-batch-{batch}"
+        self._interrupt_when_all_killed(splits, tag)
+        try:
+            for split in splits:
+                self._stage(split, staged[split.id])
+            if all(split.kill_switch.tripped for split in splits):
+                raise SplitKilled("killed")
+            self._spark.addTag(tag)
+            try:
+                return self._run(splits, spec, staged, *batch_dirs)
+            finally:
+                self._spark.removeTag(tag)
+        except Exception as exc:
+            self._cleanup(*batch_dirs, *(segment_store.segment_dir(store, name, s.id) for s in splits),
+                          *(segment_store.rejects_dir(store, name, s.id) for s in splits))
+            if not isinstance(exc, BuildError | SplitKilled):
+                log.warning("batch_failed", batch=str(batch), splits=len(splits), error=_first_line(exc),
+                            exc_info=not _is_spark_error(exc))
+            failed: dict[uuid.UUID, BuildResult] = {}
+            for split in splits:
+                if split.kill_switch.tripped:
+                    failed[split.id] = SplitKilled(split.kill_switch.reason or "killed")
+                else:
+                    failed[split.id] = BuildError(
+                        f"building split {split.id} of {split.tp} (batch of {len(splits)}) failed: {_first_line(exc)}")
+            return failed
+        finally:
+            self._cleanup(*staged.values())
+
+    def _interrupt_when_all_killed(self, splits: list[SealedSplit], tag: str) -> None:
+        """A killed split's output is dropped after the job; the job itself is interrupted
+        only once no split of its batch is left to build."""
+        remaining = {split.id for split in splits}
+        lock = threading.Lock()
+
+        def on_trip(split_id: uuid.UUID) -> Callable[[str], None]:
+            def tripped(_reason: str) -> None:
+                with lock:
+                    remaining.discard(split_id)
+                    last = not remaining
+                if last:
+                    self._interrupt(tag)
+            return tripped
+
+        for split in splits:
+            split.kill_switch.on_trip(on_trip(split.id))
+
     def _interrupt(self, tag: str) -> None:
         try:
             self._spark.interruptTag(tag)
@@ -234,7 +285,7 @@ class SparkSegmentBuilder:
 
     def _plan(self, spec: SourceSpec) -> _Plan:
         """The column expressions of a build, made once per (schema, event time): building
-        them costs hundreds of Py4J round trips, which would otherwise be paid per split and
+        them costs hundreds of Py4J round trips, which would otherwise be paid per batch and
         contend for the GIL with the consumer thread."""
         key = (spec.schema, spec.event_time)
         with self._plans_lock:
@@ -243,54 +294,80 @@ class SparkSegmentBuilder:
                 plan = self._plans[key] = _make_plan(spec)
             return plan
 
-    def _run(self, split: SealedSplit, spec: SourceSpec, staged: str, data_dir: str,
-             rejects_dir: str) -> BuiltSegment:
+    def _parse(self, plan: _Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
+        """One Spark job: parse the staged files, write the good (or the bad) rows to
+        ``out_dir``. Returns the number of rows read."""
         from pyspark.sql import Observation
 
-        plan = self._plan(spec)
-        # The staged schema is fixed: giving it saves reading the footer to infer it.
-        df = (self._spark.read.schema(STAGED_DDL).parquet(staged)
+        # The staged schema is fixed: giving it saves reading the footers to infer it.
+        df = (self._spark.read.schema(STAGED_DDL).parquet(*staged)
               .select(*plan.staged_columns).withColumn("_error", plan.error))
-        observation = Observation(f"split-{split.id}")
-        observed = df.observe(observation, *plan.observed)
-        (observed.filter(plan.good).select(*plan.output_columns)
-         .write.mode(WRITE_MODE).option("compression", "zstd").parquet(data_dir))
-        stats = observation.get
-        total, errors = int(stats["total"]), int(stats["errors"])
-        if total != len(split):
-            raise BuildError(f"split {split.id}: Spark read {total} rows, the split has {len(split)}")
+        observation = Observation(f"build-{uuid.uuid4().hex}")
+        (df.observe(observation, plan.total).filter(plan.good if good else ~plan.good).select(*columns)
+         .write.mode(WRITE_MODE).option("compression", "zstd").parquet(out_dir))
+        return int(observation.get["total"])
 
-        rejects_files: list[tuple[str, int]] = []
-        skipped = 0
+    def _run(self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_tmp: str,
+             rejects_tmp: str) -> dict[uuid.UUID, BuildResult]:
+        plan = self._plan(spec)
+        total = self._parse(plan, [staged[s.id] for s in splits], True, data_tmp, plan.output_columns)
+        expected = sum(len(split) for split in splits)
+        if total != expected:
+            raise BuildError(f"Spark read {total} rows, the batch's {len(splits)} splits have {expected}")
+        data = output_files.attribute(data_tmp, splits, spec.event_time)
+        rejected: dict[uuid.UUID, list[output_files.OutputFile]] = {split.id: [] for split in splits}
+        short = [s for s in splits if sum(f.rows for f in data[s.id]) < len(s) and not s.kill_switch.tripped]
+        if short:
+            self._parse(plan, [staged[s.id] for s in short], False, rejects_tmp, (*META_COLUMNS, "_value", "_error"))
+            rejected.update(output_files.attribute(rejects_tmp, short))
+        results = {split.id: self._finish(split, spec, data[split.id], rejected[split.id]) for split in splits}
+        self._cleanup(data_tmp, rejects_tmp)
+        return results
+
+    def _finish(self, split: SealedSplit, spec: SourceSpec, files: list[output_files.OutputFile],
+                rejects: list[output_files.OutputFile]) -> BuildResult:
+        """Apply the parse-error policy to one split of the batch and move its files into
+        the split's own directories (or delete them)."""
+        def drop() -> None:
+            self._cleanup(*(f.uri for f in (*files, *rejects)))
+
+        if split.kill_switch.tripped:
+            drop()
+            return SplitKilled(split.kill_switch.reason or "killed")
+        rows = sum(f.rows for f in files)
+        counts, first = _reasons(rejects)
+        errors = len(split) - rows
+        if sum(counts.values()) != errors or set(counts) - set(PARSE_ERRORS):
+            drop()
+            return BuildError(f"split {split.id}: {rows} rows and {dict(counts)} rejected, the split has {len(split)}")
         if errors and spec.on_parse_error == "fail":
-            first = (df.filter(~plan.good).select("_offset", "_error")
-                     .orderBy("_offset").limit(1).collect()[0])
-            raise ParseFailure(split.tp.topic, split.tp.partition, int(first["_offset"]), str(first["_error"]))
+            drop()
+            assert first is not None
+            return ParseFailure(split.tp.topic, split.tp.partition, first[0], first[1])
+        store, name = spec.segment_store, spec.name
+        data_dir = segment_store.segment_dir(store, name, split.id)
+        moved = segment_store.move_into([f.uri for f in files], data_dir)
+        rejects_dir: str | None = None
+        rejects_moved: list[str] = []
         if errors and spec.on_parse_error == "reject":
-            split.kill_switch.check()
-            (df.filter(~plan.good).select(*META_COLUMNS, "_value", "_error")
-             .write.mode(WRITE_MODE).option("compression", "zstd").parquet(rejects_dir))
-            rejects_files = segment_store.list_files(rejects_dir)
-        elif errors:
-            skipped = errors
-
-        by_reason = tuple((reason, int(stats[reason])) for reason in PARSE_ERRORS if stats[reason])
-        if sum(n for _, n in by_reason) != errors:
-            raise BuildError(f"split {split.id}: {errors} parse errors, by reason {by_reason}")
-        files = segment_store.list_files(data_dir)
+            rejects_dir = segment_store.rejects_dir(store, name, split.id)
+            rejects_moved = segment_store.move_into([f.uri for f in rejects], rejects_dir)
+        else:
+            self._cleanup(*(f.uri for f in rejects))
+        events = [(f.min_event_us, f.max_event_us) for f in files if f.min_event_us is not None]
         return BuiltSegment(
             split_id=split.id,
             location=data_dir,
-            files=tuple(uri for uri, _ in files),
-            row_count=total - errors,
-            size_bytes=sum(size for _, size in files) + sum(size for _, size in rejects_files),
-            min_event_time=_utc(stats["min_us"]),
-            max_event_time=_utc(stats["max_us"]),
-            rejects_location=rejects_dir if rejects_files else None,
-            rejects_files=tuple(uri for uri, _ in rejects_files),
-            rejects_count=errors if rejects_files else 0,
-            skipped_count=skipped,
-            parse_errors=by_reason,
+            files=tuple(moved),
+            row_count=rows,
+            size_bytes=sum(f.size_bytes for f in files) + (sum(f.size_bytes for f in rejects) if rejects_dir else 0),
+            min_event_time=_utc(min(e[0] for e in events if e[0] is not None)) if events else None,
+            max_event_time=_utc(max(e[1] for e in events if e[1] is not None)) if events else None,
+            rejects_location=rejects_dir,
+            rejects_files=tuple(rejects_moved),
+            rejects_count=errors if rejects_dir else 0,
+            skipped_count=errors if spec.on_parse_error == "skip" else 0,
+            parse_errors=tuple((reason, counts[reason]) for reason in PARSE_ERRORS if counts.get(reason)),
         )
 
     @staticmethod
@@ -302,10 +379,22 @@ class SparkSegmentBuilder:
                 log.warning("cleanup_failed", uri=uri, error=str(exc))
 
 
-def _with_build_time(built: BuiltSegment, seconds: float) -> BuiltSegment:
-    from dataclasses import replace
+def _reasons(rejects: list[output_files.OutputFile]) -> tuple[dict[str, int], tuple[int, str] | None]:
+    """Rejected records by reason, and the first one (offset, reason)."""
+    if not rejects:
+        return {}, None
+    tables = []
+    for f in rejects:
+        fs, path = segment_store.filesystem(f.uri)
+        tables.append(pq.read_table(path, columns=["_offset", "_error"], filesystem=fs))
+    table = pa.concat_tables(tables)
+    counts = {str(row["values"]): int(row["counts"]) for row in pc.value_counts(table["_error"]).to_pylist()}
+    at = pc.index(table["_offset"], pc.min(table["_offset"])).as_py()
+    return counts, (int(table["_offset"][at].as_py()), str(table["_error"][at].as_py()))
 
-    return replace(built, build_seconds=seconds)
+
+def _is_spark_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith(("pyspark", "py4j"))
 
 
 def _first_line(exc: BaseException) -> str:

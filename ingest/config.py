@@ -39,6 +39,10 @@ class Settings:
     metrics_port: int | None = None
     log_format: str = "auto"
     build_threads: int = 2
+    # A build thread builds up to this many waiting splits as one batch (one Spark job), and
+    # waits up to the linger after the oldest was sealed for others to join it.
+    build_batch_splits: int = 8
+    build_linger_s: float = 0.5
     # Fault injection for tests and chaos runs: sleep this long between build and publish.
     fault_publish_delay_s: float = 0.0
     # Splits failing in a row (each after its build retries, none published in between)
@@ -73,6 +77,8 @@ class Settings:
             metrics_port=_optional_port(env.get("INGEST_METRICS_PORT")),
             log_format=_choice("INGEST_LOG_FORMAT", env.get("INGEST_LOG_FORMAT", "auto"), ("auto", "json", "console")),
             build_threads=_positive_int("INGEST_BUILD_THREADS", env.get("INGEST_BUILD_THREADS", "2")),
+            build_batch_splits=_positive_int("INGEST_BUILD_BATCH_SPLITS", env.get("INGEST_BUILD_BATCH_SPLITS", "8")),
+            build_linger_s=_non_negative_float("INGEST_BUILD_LINGER_S", env.get("INGEST_BUILD_LINGER_S", "0.5")),
             fault_publish_delay_s=_non_negative_float(
                 "INGEST_FAULT_PUBLISH_DELAY_S", env.get("INGEST_FAULT_PUBLISH_DELAY_S", "0")
             ),

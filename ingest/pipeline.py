@@ -1,6 +1,10 @@
 """Sealed splits in flight: built concurrently, published one at a time per partition in
 offset order.
 
+Build threads take every split waiting to be built (up to ``max_batch_splits``) and build
+them as one batch, one Spark job: under load, batches grow by themselves and the per-job
+cost is paid once per batch; when idle, a split is built alone at once.
+
 Invariants:
 - For each partition, splits are published strictly in the order they were submitted;
   a split is never published while an earlier split of its partition is unresolved.
@@ -16,8 +20,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -72,8 +76,10 @@ Outcome = Published | Killed | Conflicted | Failed | Fatal
 class _Entry:
     split: SealedSplit
     built: Future[BuiltSegment]
-    # The spec version current when the split was submitted: it is built and published with it.
+    # The spec current when the split was submitted: it is built and published with it.
+    spec: SourceSpec
     spec_version: int = 0
+    submitted_at: float = field(default_factory=time.monotonic)
 
 
 class Pipeline:
@@ -85,6 +91,8 @@ class Pipeline:
         spec_version: int,
         *,
         build_threads: int = 2,
+        max_batch_splits: int = 8,
+        batch_linger_s: float = 0.5,
         build_attempts: int = 3,
         build_retry_s: float = 1.0,
         publish_delay_s: float = 0.0,
@@ -96,15 +104,22 @@ class Pipeline:
         self._build_attempts = build_attempts
         self._build_retry_s = build_retry_s
         self._publish_delay_s = publish_delay_s
-        self._executor = ThreadPoolExecutor(max_workers=build_threads, thread_name_prefix="ingest-build")
+        self._max_batch_splits = max_batch_splits
+        self._batch_linger_s = batch_linger_s
         self._cond = threading.Condition()
         self._queues: dict[TopicPartition, deque[_Entry]] = {}
+        # Submitted, not yet taken by a build thread (oldest first).
+        self._unbuilt: deque[_Entry] = deque()
         self._outcomes: list[Outcome] = []
         self._inflight_bytes = 0
         self._inflight_count = 0
         self._closing = False
         self._thread = threading.Thread(target=self._publish_loop, name="ingest-publish", daemon=True)
         self._thread.start()
+        self._builders = [threading.Thread(target=self._build_loop, name=f"ingest-build-{i}", daemon=True)
+                          for i in range(build_threads)]
+        for thread in self._builders:
+            thread.start()
 
     # -- polling thread API ------------------------------------------------------------
 
@@ -114,11 +129,14 @@ class Pipeline:
         self._spec, self._spec_version = spec, spec_version
 
     def submit(self, split: SealedSplit) -> None:
-        future = self._executor.submit(self._build, split, self._spec)
+        future: Future[BuiltSegment] = Future()
+        entry = _Entry(split, future, self._spec, self._spec_version)
         with self._cond:
-            self._queues.setdefault(split.tp, deque()).append(_Entry(split, future, self._spec_version))
+            self._queues.setdefault(split.tp, deque()).append(entry)
+            self._unbuilt.append(entry)
             self._inflight_count += 1
             self._inflight_bytes += split.size_bytes
+            self._cond.notify_all()
         future.add_done_callback(self._wake)
 
     def kill(self, tps: Iterable[TopicPartition], reason: str, deadline: float | None = None) -> int:
@@ -175,9 +193,14 @@ class Pipeline:
         self.kill_all("shutdown", deadline=time.monotonic() + min(timeout, 10.0))
         with self._cond:
             self._closing = True
+            unbuilt, self._unbuilt = list(self._unbuilt), deque()
             self._cond.notify_all()
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        self._thread.join(timeout)
+        for entry in unbuilt:
+            entry.built.cancel()
+        deadline = time.monotonic() + timeout
+        for thread in self._builders:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- internals ---------------------------------------------------------------------
 
@@ -198,19 +221,71 @@ class Pipeline:
         with self._cond:
             self._cond.notify_all()
 
-    def _build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
+    def _take_batch(self) -> list[_Entry] | None:
+        """Wait for splits to build; None once closing. A batch has one spec (version)."""
+        with self._cond:
+            while True:
+                while not self._unbuilt:
+                    if self._closing:
+                        return None
+                    self._cond.wait(0.1)
+                # Splits sealed by age come a few hundred milliseconds apart: waiting that
+                # long for them makes one batch (one job) where there would be several.
+                linger_until = self._unbuilt[0].submitted_at + self._batch_linger_s
+                while (self._unbuilt and len(self._unbuilt) < self._max_batch_splits and not self._closing
+                       and (remaining := linger_until - time.monotonic()) > 0):
+                    self._cond.wait(remaining)
+                if self._unbuilt:  # another build thread may have taken them meanwhile
+                    break
+            spec = self._unbuilt[0].spec
+            batch: list[_Entry] = []
+            rest: deque[_Entry] = deque()
+            while self._unbuilt:
+                entry = self._unbuilt.popleft()
+                if entry.spec is spec and len(batch) < self._max_batch_splits:
+                    batch.append(entry)
+                else:
+                    rest.append(entry)
+            self._unbuilt = rest
+        # A future cancelled by close() is not built; it resolves as Killed("shutdown").
+        return [e for e in batch if e.built.set_running_or_notify_cancel()]
+
+    def _build_loop(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            if batch:
+                self._build(batch)
+
+    def _build(self, batch: list[_Entry]) -> None:
+        """Build a batch, retrying the splits whose build failed (not those killed or
+        refused by the parse policy), and resolve every entry's future."""
         attempt = 1
-        while True:
-            split.kill_switch.check()
+        pending = batch
+        while pending:
             try:
-                return self._builder.build(split, spec)
-            except BuildError as exc:
-                if attempt >= self._build_attempts:
-                    raise
-                log.warning("build_retry", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
-                            attempt=attempt, error=str(exc))
-                self._sleep_unless_killed(split, self._build_retry_s * attempt)
+                results = self._builder.build_batch([e.split for e in pending], pending[0].spec)
+            except Exception as exc:  # a builder bug: fail the batch, never the thread
+                log.exception("build_batch_failed", splits=len(pending), error=str(exc))
+                results = [exc] * len(pending)
+            retry: list[_Entry] = []
+            for entry, result in zip(pending, results, strict=True):
+                if isinstance(result, BuildError) and attempt < self._build_attempts:
+                    retry.append(entry)
+                    log.warning("build_retry", split=str(entry.split.id), topic=entry.split.tp.topic,
+                                partition=entry.split.tp.partition, attempt=attempt, error=str(result))
+                elif isinstance(result, Exception):
+                    entry.built.set_exception(result)
+                else:
+                    entry.built.set_result(result)
+            if retry:
+                self._sleep_unless_all_killed([e.split for e in retry], self._build_retry_s * attempt)
                 attempt += 1
+            pending = retry
+
+    @staticmethod
+    def _sleep_unless_all_killed(splits: list[SealedSplit], seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (remaining := end - time.monotonic()) > 0 and not all(s.kill_switch.tripped for s in splits):
+            time.sleep(min(remaining, 0.05))
 
     @staticmethod
     def _sleep_unless_killed(split: SealedSplit, seconds: float) -> None:

@@ -4,8 +4,10 @@ here, any scheme pyarrow knows elsewhere).
     <store>/<source>/segments/<split-id>/part-*.parquet   data files of one split
     <store>/<source>/rejects/<split-id>/part-*.parquet    its rejected records
     <store>/<source>/_staging/<split-id>.parquet          the records handed to Spark
+    <store>/<source>/segments/<batch-id>/                  a batch job's output, moved into
+    <store>/<source>/rejects/<batch-id>/                   the split directories right after
 
-Directories are never reused: a split id is a fresh UUID per seal.
+Directories are never reused: split and batch ids are fresh UUIDs.
 """
 
 from __future__ import annotations
@@ -85,3 +87,19 @@ def list_children(store_uri: str, source: str) -> list[tuple[str, float]]:
             mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
             children.append((_uri_of(base, base_path, info.path), mtime))
     return sorted(children)
+
+
+def move_into(uris: list[str], dir_uri: str) -> list[str]:
+    """Move files into ``dir_uri`` (created), keeping their names; returns their new URIs.
+    A rename on a local or HDFS-like store; a copy and delete on object stores."""
+    if not uris:
+        return []
+    fs, dir_path = filesystem(dir_uri)
+    fs.create_dir(dir_path, recursive=True)
+    moved = []
+    for uri in uris:
+        _, path = filesystem(uri)
+        name = path.rsplit("/", 1)[-1]
+        fs.move(path, f"{dir_path}/{name}")
+        moved.append(f"{dir_uri.rstrip('/')}/{name}")
+    return moved

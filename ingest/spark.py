@@ -18,6 +18,11 @@ BASE_CONF = {
     "spark.hadoop.fs.file.impl.disable.cache": "true",
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.localRelationThreshold": "0",
+    # A batch build reads one staged file per split and tells output files apart by split:
+    # a file's open cost equal to the partition size keeps every staged file in a task of
+    # its own (Spark would otherwise pack small files together).
+    "spark.sql.files.maxPartitionBytes": "134217728",
+    "spark.sql.files.openCostInBytes": "134217728",
 }
 # Static settings of the Spark application itself: under Spark Connect the driver is the
 # server, which owns them (they are set on its command line), and a client that tries to

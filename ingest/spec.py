@@ -46,7 +46,7 @@ class SplitLimits:
     max_bytes: int = 64 * 1024**2
     max_age_s: float = 30.0
     # Backpressure: past either bound the worker pauses its partitions (poll() keeps going).
-    max_in_flight: int = 8
+    max_in_flight: int = 16
     max_in_flight_bytes: int = 512 * 1024**2
 
 

@@ -139,6 +139,7 @@ class Worker:
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
             pipeline = Pipeline(builder, publisher, spec, version, build_threads=settings.build_threads,
+                                max_batch_splits=settings.build_batch_splits, batch_linger_s=settings.build_linger_s,
                                 publish_delay_s=settings.fault_publish_delay_s)
             conf = consumer_config(settings, spec.group_id)
             incremental = "cooperative" in str(conf["partition.assignment.strategy"])

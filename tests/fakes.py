@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ingest.errors import BuildError
+from ingest.errors import BuildError, SplitKilled
 from ingest.model import BuiltSegment, SegmentToPublish, TopicPartition
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
@@ -48,6 +49,7 @@ class FakeBuilder:
         self.failures: dict[int, int] = {}
         self.built: list[SealedSplit] = []
         self.discarded: list[uuid.UUID] = []
+        self.batches: list[list[int]] = []
         self.lock = threading.Lock()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
@@ -63,6 +65,17 @@ class FakeBuilder:
             self.built.append(split)
         return BuiltSegment(split_id=split.id, location=f"mem://{split.id}", files=(f"mem://{split.id}/f",),
                             row_count=len(split), size_bytes=len(split))
+
+    def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuiltSegment | Exception]:
+        with self.lock:
+            self.batches.append([split.start for split in splits])
+        results: list[BuiltSegment | Exception] = []
+        for split in splits:
+            try:
+                results.append(self.build(split, spec))
+            except (BuildError, SplitKilled) as exc:
+                results.append(exc)
+        return results
 
     def discard(self, segment: BuiltSegment) -> None:
         with self.lock:

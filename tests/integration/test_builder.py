@@ -31,9 +31,9 @@ def make_spec(tmp_path: Path, policy: str = "reject") -> SourceSpec:
     })
 
 
-def split_of(values: list[bytes | None], start: int = 100) -> SealedSplit:
+def split_of(values: list[bytes | None], start: int = 100, tp: TopicPartition = TP) -> SealedSplit:
     records = tuple(FakeRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
-    return SealedSplit(id=uuid.uuid4(), tp=TP, serial=1, start=start, end=start + len(values), records=records,
+    return SealedSplit(id=uuid.uuid4(), tp=tp, serial=1, start=start, end=start + len(values), records=records,
                        size_bytes=sum(len(v or b"") for v in values), first_record_at=0.0, sealed_at=0.0,
                        seal_reason="test", kill_switch=KillSwitch())
 
@@ -129,3 +129,59 @@ def test_warm_up_runs_the_build_path_and_leaves_nothing(spark: Any, tmp_path: Pa
     # The warmed-up builder (and its cached plan) builds real splits unchanged.
     built = builder.build(split_of([good(1), good(2)]), spec)
     assert built.row_count == 2
+
+
+def offsets_in(files: tuple[str, ...]) -> list[int]:
+    if not files:
+        return []
+    return sorted(pq.read_table([f.removeprefix("file://") for f in files], columns=["_offset"])["_offset"].to_pylist())
+
+
+def test_a_batch_builds_each_split_into_its_own_files(spark: Any, tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    other = TopicPartition("other", 3)  # same partition number, another topic
+    a = split_of([good(i) for i in range(300)], start=0)
+    b = split_of([good(i) if i % 10 else b"nope" for i in range(200)], start=300)  # the next split of TP
+    c = split_of([good(i) for i in range(100)] + [None], start=0, tp=other)
+    d = split_of([b"{"] * 5, start=500)  # nothing parses: no data files at all
+    built = SparkSegmentBuilder(spark).build_batch([a, b, c, d], spec)
+    assert all(not isinstance(r, Exception) for r in built), built
+    ra, rb, rc, rd = (r for r in built if not isinstance(r, Exception))
+    assert [r.split_id for r in (ra, rb, rc, rd)] == [a.id, b.id, c.id, d.id]
+    assert offsets_in(ra.files) == list(range(300)) and ra.rejects_count == 0
+    assert offsets_in(rb.files) == [300 + i for i in range(200) if i % 10] and rb.rejects_count == 20
+    assert offsets_in(rb.rejects_files) == [300 + i for i in range(0, 200, 10)]
+    assert rb.parse_errors == (("invalid_json", 20),)
+    assert offsets_in(rc.files) == list(range(100)) and rc.parse_errors == (("null_value", 1),)
+    assert pq.read_table([f.removeprefix("file://") for f in rc.files])["_topic"].unique().to_pylist() == ["other"]
+    assert (rd.files, rd.row_count, rd.rejects_count, rd.min_event_time) == ((), 0, 5, None)
+    for r in (ra, rb, rc):
+        assert all(f.startswith(r.location + "/") for f in r.files)
+        assert r.row_count == len(offsets_in(r.files))
+    assert ra.min_event_time == datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+    assert ra.max_event_time == datetime(2026, 11, 22, 10, 0, 59, tzinfo=UTC)
+    # Nothing but the splits' own files: the batch directories and staging files are gone.
+    published = [f for r in (ra, rb, rc, rd) for f in (*r.files, *r.rejects_files)]
+    assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in published)
+
+
+def test_one_split_of_a_batch_fails_or_is_killed_and_the_others_build(spark: Any, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = make_spec(tmp_path, "fail")
+    ok = split_of([good(i) for i in range(50)], start=0)
+    bad = split_of([good(i) if i != 7 else b"[1" for i in range(50)], start=0, tp=TopicPartition("events", 4))
+    killed = split_of([good(i) for i in range(50)], start=0, tp=TopicPartition("events", 5))
+    builder = SparkSegmentBuilder(spark)
+    stage = builder._stage
+
+    def stage_then_kill(split: SealedSplit, uri: str) -> None:
+        stage(split, uri)
+        if split is killed:  # killed after the batch started: its output is dropped, not the job
+            split.kill_switch.trip("revoke")
+
+    monkeypatch.setattr(builder, "_stage", stage_then_kill)
+    r_ok, r_bad, r_killed = builder.build_batch([ok, bad, killed], spec)
+    assert isinstance(r_bad, ParseFailure) and (r_bad.partition, r_bad.offset, r_bad.reason) == (4, 7, "invalid_json")
+    assert isinstance(r_killed, SplitKilled)
+    assert not isinstance(r_ok, Exception) and offsets_in(r_ok.files) == list(range(50))
+    assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in r_ok.files)

@@ -33,7 +33,8 @@ def builder() -> FakeBuilder:
 @pytest.fixture
 def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
     publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
-    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01)
+    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01,
+                 batch_linger_s=0.0)
     yield p
     p.close(timeout=5)
 
@@ -142,3 +143,41 @@ def test_join_waits_for_everything_in_flight(pipeline: Pipeline, builder: FakeBu
     gate.set()
     assert pipeline.join(5)
     assert pipeline.inflight_count == 0 and pipeline.inflight_bytes == 0
+
+
+def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_retried(
+    store: FakeStore, builder: FakeBuilder
+) -> None:
+    publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
+    gate = threading.Event()
+    builder.gates[0] = gate
+    builder.failures[30] = 1
+    pipeline = Pipeline(builder, publisher, SPEC, 1, build_threads=1, build_attempts=2, build_retry_s=0.01,
+                        batch_linger_s=0.0)
+    try:
+        pipeline.submit(make_split(P0, 0, 10))  # taken alone; holds the only build thread
+        time.sleep(0.05)
+        for split in (make_split(P0, 10, 20), make_split(P1, 0, 30), make_split(P1, 30, 40)):
+            pipeline.submit(split)
+        gate.set()
+        outcomes = drain(pipeline, 4)
+    finally:
+        pipeline.close(timeout=5)
+    assert all(isinstance(o, Published) for o in outcomes)
+    assert builder.batches == [[0], [10, 0, 30], [30]]
+    assert store.next_offsets == {P0: 20, P1: 40}
+
+
+def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: FakeStore, builder: FakeBuilder) -> None:
+    publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
+    pipeline = Pipeline(builder, publisher, SPEC, 1, build_threads=2, batch_linger_s=0.5)
+    try:
+        pipeline.submit(make_split(P0, 0, 10))
+        time.sleep(0.1)
+        pipeline.submit(make_split(P1, 0, 10))
+        drain(pipeline, 2)
+        pipeline.submit(make_split(P0, 10, 20))
+        drain(pipeline, 1)
+    finally:
+        pipeline.close(timeout=5)
+    assert builder.batches == [[0, 0], [10]]
