@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuildResult, SegmentBuilder
 from ingest.errors import ParseFailure
 from ingest.model import BuiltSegment
 from ingest.spec import SourceSpec
@@ -83,13 +83,14 @@ class ZombieBuilder:
         self.source = source
         self.zombie_splits: list[BuiltSegment] = []
 
-    def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
-        built = self.inner.build(split, spec)
-        if split.tp.partition == 0 and not self.zombie_splits:
-            with Metastore(self.database_url) as store:
-                store.claim_partitions(self.source, "usurper", [split.tp])
-            self.zombie_splits.append(built)
-        return built
+    def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuildResult]:
+        results = self.inner.build_batch(splits, spec)
+        for split, built in zip(splits, results, strict=True):
+            if split.tp.partition == 0 and not self.zombie_splits and isinstance(built, BuiltSegment):
+                with Metastore(self.database_url) as store:
+                    store.claim_partitions(self.source, "usurper", [split.tp])
+                self.zombie_splits.append(built)
+        return results
 
     def discard(self, segment: BuiltSegment) -> None:
         self.inner.discard(segment)

@@ -83,7 +83,9 @@ def test_failing_builds_make_the_worker_unhealthy_until_the_store_is_writable_ag
     (tmp_path / "store.away").rename(store_dir)
     with Metastore(url) as store:
         wait_until(lambda: produced.caught_up(store, source), 180, "the worker to catch up after the store returned")
-    assert worker.worker.healthy()[0] and _probe(port, "/readyz")[0] == 200
+    # Healthy again once the loop has taken the publish outcomes (just after their commits).
+    wait_until(lambda: worker.worker.healthy()[0], 30, "the worker to report itself healthy again")
+    assert _probe(port, "/readyz")[0] == 200
     assert worker.error is None and worker.thread.is_alive()
     assert worker.worker.metrics.split_failures.labels(source, "build")._value.get() >= 2
     worker.stop()
