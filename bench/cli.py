@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer, report
-from bench.data import produce_dataset
+from bench.data import Produced, produce_dataset
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
 from bench.stats import percentiles
 from ingest.embedded import LocalBroker, LocalPostgres, create_topic
@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
     parser.add_argument("--timeout", type=float, help="bound on each phase, seconds (default 1800; --quick 150)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="also ingest the data set with each of --scaling-workers, and with one worker over "
+                             "topics of each of --scaling-partitions partitions")
+    parser.add_argument("--scaling-workers", default="1,2,3", help="worker counts of --scaling (default 1,2,3)")
+    parser.add_argument("--scaling-partitions", default="2,6,12",
+                        help="partition counts of --scaling (default 2,6,12)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 1_000_000)
@@ -82,7 +88,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.timeout = args.timeout or (150.0 if quick else 1800.0)
     if args.records <= 0 or args.partitions <= 0 or args.workers <= 0:
         parser.error("--records, --partitions and --workers must be positive")
+    for name in ("scaling_workers", "scaling_partitions"):
+        try:
+            counts = [int(x) for x in getattr(args, name).split(",") if x.strip()]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) <= 0:
+            parser.error(f"--{name.replace('_', '-')}: a comma-separated list of positive integers")
+        setattr(args, name, counts)
     return args
+
+
+def _scaling_row(result: dict[str, Any], check: dict[str, Any], **key: int) -> dict[str, Any]:
+    return {**key, **{k: result[k] for k in ("records_per_s", "mb_per_s", "cpu_s_per_million", "wall_s",
+                                              "peak_rss_mb", "segments")}, "exactly_once": check["ok"]}
+
+
+def _scaling_topic(ctx: Context, args: argparse.Namespace, partitions: int, name: str) -> Produced:
+    """A fresh topic with the data set (the main topic has the latency phase's records too)."""
+    create_topic(ctx.bootstrap, name, partitions)
+    return produce_dataset(ctx.bootstrap, name, args.records, partitions, timeout=max(120.0, args.records / 5000))
+
+
+def run_scaling(ctx: Context, args: argparse.Namespace, split: SplitConfig,
+                checks: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Throughput by worker count (one topic) and by partition count (one worker). A worker
+    alone gets ``local[2]`` and two build threads; several share the cores with ``local[1]``
+    and one each, as in the main runs."""
+    by_workers: list[dict[str, Any]] = []
+    topic = f"{TOPIC}-workers"
+    data = _scaling_topic(ctx, args, args.partitions, topic)
+    for n in args.scaling_workers:
+        master, threads = ("local[2]", 2) if n == 1 else ("local[1]", 1)
+        result, fleet = run_throughput(ctx, topic, data, n, master, threads, split, f"scale_w{n}")
+        fleet.stop()
+        check = checks[f"scale_w{n}"] = verify(ctx, result["source"], topic, data.ends)
+        by_workers.append(_scaling_row(result, check, workers=n))
+    by_partitions: list[dict[str, Any]] = []
+    for parts in args.scaling_partitions:
+        topic = f"{TOPIC}-p{parts}"
+        produced = _scaling_topic(ctx, args, parts, topic)
+        result, fleet = run_throughput(ctx, topic, produced, 1, "local[2]", 2, split, f"scale_p{parts}")
+        fleet.stop()
+        check = checks[f"scale_p{parts}"] = verify(ctx, result["source"], topic, produced.ends)
+        by_partitions.append(_scaling_row(result, check, partitions=parts))
+    return {"workers": by_workers, "partitions": by_partitions}
 
 
 def run_raw(ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int,
@@ -217,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_rebalance:
                 results["rebalance"] = run_rebalance(ctx, REBALANCE_TOPIC, args.rebalance_records, "local[1]")
                 checks["rebalance"] = results["rebalance"]["exactly_once"]
+            if args.scaling:
+                ctx.log("[scaling] by workers, then by partitions")
+                results["scaling"] = run_scaling(ctx, args, split, checks)
     finally:
         for f in fleets:
             f.stop()  # no-op for fleets already stopped

@@ -80,6 +80,12 @@ def table(results: dict[str, Any]) -> str:
                        f"{_fmt(ev['reconsumed_moved'], 0)} (settled in {_fmt(ev['settle_s'], 1)} s)")
         out.append(f"rebalance total: {_fmt(rb['consumed_total'], 0)} records consumed for {rb['records']:,} in the "
                    f"topic; exactly-once: {rb['exactly_once']['ok']}")
+    scaling = results.get("scaling")
+    if scaling:
+        for key, points in scaling.items():
+            out.append(f"scaling by {key}: " + "; ".join(
+                f"{point[key]} -> {_fmt(point['records_per_s'], 0)} records/s "
+                f"({_fmt(point['cpu_s_per_million'], 1)} CPU s/M)" for point in points))
     checks = results.get("exactly_once", {})
     if checks:
         out.append("exactly-once checks: " + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'}"

@@ -119,7 +119,7 @@ class SealedSplit:
 class PartitionBuffer:
     """Records of one partition since the last seal."""
 
-    __slots__ = ("_first_at", "_records", "_size", "epoch", "position", "serial", "tp")
+    __slots__ = ("_first_at", "_last", "_records", "_size", "epoch", "position", "serial", "tp")
 
     def __init__(self, tp: TopicPartition, serial: int, position: int | None, epoch: int = 0) -> None:
         self.tp = tp
@@ -131,6 +131,8 @@ class PartitionBuffer:
         self._records: list[Record] = []
         self._size = 0
         self._first_at = 0.0
+        # Offset of the last record appended (-1: none); kept to avoid a call per record.
+        self._last = -1
 
     def __len__(self) -> int:
         return len(self._records)
@@ -150,15 +152,14 @@ class PartitionBuffer:
         if self.position is None:
             self.position = offset
         if self._records:
-            last = self._records[-1].offset()
-            assert last is not None
-            if offset <= last:
+            if offset <= self._last:
                 return False
         elif offset < self.position:
             return False
-        if not self._records:
+        else:
             self._first_at = now
         self._records.append(record)
+        self._last = offset
         self._size += size
         return True
 
@@ -175,8 +176,7 @@ class PartitionBuffer:
 
     def seal(self, reason: str, now: float | None = None) -> SealedSplit:
         assert self._records and self.position is not None
-        last = self._records[-1].offset()
-        assert last is not None
+        last = self._last
         split = SealedSplit(
             id=uuid.uuid4(),
             tp=self.tp,
@@ -194,4 +194,5 @@ class PartitionBuffer:
         self.position = split.end
         self._records = []
         self._size = 0
+        self._last = -1
         return split
