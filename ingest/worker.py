@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from ingest.rebalance import RebalanceHandler
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
 from metastore import Metastore, SourceTerminated
+from metastore.errors import MetastoreUnavailable
 from metastore.listener import ControlListener
 
 log = structlog.get_logger(__name__)
@@ -134,6 +136,10 @@ class Worker:
                 spark = create_session(settings.spark_master, f"ingest-{spec.name}")
                 builder = SparkSegmentBuilder(spark)
                 self._warm_up(builder, spec)
+            # Connect now, not in the first publish (whose latency would then include it); a
+            # failure is the publisher's to retry.
+            with contextlib.suppress(MetastoreUnavailable):
+                publish_store.ping()
             publisher = Publisher(
                 publish_store, spec.name, worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
