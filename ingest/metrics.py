@@ -77,7 +77,8 @@ class Metrics:
         self.worker_up = Gauge("ingest_worker_up", "1 while the worker runs its loop", ["source"], registry=r)
         self.worker_state = Gauge("ingest_worker_state", "The worker's state: 1 for the current one, 0 for the others",
                                   ["source", "state"], registry=r)
-        self.build_seconds = Histogram("ingest_split_build_seconds", "Spark build time per split", ["source"],
+        self.build_seconds = Histogram("ingest_split_build_seconds",
+                                       "Spark build time of the batch that built the split", ["source"],
                                        buckets=_BUILD_BUCKETS, registry=r)
         self.publish_seconds = Histogram("ingest_publish_transaction_seconds", "Publish transaction time",
                                          ["source"], buckets=_PUBLISH_BUCKETS, registry=r)
