@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
     parser.add_argument("--timeout", type=float, help="bound on each phase, seconds (default 1800; --quick 150)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the raw baseline, the peer and the one-worker ingest this many times each and "
+                             "report the median run of each (the runs' records/s are listed too)")
     parser.add_argument("--scaling", action="store_true",
                         help="also ingest the data set with each of --scaling-workers, and with one worker over "
                              "topics of each of --scaling-partitions partitions")
@@ -86,8 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # A hung phase must fail inside the bench (which then stops what it started), not be
     # killed from outside with servers and workers left behind.
     args.timeout = args.timeout or (150.0 if quick else 1800.0)
-    if args.records <= 0 or args.partitions <= 0 or args.workers <= 0:
-        parser.error("--records, --partitions and --workers must be positive")
+    if args.records <= 0 or args.partitions <= 0 or args.workers <= 0 or args.repeat <= 0:
+        parser.error("--records, --partitions, --workers and --repeat must be positive")
     for name in ("scaling_workers", "scaling_partitions"):
         try:
             counts = [int(x) for x in getattr(args, name).split(",") if x.strip()]
@@ -97,6 +100,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')}: a comma-separated list of positive integers")
         setattr(args, name, counts)
     return args
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median records/s (the lower one of an even count), annotated with every
+    run's records/s. A run that could not be measured ("n/a") makes the whole result n/a."""
+    failed = [r for r in runs if r.get("status") == "n/a"]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda r: float(r["records_per_s"]))
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        median["runs_records_per_s"] = [r["records_per_s"] for r in runs]
+    return median
 
 
 def _scaling_row(result: dict[str, Any], check: dict[str, Any], **key: int) -> dict[str, Any]:
@@ -136,18 +152,19 @@ def run_scaling(ctx: Context, args: argparse.Namespace, split: SplitConfig,
 
 
 def run_raw(ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int,
-            timeout: float) -> dict[str, Any]:
-    """The raw baseline in its own process (its CPU and memory are its own)."""
-    result_path = ctx.work / "raw-result.json"
+            timeout: float, run: int = 1) -> dict[str, Any]:
+    """The raw baseline in its own process (its CPU and memory are its own); each run writes
+    into its own directory."""
+    result_path = ctx.work / f"raw-result-{run}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    with (ctx.work / "logs" / "raw.log").open("wb") as out:
+    with (ctx.work / "logs" / f"raw-{run}.log").open("wb") as out:
         proc = subprocess.run(
             [sys.executable, "-m", "bench.raw", "--bootstrap", ctx.bootstrap, "--topic", TOPIC,
-             "--ends", json.dumps(data_ends), "--out", str(ctx.work / "raw"), "--batch", str(batch),
+             "--ends", json.dumps(data_ends), "--out", str(ctx.work / f"raw-{run}"), "--batch", str(batch),
              "--timeout", str(timeout), "--result", str(result_path)],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout + 60, check=False)
     if proc.returncode != 0 or not result_path.exists():
-        raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / 'raw.log'}")
+        raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / f'raw-{run}.log'}")
     raw: dict[str, Any] = json.loads(result_path.read_text())
     wall = max(raw["last_write_at"] - raw["first_record_at"], 1e-6)
     return {
@@ -218,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"partitions in {data.seconds:.1f} s")
 
             log("[raw] confluent-kafka + pyarrow.json + Parquet")
-            throughput["raw"] = run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records,
-                                        args.timeout)
+            throughput["raw"] = median_run([
+                run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records, args.timeout, run)
+                for run in range(1, args.repeat + 1)])
 
             if args.skip_peer:
                 throughput["peer"] = {"status": "n/a", "reason": "skipped (--skip-peer)"}
@@ -230,22 +248,35 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"[peer] n/a: {why}")
                 else:
                     log(f"[peer] quixstreams under {peer_python}")
-                    try:
-                        throughput["peer"] = peer.run(peer_python, broker.bootstrap, TOPIC, data.records,
-                                                      data.value_bytes, work, commit_interval=max_age_s,
-                                                      timeout=args.timeout)
-                    except subprocess.TimeoutExpired:
-                        throughput["peer"] = {"status": "n/a", "reason": f"no result within {args.timeout:.0f} s"}
+                    peer_runs: list[dict[str, Any]] = []
+                    for run in range(1, args.repeat + 1):
+                        try:
+                            peer_runs.append(peer.run(peer_python, broker.bootstrap, TOPIC, data.records,
+                                                      data.value_bytes, work / f"peer-{run}",
+                                                      commit_interval=max_age_s,
+                                                      timeout=args.timeout))
+                        except subprocess.TimeoutExpired:
+                            peer_runs.append({"status": "n/a",
+                                              "reason": f"no result within {args.timeout:.0f} s"})
+                            break
+                    throughput["peer"] = median_run(peer_runs)
 
-            one, fleet1 = run_throughput(ctx, TOPIC, data, 1, "local[2]", 2, split, "ingest_1")
-            fleets.append(fleet1)
+            ones: list[dict[str, Any]] = []
+            for i in range(args.repeat):
+                one, fleet1 = run_throughput(ctx, TOPIC, data, 1, "local[2]", 2, split, "ingest_1")
+                fleets.append(fleet1)
+                ones.append(one)
+                if i < args.repeat - 1:
+                    # Every run is checked; the last one's fleet goes on to the latency phase.
+                    fleet1.stop()
+                    checks[f"ingest_1_run{i + 1}"] = verify(ctx, one["source"], TOPIC, data.ends)
             ends = data.ends
             if args.workers == 1:
                 steady, ends = steady_latency(ctx, fleet1, TOPIC, args.partitions, ends, args.rate,
                                               args.steady_seconds, first_id=args.records)
             fleet1.stop()
             checks["ingest_1"] = verify(ctx, one["source"], TOPIC, ends)
-            throughput["ingest_1"] = one
+            throughput["ingest_1"] = median_run(ones)
             if args.workers > 1:
                 n, fleet_n = run_throughput(ctx, TOPIC, data, args.workers, "local[1]", 1, split, "ingest_n")
                 fleets.append(fleet_n)
@@ -285,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": args.records,
             "partitions": args.partitions,
             "workers": args.workers,
+            "repeat": args.repeat,
             "avg_record_bytes": data.avg_value_bytes,
             "value_bytes": data.value_bytes,
             "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},

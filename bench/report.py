@@ -61,6 +61,10 @@ def table(results: dict[str, Any]) -> str:
         return "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
 
     out = [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows), *missing]
+    repeated = [(key, tp[key]["runs_records_per_s"]) for key in SYSTEMS if "runs_records_per_s" in tp.get(key, {})]
+    if repeated:
+        out.append("median of runs; records/s of each run: " + "; ".join(
+            f"{label(key, tp[key])} " + " / ".join(_fmt(float(v), 0) for v in runs) for key, runs in repeated))
     lat = results.get("latency", {})
     pub = lat.get("publish_transaction_ms", {})
     vis = lat.get("produce_to_visible_s", {})

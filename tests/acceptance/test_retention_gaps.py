@@ -77,9 +77,9 @@ def _positions(url: str, source: str) -> dict[int, int | None]:
         return {int(r["partition"]): r["next_offset"] for r in store.partitions(source)}
 
 
-def _mock_settings(url: str, bootstrap: str) -> Settings:
+def _mock_settings(url: str, bootstrap: str, **kafka: str) -> Settings:
     return settings(url, bootstrap, kafka_properties={"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
-                                                      "log_level": "3"})
+                                                      "log_level": "3", **kafka})
 
 
 def test_offset_below_earliest_stops_the_partition_then_earliest_skips_it_with_a_ledger_row(
@@ -150,3 +150,40 @@ def test_offset_below_earliest_stops_the_partition_then_earliest_skips_it_with_a
         status = source_status(store, _mock_settings(url, mock_bootstrap), source)
     assert status["unacknowledged_gaps"] == 0 and status["offset_gaps"][0]["acknowledged_by"] == "tester"
     assert status["detailed_state"] != "OFFSET_OUT_OF_RANGE"
+
+
+def test_earliest_skips_the_gap_under_eager_assignment_without_losing_the_other_partitions(
+    tmp_path: Path, database_url: str, mock_bootstrap: str, spark_builder: Callable[[], SegmentBuilder],
+    start_worker: StartWorker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After OFFSET_OUT_OF_RANGE librdkafka's fetcher for the partition refuses ``seek``; under
+    eager assignment the worker can only re-assign everything, so the partitions that were fine
+    are re-assigned at the position they reached: none of their records may be skipped or read twice."""
+    url = database_url
+    source, spec_path = write_spec(tmp_path, TOPIC, max_records=2000, max_age="500ms",
+                                   extra='on_offset_out_of_range = "earliest"')
+    apply_spec(url, spec_path)
+    eager = {"partition.assignment.strategy": "range"}
+    _produce(mock_bootstrap, [(i % PARTITIONS, i) for i in range(200)])
+    worker = start_worker(_mock_settings(url, mock_bootstrap, **eager), source, spark_builder)
+    wait_until(lambda: _positions(url, source) == {p: 50 for p in range(PARTITIONS)}, 120, "the first 200 records")
+    worker.stop()
+
+    _produce(mock_bootstrap, [(0, i) for i in range(200, 8200)])
+    _produce(mock_bootstrap, [(p, 8200 + i) for i in range(300) for p in (1, 2, 3)])
+    low, high = _watermarks(mock_bootstrap, 0)
+    assert 50 < low < high == 8050, (low, high)
+
+    capsys.readouterr()
+    worker = start_worker(_mock_settings(url, mock_bootstrap, **eager), source, spark_builder)
+    wait_until(lambda: _positions(url, source) == {0: high, 1: 350, 2: 350, 3: 350}, 180,
+               "every partition to catch up, partition 0 past the gap")
+    worker.stop()
+    # The eager fallback of the re-seek ran (a plain seek is refused after OUT_OF_RANGE).
+    assert "partition_fetch_restarted" in capsys.readouterr().out
+    with Metastore(url) as store:
+        gaps = store.gaps(source)
+        assert [(g["partition"], g["from_offset"], g["to_offset"], g["skipped"]) for g in gaps] == [(0, 50, low, True)]
+        expected = {(TOPIC, 0): [*range(50), *range(low, high)], **{(TOPIC, p): list(range(350)) for p in (1, 2, 3)}}
+        result = verify_exactly_once(store, source, expected)
+    assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"

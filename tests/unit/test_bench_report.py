@@ -1,0 +1,37 @@
+"""The bench's median-of-runs selection and how the table reports it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.cli import median_run
+from bench.report import table
+
+
+def run(rps: float) -> dict[str, Any]:
+    return {"records": 1000, "wall_s": 1000 / rps, "records_per_s": rps, "mb_per_s": 1.0,
+            "cpu_s_per_million": 5.0, "peak_rss_mb": 100.0, "workers": 1}
+
+
+def test_the_median_run_is_reported_with_every_runs_throughput() -> None:
+    runs = [run(300.0), run(100.0), run(200.0)]
+    median = median_run(runs)
+    assert median["records_per_s"] == 200.0
+    assert median["wall_s"] == 5.0
+    assert median["runs_records_per_s"] == [300.0, 100.0, 200.0]
+    # Even counts take the lower middle run: a median never flatters.
+    assert median_run([run(100.0), run(400.0)])["records_per_s"] == 100.0
+    assert "runs_records_per_s" not in median_run([run(100.0)])
+
+
+def test_one_failed_run_makes_the_result_not_available() -> None:
+    failed = {"status": "n/a", "reason": "no result within 10 s"}
+    assert median_run([run(100.0), failed, run(300.0)]) == failed
+
+
+def test_the_table_lists_each_runs_throughput() -> None:
+    results = {"throughput": {"ingest_1": median_run([run(100.0), run(300.0), run(200.0)]), "raw": run(900.0)},
+               "ratios": {"ingest_1/raw": 200 / 900}, "config": {"split": {"max_age": "3s"}}}
+    text = table(results)
+    assert "median of runs; records/s of each run: ingest (1 worker) 100 / 300 / 200" in text
+    assert "raw baseline 900" not in text.split("median of runs")[1]
