@@ -15,7 +15,6 @@ failure (killed, bad input under ``fail``) does not fail the others of its batch
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -144,6 +143,19 @@ def _make_plan(spec: SourceSpec) -> _Plan:
     )
 
 
+_WARM_UP_VALUES: dict[str, Any] = {
+    "string": "warm-up", "long": 1_795_000_000_123, "int": 42, "double": 12.5, "float": 0.25, "boolean": True,
+    "timestamp": "2026-11-23T10:00:00.123Z", "date": "2026-11-23",
+}
+
+
+def warm_up_value(spec: SourceSpec) -> bytes:
+    """A JSON record with a value of the right type in every column of the schema."""
+    doc = {name: [_WARM_UP_VALUES[ctype[6:-1]]] * 3 if ctype.startswith("array<") else _WARM_UP_VALUES[ctype]
+           for name, ctype in spec.schema}
+    return json.dumps(doc).encode()
+
+
 class _SyntheticRecord:
     __slots__ = ("_offset", "_value")
 
@@ -199,19 +211,26 @@ class SparkSegmentBuilder:
         return [replace(r, build_seconds=elapsed) if isinstance(r, BuiltSegment) else r
                 for r in (results[split.id] for split in splits)]
 
-    def warm_up(self, spec: SourceSpec, records: int = 2000) -> float:
-        """Build and discard a synthetic split before the worker joins its group, so the
-        first real split does not pay for the JVM's class loading, JIT and code generation
-        (seconds on a cold JVM). Returns the seconds it took."""
+    def warm_up(self, spec: SourceSpec, records: int = 2000, splits: int = 1) -> float:
+        """Build and discard synthetic splits before the worker joins its group, so the
+        first real splits do not pay for the JVM's class loading, JIT and code generation
+        (seconds on a cold JVM). The synthetic values fill every column of the schema with
+        a value of its type, so the JIT compiles the parse paths real records take.
+        Returns the seconds it took."""
         started = time.monotonic()
-        good = json.dumps({spec.event_time: "2000-01-01T00:00:00Z"}).encode()
-        synthetic = tuple(_SyntheticRecord(i, good if i % 100 else b"{") for i in range(records))
-        split = SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", 0), serial=0, start=0, end=records,
-                            records=synthetic, size_bytes=len(good) * records, first_record_at=started,
-                            sealed_at=started, seal_reason="warm_up", kill_switch=KillSwitch())
-        # Policy "fail" stops at the synthetic bad record: the parse path ran all the same.
-        with contextlib.suppress(ParseFailure):
-            self.discard(self.build(split, spec))
+        good = warm_up_value(spec)
+        batch = [
+            SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", n), serial=0, start=0, end=records,
+                        records=tuple(_SyntheticRecord(i, good if i % 100 else b"{") for i in range(records)),
+                        size_bytes=len(good) * records, first_record_at=started, sealed_at=started,
+                        seal_reason="warm_up", kill_switch=KillSwitch())
+            for n in range(splits)]
+        for result in self.build_batch(batch, spec):
+            # Policy "fail" stops at the synthetic bad record: the parse path ran all the same.
+            if isinstance(result, BuiltSegment):
+                self.discard(result)
+            elif not isinstance(result, ParseFailure):
+                raise result
         return time.monotonic() - started
 
     def discard(self, segment: BuiltSegment) -> None:

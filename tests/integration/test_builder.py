@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.builder import SparkSegmentBuilder
+from ingest.builder import SparkSegmentBuilder, warm_up_value
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.model import TopicPartition
 from ingest.spec import SourceSpec, spec_from_dict
@@ -124,8 +124,15 @@ def test_discard_deletes_data_and_rejects(spark: Any, tmp_path: Path) -> None:
 def test_warm_up_runs_the_build_path_and_leaves_nothing(spark: Any, tmp_path: Path, policy: str) -> None:
     builder = SparkSegmentBuilder(spark)
     spec = make_spec(tmp_path, policy)
-    assert builder.warm_up(spec, records=300) > 0
+    assert builder.warm_up(spec, records=300, splits=2) > 0
     assert all_files(tmp_path / "store") == []
+    # The synthetic value is a good row with every column set: the warm-up takes the parse
+    # paths of every type, as real records do.
+    typed = builder.build(split_of([warm_up_value(spec)] * 3), spec)
+    assert (typed.row_count, typed.rejects_count) == (3, 0)
+    rows = pq.read_table([f.removeprefix("file://") for f in typed.files]).to_pylist()
+    assert all(row[name] is not None for row in rows for name, _ in spec.schema), rows
+    builder.discard(typed)
     # The warmed-up builder (and its cached plan) builds real splits unchanged.
     built = builder.build(split_of([good(1), good(2)]), spec)
     assert built.row_count == 2
