@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from ingest.errors import ConfigError
+
 Check = Callable[[], tuple[bool, str]]
 
 
@@ -38,7 +40,11 @@ class Endpoints:
 
     def serve(self, host: str, port: int) -> int:
         """Start serving in a daemon thread; returns the bound port (0 picks a free one)."""
-        self._server = ThreadingHTTPServer((host, port), self._handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), self._handler)
+        except OSError as exc:
+            raise ConfigError(f"metrics endpoint {host}:{port}: {exc.strerror or exc}"
+                              " (INGEST_METRICS_HOST / INGEST_METRICS_PORT)") from exc
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="ingest-http", daemon=True).start()
         return int(self._server.server_address[1])

@@ -68,6 +68,16 @@ class WorkerFailed(IngestError):
     """The worker stopped because of an unrecoverable condition."""
 
 
+class SparkUnavailable(IngestError):
+    """The worker could not start its Spark session (no Java, the JVM died while starting,
+    an unreachable Spark Connect server or cluster)."""
+
+    def __init__(self, master: str, cause: BaseException) -> None:
+        lines = str(cause).strip().splitlines()
+        super().__init__(f"could not start Spark (INGEST_SPARK_MASTER={master}): {type(cause).__name__}"
+                         + (f": {lines[0]}" if lines else ""))
+
+
 class ResetNotConfirmed(IngestError):
     """``ingest reset`` would skip or replay records and ``--yes`` was not given: nothing changed."""
 

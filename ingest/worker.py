@@ -16,7 +16,7 @@ from ingest.assignment import Assignment
 from ingest.builder import SegmentBuilder, SparkSegmentBuilder
 from ingest.config import Settings, admin_config, consumer_config
 from ingest.endpoints import Endpoints
-from ingest.errors import KafkaUnavailable, TopicNotFound
+from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
 from ingest.loop import ConsumeLoop
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
@@ -128,12 +128,21 @@ class Worker:
             counts = topic_partitions(settings, spec.topics)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
+            if settings.metrics_port is not None:
+                # Bound before Spark starts (tens of seconds on a busy host): a port that is
+                # taken fails the start at once, and probes get "starting" instead of no answer.
+                endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
+                self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
+                log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
             if self._builder_factory is not None:
                 builder = self._builder_factory()
             else:
                 from ingest.spark import create_session
 
-                spark = create_session(settings.spark_master, f"ingest-{spec.name}")
+                try:
+                    spark = create_session(settings.spark_master, f"ingest-{spec.name}")
+                except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
+                    raise SparkUnavailable(settings.spark_master, exc) from exc
                 builder = SparkSegmentBuilder(spark)
                 self._warm_up(builder, spec)
             # Connect now, not in the first publish (whose latency would then include it); a
@@ -166,10 +175,6 @@ class Worker:
                                     pipeline=pipeline, handler=handler, store=store, registry=registry,
                                     metrics=self.metrics, spec_version=version,
                                     unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits)
-            if settings.metrics_port is not None:
-                endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
-                self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
-                log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
             log.info("worker_started", source=spec.name, worker=worker_id, spec_version=version,
                      topics=list(spec.topics), group=spec.group_id, spark_master=settings.spark_master)
             self.ready.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -64,6 +65,25 @@ def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka
     assert_one_line_error(ingest(env, "worker", name), 5, "does not exist")
     no_kafka = {**env, "INGEST_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
     assert_one_line_error(ingest(no_kafka, "worker", name), 4, "Kafka unreachable")
+
+
+def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, database_url: str, kafka_bootstrap: str,
+                                                         make_topic: Callable[..., str]) -> None:
+    env = process_env(database_url, kafka_bootstrap)
+    name, spec = write_spec(tmp_path, make_topic(partitions=1))
+    apply_spec(database_url, spec)
+    # Spark cannot start (no Java here): named, with the master, before the worker joins.
+    no_java = {**env, "JAVA_HOME": str(tmp_path / "no-java"), "INGEST_METRICS_PORT": "0"}
+    assert_one_line_error(ingest(no_java, "worker", name), 1, "could not start Spark", "INGEST_SPARK_MASTER=")
+    # The metrics port is taken: fails at once, before Spark starts, naming the address.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = {**env, "INGEST_METRICS_PORT": str(port)}
+        result = ingest(busy, "worker", name, timeout=30)
+    assert_one_line_error(result, 2, f"metrics endpoint 127.0.0.1:{port}", "INGEST_METRICS_PORT")
+    assert "spark_warmed_up" not in result.stdout + result.stderr
 
 
 def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstrap: str,
