@@ -82,6 +82,23 @@ def _mock_settings(url: str, bootstrap: str, **kafka: str) -> Settings:
                                                       "log_level": "3", **kafka})
 
 
+def _open_a_gap(url: str, bootstrap: str, source: str, spark_builder: Callable[[], SegmentBuilder],
+                start_worker: StartWorker, others: int, **kafka: str) -> tuple[int, int]:
+    """Publish 50 records per partition (a worker runs until then), then produce ~8 MB into
+    partition 0, which pushes offsets [0, earliest) out of the log, and ``others`` records
+    into each other partition. Returns partition 0's (earliest, high watermark): the stored
+    offset 50 is no longer in the log."""
+    _produce(bootstrap, [(i % PARTITIONS, i) for i in range(200)])
+    worker = start_worker(_mock_settings(url, bootstrap, **kafka), source, spark_builder)
+    wait_until(lambda: _positions(url, source) == {p: 50 for p in range(PARTITIONS)}, 120, "the first 200 records")
+    worker.stop()
+    _produce(bootstrap, [(0, i) for i in range(200, 8200)])
+    _produce(bootstrap, [(p, 8200 + i) for i in range(others) for p in (1, 2, 3)])
+    low, high = _watermarks(bootstrap, 0)
+    assert 50 < low < high == 8050, (low, high)
+    return low, high
+
+
 def test_offset_below_earliest_stops_the_partition_then_earliest_skips_it_with_a_ledger_row(
     tmp_path: Path, database_url: str, mock_bootstrap: str, spark_builder: Callable[[], SegmentBuilder],
     start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -90,18 +107,7 @@ def test_offset_below_earliest_stops_the_partition_then_earliest_skips_it_with_a
     source, spec_path = write_spec(tmp_path, TOPIC, max_records=2000, max_age="500ms")
     apply_spec(url, spec_path)
 
-    # Phase 1: 50 records per partition, published; the worker stops.
-    _produce(mock_bootstrap, [(i % PARTITIONS, i) for i in range(200)])
-    worker = start_worker(_mock_settings(url, mock_bootstrap), source, spark_builder)
-    wait_until(lambda: _positions(url, source) == {p: 50 for p in range(PARTITIONS)}, 120, "the first 200 records")
-    worker.stop()
-
-    # Phase 2: ~8 MB into partition 0 pushes offsets [0, earliest) out of the log; the
-    # other partitions get a little more. The stored offset of partition 0 (50) is gone.
-    _produce(mock_bootstrap, [(0, i) for i in range(200, 8200)])
-    _produce(mock_bootstrap, [(p, 8200 + i) for i in range(30) for p in (1, 2, 3)])
-    low, high = _watermarks(mock_bootstrap, 0)
-    assert 50 < low < high == 8050, (low, high)
+    low, high = _open_a_gap(url, mock_bootstrap, source, spark_builder, start_worker, others=30)
 
     # Policy "fail" (the default): partition 0 stops with its exact lost range; the others go on.
     worker = start_worker(_mock_settings(url, mock_bootstrap), source, spark_builder)
@@ -164,15 +170,7 @@ def test_earliest_skips_the_gap_under_eager_assignment_without_losing_the_other_
                                    extra='on_offset_out_of_range = "earliest"')
     apply_spec(url, spec_path)
     eager = {"partition.assignment.strategy": "range"}
-    _produce(mock_bootstrap, [(i % PARTITIONS, i) for i in range(200)])
-    worker = start_worker(_mock_settings(url, mock_bootstrap, **eager), source, spark_builder)
-    wait_until(lambda: _positions(url, source) == {p: 50 for p in range(PARTITIONS)}, 120, "the first 200 records")
-    worker.stop()
-
-    _produce(mock_bootstrap, [(0, i) for i in range(200, 8200)])
-    _produce(mock_bootstrap, [(p, 8200 + i) for i in range(300) for p in (1, 2, 3)])
-    low, high = _watermarks(mock_bootstrap, 0)
-    assert 50 < low < high == 8050, (low, high)
+    low, high = _open_a_gap(url, mock_bootstrap, source, spark_builder, start_worker, others=300, **eager)
 
     capsys.readouterr()
     worker = start_worker(_mock_settings(url, mock_bootstrap, **eager), source, spark_builder)
