@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from ingest import output_files, segment_store
-from ingest.errors import BuildError, ParseFailure, SplitKilled
+from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
 from ingest.model import PARSE_ERRORS, BuiltSegment, TopicPartition
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
@@ -259,7 +259,7 @@ class SparkSegmentBuilder:
             self._cleanup(*batch_dirs, *(segment_store.segment_dir(store, name, s.id) for s in splits),
                           *(segment_store.rejects_dir(store, name, s.id) for s in splits))
             if not isinstance(exc, BuildError | SplitKilled):
-                log.warning("batch_failed", batch=str(batch), splits=len(splits), error=_first_line(exc),
+                log.warning("batch_failed", batch=str(batch), splits=len(splits), error=first_line(exc),
                             exc_info=not _is_spark_error(exc))
             failed: dict[uuid.UUID, BuildResult] = {}
             for split in splits:
@@ -267,7 +267,7 @@ class SparkSegmentBuilder:
                     failed[split.id] = SplitKilled(split.kill_switch.reason or "killed")
                 else:
                     failed[split.id] = BuildError(
-                        f"building split {split.id} of {split.tp} (batch of {len(splits)}) failed: {_first_line(exc)}")
+                        f"building split {split.id} of {split.tp} (batch of {len(splits)}) failed: {first_line(exc)}")
             return failed
         finally:
             self._cleanup(*staged.values())
@@ -414,8 +414,3 @@ def _reasons(rejects: list[output_files.OutputFile]) -> tuple[dict[str, int], tu
 
 def _is_spark_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("pyspark", "py4j"))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__

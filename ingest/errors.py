@@ -73,12 +73,18 @@ class SparkUnavailable(IngestError):
     an unreachable Spark Connect server or cluster)."""
 
     def __init__(self, master: str, cause: BaseException) -> None:
-        lines = str(cause).strip().splitlines()
-        super().__init__(f"could not start Spark (INGEST_SPARK_MASTER={master}): {type(cause).__name__}"
-                         + (f": {lines[0]}" if lines else ""))
+        detail = f": {first_line(cause)}" if str(cause).strip() else ""
+        super().__init__(f"could not start Spark (INGEST_SPARK_MASTER={master}): {type(cause).__name__}{detail}")
 
 
 class ResetNotConfirmed(IngestError):
     """``ingest reset`` would skip or replay records and ``--yes`` was not given: nothing changed."""
 
     exit_code = 10
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (Java stack traces and Py4J errors run to
+    hundreds of lines), capped, or its type name when it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
