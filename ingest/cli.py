@@ -54,9 +54,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(require_kafka=True)
     configure_logging(settings.log_format)
-    # The publish thread waits on PostgreSQL round trips; each time it wakes it must win the
-    # GIL back from the consumer and build threads, by default only after 5 ms. A publish is
-    # ~6 round trips, so the default interval alone adds up to ~30 ms to a publish.
+    # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time
+    # one wakes it must win the GIL back from the busy consumer thread, by default only
+    # after 5 ms. `python -m bench.publish` shows what that does to a publish.
     sys.setswitchinterval(0.0005)
     stop = threading.Event()
 

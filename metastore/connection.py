@@ -34,8 +34,8 @@ def wrap_exceptions(url: str = "") -> Iterator[None]:
         yield
     except MetastoreError:
         raise
-    except pg_errors.UndefinedTable as exc:
-        raise SchemaMissing("the metastore schema is missing: run `ingest migrate` first") from exc
+    except (pg_errors.UndefinedTable, pg_errors.UndefinedFunction) as exc:
+        raise SchemaMissing("the metastore schema is missing or out of date: run `ingest migrate` first") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         where = f" at {redact_url(url)}" if url else ""
         detail = redact_url(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__

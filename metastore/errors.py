@@ -39,7 +39,7 @@ class SourceNotFound(MetastoreError):
 class PublishConflict(MetastoreError):
     """The publish check failed: this worker no longer owns the partition (``serial``),
     the split does not start at the stored next offset (``offset``), or the partition row
-    is gone (``missing``). The transaction was rolled back."""
+    is gone (``missing``). Nothing of the segment was written; the conflict is recorded."""
 
     def __init__(self, reason: str, tp: TopicPartition, expected: int | None, actual: int | None) -> None:
         super().__init__(f"publish rejected for {tp}: {reason} mismatch (expected {expected}, stored {actual})")

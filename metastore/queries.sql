@@ -63,28 +63,23 @@ WHERE source = %(source)s
 ORDER BY topic, partition
 FOR UPDATE;
 
--- name: insert_segment
-INSERT INTO ingest_segments (
-    source, split_id, spec_version, worker, location, files, row_count, size_bytes,
-    min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count)
-VALUES (
-    %(source)s, %(split_id)s, %(spec_version)s, %(worker)s, %(location)s, %(files)s, %(row_count)s,
-    %(size_bytes)s, %(min_event_time)s, %(max_event_time)s, %(rejects_location)s, %(rejects_files)s,
-    %(rejects_count)s, %(skipped_count)s)
-RETURNING id;
+-- name: publish_segment
+-- The whole publish transaction (migrations/0007): lock, check, insert, advance. One row:
+-- segment_id set, or the first failing check (reason, topic, partition, expected, actual).
+SELECT * FROM ingest_publish_segment(
+    p_source => %(source)s, p_split_id => %(split_id)s, p_spec_version => %(spec_version)s,
+    p_worker => %(worker)s, p_location => %(location)s, p_files => %(files)s::text[],
+    p_row_count => %(row_count)s, p_size_bytes => %(size_bytes)s,
+    p_min_event_time => %(min_event_time)s::timestamptz, p_max_event_time => %(max_event_time)s::timestamptz,
+    p_rejects_location => %(rejects_location)s::text, p_rejects_files => %(rejects_files)s::text[],
+    p_rejects_count => %(rejects_count)s, p_skipped_count => %(skipped_count)s,
+    p_topics => %(topics)s::text[], p_partitions => %(partitions)s::int[], p_serials => %(serials)s::bigint[],
+    p_starts => %(starts)s::bigint[], p_ends => %(ends)s::bigint[]);
 
--- name: insert_range
-INSERT INTO ingest_segment_ranges (segment_id, source, topic, partition, start_offset, end_offset)
-VALUES (%(segment_id)s, %(source)s, %(topic)s, %(partition)s, %(start)s, %(end)s);
-
--- name: advance_offset
-UPDATE ingest_partitions
-SET next_offset = %(end)s, last_publish_at = now(), last_segment_id = %(segment_id)s
-WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
-
--- name: insert_conflict
-INSERT INTO ingest_publish_conflicts (source, topic, partition, reason, worker, split_id, expected, actual)
-VALUES (%(source)s, %(topic)s, %(partition)s, %(reason)s, %(worker)s, %(split_id)s, %(expected)s, %(actual)s);
+-- name: lock_ranges
+-- Lock the ranges' partition rows and return the checks that fail (none: go ahead).
+SELECT * FROM ingest_lock_ranges(%(source)s, %(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[],
+                                 %(starts)s::bigint[]);
 
 -- name: segment_for_split
 SELECT id FROM ingest_segments WHERE split_id = %(split_id)s;

@@ -179,72 +179,42 @@ class Metastore:
     # -- publish --------------------------------------------------------------------
 
     def publish(self, item: SegmentToPublish) -> int:
-        """The serial-guarded publish. Locks the partition rows in a fixed order, checks for
-        each that the serial is the one seen at assign and that the range starts at the stored
-        next offset, then inserts the segment and advances the offsets, all in one transaction.
+        """The serial-guarded publish, as one statement (one transaction, one round trip):
+        locks the partition rows in a fixed order, checks for each that the serial is the
+        one seen at assign and that the range starts at the stored next offset, then inserts
+        the segment and advances the offsets (``ingest_publish_segment``, migration 0007).
 
-        Raises PublishConflict (rolled back, conflict recorded) or CommitOutcomeUnknown.
+        Raises PublishConflict (nothing of the segment written, conflict recorded) or
+        CommitOutcomeUnknown (the connection broke before the reply came back).
         """
         ranges = sorted(item.ranges, key=lambda r: r.range.tp)
         seg = item.segment
+        params = {
+            "source": item.source, "split_id": seg.split_id, "spec_version": item.spec_version,
+            "worker": item.worker_id, "location": seg.location, "files": list(seg.files),
+            "row_count": seg.row_count, "size_bytes": seg.size_bytes,
+            "min_event_time": seg.min_event_time, "max_event_time": seg.max_event_time,
+            "rejects_location": seg.rejects_location, "rejects_files": list(seg.rejects_files),
+            "rejects_count": seg.rejects_count, "skipped_count": seg.skipped_count,
+            "topics": [r.range.tp.topic for r in ranges], "partitions": [r.range.tp.partition for r in ranges],
+            "serials": [r.serial for r in ranges], "starts": [r.range.start for r in ranges],
+            "ends": [r.range.end for r in ranges],
+        }
         with wrap_exceptions(self.url):
             conn = self._connection()
-            conflict: PublishConflict | None = None
-            committing = False
             try:
-                with conn.transaction():
-                    locked = conn.execute(
-                        query("lock_partitions"),
-                        {"source": item.source,
-                         "topics": [r.range.tp.topic for r in ranges],
-                         "partitions": [r.range.tp.partition for r in ranges]},
-                    ).fetchall()
-                    stored = {TopicPartition(row["topic"], row["partition"]): row for row in locked}
-                    for r in ranges:
-                        conflict = _check(r.range.tp, r.serial, r.range.start, stored.get(r.range.tp))
-                        if conflict is not None:
-                            raise conflict
-                    segment_row = conn.execute(
-                        query("insert_segment"),
-                        {"source": item.source, "split_id": seg.split_id, "spec_version": item.spec_version,
-                         "worker": item.worker_id, "location": seg.location, "files": list(seg.files),
-                         "row_count": seg.row_count, "size_bytes": seg.size_bytes,
-                         "min_event_time": seg.min_event_time, "max_event_time": seg.max_event_time,
-                         "rejects_location": seg.rejects_location, "rejects_files": list(seg.rejects_files),
-                         "rejects_count": seg.rejects_count, "skipped_count": seg.skipped_count},
-                    ).fetchone()
-                    assert segment_row is not None
-                    segment_id = int(segment_row["id"])
-                    with conn.cursor() as cur:
-                        params = [
-                            {"segment_id": segment_id, "source": item.source, "topic": r.range.tp.topic,
-                             "partition": r.range.tp.partition, "start": r.range.start, "end": r.range.end}
-                            for r in ranges
-                        ]
-                        cur.executemany(query("insert_range"), params)
-                        cur.executemany(query("advance_offset"), params)
-                    conflict = None
-                    # Leaving this block sends COMMIT; a connection lost now leaves the outcome unknown.
-                    committing = True
-            except PublishConflict:
-                self._record_conflict(item, conflict)
-                raise
+                row = conn.execute(query("publish_segment"), params).fetchone()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                if committing:
+                # An error the server replied with ended the statement, and with it the
+                # transaction, without a commit. No reply: it may have committed.
+                if conn.closed or conn.broken:
                     self._conn = None
-                    raise CommitOutcomeUnknown(f"connection lost while committing split {seg.split_id}") from exc
+                    raise CommitOutcomeUnknown(f"connection lost while publishing split {seg.split_id}") from exc
                 raise
-            return segment_id
-
-    def _record_conflict(self, item: SegmentToPublish, conflict: PublishConflict | None) -> None:
-        if conflict is None:
-            return
-        self._connection().execute(
-            query("insert_conflict"),
-            {"source": item.source, "topic": conflict.tp.topic, "partition": conflict.tp.partition,
-             "reason": conflict.reason, "worker": item.worker_id, "split_id": item.segment.split_id,
-             "expected": conflict.expected, "actual": conflict.actual},
-        )
+        assert row is not None
+        if row["segment_id"] is None:
+            raise _conflict(row)
+        return int(row["segment_id"])
 
     # -- offset gaps ------------------------------------------------------------------
 
@@ -263,13 +233,11 @@ class Metastore:
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
-                locked = conn.execute(
-                    query("lock_partitions"),
-                    {"source": source, "topics": [tp.topic], "partitions": [tp.partition]},
-                ).fetchall()
-                conflict = _check(tp, serial, from_offset, locked[0] if locked else None)
-                if conflict is not None:
-                    raise conflict
+                failed = conn.execute(query("lock_ranges"), {
+                    "source": source, "topics": [tp.topic], "partitions": [tp.partition], "serials": [serial],
+                    "starts": [from_offset]}).fetchall()
+                if failed:
+                    raise _conflict(failed[0])
                 params = {"source": source, "worker": worker, "topic": tp.topic, "partition": tp.partition,
                           "from_offset": from_offset, "to_offset": to_offset}
                 row = conn.execute(query("insert_skipped_gap"), params).fetchone()
@@ -440,15 +408,7 @@ def _plan_partition(tp: TopicPartition, row: Row, new: int, earliest: int | None
     return PartitionReset(tp, old, new, skipped, replayed, old_serial=int(row["serial"]))
 
 
-def _check(tp: TopicPartition, serial: int, start: int, row: Row | None) -> PublishConflict | None:
-    if row is None:
-        return PublishConflict("missing", tp, serial, None)
-    if int(row["serial"]) != serial:
-        return PublishConflict("serial", tp, serial, int(row["serial"]))
-    stored: int | None = row["next_offset"]
-    # A partition that never published has no stored offset: its first split may start
-    # wherever the consumer's start position put it.
-    if stored is not None and stored != start:
-        return PublishConflict("offset", tp, start, stored)
-    return None
-
+def _conflict(row: Row) -> PublishConflict:
+    """A failed check as returned by ``ingest_lock_ranges`` / ``ingest_publish_segment``."""
+    return PublishConflict(row["reason"], TopicPartition(row["topic"], row["partition"]), row["expected"],
+                           row["actual"])

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from ingest.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from metastore import Metastore, PublishConflict, SourceNotFound, apply_migrations
-from metastore.errors import MetastoreUnavailable, SchemaMissing
+from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, SchemaMissing
 
 T0 = TopicPartition("events", 0)
 T1 = TopicPartition("events", 1)
@@ -122,6 +127,80 @@ def test_a_multi_partition_publish_is_all_or_nothing(store: Metastore) -> None:
         store.publish(both)
     assert store.partition_state("src", T0) == (claims[T0].serial, None)
     assert store.segments("src") == []
+
+
+def test_a_publish_is_one_statement_and_one_round_trip(store: Metastore, tmp_path: Path) -> None:
+    """The whole transaction (lock, checks, inserts, offsets) is one call: the publishing
+    thread waits for one reply, not one per step (see ``python -m bench.publish``)."""
+    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    trace = tmp_path / "libpq.trace"
+    conn = store._connection()
+    with trace.open("w") as f:
+        conn.pgconn.trace(f.fileno())
+        try:
+            store.publish(item(T0, claim.serial, 0, 10))
+        finally:
+            conn.pgconn.untrace()
+    # Trace lines: timestamp, direction (F: frontend, B: backend), length, message type, fields.
+    fields = [line.split("\t") for line in trace.read_text().splitlines()]
+    sent = [f[3] for f in fields if len(f) > 3 and f[1] == "F"]
+    assert sent.count("Sync") == 1 and "Query" not in sent, sent
+    assert store.partition_state("src", T0) == (claim.serial, 10)
+
+
+def test_a_partition_without_a_row_is_refused_and_recorded(store: Metastore) -> None:
+    unknown = TopicPartition("events", 7)
+    with pytest.raises(PublishConflict) as info:
+        store.publish(item(unknown, 1, 0, 10))
+    assert (info.value.reason, info.value.tp, info.value.expected, info.value.actual) == ("missing", unknown, 1, None)
+    assert store.segments("src") == [] and store.conflict_counts("src") == {"missing": 1}
+
+
+@contextmanager
+def row_locked(database_url: str, tp: TopicPartition) -> Iterator[None]:
+    """Another session holds the partition's row lock for the duration."""
+    with psycopg.connect(database_url) as other:
+        other.execute("SELECT 1 FROM ingest_partitions WHERE source = 'src' AND topic = %s AND partition = %s "
+                      "FOR UPDATE", (tp.topic, tp.partition))
+        yield
+
+
+def test_a_publish_the_server_refused_is_known_not_to_have_committed(store: Metastore, database_url: str) -> None:
+    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    store._connection().execute("SET lock_timeout = 200")
+    publish = item(T0, claim.serial, 0, 10)
+    with row_locked(database_url, T0), pytest.raises(MetastoreUnavailable) as info:
+        store.publish(publish)
+    assert not isinstance(info.value, CommitOutcomeUnknown)
+    assert store.segment_for_split(publish.segment.split_id) is None
+    assert store.publish(publish) > 0
+
+
+def test_a_publish_whose_connection_dies_has_an_unknown_outcome(store: Metastore, database_url: str) -> None:
+    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    pid = store._connection().info.backend_pid
+    publish = item(T0, claim.serial, 0, 10)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            store.publish(publish)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with row_locked(database_url, T0), psycopg.connect(database_url, autocommit=True) as admin:
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                                (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the publish never waited for the row lock"
+            time.sleep(0.02)
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], CommitOutcomeUnknown)
+    assert store.segment_for_split(publish.segment.split_id) is None
+    assert store.publish(publish) > 0 and store.partition_state("src", T0) == (claim.serial, 10)
 
 
 def test_sources_are_versioned_and_unchanged_specs_are_not(store: Metastore) -> None:
