@@ -71,3 +71,17 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
 
     assert (out / "chart.png").stat().st_size > 0
     assert "records/s" in stdout
+
+
+def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
+    out = tmp_path / "publish.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.publish", "--publishes", "20", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    # Went through the proxy (a publish waits at least one held reply). How many round trips
+    # a publish makes is asserted without timing in test_metastore.py.
+    assert results["round_trips"] > 0.5, results
+    for key in ("latency_ms_busy_0", "latency_ms_busy_1"):
+        assert results[key]["n"] == 20 and results[key]["p99"] >= results[key]["p50"] > 0, results
+    assert "publish round trips" in proc.stdout
