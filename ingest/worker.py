@@ -27,6 +27,7 @@ from ingest.spec import SourceSpec
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
 from metastore.listener import ControlListener
+from metastore.migrations import require_current_schema
 
 log = structlog.get_logger(__name__)
 
@@ -121,6 +122,7 @@ class Worker:
         spark: Any = None
         listener: ControlListener | None = None
         try:
+            require_current_schema(settings.database_url)
             version, spec = load_source(store, self.source)
             desired = store.control(spec.name).desired_state
             if desired in ("terminating", "terminated"):

@@ -7,6 +7,7 @@ from pathlib import Path
 from yoyo import get_backend, read_migrations
 
 from metastore.connection import wrap_exceptions
+from metastore.errors import SchemaMissing
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -30,3 +31,22 @@ def apply_migrations(database_url: str) -> list[str]:
             return [m.id for m in pending]
         finally:
             backend.connection.close()
+
+
+def pending_migrations(database_url: str) -> list[str]:
+    """Ids of the migrations not applied yet (empty: the schema is what this release needs)."""
+    with wrap_exceptions(database_url):
+        backend = get_backend(yoyo_url(database_url))
+        try:
+            return [m.id for m in backend.to_apply(read_migrations(str(MIGRATIONS_DIR)))]
+        finally:
+            backend.connection.close()
+
+
+def require_current_schema(database_url: str) -> None:
+    """Raise SchemaMissing, naming what is missing, unless every migration is applied: a
+    worker of a newer release must not start on an older schema and fail at its first publish."""
+    pending = pending_migrations(database_url)
+    if pending:
+        raise SchemaMissing(f"the metastore schema is out of date ({', '.join(pending)} not applied): "
+                            "run `ingest migrate` first")

@@ -12,7 +12,7 @@
 --            start, actual: the stored offset). A partition that never published has no
 --            stored offset: its first range may start anywhere.
 -- No rows returned: every range may be published while the locks are held.
-CREATE FUNCTION ingest_lock_ranges(
+CREATE OR REPLACE FUNCTION ingest_lock_ranges(
     p_source text, p_topics text[], p_partitions integer[], p_serials bigint[], p_starts bigint[])
 RETURNS TABLE (reason text, topic text, partition integer, expected bigint, actual bigint)
 LANGUAGE plpgsql AS $$
@@ -42,7 +42,7 @@ $$;
 -- (the other columns NULL). A check fails: nothing of the segment is written, the first
 -- failing range is recorded in ingest_publish_conflicts and returned (segment_id NULL).
 -- Called as a statement of its own on an autocommit connection, it is one transaction.
-CREATE FUNCTION ingest_publish_segment(
+CREATE OR REPLACE FUNCTION ingest_publish_segment(
     p_source text, p_split_id uuid, p_spec_version integer, p_worker text, p_location text, p_files text[],
     p_row_count bigint, p_size_bytes bigint, p_min_event_time timestamptz, p_max_event_time timestamptz,
     p_rejects_location text, p_rejects_files text[], p_rejects_count bigint, p_skipped_count bigint,

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
+
 from ingest.builder import SegmentBuilder
 from ingest.embedded import free_port
 from metastore import Metastore
@@ -84,6 +86,13 @@ def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, databas
         result = ingest(busy, "worker", name, timeout=30)
     assert_one_line_error(result, 2, f"metrics endpoint 127.0.0.1:{port}", "INGEST_METRICS_PORT")
     assert "spark_warmed_up" not in result.stdout + result.stderr
+    # The schema lacks this release's newest migration (`ingest migrate` was not run): the
+    # worker refuses to start rather than fail at its first publish.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT max(migration_id) FROM _yoyo_migration").fetchone()
+        assert row is not None
+        conn.execute("DELETE FROM _yoyo_migration WHERE migration_id = %s", (row[0],))
+    assert_one_line_error(ingest(env, "worker", name), 8, row[0], "ingest migrate")
 
 
 def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstrap: str,
