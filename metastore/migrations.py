@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from yoyo import get_backend, read_migrations
 
@@ -19,28 +22,31 @@ def yoyo_url(database_url: str) -> str:
     return database_url
 
 
-def apply_migrations(database_url: str) -> list[str]:
-    """Apply every pending migration; returns the ids applied (empty: already up to date)."""
+@contextmanager
+def _backend(database_url: str) -> Iterator[Any]:
+    """yoyo's backend on its own connection, closed afterwards; psycopg errors translated."""
     with wrap_exceptions(database_url):
         backend = get_backend(yoyo_url(database_url))
         try:
-            migrations = read_migrations(str(MIGRATIONS_DIR))
-            with backend.lock():
-                pending = backend.to_apply(migrations)
-                backend.apply_migrations(pending)
-            return [m.id for m in pending]
+            yield backend
         finally:
             backend.connection.close()
+
+
+def apply_migrations(database_url: str) -> list[str]:
+    """Apply every pending migration; returns the ids applied (empty: already up to date)."""
+    with _backend(database_url) as backend:
+        migrations = read_migrations(str(MIGRATIONS_DIR))
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+        return [m.id for m in pending]
 
 
 def pending_migrations(database_url: str) -> list[str]:
     """Ids of the migrations not applied yet (empty: the schema is what this release needs)."""
-    with wrap_exceptions(database_url):
-        backend = get_backend(yoyo_url(database_url))
-        try:
-            return [m.id for m in backend.to_apply(read_migrations(str(MIGRATIONS_DIR)))]
-        finally:
-            backend.connection.close()
+    with _backend(database_url) as backend:
+        return [m.id for m in backend.to_apply(read_migrations(str(MIGRATIONS_DIR)))]
 
 
 def require_current_schema(database_url: str) -> None:
