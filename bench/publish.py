@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 
 from bench.stats import percentiles
+from ingest.cli import GIL_SWITCH_INTERVAL_S
 from ingest.embedded import LocalPostgres, free_port
 from ingest.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from metastore import Metastore, apply_migrations
@@ -29,8 +30,6 @@ from metastore import Metastore, apply_migrations
 SOURCE = "bench_publish"
 TOPIC = "events"
 PARTITIONS = 6
-# The worker's own interval (ingest/cli.py).
-WORKER_SWITCH_INTERVAL_S = 0.0005
 TIME_BOUND_S = 120.0
 
 
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=20.0, help="the proxy's hold per server reply")
     parser.add_argument("--out", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     results: dict[str, object] = {}
     with LocalPostgres() as pg:
         url = pg.create_database("bench_publish")
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[f"latency_ms_busy_{busy}"] = stats
                 print(f"publish latency, {label}: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms, "
                       f"max {stats['max']:.2f} ms (n={stats['n']}, GIL switch interval "
-                      f"{WORKER_SWITCH_INTERVAL_S * 1000:g} ms)")
+                      f"{GIL_SWITCH_INTERVAL_S * 1000:g} ms)")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)

@@ -17,6 +17,11 @@ from ingest.logs import configure_logging
 from ingest.model import PartitionReset, TopicPartition
 from metastore import Metastore, MetastoreError, apply_migrations, redact_url
 
+# The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
+# wakes it must win the GIL back from the busy consumer thread, by default only after 5 ms.
+# `python -m bench.publish` shows what that does to a publish.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
 
 def _settings(require_kafka: bool = False) -> Settings:
     return Settings.from_env(require_kafka=require_kafka)
@@ -54,10 +59,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = _settings(require_kafka=True)
     configure_logging(settings.log_format)
-    # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time
-    # one wakes it must win the GIL back from the busy consumer thread, by default only
-    # after 5 ms. `python -m bench.publish` shows what that does to a publish.
-    sys.setswitchinterval(0.0005)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
