@@ -99,6 +99,18 @@ def _open_a_gap(url: str, bootstrap: str, source: str, spark_builder: Callable[[
     return low, high
 
 
+def _assert_skipped_once_and_exactly_once(url: str, source: str, low: int, high: int, others: int) -> None:
+    """The ledger holds one skipped gap, partition 0's [50, low); around it every record was
+    published exactly once (partition 0 up to ``high``, the others up to ``others``). The
+    ranges may jump over the gap only because the ledger says so."""
+    with Metastore(url) as store:
+        gaps = store.gaps(source)
+        assert [(g["partition"], g["from_offset"], g["to_offset"], g["skipped"]) for g in gaps] == [(0, 50, low, True)]
+        expected = {(TOPIC, 0): [*range(50), *range(low, high)], **{(TOPIC, p): list(range(others)) for p in (1, 2, 3)}}
+        result = verify_exactly_once(store, source, expected)
+    assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"
+
+
 def test_offset_below_earliest_stops_the_partition_then_earliest_skips_it_with_a_ledger_row(
     tmp_path: Path, database_url: str, mock_bootstrap: str, spark_builder: Callable[[], SegmentBuilder],
     start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -136,13 +148,7 @@ def test_offset_below_earliest_stops_the_partition_then_earliest_skips_it_with_a
     worker = start_worker(_mock_settings(url, mock_bootstrap), source, spark_builder)
     wait_until(lambda: _positions(url, source)[0] == high, 180, "partition 0 to catch up past the gap")
     worker.stop()
-    with Metastore(url) as store:
-        gaps = store.gaps(source)
-        assert [(g["partition"], g["from_offset"], g["to_offset"], g["skipped"]) for g in gaps] == [(0, 50, low, True)]
-        expected = {(TOPIC, 0): [*range(50), *range(low, high)], **{(TOPIC, p): list(range(80)) for p in (1, 2, 3)}}
-        result = verify_exactly_once(store, source, expected)
-    # Exactly once around the gap; the ranges may jump over it only because the ledger says so.
-    assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"
+    _assert_skipped_once_and_exactly_once(url, source, low, high, others=80)
     assert not (set(_published(url, source)) & {(0, o) for o in range(50, low)})
 
     # Operators see and acknowledge it.
@@ -179,9 +185,4 @@ def test_earliest_skips_the_gap_under_eager_assignment_without_losing_the_other_
     worker.stop()
     # The eager fallback of the re-seek ran (a plain seek is refused after OUT_OF_RANGE).
     assert "partition_fetch_restarted" in capsys.readouterr().out
-    with Metastore(url) as store:
-        gaps = store.gaps(source)
-        assert [(g["partition"], g["from_offset"], g["to_offset"], g["skipped"]) for g in gaps] == [(0, 50, low, True)]
-        expected = {(TOPIC, 0): [*range(50), *range(low, high)], **{(TOPIC, p): list(range(350)) for p in (1, 2, 3)}}
-        result = verify_exactly_once(store, source, expected)
-    assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"
+    _assert_skipped_once_and_exactly_once(url, source, low, high, others=350)
