@@ -156,7 +156,9 @@ def warm_up_value(spec: SourceSpec) -> bytes:
     return json.dumps(doc).encode()
 
 
-class _SyntheticRecord:
+class SyntheticRecord:
+    """A stand-in for a Kafka message (the builder's Record protocol), for warm-ups and benchmarks."""
+
     __slots__ = ("_offset", "_value")
 
     def __init__(self, offset: int, value: bytes) -> None:
@@ -221,7 +223,7 @@ class SparkSegmentBuilder:
         good = warm_up_value(spec)
         batch = [
             SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", n), serial=0, start=0, end=records,
-                        records=tuple(_SyntheticRecord(i, good if i % 100 else b"{") for i in range(records)),
+                        records=tuple(SyntheticRecord(i, good if i % 100 else b"{") for i in range(records)),
                         size_bytes=len(good) * records, first_record_at=started, sealed_at=started,
                         seal_reason="warm_up", kill_switch=KillSwitch())
             for n in range(splits)]

@@ -85,3 +85,18 @@ def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
     for key in ("latency_ms_busy_0", "latency_ms_busy_1"):
         assert results[key]["n"] == 20 and results[key]["p99"] >= results[key]["p50"] > 0, results
     assert "publish round trips" in proc.stdout
+
+
+def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.floor", "--records", "6000", "--rounds", "2",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for key in ("pyarrow", "worker_build", "spark_copy"):
+        assert len(results[key]) == 2, results[key]
+        for run in results[key]:
+            assert run["records_per_s"] > 0 and run["cpu_s_per_million"] > 0, (key, run)
+    # The Spark jobs run in the JVM (a child of the bench): their CPU must be counted there.
+    assert all(run["jvm_cpu_s_per_million"] > 0 for run in results["worker_build"]), results["worker_build"]
+    assert "spark copy of parsed columns" in proc.stdout

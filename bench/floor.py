@@ -1,0 +1,200 @@
+"""What a segment built by Spark costs at least, next to what pyarrow pays for the same file.
+
+No broker and no metastore: the benchmark's records are made in memory and built three ways
+in one process, each timed and its CPU counted per million records:
+
+- ``pyarrow``: the raw baseline's build (``pyarrow.json`` with the explicit schema, zstd
+  Parquet), in this process;
+- ``worker build``: the worker's own ``SparkSegmentBuilder.build_batch`` on one batch of
+  ``--splits`` splits (staging in this process, ``from_json`` and the zstd write in the JVM),
+  after the same warm-up a worker does before it joins its group;
+- ``spark copy``: Spark reading columns pyarrow has already parsed (staged uncompressed) and
+  writing them as zstd Parquet: the least any segment written by Spark costs, whoever parses.
+
+Rounds alternate between the two Spark jobs so that drift of the machine hits both alike.
+The JVM's CPU is read from ``/proc`` (the Spark JVM is a child of this process).
+
+    python -m bench.floor [--records 1000000] [--splits 6] [--rounds 4] [--out floor.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from bench.data import EVENT_TIME, SCHEMA, record_value
+from bench.procs import process_tree
+from bench.raw import arrow_schema
+from ingest.builder import META_COLUMNS, SparkSegmentBuilder, SyntheticRecord
+from ingest.logs import configure_logging
+from ingest.model import BuiltSegment, TopicPartition
+from ingest.spark import create_session
+from ingest.spec import SourceSpec, spec_from_dict
+from ingest.split import KillSwitch, SealedSplit
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _children_cpu_s() -> float:
+    """CPU of every live descendant of this process (the Spark JVM and its launcher)."""
+    me = os.getpid()
+    return sum(st.cpu_s for pid, st in process_tree([me]).items() if pid != me)
+
+
+def _measure(records: int, run: Callable[[], None]) -> dict[str, float]:
+    wall, own, jvm = time.monotonic(), _own_cpu_s(), _children_cpu_s()
+    run()
+    wall, own, jvm = time.monotonic() - wall, _own_cpu_s() - own, _children_cpu_s() - jvm
+    per_m = 1_000_000 / records
+    return {"wall_s": wall, "records_per_s": records / wall, "python_cpu_s_per_million": own * per_m,
+            "jvm_cpu_s_per_million": jvm * per_m, "cpu_s_per_million": (own + jvm) * per_m}
+
+
+def _spec(store: Path) -> SourceSpec:
+    return spec_from_dict({"name": "floor", "topics": ["floor"], "event_time": EVENT_TIME,
+                           "segment_store": "file://" + str(store), "on_parse_error": "reject",
+                           "schema": dict(SCHEMA)})
+
+
+def _splits(values: list[bytes], count: int) -> list[SealedSplit]:
+    """``values`` dealt into ``count`` splits, as a worker's partitions would hold them."""
+    now = time.monotonic()
+    out = []
+    for n in range(count):
+        part = values[n::count]
+        out.append(SealedSplit(id=uuid.uuid4(), tp=TopicPartition("floor", n), serial=1, start=0, end=len(part),
+                               records=tuple(SyntheticRecord(i, v) for i, v in enumerate(part)),
+                               size_bytes=sum(map(len, part)), first_record_at=now, sealed_at=now,
+                               seal_reason="records", kill_switch=KillSwitch()))
+    return out
+
+
+def _parse(values: list[bytes]) -> pa.Table:
+    options = pa_json.ParseOptions(explicit_schema=arrow_schema(), unexpected_field_behavior="ignore")
+    return pa_json.read_json(io.BytesIO(b"\n".join(values)), parse_options=options)
+
+
+def _typed_staging(values: list[bytes], splits: list[SealedSplit], work: Path) -> list[str]:
+    """Each split's values (dealt as ``_splits`` deals them) parsed by pyarrow, with the
+    worker's metadata columns, staged uncompressed."""
+    files = []
+    for split in splits:
+        n = len(split)
+        table = _parse(values[split.tp.partition::len(splits)])
+        meta = [pa.array([split.tp.topic] * n, pa.string()), pa.array([split.tp.partition] * n, pa.int32()),
+                pa.array(range(n), pa.int64()), pa.nulls(n, pa.timestamp("ms", tz="UTC")), pa.nulls(n, pa.binary())]
+        for name, column in zip(reversed(META_COLUMNS), reversed(meta), strict=True):
+            table = table.add_column(0, name, column)
+        path = work / f"typed-{split.tp.partition}.parquet"
+        pq.write_table(table, path, compression="none")
+        files.append(str(path))
+    return files
+
+
+def run(records: int, splits: int, rounds: int, master: str, warm_up: tuple[int, int] = (2000, 1)) -> dict[str, Any]:
+    values = [record_value(i) for i in range(records)]
+    work = Path(tempfile.mkdtemp(prefix="ingest_floor_"))
+    try:
+        def pyarrow_build(i: int) -> None:
+            pq.write_table(_parse(values), work / f"pyarrow-{i}.parquet", compression="zstd")
+
+        pyarrow_runs = [_measure(records, partial(pyarrow_build, i)) for i in range(rounds)]
+
+        spec = _spec(work / "segments")
+        batch = _splits(values, splits)
+        typed = _typed_staging(values, batch, work)
+        spark = create_session(master)
+        try:
+            builder = SparkSegmentBuilder(spark)
+            warm_up_s = builder.warm_up(spec, records=warm_up[0], splits=warm_up[1])
+
+            def worker_build() -> None:
+                built = 0
+                for result in builder.build_batch(batch, spec):
+                    if not isinstance(result, BuiltSegment):
+                        raise result
+                    built += result.row_count
+                    builder.discard(result)
+                if built != records:
+                    raise RuntimeError(f"the batch built {built} rows of {records}")
+
+            def spark_copy(i: int) -> None:
+                out = work / f"copy-{i}"
+                spark.read.parquet(*typed).write.option("compression", "zstd").parquet(str(out))
+                shutil.rmtree(out)
+
+            build_runs, copy_runs = [], []
+            for i in range(rounds):
+                build_runs.append(_measure(records, worker_build))
+                copy_runs.append(_measure(records, partial(spark_copy, i)))
+        finally:
+            spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"config": {"records": records, "splits": splits, "rounds": rounds, "master": master,
+                       "warm_up_records": warm_up[0], "warm_up_splits": warm_up[1], "warm_up_s": warm_up_s},
+            "pyarrow": pyarrow_runs, "worker_build": build_runs, "spark_copy": copy_runs}
+
+
+def _median(runs: list[dict[str, float]], key: str) -> float:
+    # The first round of a Spark job still carries the JVM's warm-up: the median is of the rest.
+    return statistics.median(r[key] for r in (runs[1:] or runs))
+
+
+def report(result: dict[str, Any]) -> str:
+    rows = [("pyarrow parse + zstd write", "pyarrow"), ("worker build (from_json)", "worker_build"),
+            ("spark copy of parsed columns", "spark_copy")]
+    lines = [f"{'build':<31} {'first s':>8} {'rec/s (median)':>15} {'CPU s/M':>8} {'JVM':>6} {'Python':>7}"]
+    for label, key in rows:
+        runs = result[key]
+        lines.append(f"{label:<31} {runs[0]['wall_s']:>8.2f} {_median(runs, 'records_per_s'):>15,.0f} "
+                     f"{_median(runs, 'cpu_s_per_million'):>8.1f} {_median(runs, 'jvm_cpu_s_per_million'):>6.1f} "
+                     f"{_median(runs, 'python_cpu_s_per_million'):>7.1f}")
+    cfg = result["config"]
+    lines.append(f"{cfg['records']:,} records in {cfg['splits']} splits, {cfg['rounds']} rounds, {cfg['master']}; "
+                 f"medians exclude the first round; worker warm-up took {cfg['warm_up_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--splits", type=int, default=6, help="splits of the batch (the benchmark's partitions)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--warm-up", type=int, nargs=2, default=(2000, 1), metavar=("RECORDS", "SPLITS"),
+                        help="the Spark warm-up before the first round (default: the worker's, 2000 records, 1 split)")
+    parser.add_argument("--out", type=Path, help="write the runs as JSON here")
+    args = parser.parse_args(argv)
+    configure_logging(level=logging.WARNING)
+    if args.records < args.splits or args.rounds < 1:
+        parser.error("need --records >= --splits and --rounds >= 1")
+    result = run(args.records, args.splits, args.rounds, args.master, tuple(args.warm_up))
+    print(report(result))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
