@@ -18,6 +18,7 @@ from pathlib import Path
 from ingest.errors import ConfigError
 
 KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
+WARM_UP_RECORDS = 2000
 # Properties the protocol depends on: a user may not override them.
 PROTOCOL_PROPERTIES = {
     "enable.auto.commit": "false",
@@ -43,6 +44,9 @@ class Settings:
     # waits up to the linger after the oldest was sealed for others to join it.
     build_batch_splits: int = 8
     build_linger_s: float = 0.5
+    # Synthetic records built (and thrown away) before the worker joins its group, so that
+    # the JIT has compiled the parse and write paths before the first real split; 0: none.
+    warm_up_records: int = WARM_UP_RECORDS
     # Fault injection for tests and chaos runs: sleep this long between build and publish.
     fault_publish_delay_s: float = 0.0
     # Splits failing in a row (each after its build retries, none published in between)
@@ -79,6 +83,9 @@ class Settings:
             build_threads=_positive_int("INGEST_BUILD_THREADS", env.get("INGEST_BUILD_THREADS", "2")),
             build_batch_splits=_positive_int("INGEST_BUILD_BATCH_SPLITS", env.get("INGEST_BUILD_BATCH_SPLITS", "8")),
             build_linger_s=_non_negative_float("INGEST_BUILD_LINGER_S", env.get("INGEST_BUILD_LINGER_S", "0.5")),
+            warm_up_records=_non_negative_int(
+                "INGEST_WARM_UP_RECORDS", env.get("INGEST_WARM_UP_RECORDS", str(WARM_UP_RECORDS))
+            ),
             fault_publish_delay_s=_non_negative_float(
                 "INGEST_FAULT_PUBLISH_DELAY_S", env.get("INGEST_FAULT_PUBLISH_DELAY_S", "0")
             ),
@@ -121,6 +128,12 @@ def _optional_port(value: str | None) -> int | None:
 def _positive_int(name: str, value: str) -> int:
     if not value.isdigit() or int(value) <= 0:
         raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _non_negative_int(name: str, value: str) -> int:
+    if not value.isdigit():
+        raise ConfigError(f"{name}: expected a non-negative integer, got {value!r}")
     return int(value)
 
 

@@ -99,15 +99,19 @@ class Worker:
         return (waited > 15.0), "no partition assigned" + (" (idle by design)" if waited > 15.0 else " yet")
 
     @staticmethod
-    def _warm_up(builder: SparkSegmentBuilder, spec: SourceSpec) -> None:
+    def _warm_up(builder: SparkSegmentBuilder, spec: SourceSpec, records: int) -> None:
         """Before joining the group: a cold JVM makes the first splits slow, and a failure
         here (e.g. an unwritable store) is reported by the real builds, with retries."""
+        if records == 0:
+            return
+        # Two splits, so that the batch's tasks run (and are compiled) on two executor threads.
+        splits = min(2, records)
         try:
-            seconds = builder.warm_up(spec)
+            seconds = builder.warm_up(spec, records=-(-records // splits), splits=splits)
         except Exception as exc:
             log.warning("spark_warm_up_failed", source=spec.name, error=str(exc))
         else:
-            log.info("spark_warmed_up", source=spec.name, seconds=round(seconds, 2))
+            log.info("spark_warmed_up", source=spec.name, records=records, seconds=round(seconds, 2))
 
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
@@ -146,7 +150,7 @@ class Worker:
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
                 builder = SparkSegmentBuilder(spark)
-                self._warm_up(builder, spec)
+                self._warm_up(builder, spec, settings.warm_up_records)
             # Connect now, not in the first publish (whose latency would then include it); a
             # failure is the publisher's to retry.
             with contextlib.suppress(MetastoreUnavailable):

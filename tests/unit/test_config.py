@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.config import Settings, consumer_config
+from ingest.config import WARM_UP_RECORDS, Settings, consumer_config
 from ingest.errors import ConfigError
 
 
@@ -33,6 +33,8 @@ def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path)
         ({"INGEST_BUILD_THREADS": "0"}, "INGEST_BUILD_THREADS"),
         ({"INGEST_LOG_FORMAT": "xml"}, "INGEST_LOG_FORMAT"),
         ({"INGEST_FAULT_PUBLISH_DELAY_S": "-1"}, "INGEST_FAULT_PUBLISH_DELAY_S"),
+        ({"INGEST_WARM_UP_RECORDS": "-1"}, "INGEST_WARM_UP_RECORDS"),
+        ({"INGEST_WARM_UP_RECORDS": "2k"}, "INGEST_WARM_UP_RECORDS"),
     ],
 )
 def test_invalid_settings_name_the_variable(env: dict[str, str], field: str) -> None:
@@ -41,3 +43,9 @@ def test_invalid_settings_name_the_variable(env: dict[str, str], field: str) -> 
         full = env
     with pytest.raises(ConfigError, match=field):
         Settings.from_env(full)
+
+
+def test_warm_up_records_default_and_zero() -> None:
+    base = {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092"}
+    assert Settings.from_env(base).warm_up_records == WARM_UP_RECORDS
+    assert Settings.from_env({**base, "INGEST_WARM_UP_RECORDS": "0"}).warm_up_records == 0
