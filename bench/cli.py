@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="records on the rebalance topic (default min(records, 100000))")
     parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
     parser.add_argument("--timeout", type=float, help="bound on each phase, seconds (default 1800; --quick 150)")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="INGEST_NAME=VALUE",
+                        help="a worker setting for every ingest run (repeatable), e.g. INGEST_WARM_UP_RECORDS=60000")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the raw baseline, the peer and the one-worker ingest this many times each and "
@@ -91,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.timeout = args.timeout or (150.0 if quick else 1800.0)
     if args.records <= 0 or args.partitions <= 0 or args.workers <= 0 or args.repeat <= 0:
         parser.error("--records, --partitions, --workers and --repeat must be positive")
+    args.worker_settings = {}
+    for item in args.worker_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("INGEST_"):
+            parser.error(f"--worker-env: expected INGEST_NAME=VALUE, got {item!r}")
+        args.worker_settings[name] = value
     for name in ("scaling_workers", "scaling_partitions"):
         try:
             counts = [int(x) for x in getattr(args, name).split(",") if x.strip()]
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with LocalPostgres() as pg, LocalBroker(log_dir=work / "broker") as broker:
             ctx = Context(database_url=pg.url, bootstrap=broker.bootstrap, work=work,
-                          driver_memory=args.driver_memory, timeout=args.timeout, log=log)
+                          driver_memory=args.driver_memory, timeout=args.timeout, log=log,
+                          worker_settings=args.worker_settings)
             apply_migrations(pg.url)
             create_topic(broker.bootstrap, TOPIC, args.partitions)
             data = produce_dataset(broker.bootstrap, TOPIC, args.records, args.partitions,
@@ -325,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "steady_seconds": args.steady_seconds,
             "rebalance_records": args.rebalance_records,
             "driver_memory": args.driver_memory,
+            "worker_settings": args.worker_settings,
             "quick": args.quick,
             "cpus": os.cpu_count(),
             "load_at_start": load_start,

@@ -48,6 +48,8 @@ class Context:
     driver_memory: str = "2g"
     timeout: float = 900.0
     log: Callable[[str], None] = print
+    # INGEST_* settings given with --worker-env, applied over the bench's own.
+    worker_settings: dict[str, str] = field(default_factory=dict)
 
     def new_source(self, prefix: str) -> str:
         # Source names: a-z first, then a-z 0-9 _ - ; a new name = a new group, offsets from earliest.
@@ -87,6 +89,7 @@ def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str,
         "INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS": "500",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
     })
+    env.update(ctx.worker_settings)
     return env
 
 
