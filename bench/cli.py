@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
 
             ones: list[dict[str, Any]] = []
             for i in range(args.repeat):
-                one, fleet1 = run_throughput(ctx, TOPIC, data, 1, "local[2]", 2, split, "ingest_1")
+                label = "ingest_1" if args.repeat == 1 else f"ingest_1_run{i + 1}"
+                one, fleet1 = run_throughput(ctx, TOPIC, data, 1, "local[2]", 2, split, label)
                 fleets.append(fleet1)
                 ones.append(one)
                 if i < args.repeat - 1:

@@ -176,7 +176,9 @@ class WorkerProcess:
     def start(cls, name: str, source: str, env: dict[str, str], log_dir: Path, metrics_port: int,
               cwd: Path) -> WorkerProcess:
         log_path = log_dir / f"{name}.log"
-        log = log_path.open("wb")
+        # "x": a second worker of the same name must not truncate the first one's log, which
+        # the benchmark still reads (its events are its results).
+        log = log_path.open("xb")
         env = {**env, "INGEST_METRICS_PORT": str(metrics_port), "INGEST_WORKER_ID": name}
         started_at = time.time()
         proc = subprocess.Popen(
