@@ -39,6 +39,8 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 log = logging.getLogger(__name__)
+_PROBE_LOG = logging.getLogger(__name__ + ".broker_probe")
+_PROBE_LOG.setLevel(logging.CRITICAL)
 
 _LOOPBACK = "127.0.0.1"
 _PG_OS_USER = "postgres"
@@ -576,7 +578,10 @@ class LocalBroker:
         from confluent_kafka.admin import AdminClient
 
         assert self._proc is not None
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000})
+        # A logger keeps librdkafka's "Connection refused" lines off stderr: they are expected
+        # while the broker starts, and the last error is in the TimeoutError if it never answers.
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000},
+                            logger=_PROBE_LOG)
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
