@@ -43,6 +43,7 @@ from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import arrow_schema
 from ingest.builder import META_COLUMNS, SparkSegmentBuilder, SyntheticRecord
+from ingest.config import WARM_UP_RECORDS
 from ingest.logs import configure_logging
 from ingest.model import BuiltSegment, TopicPartition
 from ingest.spark import create_session
@@ -111,7 +112,8 @@ def _typed_staging(values: list[bytes], splits: list[SealedSplit], work: Path) -
     return files
 
 
-def run(records: int, splits: int, rounds: int, master: str, warm_up: tuple[int, int] = (2000, 1)) -> dict[str, Any]:
+def run(records: int, splits: int, rounds: int, master: str,
+        warm_up: tuple[int, int] = (WARM_UP_RECORDS, 2)) -> dict[str, Any]:
     values = [record_value(i) for i in range(records)]
     work = Path(tempfile.mkdtemp(prefix="ingest_floor_"))
     try:
@@ -182,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", type=int, default=6, help="splits of the batch (the benchmark's partitions)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--warm-up", type=int, nargs=2, default=(2000, 1), metavar=("RECORDS", "SPLITS"),
-                        help="the Spark warm-up before the first round (default: the worker's, 2000 records, 1 split)")
+    parser.add_argument("--warm-up", type=int, nargs=2, default=(WARM_UP_RECORDS, 2), metavar=("RECORDS", "SPLITS"),
+                        help=f"the Spark warm-up before the first round: records in all, splits "
+                             f"(default: the worker's, {WARM_UP_RECORDS} records in 2 splits)")
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = parser.parse_args(argv)
     configure_logging(level=logging.WARNING)

@@ -213,18 +213,22 @@ class SparkSegmentBuilder:
         return [replace(r, build_seconds=elapsed) if isinstance(r, BuiltSegment) else r
                 for r in (results[split.id] for split in splits)]
 
-    def warm_up(self, spec: SourceSpec, records: int = 2000, splits: int = 1) -> float:
-        """Build and discard synthetic splits before the worker joins its group, so the
-        first real splits do not pay for the JVM's class loading, JIT and code generation
-        (seconds on a cold JVM). The synthetic values fill every column of the schema with
-        a value of its type, so the JIT compiles the parse paths real records take.
-        Returns the seconds it took."""
+    def warm_up(self, spec: SourceSpec, records: int, splits: int = 2) -> float:
+        """Build and discard ``records`` synthetic records, dealt over ``splits`` splits of one
+        batch, before the worker joins its group, so the first real splits do not pay for the
+        JVM's class loading, JIT and code generation (seconds on a cold JVM). The synthetic
+        values fill every column of the schema with a value of its type, so the JIT compiles
+        the parse paths real records take; several splits, so the batch's tasks run (and are
+        compiled) on several executor threads. Returns the seconds it took."""
         started = time.monotonic()
+        splits = max(1, min(splits, records))
+        per_split = -(-records // splits)
         good = warm_up_value(spec)
+        # Every 100th record is bad, so the rejects path is compiled too.
         batch = [
-            SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", n), serial=0, start=0, end=records,
-                        records=tuple(SyntheticRecord(i, good if i % 100 else b"{") for i in range(records)),
-                        size_bytes=len(good) * records, first_record_at=started, sealed_at=started,
+            SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", n), serial=0, start=0, end=per_split,
+                        records=tuple(SyntheticRecord(i, good if i % 100 else b"{") for i in range(per_split)),
+                        size_bytes=len(good) * per_split, first_record_at=started, sealed_at=started,
                         seal_reason="warm_up", kill_switch=KillSwitch())
             for n in range(splits)]
         for result in self.build_batch(batch, spec):

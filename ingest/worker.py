@@ -104,10 +104,8 @@ class Worker:
         here (e.g. an unwritable store) is reported by the real builds, with retries."""
         if records == 0:
             return
-        # Two splits, so that the batch's tasks run (and are compiled) on two executor threads.
-        splits = min(2, records)
         try:
-            seconds = builder.warm_up(spec, records=-(-records // splits), splits=splits)
+            seconds = builder.warm_up(spec, records)
         except Exception as exc:
             log.warning("spark_warm_up_failed", source=spec.name, error=str(exc))
         else:
