@@ -231,6 +231,7 @@ def cmd_source_history(args: argparse.Namespace) -> int:
 def _reset_targets(to: str, rows: list[dict[str, Any]],
                    settings: Settings) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """``--to`` as offsets per partition, and Kafka's low watermarks where known."""
+    from ingest.config import is_digits
     from ingest.errors import ConfigError, KafkaUnavailable
     from ingest.status import watermarks
 
@@ -254,7 +255,7 @@ def _reset_targets(to: str, rows: list[dict[str, Any]],
         topic, colon, partition = where.rpartition(":")
         if not colon and len(topics) == 1:
             topic = topics[0]
-        if not sep or not topic or not partition.isdigit() or not offset.isdigit():
+        if not sep or not topic or not is_digits(partition) or not is_digits(offset):
             raise ConfigError(f"--to: expected earliest, latest or TOPIC:PARTITION=OFFSET,... got {item!r}")
         targets[TopicPartition(topic, int(partition))] = int(offset)
     return targets, earliest

@@ -120,19 +120,25 @@ def read_properties(path: Path) -> dict[str, str]:
 def _optional_port(value: str | None) -> int | None:
     if value is None or value == "":
         return None
-    if not value.isdigit() or not 0 <= int(value) <= 65535:
+    if not is_digits(value) or not 0 <= int(value) <= 65535:
         raise ConfigError(f"INGEST_METRICS_PORT: expected a port number 0-65535, got {value!r}")
     return int(value)
 
 
+def is_digits(value: str) -> bool:
+    """A non-negative integer in ASCII digits."""
+    # ASCII only: str.isdigit() is also true of "²", which int() refuses.
+    return value.isascii() and value.isdigit()
+
+
 def _positive_int(name: str, value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
+    if not is_digits(value) or int(value) <= 0:
         raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
     return int(value)
 
 
 def _non_negative_int(name: str, value: str) -> int:
-    if not value.isdigit():
+    if not is_digits(value):
         raise ConfigError(f"{name}: expected a non-negative integer, got {value!r}")
     return int(value)
 

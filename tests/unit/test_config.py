@@ -35,6 +35,10 @@ def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path)
         ({"INGEST_FAULT_PUBLISH_DELAY_S": "-1"}, "INGEST_FAULT_PUBLISH_DELAY_S"),
         ({"INGEST_WARM_UP_RECORDS": "-1"}, "INGEST_WARM_UP_RECORDS"),
         ({"INGEST_WARM_UP_RECORDS": "2k"}, "INGEST_WARM_UP_RECORDS"),
+        # Unicode digits pass str.isdigit() but not int(): still a ConfigError, not a traceback.
+        ({"INGEST_WARM_UP_RECORDS": "²"}, "INGEST_WARM_UP_RECORDS"),
+        ({"INGEST_BUILD_THREADS": "²"}, "INGEST_BUILD_THREADS"),
+        ({"INGEST_METRICS_PORT": "²"}, "INGEST_METRICS_PORT"),
     ],
 )
 def test_invalid_settings_name_the_variable(env: dict[str, str], field: str) -> None:
@@ -49,3 +53,4 @@ def test_warm_up_records_default_and_zero() -> None:
     base = {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092"}
     assert Settings.from_env(base).warm_up_records == WARM_UP_RECORDS
     assert Settings.from_env({**base, "INGEST_WARM_UP_RECORDS": "0"}).warm_up_records == 0
+
