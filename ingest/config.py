@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
 
 from ingest.errors import ConfigError
 
@@ -183,3 +186,21 @@ def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:
         if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.")):
             conf[key] = value
     return conf
+
+
+_Client = TypeVar("_Client")
+
+
+def kafka_client(factory: Callable[[dict[str, str | int | float | bool]], _Client],
+                 conf: dict[str, str | int | float | bool]) -> _Client:
+    """A librdkafka client (Consumer, AdminClient); a property librdkafka refuses (unknown
+    name, bad value) is a ConfigError naming it, not a traceback. librdkafka checks every
+    property when the client is made, before it connects anywhere."""
+    try:
+        return factory(conf)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+            raise ConfigError(f"Kafka client properties (INGEST_KAFKA_PROP_*, INGEST_KAFKA_CONFIG_FILE): "
+                              f"{error.str()}") from exc
+        raise

@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.config import Settings, admin_config
+from ingest.config import Settings, admin_config, kafka_client
 from metastore import Metastore
 
 
@@ -19,7 +19,7 @@ def watermarks(settings: Settings, tps: list[tuple[str, int]],
     if not tps or not settings.kafka_bootstrap:
         return {}
     conf: dict[str, Any] = {**admin_config(settings), "group.id": "ingest-status", "enable.auto.commit": False}
-    consumer = Consumer(conf)
+    consumer = kafka_client(Consumer, conf)
     marks: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         for topic, partition in tps:

@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from ingest.assignment import Assignment
 from ingest.builder import SegmentBuilder, SparkSegmentBuilder
-from ingest.config import Settings, admin_config, consumer_config
+from ingest.config import Settings, admin_config, consumer_config, kafka_client
 from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
 from ingest.loop import ConsumeLoop
@@ -39,7 +39,7 @@ def load_source(store: Metastore, name: str) -> tuple[int, SourceSpec]:
 
 def topic_partitions(settings: Settings, topics: tuple[str, ...], timeout: float = 10.0) -> dict[str, int]:
     """Partition counts of the source's topics; a clear error when one is missing."""
-    admin = AdminClient(admin_config(settings))
+    admin = kafka_client(AdminClient, admin_config(settings))
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
@@ -130,6 +130,10 @@ class Worker:
             if desired in ("terminating", "terminated"):
                 raise SourceTerminated(spec.name, desired)
             counts = topic_partitions(settings, spec.topics)
+            # Made now (it joins the group only when it subscribes, after Spark has started) so
+            # that a property librdkafka refuses fails at once, not a minute later.
+            conf = consumer_config(settings, spec.group_id)
+            consumer = kafka_client(Consumer, conf)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -160,14 +164,12 @@ class Worker:
             pipeline = Pipeline(builder, publisher, spec, version, build_threads=settings.build_threads,
                                 max_batch_splits=settings.build_batch_splits, batch_linger_s=settings.build_linger_s,
                                 publish_delay_s=settings.fault_publish_delay_s)
-            conf = consumer_config(settings, spec.group_id)
             incremental = "cooperative" in str(conf["partition.assignment.strategy"])
             handler = RebalanceHandler(
                 source=spec.name, worker_id=worker_id, store=store, assignment=self.assignment,
                 pipeline=pipeline, metrics=self.metrics, incremental=incremental,
                 deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4),
             )
-            consumer = Consumer(conf)
             consumer.subscribe(list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke,
                                on_lost=handler.on_lost)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.

@@ -86,6 +86,16 @@ def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, databas
         result = ingest(busy, "worker", name, timeout=30)
     assert_one_line_error(result, 2, f"metrics endpoint 127.0.0.1:{port}", "INGEST_METRICS_PORT")
     assert "spark_warmed_up" not in result.stdout + result.stderr
+    # A librdkafka property it refuses, consumer-only or not: named at once, before Spark starts;
+    # `ingest status` (which asks Kafka for watermarks) says the same.
+    for prop, value in (("INGEST_KAFKA_PROP_MAX_POL_INTERVAL_MS", "1000"),
+                        ("INGEST_KAFKA_PROP_SOCKET_TIMEOUT_MS", "soon")):
+        typo = {**env, prop: value, "INGEST_METRICS_PORT": "0"}
+        result = ingest(typo, "worker", name, timeout=30)
+        librdkafka_name = prop.removeprefix("INGEST_KAFKA_PROP_").lower().replace("_", ".")
+        assert_one_line_error(result, 2, "INGEST_KAFKA_PROP_", librdkafka_name)
+        assert "spark_warmed_up" not in result.stdout + result.stderr
+    assert_one_line_error(ingest(typo, "status", name), 2, "socket.timeout.ms")
     # The schema lacks this release's newest migration (`ingest migrate` was not run): the
     # worker refuses to start rather than fail at its first publish.
     with psycopg.connect(database_url, autocommit=True) as conn:
