@@ -8,6 +8,7 @@ or from a Java-style properties file named by ``INGEST_KAFKA_CONFIG_FILE``.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -108,6 +109,8 @@ def read_properties(path: Path) -> dict[str, str]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise ConfigError(f"INGEST_KAFKA_CONFIG_FILE: cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"INGEST_KAFKA_CONFIG_FILE: {path} is not UTF-8 text (byte {exc.start})") from exc
     props: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
         line = line.strip()
@@ -151,7 +154,8 @@ def _non_negative_float(name: str, value: str) -> float:
         number = float(value)
     except ValueError:
         number = -1.0
-    if number < 0:
+    # Also refuses nan (every comparison false) and inf (a linger or delay that never ends).
+    if not 0 <= number < math.inf:
         raise ConfigError(f"{name}: expected a non-negative number of seconds, got {value!r}")
     return number
 

@@ -39,6 +39,9 @@ def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path)
         ({"INGEST_WARM_UP_RECORDS": "²"}, "INGEST_WARM_UP_RECORDS"),
         ({"INGEST_BUILD_THREADS": "²"}, "INGEST_BUILD_THREADS"),
         ({"INGEST_METRICS_PORT": "²"}, "INGEST_METRICS_PORT"),
+        ({"INGEST_BUILD_LINGER_S": "nan"}, "INGEST_BUILD_LINGER_S"),
+        ({"INGEST_BUILD_LINGER_S": "inf"}, "INGEST_BUILD_LINGER_S"),
+        ({"INGEST_KAFKA_CONFIG_FILE": "/nonexistent/client.properties"}, "INGEST_KAFKA_CONFIG_FILE"),
     ],
 )
 def test_invalid_settings_name_the_variable(env: dict[str, str], field: str) -> None:
@@ -54,3 +57,11 @@ def test_warm_up_records_default_and_zero() -> None:
     assert Settings.from_env(base).warm_up_records == WARM_UP_RECORDS
     assert Settings.from_env({**base, "INGEST_WARM_UP_RECORDS": "0"}).warm_up_records == 0
 
+
+def test_a_kafka_config_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "client.properties"
+    path.write_bytes(b"security.protocol=SSL\nsasl.password=\xff\xfe\n")
+    env = {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092",
+           "INGEST_KAFKA_CONFIG_FILE": str(path)}
+    with pytest.raises(ConfigError, match=r"INGEST_KAFKA_CONFIG_FILE.*not UTF-8"):
+        Settings.from_env(env)
