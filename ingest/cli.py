@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
@@ -203,9 +204,16 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ingest.gc import collect_garbage
+    from ingest.errors import ConfigError
+    from ingest.gc import MIN_GRACE_S, collect_garbage
     from ingest.worker import load_source
 
+    if not 0 <= args.grace < math.inf:
+        raise ConfigError(f"--grace: expected a non-negative number of seconds, got {args.grace!r}")
+    if args.grace < MIN_GRACE_S and not (args.force or args.dry_run):
+        raise ConfigError(f"--grace {args.grace:g} is below {MIN_GRACE_S:g} s: a running worker may be about to "
+                          "publish files this would delete; stop the source's workers first and add --force "
+                          "(or look with --dry-run)")
     with Metastore(_settings().database_url) as store:
         _version, spec = load_source(store, args.source)
         result = collect_garbage(store, spec, grace_s=args.grace, dry_run=args.dry_run)
@@ -402,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                     help="only delete unpublished files older than this many seconds (default: %(default)s)")
     gc.add_argument("--dry-run", action="store_true")
+    gc.add_argument("--force", action="store_true",
+                    help="allow a grace below 1 h: only when none of the source's workers is running")
     gc.set_defaults(func=cmd_gc)
     return parser
 

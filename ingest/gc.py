@@ -20,6 +20,10 @@ from metastore import Metastore
 log = structlog.get_logger(__name__)
 
 DEFAULT_GRACE_S = 6 * 3600.0
+# Below this, gc runs only when told the source's workers are stopped (--force): a shorter
+# grace can delete the files of a split that is built and about to be published (Iceberg's
+# orphan-file removal draws the same line, at 24 h).
+MIN_GRACE_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)

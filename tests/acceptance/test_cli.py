@@ -142,7 +142,11 @@ def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstr
     dry = ingest(env, "gc", source, "--grace", "0", "--dry-run")
     assert "would delete 1 unpublished location(s)" in dry.stdout and orphan.exists()
     assert "deleted 0 " in ingest(env, "gc", source).stdout  # default grace keeps young files
-    result = ingest(env, "gc", source, "--grace", "0")
+    # A grace that could delete a split about to be published needs --force (workers stopped).
+    assert_one_line_error(ingest(env, "gc", source, "--grace", "0"), 2, "--grace 0", "--force")
+    assert_one_line_error(ingest(env, "gc", source, "--grace", "nan", "--force"), 2, "--grace")
+    assert orphan.exists()
+    result = ingest(env, "gc", source, "--grace", "0", "--force")
     assert f"deleted 1 unpublished location(s); kept {len(segments)} published" in result.stdout
     assert not orphan.exists()
     assert_exactly_once(database_url, source, produced)  # every published file is still there
