@@ -20,11 +20,9 @@ The JVM's CPU is read from ``/proc`` (the Spark JVM is a child of this process).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import os
-import resource
 import shutil
 import statistics
 import tempfile
@@ -36,12 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
-from bench.raw import arrow_schema
+from bench.raw import cpu_seconds, parse_values
 from ingest.builder import META_COLUMNS, SparkSegmentBuilder, SyntheticRecord
 from ingest.config import WARM_UP_RECORDS
 from ingest.logs import configure_logging
@@ -51,11 +48,6 @@ from ingest.spec import SourceSpec, spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
 
 
-def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _children_cpu_s() -> float:
     """CPU of every live descendant of this process (the Spark JVM and its launcher)."""
     me = os.getpid()
@@ -63,9 +55,9 @@ def _children_cpu_s() -> float:
 
 
 def _measure(records: int, run: Callable[[], None]) -> dict[str, float]:
-    wall, own, jvm = time.monotonic(), _own_cpu_s(), _children_cpu_s()
+    wall, own, jvm = time.monotonic(), cpu_seconds(), _children_cpu_s()
     run()
-    wall, own, jvm = time.monotonic() - wall, _own_cpu_s() - own, _children_cpu_s() - jvm
+    wall, own, jvm = time.monotonic() - wall, cpu_seconds() - own, _children_cpu_s() - jvm
     per_m = 1_000_000 / records
     return {"wall_s": wall, "records_per_s": records / wall, "python_cpu_s_per_million": own * per_m,
             "jvm_cpu_s_per_million": jvm * per_m, "cpu_s_per_million": (own + jvm) * per_m}
@@ -90,18 +82,13 @@ def _splits(values: list[bytes], count: int) -> list[SealedSplit]:
     return out
 
 
-def _parse(values: list[bytes]) -> pa.Table:
-    options = pa_json.ParseOptions(explicit_schema=arrow_schema(), unexpected_field_behavior="ignore")
-    return pa_json.read_json(io.BytesIO(b"\n".join(values)), parse_options=options)
-
-
 def _typed_staging(values: list[bytes], splits: list[SealedSplit], work: Path) -> list[str]:
     """Each split's values (dealt as ``_splits`` deals them) parsed by pyarrow, with the
     worker's metadata columns, staged uncompressed."""
     files = []
     for split in splits:
         n = len(split)
-        table = _parse(values[split.tp.partition::len(splits)])
+        table = parse_values(b"\n".join(values[split.tp.partition::len(splits)]))
         meta = [pa.array([split.tp.topic] * n, pa.string()), pa.array([split.tp.partition] * n, pa.int32()),
                 pa.array(range(n), pa.int64()), pa.nulls(n, pa.timestamp("ms", tz="UTC")), pa.nulls(n, pa.binary())]
         for name, column in zip(reversed(META_COLUMNS), reversed(meta), strict=True):
@@ -118,7 +105,7 @@ def run(records: int, splits: int, rounds: int, master: str,
     work = Path(tempfile.mkdtemp(prefix="ingest_floor_"))
     try:
         def pyarrow_build(i: int) -> None:
-            pq.write_table(_parse(values), work / f"pyarrow-{i}.parquet", compression="zstd")
+            pq.write_table(parse_values(b"\n".join(values)), work / f"pyarrow-{i}.parquet", compression="zstd")
 
         pyarrow_runs = [_measure(records, partial(pyarrow_build, i)) for i in range(rounds)]
 

@@ -39,7 +39,16 @@ def arrow_schema() -> pa.Schema:
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in SCHEMA.items()])
 
 
-def _cpu_seconds() -> float:
+_PARSE_OPTIONS = pa_json.ParseOptions(explicit_schema=arrow_schema(), unexpected_field_behavior="ignore")
+
+
+def parse_values(values: bytes) -> pa.Table:
+    """Newline-joined JSON values as a table of the benchmark's schema (other fields ignored)."""
+    return pa_json.read_json(io.BytesIO(values), parse_options=_PARSE_OPTIONS)
+
+
+def cpu_seconds() -> float:
+    """CPU (user + system) this process has used so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -49,14 +58,12 @@ class BatchWriter:
 
     def __init__(self, out_dir: Path) -> None:
         self._out_dir = out_dir
-        self._parse = pa_json.ParseOptions(explicit_schema=arrow_schema(), unexpected_field_behavior="ignore")
         self.files = 0
         self.rows = 0
         self.bytes = 0
 
     def write(self, topic: str, messages: list[Any]) -> None:
-        values = b"\n".join(m.value() for m in messages)
-        table = pa_json.read_json(io.BytesIO(values), parse_options=self._parse)
+        table = parse_values(b"\n".join(m.value() for m in messages))
         n = len(messages)
         kafka = pa.table({
             "_topic": pa.array([topic] * n, pa.string()),
@@ -105,7 +112,7 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
                     continue
                 if first_at is None:
                     first_at = time.time()
-                    first_cpu = _cpu_seconds()
+                    first_cpu = cpu_seconds()
                 pending.append(m)
                 p, offset = m.partition(), m.offset()
                 if p in remaining and offset is not None and offset + 1 >= remaining[p]:
@@ -114,7 +121,7 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
                 writer.write(topic, pending)
                 pending = []
         last_at = time.time()
-        last_cpu = _cpu_seconds()
+        last_cpu = cpu_seconds()
     finally:
         consumer.close()
     return {
