@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import signal
 import sys
 import threading
@@ -204,19 +203,19 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from ingest.config import non_negative_seconds
     from ingest.errors import ConfigError
     from ingest.gc import MIN_GRACE_S, collect_garbage
     from ingest.worker import load_source
 
-    if not 0 <= args.grace < math.inf:
-        raise ConfigError(f"--grace: expected a non-negative number of seconds, got {args.grace!r}")
-    if args.grace < MIN_GRACE_S and not (args.force or args.dry_run):
-        raise ConfigError(f"--grace {args.grace:g} is below {MIN_GRACE_S:g} s: a running worker may be about to "
+    grace = non_negative_seconds("--grace", args.grace)
+    if grace < MIN_GRACE_S and not (args.force or args.dry_run):
+        raise ConfigError(f"--grace {grace:g} is below {MIN_GRACE_S:g} s: a running worker may be about to "
                           "publish files this would delete; stop the source's workers first and add --force "
                           "(or look with --dry-run)")
     with Metastore(_settings().database_url) as store:
         _version, spec = load_source(store, args.source)
-        result = collect_garbage(store, spec, grace_s=args.grace, dry_run=args.dry_run)
+        result = collect_garbage(store, spec, grace_s=grace, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {len(result.deleted)} unpublished location(s); kept {result.kept} published; "
           f"{result.too_young} unpublished younger than the grace period")
@@ -407,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = sub.add_parser("gc", help="delete segment files that no published segment points to")
     gc.add_argument("source")
-    gc.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+    # Parsed by cmd_gc, as the settings are: a bad value is a one-line ConfigError naming --grace.
+    gc.add_argument("--grace", default=str(DEFAULT_GRACE_S),
                     help="only delete unpublished files older than this many seconds (default: %(default)s)")
     gc.add_argument("--dry-run", action="store_true")
     gc.add_argument("--force", action="store_true",

@@ -86,17 +86,17 @@ class Settings:
             log_format=_choice("INGEST_LOG_FORMAT", env.get("INGEST_LOG_FORMAT", "auto"), ("auto", "json", "console")),
             build_threads=_positive_int("INGEST_BUILD_THREADS", env.get("INGEST_BUILD_THREADS", "2")),
             build_batch_splits=_positive_int("INGEST_BUILD_BATCH_SPLITS", env.get("INGEST_BUILD_BATCH_SPLITS", "8")),
-            build_linger_s=_non_negative_float("INGEST_BUILD_LINGER_S", env.get("INGEST_BUILD_LINGER_S", "0.5")),
+            build_linger_s=non_negative_seconds("INGEST_BUILD_LINGER_S", env.get("INGEST_BUILD_LINGER_S", "0.5")),
             warm_up_records=_non_negative_int(
                 "INGEST_WARM_UP_RECORDS", env.get("INGEST_WARM_UP_RECORDS", str(WARM_UP_RECORDS))
             ),
-            fault_publish_delay_s=_non_negative_float(
+            fault_publish_delay_s=non_negative_seconds(
                 "INGEST_FAULT_PUBLISH_DELAY_S", env.get("INGEST_FAULT_PUBLISH_DELAY_S", "0")
             ),
             unhealthy_after_failed_splits=_positive_int(
                 "INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", env.get("INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", "5")
             ),
-            stuck_after_s=_non_negative_float("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
+            stuck_after_s=non_negative_seconds("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
         )
 
 
@@ -149,7 +149,8 @@ def _non_negative_int(name: str, value: str) -> int:
     return int(value)
 
 
-def _non_negative_float(name: str, value: str) -> float:
+def non_negative_seconds(name: str, value: str) -> float:
+    """A finite number of seconds, 0 or more; anything else is a ConfigError naming ``name``."""
     try:
         number = float(value)
     except ValueError:
