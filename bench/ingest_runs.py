@@ -1,9 +1,9 @@
 """The ingest side of the bench: worker fleets, their throughput, latency and rebalances.
 
 Every run gets a new source (so a new consumer group and no stored offsets: it starts from
-earliest) and its own segment store directory.  Completion is read from the metastore
-(every partition's ``next_offset`` equals the log end taken from the producer's delivery
-reports), never from the broker's high watermark, which Tansu reports wrong.
+earliest) and its own segment store directory.  Completion is read from the metastore:
+every partition's ``next_offset`` equals Kafka's log end offset (``bench.data.kafka_ends``,
+which checks it against the producer's delivery reports).
 """
 
 from __future__ import annotations

@@ -97,8 +97,8 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
     })
     consumer.subscribe([topic])
     writer = BatchWriter(out_dir)
-    # Done when every partition delivered its last offset (delivery reports of the producer:
-    # Tansu's watermarks are wrong, so they cannot say when we are done).
+    # Done when every partition delivered its last offset (Kafka's end offsets, which the
+    # parent checked against the producer's delivery reports).
     remaining = {p: end for p, end in ends.items() if end > 0}
     pending: list[Any] = []
     first_at: float | None = None

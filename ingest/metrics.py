@@ -54,6 +54,9 @@ class Metrics:
                                            ["source", "kind"], buckets=(*_PUBLISH_BUCKETS, 10, 30), registry=r)
         self.metastore_errors = Counter("ingest_metastore_errors", "Metastore calls that failed", ["source"],
                                         registry=r)
+        self.group_commits = Counter("ingest_group_commits",
+                                     "Published offsets committed to the consumer group as advice for Kafka's "
+                                     "tools (never read back), by result", ["source", "result"], registry=r)
         self.kafka_errors = Counter("ingest_kafka_errors", "Errors reported by the Kafka client", ["source"],
                                     registry=r)
         self.assigned_partitions = Gauge("ingest_assigned_partitions", "Partitions assigned to this worker",
@@ -94,6 +97,8 @@ class Metrics:
         for reason in PARSE_ERRORS:
             self.records_rejected.labels(source, reason)
             self.records_skipped.labels(source, reason)
+        for result in ("ok", "failed"):
+            self.group_commits.labels(source, result)
         self._states = list(WORKER_STATES)
         self.set_worker_state("starting")
 

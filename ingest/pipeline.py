@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from ingest import segment_store
 from ingest.builder import SegmentBuilder
 from ingest.errors import BuildError, ParseFailure, PublishAbandoned, SplitKilled
 from ingest.model import BuiltSegment, TopicPartition
@@ -133,7 +134,16 @@ class Pipeline:
         entry = _Entry(split, future, self._spec, self._spec_version)
         with self._cond:
             self._queues.setdefault(split.tp, deque()).append(entry)
-            self._unbuilt.append(entry)
+            if split.records:
+                self._unbuilt.append(entry)
+            else:
+                # Offsets without records (transaction markers, aborted records): nothing to
+                # build, but published in its place in the partition's order like any split.
+                future.set_running_or_notify_cancel()
+                future.set_result(BuiltSegment(
+                    split_id=split.id, location=segment_store.segment_dir(self._spec.segment_store, self._spec.name,
+                                                                          split.id),
+                    files=(), row_count=0, size_bytes=0))
             self._inflight_count += 1
             self._inflight_bytes += split.size_bytes
             self._cond.notify_all()

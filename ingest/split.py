@@ -6,6 +6,10 @@ Invariants:
 - A buffer's ``start`` is the consumer position at which it began: the previous
   split's ``end`` or the offset the partition was seeked to. Consecutive splits
   of one assignment therefore tile the offsets with no gap and no overlap.
+- A split ends after its last record, or further where Kafka said (end of partition)
+  that everything before a higher offset was delivered: offsets that carry no record for
+  a ``read_committed`` consumer (transaction markers, aborted records) are covered too,
+  and a split may hold only such offsets.
 - A sealed split is immutable; only its kill switch changes state.
 """
 
@@ -119,7 +123,7 @@ class SealedSplit:
 class PartitionBuffer:
     """Records of one partition since the last seal."""
 
-    __slots__ = ("_first_at", "_last", "_records", "_size", "epoch", "position", "serial", "tp")
+    __slots__ = ("_delivered_to", "_first_at", "_last", "_records", "_size", "epoch", "position", "serial", "tp")
 
     def __init__(self, tp: TopicPartition, serial: int, position: int | None, epoch: int = 0) -> None:
         self.tp = tp
@@ -133,6 +137,9 @@ class PartitionBuffer:
         self._first_at = 0.0
         # Offset of the last record appended (-1: none); kept to avoid a call per record.
         self._last = -1
+        # Kafka's end of partition, when it lies past the last record: every offset below it
+        # was delivered (-1: not known).
+        self._delivered_to = -1
 
     def __len__(self) -> int:
         return len(self._records)
@@ -163,9 +170,29 @@ class PartitionBuffer:
         self._size += size
         return True
 
+    def delivered_to(self, end: int) -> None:
+        """The consumer reached the end of the partition at ``end`` (librdkafka's
+        PARTITION_EOF, in order with the records): offsets between the last record and
+        ``end`` hold nothing this consumer will ever receive."""
+        reached = self._last + 1 if self._records else self.position
+        if reached is None or end <= max(reached, self._delivered_to):
+            return
+        self._delivered_to = end
+
+    @property
+    def end(self) -> int | None:
+        """Where a split sealed now would end (None: nothing to seal)."""
+        if self._records:
+            return max(self._last + 1, self._delivered_to)
+        if self.position is not None and self._delivered_to > self.position:
+            return self._delivered_to
+        return None
+
     def should_seal(self, limits: SplitLimits, now: float) -> str | None:
         if not self._records:
-            return None
+            # Only offsets without records (markers at the tail of a partition): sealed at
+            # once, so the stored offset reaches the end and no lag is left behind.
+            return "no_records" if self.end is not None else None
         if len(self._records) >= limits.max_records:
             return "records"
         if self._size >= limits.max_bytes:
@@ -175,14 +202,14 @@ class PartitionBuffer:
         return None
 
     def seal(self, reason: str, now: float | None = None) -> SealedSplit:
-        assert self._records and self.position is not None
-        last = self._last
+        end = self.end
+        assert end is not None and self.position is not None
         split = SealedSplit(
             id=uuid.uuid4(),
             tp=self.tp,
             serial=self.serial,
             start=self.position,
-            end=last + 1,
+            end=end,
             records=tuple(self._records),
             size_bytes=self._size,
             first_record_at=self._first_at,
@@ -195,4 +222,5 @@ class PartitionBuffer:
         self._records = []
         self._size = 0
         self._last = -1
+        self._delivered_to = -1
         return split

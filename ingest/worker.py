@@ -14,9 +14,10 @@ from confluent_kafka.admin import AdminClient
 
 from ingest.assignment import Assignment
 from ingest.builder import SegmentBuilder, SparkSegmentBuilder
-from ingest.config import Settings, admin_config, consumer_config, kafka_client
+from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
 from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
+from ingest.group_offsets import GroupOffsets
 from ingest.loop import ConsumeLoop
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
@@ -133,7 +134,8 @@ class Worker:
             # Made now (it joins the group only when it subscribes, after Spark has started) so
             # that a property librdkafka refuses fails at once, not a minute later.
             conf = consumer_config(settings, spec.group_id)
-            consumer = kafka_client(Consumer, conf)
+            group_offsets = GroupOffsets(spec.name, self.metrics)
+            consumer = kafka_client(Consumer, {**conf, "on_commit": group_offsets.on_commit})
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -164,7 +166,7 @@ class Worker:
             pipeline = Pipeline(builder, publisher, spec, version, build_threads=settings.build_threads,
                                 max_batch_splits=settings.build_batch_splits, batch_linger_s=settings.build_linger_s,
                                 publish_delay_s=settings.fault_publish_delay_s)
-            incremental = "cooperative" in str(conf["partition.assignment.strategy"])
+            incremental = incremental_assignment(conf)
             handler = RebalanceHandler(
                 source=spec.name, worker_id=worker_id, store=store, assignment=self.assignment,
                 pipeline=pipeline, metrics=self.metrics, incremental=incremental,
@@ -180,7 +182,8 @@ class Worker:
             self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
                                     pipeline=pipeline, handler=handler, store=store, registry=registry,
                                     metrics=self.metrics, spec_version=version,
-                                    unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits)
+                                    unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits,
+                                    group_offsets=group_offsets)
             log.info("worker_started", source=spec.name, worker=worker_id, spec_version=version,
                      topics=list(spec.topics), group=spec.group_id, spark_master=settings.spark_master)
             self.ready.set()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine, run as root: the OS packages the tests
-# need (PostgreSQL server binaries, a Java runtime for Spark, ps) and this package with
-# its test extras.  Nothing is installed that is already there, and apt's index is only
-# refreshed when something is missing.
+# need (PostgreSQL server binaries, a Java 17+ runtime for Spark and Kafka, Maven, ps), this
+# package with its test extras, and Apache Kafka's jars (Maven Central, pinned by
+# scripts/kafka/pom.xml, cached outside the repository).  Nothing is installed that is
+# already there, and apt's index is only refreshed when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,8 +13,13 @@ missing=()
 if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
     missing+=(postgresql)
 fi
-if ! command -v java >/dev/null 2>&1; then
+# Kafka 4 and Spark 4 need Java 17 or later.
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if ! command -v java >/dev/null 2>&1 || (($(java_major || echo 0) < 17)); then
     missing+=(openjdk-17-jre-headless)
+fi
+if ! command -v mvn >/dev/null 2>&1; then
+    missing+=(maven)
 fi
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
     missing+=(prometheus)
@@ -51,4 +57,6 @@ else
     mkdir -p "$stamp_dir"
     echo "$want" >"$stamp"
 fi
+# Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
+python3 -m ingest.embedded fetch-kafka | sed 's/^/setup: /'
 say "done"

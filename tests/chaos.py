@@ -3,6 +3,7 @@ of unique records and faults on a seeded random schedule; at the end every produ
 record must be in exactly one published segment, with its payload intact.
 
     python -m tests.chaos [--records 500000] [--duration 300] [--workers 3] [--seed 1] [--quick]
+                          [--group-protocol classic|consumer]
 
 Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replacement),
 ``stop`` (SIGSTOP past the session timeout, then SIGCONT: a zombie), ``add`` (one more
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.embedded import LocalBroker, LocalPostgres, create_topic, free_port
+from ingest.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port
 from ingest.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
@@ -47,9 +48,11 @@ from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, wri
 FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark")
 SESSION_TIMEOUT_S = 6.0
 PG_OUTAGE_S = 20.0
-# A replacement worker starts Spark (and warms it up) before it joins the group: a minute or
-# more on a loaded 2-core machine.
-PEER_READY_TIMEOUT_S = 240.0
+# The bound on how long a partition with lag may go without a live owner while live workers
+# are in the group: the session timeout (a SIGKILLed or frozen owner is noticed) plus one
+# rebalance (two rounds with cooperative-sticky) plus the assign callback's metastore
+# transaction, with room for a loaded 2-core machine.
+UNOWNED_BOUND_S = SESSION_TIMEOUT_S + 24.0
 TOPIC = "chaos"
 
 
@@ -67,6 +70,8 @@ class ChaosConfig:
     catchup_timeout_s: float = 600.0
     max_records_per_split: int = 20_000
     workdir: Path | None = None
+    # The consumer group protocol: "classic" (cooperative-sticky) or "consumer" (KIP-848).
+    group_protocol: str = "classic"
 
     @classmethod
     def quick(cls, seed: int = 1, workdir: Path | None = None) -> ChaosConfig:
@@ -106,22 +111,37 @@ class ChaosResult:
     health_restarts: int
     producer_errors: list[str]
     elapsed_s: float
+    broker: str = ""
+    # The longest a partition with lag had no live owner while live workers were in the group:
+    # (seconds, partition, seconds since the start when it began).
+    unowned_worst: tuple[float, int, float] = (0.0, -1, 0.0)
+    ownership_samples: int = 0
+
+    @property
+    def ownership_ok(self) -> bool:
+        return self.ownership_samples > 0 and self.unowned_worst[0] <= UNOWNED_BOUND_S
 
     @property
     def ok(self) -> bool:
         return (self.verification.ok and not self.payload_errors and self.caught_up and not self.producer_errors
-                and self.verification.rows == self.produced)
+                and self.verification.rows == self.produced and self.ownership_ok)
 
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
         lines = [
-            f"chaos run seed={self.config.seed}: {'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
+            f"chaos run seed={self.config.seed} group protocol {self.config.group_protocol}: "
+            f"{'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
             f"  records produced {self.produced}, published rows {self.verification.rows}, "
             f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
             f"  exactly-once: {self.verification.summary()}",
             f"  payload mismatches {len(self.payload_errors)}" + (f": {self.payload_errors[:3]}"
                                                                  if self.payload_errors else ""),
-            f"  caught up: {self.caught_up}; producer errors: {len(self.producer_errors)}",
+            f"  broker: {self.broker}",
+            f"  caught up: {self.caught_up}; producer errors: {len(self.producer_errors)}"
+            + (f": {self.producer_errors[:2]}" if self.producer_errors else ""),
+            f"  longest a lagging partition had no live owner: {self.unowned_worst[0]:.1f}s "
+            f"(partition {self.unowned_worst[1]} from t={self.unowned_worst[2]:.1f}s; bound {UNOWNED_BOUND_S:.0f}s, "
+            f"{self.ownership_samples} samples of the group): {'ok' if self.ownership_ok else 'EXCEEDED'}",
             "  faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
             "  publish conflicts rejected: " + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items()))
                                                 or "0"),
@@ -317,22 +337,11 @@ class Fleet:
         probe = self._healthz(entry[1], "readyz")
         return probe is not None and probe[0] == 200
 
-    def ensure_peer(self, excluding: str, timeout: float) -> bool:
-        """Make sure a worker other than ``excluding`` is in the group (ready) before it is
-        taken out, as an orchestrator's rolling replacement does (maxUnavailable 0). The
-        fallback broker never assigns partitions to members that join a group all of whose
-        members left (FIELD-NOTES), so a fleet must not drop to zero members. Returns True
-        if it had to start the peer."""
+    def live_client_ids(self) -> set[str]:
+        """Client ids of the workers that run and are not frozen (SIGSTOP)."""
         with self._lock:
-            others = [n for n in self.live if n != excluding]
-        if any(self.ready(n) for n in others):
-            return False
-        name = self.add()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.ready(name):
-            time.sleep(1.0)
-        _log(self._t0, f"started {name} first so that the group keeps a member")
-        return True
+            return {f"chaos-{name}" for name, (worker, _port) in self.live.items()
+                    if name not in self.frozen and worker.proc.poll() is None}
 
     def _healthz(self, port: int, path: str = "healthz") -> tuple[int, str] | None:
         try:
@@ -450,6 +459,65 @@ class Monitor:
             store.close()
 
 
+class OwnershipWatch:
+    """Kafka's own view of who owns what, sampled every second: how long a partition with lag
+    went without a live owner (a member that runs and is not frozen) while at least one live
+    worker was in the group. That is the stall the chaos run bounds (``UNOWNED_BOUND_S``)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, fleet: Fleet, monitor: Monitor, t0: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._bootstrap = bootstrap
+        self._group = group
+        self._topic = topic
+        self._fleet = fleet
+        self._monitor = monitor
+        self._t0 = t0
+        self._since: dict[int, float] = {}
+        # (seconds unowned, partition, when it started, seconds since t0)
+        self.worst: tuple[float, int, float] = (0.0, -1, 0.0)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-ownership", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+        now = time.monotonic()
+        for partition, since in self._since.items():
+            self._close(partition, since, now)
+
+    def _close(self, partition: int, since: float, now: float) -> None:
+        if now - since > self.worst[0]:
+            self.worst = (now - since, partition, since - self._t0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                description = self._admin.describe_consumer_groups([self._group], request_timeout=5)[self._group]
+                members = description.result(timeout=10).members
+                ends = end_offsets(self._bootstrap, self._topic, timeout=5)
+            except Exception:  # the group is being formed, or the broker is busy: no sample
+                continue
+            now = time.monotonic()
+            live = self._fleet.live_client_ids()
+            live_members = [m for m in members if m.client_id in live]
+            owned = {tp.partition for m in live_members for tp in (m.assignment.topic_partitions or [])
+                     if tp.topic == self._topic}
+            positions = self._monitor.positions
+            self.samples += 1
+            for partition, end in ends.items():
+                lagging = end > positions.get(partition, 0)
+                if live_members and lagging and partition not in owned:
+                    self._since.setdefault(partition, now)
+                elif partition in self._since:
+                    self._close(partition, self._since.pop(partition), now)
+
+
 def _fault_plan(config: ChaosConfig, rng: random.Random) -> list[str]:
     kinds = list(config.faults)
     plan: list[str] = []
@@ -476,18 +544,13 @@ def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_
     name = fleet.pick(rng)
     if name is None:
         return fleet.add(), "add"
-    peer_started = False
-    if kind in ("kill", "term", "spark", "stop"):
-        peer_started = fleet.ensure_peer(name, PEER_READY_TIMEOUT_S)
     if kind == "kill":
         fleet.remove(name).kill()
-        if not peer_started:
-            fleet.add()
+        fleet.add()
     elif kind == "term":
         worker = fleet.remove(name)
         _stop_worker(worker, 90.0)
-        if not peer_started:
-            fleet.add()
+        fleet.add()
     elif kind == "stop":
         worker = fleet.worker(name)
         fleet.frozen.add(name)
@@ -500,8 +563,7 @@ def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_
         if pid is None:
             _log(t0, f"{name} has no Spark JVM yet; killing the worker instead")
             fleet.remove(name).kill()
-            if not peer_started:
-                fleet.add()
+            fleet.add()
             return name, "kill"
         os.kill(pid, signal.SIGKILL)
     return name, kind
@@ -532,8 +594,9 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
     work = config.workdir or Path(tempfile.mkdtemp(prefix="ingest-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     say(f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
-        f"{config.workers} workers, {config.partitions} partitions")
-    with LocalPostgres() as pg, LocalBroker(log_dir=work / "broker") as broker:
+        f"{config.workers} workers, {config.partitions} partitions, group protocol {config.group_protocol}")
+    with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
+        say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
         url = pg.url
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, config.partitions)
@@ -541,13 +604,13 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                                        max_age="2s")
         apply_spec(url, spec_path)
         # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
-        # that long). Known: the fallback Tansu broker was seen never assigning new members
-        # (4+ minutes) after every member vanished at once (SIGKILL of one while the other
-        # stopped gracefully); the run then reports "caught up: False", not a loss.
-        env = process_env(url, broker.bootstrap, INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000")
+        # that long).
+        env = process_env(url, broker.bootstrap, config.group_protocol,
+                          INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000")
         fleet = Fleet(env, source, work, t0)
         producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
         monitor = Monitor(url, source, producer, t0)
+        ownership = OwnershipWatch(broker.bootstrap, f"ingest-{source}", TOPIC, fleet, monitor, t0)
         try:
             fleet.start(config.workers)
             # Workers start Spark before they join the group (tens of seconds on a loaded
@@ -557,6 +620,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                   "the workers to join and own every partition")
             producer.start()
             monitor.start()
+            ownership.start()
             say("fleet ready; producing; waiting for the first segment before injecting faults")
             _wait(lambda: _published_any(url, source), 180, "the first worker to publish")
             plan = _fault_plan(config, rng)
@@ -572,7 +636,12 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             producer.join(config.duration_s * 2 + 200)
             say(f"producer done: {producer.delivered_count()} delivered, {len(producer.errors)} errors; "
                 "waiting for the fleet to catch up")
-            ends = producer.ends()
+            # Caught up means at Kafka's end offsets; with a single, non-transactional producer
+            # they must equal what the delivery reports say was written.
+            ends = end_offsets(broker.bootstrap, TOPIC)
+            if {p: e for p, e in ends.items() if e} != {p: e for p, e in producer.ends().items() if e}:
+                producer.errors.append(f"Kafka's end offsets {ends} differ from the delivery reports "
+                                       f"{producer.ends()}")
             deadline = time.monotonic() + config.catchup_timeout_s
             caught_up = False
             while time.monotonic() < deadline:
@@ -583,6 +652,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             # Let the monitor see the final positions before it stops.
             time.sleep(1.5)
         finally:
+            ownership.stop()
             monitor.stop()
             fleet.shutdown()
         say(f"caught up: {caught_up}; verifying every published file")
@@ -603,7 +673,8 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             payload_rows=payload_rows, payload_errors=payload_errors, caught_up=caught_up, faults=monitor.faults,
             conflicts=conflicts, splits_killed=_count_kills(fleet.all), unplanned_exits=fleet.unplanned_exits,
             health_restarts=fleet.health_restarts, producer_errors=producer.errors,
-            elapsed_s=time.monotonic() - t0,
+            elapsed_s=time.monotonic() - t0, broker=broker.describe(), unowned_worst=ownership.worst,
+            ownership_samples=ownership.samples,
         )
 
 
@@ -653,11 +724,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=lambda t: tuple(_iter_kinds(t)), help="comma-separated fault kinds")
     parser.add_argument("--fault-count", type=int, help="faults to inject (default 14)")
     parser.add_argument("--workdir", type=Path, help="keep logs, broker log and segments here")
+    parser.add_argument("--group-protocol", choices=("classic", "consumer"),
+                        help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer")
     args = parser.parse_args(argv)
     config = ChaosConfig.quick(args.seed, args.workdir) if args.quick else ChaosConfig(seed=args.seed,
                                                                                        workdir=args.workdir)
     overrides = {"records": args.records, "duration_s": args.duration, "workers": args.workers,
-                 "partitions": args.partitions, "faults": args.faults, "fault_count": args.fault_count}
+                 "partitions": args.partitions, "faults": args.faults, "fault_count": args.fault_count,
+                 "group_protocol": args.group_protocol}
     from dataclasses import replace
 
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})

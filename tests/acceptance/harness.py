@@ -128,7 +128,13 @@ class ThreadWorker:
 StartWorker = Callable[[Settings, str, Callable[[], SegmentBuilder]], ThreadWorker]
 
 
-def process_env(database_url: str, bootstrap: str, **extra: str) -> dict[str, str]:
+# The consumer group protocols a worker supports: the classic one (the default) and KIP-848's.
+GROUP_PROTOCOLS = ("classic", "consumer")
+
+
+def process_env(database_url: str, bootstrap: str, group_protocol: str = "classic", **extra: str) -> dict[str, str]:
+    """A worker process's environment. Under ``group_protocol="consumer"`` the session timeout
+    and heartbeat are the broker's (``group.consumer.*``; the test broker uses 6 s)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
     env.update({
         "INGEST_DATABASE_URL": database_url,
@@ -137,10 +143,13 @@ def process_env(database_url: str, bootstrap: str, **extra: str) -> dict[str, st
         "INGEST_SPARK_DRIVER_MEMORY": "512m",
         "INGEST_BUILD_THREADS": "1",
         "INGEST_LOG_FORMAT": "json",
-        "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
-        "INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS": "500",
         "PYTHONPATH": str(REPO),
     })
+    if group_protocol == "consumer":
+        env["INGEST_KAFKA_PROP_GROUP_PROTOCOL"] = "consumer"
+    else:
+        env["INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS"] = "6000"
+        env["INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS"] = "500"
     env.update(extra)
     return env
 

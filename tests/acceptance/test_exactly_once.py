@@ -66,6 +66,8 @@ def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
     kept = list(first.worker.assignment)
     assert kept and all(len(owned.buffer) == 100 for owned in kept), [len(o.buffer) for o in kept]
     assert first.consumed() == 600  # nothing the first worker kept was read again
+    # A stopping worker publishes what it holds: let the second read what it took first.
+    wait_until(lambda: second.consumed() == 100 * (6 - len(kept)), 60, "the second worker to read its partitions")
     second.stop()
     first.stop()
     assert first.error is None and second.error is None

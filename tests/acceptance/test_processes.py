@@ -12,6 +12,7 @@ import pytest
 
 from metastore import Metastore
 from tests.acceptance.harness import (
+    GROUP_PROTOCOLS,
     ProcessWorker,
     Produced,
     apply_spec,
@@ -23,6 +24,12 @@ from tests.acceptance.harness import (
 
 pytestmark = pytest.mark.process
 MakeTopic = Callable[..., str]
+
+
+@pytest.fixture(params=GROUP_PROTOCOLS)
+def group_protocol(request: pytest.FixtureRequest) -> str:
+    """Each test runs under the classic cooperative-sticky protocol and under KIP-848's."""
+    return str(request.param)
 
 
 def background_producer(produced: Produced, batches: int, batch: int, pause_s: float) -> threading.Thread:
@@ -37,12 +44,12 @@ def background_producer(produced: Produced, batches: int, batch: int, pause_s: f
 
 
 def test_rebalances_under_load_publish_every_offset_exactly_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=6)
     source, spec_path = write_spec(tmp_path, topic, max_records=2000, max_age="1s")
     apply_spec(database_url, spec_path)
-    env = process_env(database_url, kafka_bootstrap)
+    env = process_env(database_url, kafka_bootstrap, group_protocol)
     produced = Produced(kafka_bootstrap, topic, 6)
     workers = [ProcessWorker(env, source, tmp_path, f"w{i}") for i in range(3)]
     try:
@@ -66,7 +73,7 @@ def test_rebalances_under_load_publish_every_offset_exactly_once(
 
 
 def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
@@ -74,13 +81,13 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(2000)
     # The zombie pauses 4 s between building a split and publishing it: the window to freeze it in.
-    zombie = ProcessWorker(process_env(database_url, kafka_bootstrap, INGEST_FAULT_PUBLISH_DELAY_S="4"),
+    zombie = ProcessWorker(process_env(database_url, kafka_bootstrap, group_protocol, INGEST_FAULT_PUBLISH_DELAY_S="4"),
                            source, tmp_path, "zombie")
     other: ProcessWorker | None = None
     try:
         wait_until(lambda: zombie.has_event("split_sealed"), 90, "the zombie to seal a split")
         zombie.signal(signal.SIGSTOP)
-        other = ProcessWorker(process_env(database_url, kafka_bootstrap), source, tmp_path, "other")
+        other = ProcessWorker(process_env(database_url, kafka_bootstrap, group_protocol), source, tmp_path, "other")
         with Metastore(database_url) as store:
             wait_until(lambda: produced.caught_up(store, source), 120, "the other worker to take over")
         published_while_frozen = sum(1 for e in zombie.events() if e.get("event") == "segment_published")
@@ -101,12 +108,12 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
 
 
 def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
 ) -> None:
     topic = make_topic(partitions=4)
     source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="1s")
     apply_spec(database_url, spec_path)
-    env = process_env(database_url, kafka_bootstrap)
+    env = process_env(database_url, kafka_bootstrap, group_protocol)
     produced = Produced(kafka_bootstrap, topic, 4)
     produced.produce(20_000)
     first = [ProcessWorker(env, source, tmp_path, f"a{i}") for i in range(2)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -181,3 +182,25 @@ def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: Fak
     finally:
         pipeline.close(timeout=5)
     assert builder.batches == [[0, 0], [10]]
+
+
+def test_a_split_without_records_is_published_in_its_place_without_a_build(
+    pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
+) -> None:
+    gate = threading.Event()
+    builder.gates[0] = gate
+    records = make_split(P0, 0, 10)
+    # Offsets 10 and 11 carry no record (a transaction's markers): the split that covers them
+    # must wait for the split before it, then advance the stored offset to the log end.
+    markers = dataclasses.replace(make_split(P0, 10, 12), records=(), size_bytes=0)
+    pipeline.submit(records)
+    pipeline.submit(markers)
+    time.sleep(0.1)
+    assert store.next_offsets[P0] is None  # the empty split did not jump the queue
+    gate.set()
+    outcomes = drain(pipeline, 2)
+    assert [type(o) for o in outcomes] == [Published, Published]
+    assert store.next_offsets[P0] == 12
+    assert [s.start for s in builder.built] == [0]  # nothing was built for the markers
+    published = store.segments[markers.id].segment
+    assert (published.files, published.row_count) == ((), 0)

@@ -103,3 +103,46 @@ def test_trip_gives_up_after_its_timeout_but_still_trips() -> None:
     with commit_in_progress(switch):
         assert not switch.trip("revoke", timeout=0.05)
         assert switch.tripped
+
+
+def test_the_end_of_partition_extends_a_split_over_offsets_without_records() -> None:
+    # Offsets 12 and 13 are a transaction's commit marker and an aborted record: a
+    # read_committed consumer never receives them, and the EOF says it read through 14.
+    buf = PartitionBuffer(TP, serial=1, position=10)
+    buf.append(FakeRecord(10), 1, now=0.0)
+    buf.append(FakeRecord(11), 1, now=0.0)
+    buf.delivered_to(14)
+    split = buf.seal("age")
+    assert (split.start, split.end, len(split)) == (10, 14, 2)
+    assert buf.position == 14
+
+
+def test_an_end_of_partition_at_or_below_the_last_record_changes_nothing() -> None:
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    buf.append(FakeRecord(0), 1, now=0.0)
+    buf.append(FakeRecord(5), 1, now=0.0)
+    buf.delivered_to(6)  # the plain log end: right after the last record
+    buf.delivered_to(3)  # stale
+    assert buf.seal("age").end == 6
+    limits = SplitLimits(max_records=10, max_bytes=100, max_age_s=5.0)
+    buf.delivered_to(6)
+    assert buf.should_seal(limits, now=1.0) is None and buf.end is None
+
+
+def test_offsets_past_a_seal_that_carry_no_record_become_a_split_of_their_own_at_once() -> None:
+    limits = SplitLimits(max_records=2, max_bytes=100, max_age_s=60.0)
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    buf.append(FakeRecord(0), 1, now=0.0)
+    buf.append(FakeRecord(1), 1, now=0.0)
+    assert buf.seal("records").end == 2
+    buf.delivered_to(3)  # offset 2 is the transaction's commit marker, the last in the log
+    assert buf.should_seal(limits, now=0.0) == "no_records"
+    split = buf.seal("no_records")
+    assert (split.start, split.end, len(split)) == (2, 3, 0)
+
+
+def test_an_end_of_partition_before_the_first_record_of_a_logical_start_is_ignored() -> None:
+    # Started at "earliest" with nothing stored: where the split would start is unknown.
+    buf = PartitionBuffer(TP, serial=1, position=None)
+    buf.delivered_to(7)
+    assert buf.end is None
