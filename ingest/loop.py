@@ -260,8 +260,7 @@ class ConsumeLoop:
                             partition=msg.partition(), offset=msg.offset(), error=err.str())
                 self._resolve_gap(owned, time.monotonic())
             return
-        else:
-            log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
+        log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
 
     def _raise_callback_error(self) -> None:
         if self._handler.error is not None:

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,28 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     for expr in exprs:
         unknown = referenced_metrics(expr) - exported - recorded
         assert not unknown, f"{expr!r} names metrics no worker exports: {unknown}"
+
+
+def test_kafka_version_is_one_across_compose_tests_and_the_embedded_broker() -> None:
+    pom = (REPO / "scripts" / "kafka" / "pom.xml").read_text()
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom)
+    assert match is not None
+    compose: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{match.group(1)}"
+    assert (REPO / "tests" / "fixtures" / "servers.py").read_text().count(f'"apache/kafka:{match.group(1)}"') == 1
+
+
+def test_keda_scaled_object_targets_the_deployed_group_topic_and_partition_count() -> None:
+    scaled: dict[str, Any] = yaml.safe_load((REPO / "deploy" / "kubernetes" / "keda-scaledobject.yaml").read_text())
+    compose: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    spec = tomllib.loads((REPO / "deploy" / "clicks.toml").read_text())
+    assert scaled["kind"] == "ScaledObject"
+    (trigger,) = scaled["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "kafka"
+    assert meta["consumerGroup"] == spec.get("consumer_group", f"ingest-{spec['name']}")
+    assert meta["topic"] in spec["topics"]
+    assert meta["bootstrapServers"] == compose["x-ingest-env"]["INGEST_KAFKA_BOOTSTRAP"]
+    # One partition is read by one worker at a time: replicas past the partition count stand by.
+    assert scaled["spec"]["maxReplicaCount"] == int(compose["services"]["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"])
+    assert meta["allowIdleConsumers"] == "false"
