@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from bench.stats import percentiles
 from ingest.cli import GIL_SWITCH_INTERVAL_S
 from ingest.embedded import LocalPostgres, free_port
-from ingest.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from metastore import Metastore, apply_migrations
 
 SOURCE = "bench_publish"
@@ -70,6 +70,7 @@ class _Partitions:
     """Claimed partitions and their next offsets: each publish continues where the last ended."""
 
     def __init__(self, store: Metastore) -> None:
+        self._store = store
         store.apply_source(SOURCE, {"name": SOURCE}, f"name = '{SOURCE}'")
         store.register_partitions(SOURCE, TOPIC, list(range(PARTITIONS)), "earliest")
         tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
@@ -84,8 +85,13 @@ class _Partitions:
         start = self._next[tp]
         self._next[tp] = start + records
         split_id = uuid.uuid4()
-        segment = BuiltSegment(split_id=split_id, location=f"file:///bench/{split_id}",
-                               files=(f"file:///bench/{split_id}/part-0.zstd.parquet",), row_count=records,
+        build = uuid.uuid4()
+        # Registered as a worker's build thread does, before (and outside) the timed publish.
+        self._store.register_build("bench", BuildRegistration(
+            build, SOURCE, f"file:///bench/_staging/{build}", f"file:///bench/segments/{build}",
+            f"file:///bench/rejects/{build}", (split_id,)))
+        segment = BuiltSegment(split_id=split_id, location=f"file:///bench/segments/{build}",
+                               files=(f"file:///bench/segments/{build}/part-0.zstd.parquet",), row_count=records,
                                size_bytes=1_000_000)
         return SegmentToPublish(source=SOURCE, spec_version=1, worker_id="bench", segment=segment,
                                 ranges=(PublishRange(OffsetRange(tp, start, start + records),

@@ -5,12 +5,15 @@ Splits are built in batches: every split of a batch is staged as its own Parquet
 the values against the source's schema and writes the good rows as zstd Parquet, one task
 per staged file. A job has a fixed cost (planning, and on a young JVM compiling the
 planner's code) that would otherwise be paid per split. The output files are then told
-apart by their footers (``ingest.output_files``) and moved into one directory per split.
-Records that failed to parse go through a second job only when there are any.
+apart by their footers (``ingest.output_files``) and stay where Spark wrote them: each
+split's segment lists its own files. Records that failed to parse go through a second job
+only when there are any.
 
-Invariant, per split: ``row_count + rejects_count + skipped_count == len(split)``;
-anything else is a BuildError. Every failure deletes what the build wrote. One split's
-failure (killed, bad input under ``fail``) does not fail the others of its batch.
+Invariants, per build: its directories and splits are registered in the metastore before
+anything is written (``ingest.registration``); per split: ``row_count + rejects_count +
+skipped_count == len(split)``, anything else is a BuildError. Every failure deletes what
+the build wrote. One split's failure (killed, bad input under ``fail``) does not fail the
+others of its batch.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import structlog
 
 from ingest import output_files, segment_store
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
-from ingest.model import PARSE_ERRORS, BuiltSegment, TopicPartition
+from ingest.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
+from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
 
@@ -64,6 +68,10 @@ class SegmentBuilder(Protocol):
         ...
 
     def discard(self, segment: BuiltSegment) -> None: ...
+
+
+# How a worker makes its builder: given the registrar every build registers with first.
+BuilderFactory = Callable[[BuildRegistrar], SegmentBuilder]
 
 
 def stage_records(split: SealedSplit) -> pa.Table:
@@ -185,8 +193,9 @@ def _utc(micros: int | None) -> datetime | None:
 class SparkSegmentBuilder:
     """Safe to call from several threads with one SparkSession (jobs are tagged per batch)."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
         self._spark = spark
+        self._registrar = registrar
         self._plans: dict[tuple[tuple[tuple[str, str], ...], str], _Plan] = {}
         self._plans_lock = threading.Lock()
 
@@ -240,32 +249,36 @@ class SparkSegmentBuilder:
         return time.monotonic() - started
 
     def discard(self, segment: BuiltSegment) -> None:
-        self._cleanup(segment.location, *([segment.rejects_location] if segment.rejects_location else []))
+        """Delete a segment's own files (its directories hold other splits' files too)."""
+        self._cleanup(*segment.files, *segment.rejects_files)
 
     # -- internals -----------------------------------------------------------------
 
     def _build_live(self, splits: list[SealedSplit], spec: SourceSpec) -> dict[uuid.UUID, BuildResult]:
-        batch = uuid.uuid4()
-        store, name = spec.segment_store, spec.name
-        staged = {split.id: segment_store.staging_file(store, name, split.id) for split in splits}
-        batch_dirs = (segment_store.segment_dir(store, name, batch), segment_store.rejects_dir(store, name, batch))
-        tag = f"ingest-batch-{batch}"
+        build = uuid.uuid4()
+        dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
+        staged = {split.id: segment_store.staging_file(dirs.staging, split.id) for split in splits}
+        tag = f"ingest-batch-{build}"
         self._interrupt_when_all_killed(splits, tag)
+        registered = False
         try:
+            self._registrar.register(BuildRegistration(build, spec.name, dirs.staging, dirs.data, dirs.rejects,
+                                                       tuple(split.id for split in splits)), splits)
+            registered = True
             for split in splits:
                 self._stage(split, staged[split.id])
             if all(split.kill_switch.tripped for split in splits):
                 raise SplitKilled("killed")
             self._spark.addTag(tag)
             try:
-                return self._run(splits, spec, staged, *batch_dirs)
+                return self._run(splits, spec, staged, dirs.data, dirs.rejects)
             finally:
                 self._spark.removeTag(tag)
         except Exception as exc:
-            self._cleanup(*batch_dirs, *(segment_store.segment_dir(store, name, s.id) for s in splits),
-                          *(segment_store.rejects_dir(store, name, s.id) for s in splits))
+            if registered:
+                self._cleanup(dirs.data, dirs.rejects)
             if not isinstance(exc, BuildError | SplitKilled):
-                log.warning("batch_failed", batch=str(batch), splits=len(splits), error=first_line(exc),
+                log.warning("batch_failed", batch=str(build), splits=len(splits), error=first_line(exc),
                             exc_info=not _is_spark_error(exc))
             failed: dict[uuid.UUID, BuildResult] = {}
             for split in splits:
@@ -276,7 +289,8 @@ class SparkSegmentBuilder:
                         f"building split {split.id} of {split.tp} (batch of {len(splits)}) failed: {first_line(exc)}")
             return failed
         finally:
-            self._cleanup(*staged.values())
+            if registered:
+                self._cleanup(dirs.staging)
 
     def _interrupt_when_all_killed(self, splits: list[SealedSplit], tag: str) -> None:
         """A killed split's output is dropped after the job; the job itself is interrupted
@@ -332,27 +346,26 @@ class SparkSegmentBuilder:
          .write.mode(WRITE_MODE).option("compression", "zstd").parquet(out_dir))
         return int(observation.get["total"])
 
-    def _run(self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_tmp: str,
-             rejects_tmp: str) -> dict[uuid.UUID, BuildResult]:
+    def _run(self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_dir: str,
+             rejects_dir: str) -> dict[uuid.UUID, BuildResult]:
         plan = self._plan(spec)
-        total = self._parse(plan, [staged[s.id] for s in splits], True, data_tmp, plan.output_columns)
+        total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:
             raise BuildError(f"Spark read {total} rows, the batch's {len(splits)} splits have {expected}")
-        data = output_files.attribute(data_tmp, splits, spec.event_time)
+        data = output_files.attribute(data_dir, splits, spec.event_time)
         rejected: dict[uuid.UUID, list[output_files.OutputFile]] = {split.id: [] for split in splits}
         short = [s for s in splits if sum(f.rows for f in data[s.id]) < len(s) and not s.kill_switch.tripped]
         if short:
-            self._parse(plan, [staged[s.id] for s in short], False, rejects_tmp, (*META_COLUMNS, "_value", "_error"))
-            rejected.update(output_files.attribute(rejects_tmp, short))
-        results = {split.id: self._finish(split, spec, data[split.id], rejected[split.id]) for split in splits}
-        self._cleanup(data_tmp, rejects_tmp)
-        return results
+            self._parse(plan, [staged[s.id] for s in short], False, rejects_dir, (*META_COLUMNS, "_value", "_error"))
+            rejected.update(output_files.attribute(rejects_dir, short))
+        return {split.id: self._finish(split, spec, data[split.id], rejected[split.id], data_dir, rejects_dir)
+                for split in splits}
 
     def _finish(self, split: SealedSplit, spec: SourceSpec, files: list[output_files.OutputFile],
-                rejects: list[output_files.OutputFile]) -> BuildResult:
-        """Apply the parse-error policy to one split of the batch and move its files into
-        the split's own directories (or delete them)."""
+                rejects: list[output_files.OutputFile], data_dir: str, rejects_dir: str) -> BuildResult:
+        """Apply the parse-error policy to one split of the batch: its segment lists its
+        files where Spark wrote them, or they are deleted."""
         def drop() -> None:
             self._cleanup(*(f.uri for f in (*files, *rejects)))
 
@@ -369,28 +382,21 @@ class SparkSegmentBuilder:
             drop()
             assert first is not None
             return ParseFailure(split.tp.topic, split.tp.partition, first[0], first[1])
-        store, name = spec.segment_store, spec.name
-        data_dir = segment_store.segment_dir(store, name, split.id)
-        moved = segment_store.move_into([f.uri for f in files], data_dir)
-        rejects_dir: str | None = None
-        rejects_moved: list[str] = []
-        if errors and spec.on_parse_error == "reject":
-            rejects_dir = segment_store.rejects_dir(store, name, split.id)
-            rejects_moved = segment_store.move_into([f.uri for f in rejects], rejects_dir)
-        else:
+        keep_rejects = bool(errors) and spec.on_parse_error == "reject"
+        if not keep_rejects:
             self._cleanup(*(f.uri for f in rejects))
         events = [(f.min_event_us, f.max_event_us) for f in files if f.min_event_us is not None]
         return BuiltSegment(
             split_id=split.id,
             location=data_dir,
-            files=tuple(moved),
+            files=tuple(f.uri for f in files),
             row_count=rows,
-            size_bytes=sum(f.size_bytes for f in files) + (sum(f.size_bytes for f in rejects) if rejects_dir else 0),
+            size_bytes=sum(f.size_bytes for f in files) + (sum(f.size_bytes for f in rejects) if keep_rejects else 0),
             min_event_time=_utc(min(e[0] for e in events if e[0] is not None)) if events else None,
             max_event_time=_utc(max(e[1] for e in events if e[1] is not None)) if events else None,
-            rejects_location=rejects_dir,
-            rejects_files=tuple(rejects_moved),
-            rejects_count=errors if rejects_dir else 0,
+            rejects_location=rejects_dir if keep_rejects else None,
+            rejects_files=tuple(f.uri for f in rejects) if keep_rejects else (),
+            rejects_count=errors if keep_rejects else 0,
             skipped_count=errors if spec.on_parse_error == "skip" else 0,
             parse_errors=tuple((reason, counts[reason]) for reason in PARSE_ERRORS if counts.get(reason)),
         )
@@ -399,8 +405,8 @@ class SparkSegmentBuilder:
     def _cleanup(*uris: str) -> None:
         for uri in uris:
             try:
-                segment_store.delete_dir(uri)
-            except OSError as exc:
+                segment_store.delete(uri)
+            except (OSError, segment_store.UnsafePath) as exc:
                 log.warning("cleanup_failed", uri=uri, error=str(exc))
 
 

@@ -206,20 +206,22 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from ingest.config import non_negative_seconds
     from ingest.errors import ConfigError
     from ingest.gc import MIN_GRACE_S, collect_garbage
-    from ingest.worker import load_source
 
     grace = non_negative_seconds("--grace", args.grace)
     if grace < MIN_GRACE_S and not (args.force or args.dry_run):
-        raise ConfigError(f"--grace {grace:g} is below {MIN_GRACE_S:g} s: a running worker may be about to "
-                          "publish files this would delete; stop the source's workers first and add --force "
-                          "(or look with --dry-run)")
+        raise ConfigError(f"--grace {grace:g} is below {MIN_GRACE_S:g} s: splits that running workers are still "
+                          "building or publishing would be abandoned and read again; add --force if the source's "
+                          "workers are stopped or that is intended (or look with --dry-run)")
     with Metastore(_settings().database_url) as store:
-        _version, spec = load_source(store, args.source)
-        result = collect_garbage(store, spec, grace_s=grace, dry_run=args.dry_run)
-    verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {len(result.deleted)} unpublished location(s); kept {result.kept} published; "
-          f"{result.too_young} unpublished younger than the grace period")
-    return 0
+        store.latest_spec(args.source)  # SourceNotFound for an unknown source
+        result = collect_garbage(store, args.source, grace_s=grace, dry_run=args.dry_run)
+    would = "would " if args.dry_run else ""
+    print(f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
+          f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
+          f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building")
+    for problem in result.unsafe:
+        print(f"gc: not swept, {problem}", file=sys.stderr)
+    return 1 if result.unsafe else 0
 
 
 def cmd_source_history(args: argparse.Namespace) -> int:

@@ -1,52 +1,74 @@
-"""Garbage collection of the segment store: the metastore says which segments exist;
-files no published segment points to are deleted once older than the grace period.
+"""Garbage collection of the segment store, decided by the metastore alone.
 
-The grace period must exceed the longest time a split can spend between being built and
-being published (retries during a metastore outage included), or gc could delete the
-files of a segment that is about to be published.
+1. In one transaction, splits of the source still building after the grace period are
+   marked abandoned. From its commit on, their publish is refused and counted like a
+   conflict (the worker reads the records again): nothing gc deletes can be published
+   afterwards, however long a publish was delayed.
+2. Then, for each build of the source that has no split left building and was not swept
+   yet: every file under its registered directories that no published segment lists is
+   deleted, and the build is marked swept.
+
+Nothing else is ever deleted: not what another source registered, not what no
+registration names (files from before migration 0008, files someone put in the store),
+not anything reached through a symbolic link. The store is never listed above a
+registered build directory, so object stores (no modification times) work the same.
+
+The grace period bounds how long a split may take from registration to publish; a split
+older than that is read again, so a too short grace costs work, never records. It should
+exceed the longest build plus the longest metastore outage the publisher rides out.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
-from ingest.segment_store import delete_dir, list_children
-from ingest.spec import SourceSpec
+from ingest.segment_store import UnsafePath, delete_unlisted
 from metastore import Metastore
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_GRACE_S = 6 * 3600.0
-# Below this, gc runs only when told the source's workers are stopped (--force): a shorter
-# grace can delete the files of a split that is built and about to be published (Iceberg's
-# orphan-file removal draws the same line, at 24 h).
+# Below this, gc runs only when told so (--force): it would abandon splits still being
+# built or published by running workers, which then read their records again.
 MIN_GRACE_S = 3600.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GcResult:
-    kept: int
-    deleted: list[str]
-    too_young: int
+    abandoned: int = 0
+    swept: int = 0
+    deleted: list[str] = field(default_factory=list)
+    kept: int = 0
+    # Registered builds that gc could not sweep (a symbolic link on the way, an I/O error):
+    # they stay unswept and are tried again next time.
+    unsafe: list[str] = field(default_factory=list)
+    unswept: int = 0
 
 
-def collect_garbage(store: Metastore, spec: SourceSpec, grace_s: float = DEFAULT_GRACE_S,
+def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRACE_S,
                     dry_run: bool = False) -> GcResult:
-    published = {loc.rstrip("/") for loc in store.published_locations(spec.name)}
-    now = time.time()
-    kept = too_young = 0
-    deleted: list[str] = []
-    for uri, mtime in list_children(spec.segment_store, spec.name):
-        if uri.rstrip("/") in published:
-            kept += 1
-        elif now - mtime < grace_s:
-            too_young += 1
-        else:
-            if not dry_run:
-                delete_dir(uri)
-            deleted.append(uri)
-            log.info("gc_deleted", source=spec.name, uri=uri, dry_run=dry_run)
-    return GcResult(kept=kept, deleted=deleted, too_young=too_young)
+    result = GcResult()
+    abandoned = store.abandon_stale_splits(source, grace_s, dry_run=dry_run)
+    result.abandoned = len(abandoned)
+    if abandoned:
+        log.warning("gc_abandoned_splits", source=source, splits=len(abandoned), grace_s=grace_s, dry_run=dry_run)
+    for build in store.builds_to_sweep(source):
+        keep = frozenset(build["keep"])
+        result.kept += len(keep)
+        try:
+            for location in (build["staging"], build["data"], build["rejects"]):
+                deleted = delete_unlisted(location, frozenset() if location == build["staging"] else keep, dry_run)
+                result.deleted.extend(deleted)
+                for uri in deleted:
+                    log.info("gc_deleted", source=source, build=str(build["id"]), uri=uri, dry_run=dry_run)
+        except (UnsafePath, OSError) as exc:
+            result.unsafe.append(f"{build['data']}: {exc}")
+            log.error("gc_build_skipped", source=source, build=str(build["id"]), error=str(exc))
+            continue
+        if not dry_run:
+            store.mark_swept(source, build["id"])
+        result.swept += 1
+    result.unswept = store.build_counts(source)[0]
+    return result

@@ -78,6 +78,19 @@ class BuiltSegment:
 
 
 @dataclass(frozen=True, slots=True)
+class BuildRegistration:
+    """What a build writes, registered in the metastore before it writes anything: its
+    directories (canonical URIs) and the splits whose files will lie in them."""
+
+    build_id: uuid.UUID
+    source: str
+    staging: str
+    data: str
+    rejects: str
+    split_ids: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentToPublish:
     source: str
     spec_version: int

@@ -48,7 +48,7 @@ def attribute(dir_uri: str, splits: Sequence[SealedSplit], event_time: str | Non
         with fs.open_input_file(path) as handle:
             meta = pq.read_metadata(handle)
         if meta.num_rows == 0:
-            segment_store.delete_dir(uri)
+            segment_store.delete(uri)
             continue
         stats = _column_ranges(meta, uri, ("_topic", "_partition", "_offset", *([event_time] if event_time else [])))
         topic, partition, offsets = stats["_topic"], stats["_partition"], stats["_offset"]

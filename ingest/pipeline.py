@@ -141,8 +141,7 @@ class Pipeline:
                 # build, but published in its place in the partition's order like any split.
                 future.set_running_or_notify_cancel()
                 future.set_result(BuiltSegment(
-                    split_id=split.id, location=segment_store.segment_dir(self._spec.segment_store, self._spec.name,
-                                                                          split.id),
+                    split_id=split.id, location=segment_store.source_root(self._spec.segment_store, self._spec.name),
                     files=(), row_count=0, size_bytes=0))
             self._inflight_count += 1
             self._inflight_bytes += split.size_bytes

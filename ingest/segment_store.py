@@ -1,38 +1,53 @@
-"""Layout of the segment store and the file operations on it (pyarrow.fs: ``file://``
-here, any scheme pyarrow knows elsewhere).
+"""Layout of the segment store and the file operations on it (pyarrow.fs: ``file://`` here,
+``s3a://``, ``gs://``, ``abfs[s]://`` elsewhere). Store URIs are canonical (ingest/store_uri.py).
 
-    <store>/<source>/segments/<split-id>/part-*.parquet   data files of one split
-    <store>/<source>/rejects/<split-id>/part-*.parquet    its rejected records
-    <store>/<source>/_staging/<split-id>.parquet          the records handed to Spark
-    <store>/<source>/segments/<batch-id>/                  a batch job's output, moved into
-    <store>/<source>/rejects/<batch-id>/                   the split directories right after
+    <store>/<source>/_staging/<build-id>/<split-id>.parquet   the records handed to Spark
+    <store>/<source>/segments/<build-id>/part-*.parquet        data files of the build's splits
+    <store>/<source>/rejects/<build-id>/part-*.parquet         their rejected records
 
-Directories are never reused: split and batch ids are fresh UUIDs.
+A build (one Spark job over a batch of splits) writes into directories of its own, named
+by a fresh UUID and registered in the metastore before anything is written. Files stay
+where Spark wrote them (no rename: on object stores a rename is a copy); each published
+segment lists its own files. What may be deleted is decided by the metastore, never by
+listing the store: see ``ingest.gc``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
+from dataclasses import dataclass
 
+import structlog
 from pyarrow import fs as pafs
 
-_KINDS = ("segments", "rejects")
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildDirs:
+    staging: str
+    data: str
+    rejects: str
 
 
 def _join(store_uri: str, *parts: str) -> str:
     return "/".join([store_uri.rstrip("/"), *parts])
 
 
-def segment_dir(store_uri: str, source: str, split_id: uuid.UUID) -> str:
-    return _join(store_uri, source, "segments", str(split_id))
+def source_root(store_uri: str, source: str) -> str:
+    return _join(store_uri, source)
 
 
-def rejects_dir(store_uri: str, source: str, split_id: uuid.UUID) -> str:
-    return _join(store_uri, source, "rejects", str(split_id))
+def build_dirs(store_uri: str, source: str, build_id: uuid.UUID) -> BuildDirs:
+    return BuildDirs(staging=_join(store_uri, source, "_staging", str(build_id)),
+                     data=_join(store_uri, source, "segments", str(build_id)),
+                     rejects=_join(store_uri, source, "rejects", str(build_id)))
 
 
-def staging_file(store_uri: str, source: str, split_id: uuid.UUID) -> str:
-    return _join(store_uri, source, "_staging", f"{split_id}.parquet")
+def staging_file(staging_dir: str, split_id: uuid.UUID) -> str:
+    return _join(staging_dir, f"{split_id}.parquet")
 
 
 def arrow_uri(uri: str) -> str:
@@ -66,40 +81,74 @@ def list_files(dir_uri: str) -> list[tuple[str, int]]:
     )
 
 
-def delete_dir(uri: str) -> None:
-    """Delete a directory or a file; missing is fine."""
-    fs, path = filesystem(uri)
+class UnsafePath(Exception):
+    """A local path goes through a symbolic link: nothing under it is deleted."""
+
+
+def _check_no_symlink(path: str) -> None:
+    """Store roots are resolved when a spec is applied, so a link on the way to a location
+    was put there afterwards: deleting through it could reach files that are not ours."""
+    current = "/"
+    for part in path.strip("/").split("/"):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            raise UnsafePath(f"{current} is a symbolic link")
+
+
+def delete(uri: str) -> None:
+    """Delete what a build wrote: a file, or a directory with everything under it; missing
+    is fine. Local paths: symbolic links are never followed (a link is removed, not what
+    it points to), and nothing is deleted through a link on the way (UnsafePath)."""
+    delete_unlisted(uri, keep=frozenset())
+
+
+def delete_unlisted(location: str, keep: frozenset[str], dry_run: bool = False) -> list[str]:
+    """Delete every file under ``location`` (a directory URI) whose URI is not in ``keep``,
+    then the directories left empty; returns the URIs deleted (``dry_run``: that would be).
+    Same link rules as ``delete``."""
+    fs, path = filesystem(location)
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _delete_local(location, path, keep, dry_run)
     info = fs.get_file_info(path)
-    if info.type == pafs.FileType.Directory:
-        fs.delete_dir(path)
-    elif info.type == pafs.FileType.File:
-        fs.delete_file(path)
+    if info.type == pafs.FileType.File:
+        if location in keep:
+            return []
+        if not dry_run:
+            fs.delete_file(path)
+        return [location]
+    deleted = []
+    for entry in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)):
+        uri = _uri_of(location, path, entry.path)
+        if entry.type == pafs.FileType.File and uri not in keep:
+            if not dry_run:
+                fs.delete_file(entry.path)
+            deleted.append(uri)
+    if not keep and not dry_run and info.type == pafs.FileType.Directory:
+        fs.delete_dir(path)  # object stores: drops a directory marker, if any
+    return deleted
 
 
-def list_children(store_uri: str, source: str) -> list[tuple[str, float]]:
-    """Every split directory and staging file of a source, with its mtime (epoch seconds)."""
-    base = _join(store_uri, source)
-    fs, base_path = filesystem(base)
-    children: list[tuple[str, float]] = []
-    for sub in (*_KINDS, "_staging"):
-        selector = pafs.FileSelector(f"{base_path}/{sub}", allow_not_found=True)
-        for info in fs.get_file_info(selector):
-            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
-            children.append((_uri_of(base, base_path, info.path), mtime))
-    return sorted(children)
-
-
-def move_into(uris: list[str], dir_uri: str) -> list[str]:
-    """Move files into ``dir_uri`` (created), keeping their names; returns their new URIs.
-    A rename on a local or HDFS-like store; a copy and delete on object stores."""
-    if not uris:
+def _delete_local(location: str, path: str, keep: frozenset[str], dry_run: bool) -> list[str]:
+    _check_no_symlink(os.path.dirname(path.rstrip("/")))
+    if os.path.islink(path) or os.path.isfile(path):
+        if location in keep:
+            return []
+        if not dry_run:
+            os.unlink(path)
+        return [location]
+    if not os.path.isdir(path):
         return []
-    fs, dir_path = filesystem(dir_uri)
-    fs.create_dir(dir_path, recursive=True)
-    moved = []
-    for uri in uris:
-        _, path = filesystem(uri)
-        name = path.rsplit("/", 1)[-1]
-        fs.move(path, f"{dir_path}/{name}")
-        moved.append(f"{dir_uri.rstrip('/')}/{name}")
-    return moved
+    deleted = []
+    # Bottom-up without following links: a link is an entry like a file (removed, never entered).
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False, followlinks=False):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            uri = _uri_of(location, path, full)
+            if uri not in keep:
+                if not dry_run:
+                    os.unlink(full)
+                deleted.append(uri)
+        if not dry_run:
+            with contextlib.suppress(OSError):  # not empty: it holds files to keep
+                os.rmdir(dirpath)
+    return deleted

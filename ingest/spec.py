@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 from ingest.errors import ConfigError
 from ingest.model import StartFrom
+from ingest.store_uri import canonical_store_uri
 
 ParseErrorPolicy = Literal["reject", "skip", "fail"]
 # What a partition does when its stored offset is no longer in the log (retention, a
@@ -81,7 +82,8 @@ class SourceSpec:
             topics=tuple(doc["topics"]),
             schema=tuple((c[0], c[1]) for c in doc["schema"]),
             event_time=doc["event_time"],
-            segment_store=doc["segment_store"],
+            # Stored before URIs were canonical: one spelling per place from here on.
+            segment_store=canonical_store_uri(doc["segment_store"]),
             start_from=doc["start_from"],
             format=doc["format"],
             on_parse_error=doc["on_parse_error"],
@@ -140,23 +142,6 @@ def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
         raise ConfigError(f"{field}: {value!r} is not one of {', '.join(allowed)}")
     return value
-
-
-def normalize_store_uri(value: object, base_dir: Path | None = None) -> str:
-    """``file://`` URIs and plain paths become absolute ``file://`` URIs; other schemes pass."""
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"segment_store: expected a URI such as file:///var/lib/ingest, got {value!r}")
-    if "://" in value:
-        scheme, rest = value.split("://", 1)
-        if scheme == "file":
-            if not rest.startswith("/"):
-                raise ConfigError(f"segment_store: file URIs must be absolute (file:///path), got {value!r}")
-            return "file://" + str(Path(rest).resolve())
-        return value.rstrip("/")
-    path = Path(value)
-    if not path.is_absolute():
-        path = (base_dir or Path.cwd()) / path
-    return "file://" + str(path.resolve())
 
 
 def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceSpec:
@@ -230,7 +215,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         topics=tuple(topics),
         schema=tuple(columns),
         event_time=event_time,
-        segment_store=normalize_store_uri(doc.get("segment_store", "file:///var/lib/ingest/segments"), base_dir),
+        segment_store=canonical_store_uri(doc.get("segment_store", "file:///var/lib/ingest/segments"),
+                                          base_dir=base_dir),
         start_from=cast(StartFrom, _choice("start_from", doc.get("start_from", "earliest"), ("earliest", "latest"))),
         format=_choice("format", doc.get("format", "json"), ("json",)),
         on_parse_error=cast(

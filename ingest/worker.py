@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -13,7 +12,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from ingest.assignment import Assignment
-from ingest.builder import SegmentBuilder, SparkSegmentBuilder
+from ingest.builder import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
 from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
@@ -23,6 +22,7 @@ from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
 from ingest.publisher import Publisher
 from ingest.rebalance import RebalanceHandler
+from ingest.registration import Registrar
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
 from metastore import Metastore, SourceTerminated
@@ -63,7 +63,7 @@ class Worker:
         settings: Settings,
         source: str,
         *,
-        builder_factory: Callable[[], SegmentBuilder] | None = None,
+        builder_factory: BuilderFactory | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
@@ -117,6 +117,8 @@ class Worker:
         worker_id = settings.worker_id
         store = Metastore(settings.database_url)
         publish_store = Metastore(settings.database_url)
+        # Build threads register builds on a connection of their own (ingest.registration).
+        register_store = Metastore(settings.database_url)
         consumer: Any = None
         registry: WorkerRegistry | None = None
         final_state = "failed"
@@ -144,8 +146,11 @@ class Worker:
                 endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
                 log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
+            registrar = Registrar(
+                register_store, worker_id,
+                on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc())
             if self._builder_factory is not None:
-                builder = self._builder_factory()
+                builder = self._builder_factory(registrar)
             else:
                 from ingest.spark import create_session
 
@@ -153,8 +158,9 @@ class Worker:
                     spark = create_session(settings.spark_master, f"ingest-{spec.name}")
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
-                builder = SparkSegmentBuilder(spark)
-                self._warm_up(builder, spec, settings.warm_up_records)
+                spark_builder = SparkSegmentBuilder(spark, registrar)
+                self._warm_up(spark_builder, spec, settings.warm_up_records)
+                builder = spark_builder
             # Connect now, not in the first publish (whose latency would then include it); a
             # failure is the publisher's to retry.
             with contextlib.suppress(MetastoreUnavailable):
@@ -210,6 +216,7 @@ class Worker:
                 pipeline.close()
             store.close()
             publish_store.close()
+            register_store.close()
             if spark is not None:
                 spark.stop()
             log.info("worker_stopped", source=self.source, worker=worker_id)

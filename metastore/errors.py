@@ -38,11 +38,17 @@ class SourceNotFound(MetastoreError):
 
 class PublishConflict(MetastoreError):
     """The publish check failed: this worker no longer owns the partition (``serial``),
-    the split does not start at the stored next offset (``offset``), or the partition row
-    is gone (``missing``). Nothing of the segment was written; the conflict is recorded."""
+    the split does not start at the stored next offset (``offset``), the partition row
+    is gone (``missing``), gc gave the split up (``abandoned``) or no build registered it
+    (``unregistered``). Nothing of the segment was written; the conflict is recorded."""
 
     def __init__(self, reason: str, tp: TopicPartition, expected: int | None, actual: int | None) -> None:
-        super().__init__(f"publish rejected for {tp}: {reason} mismatch (expected {expected}, stored {actual})")
+        if reason in ("abandoned", "unregistered"):
+            message = (f"publish rejected for {tp}: the split was {reason} (gc gave it up after the grace period, "
+                       "or no build registered it); its records are read again")
+        else:
+            message = f"publish rejected for {tp}: {reason} mismatch (expected {expected}, stored {actual})"
+        super().__init__(message)
         self.reason = reason
         self.tp = tp
         self.expected = expected
@@ -59,6 +65,18 @@ class SourceTerminated(MetastoreError):
         what = "is terminated" if state == "terminated" else "is being terminated (`ingest terminate` in progress)"
         super().__init__(f"source {name!r} {what}: re-activate it with `ingest source apply FILE --reactivate`")
         self.name = name
+
+
+class StoreOverlap(MetastoreError):
+    """A source's files would lie inside another source's (or the other way round)."""
+
+    exit_code = 2
+
+    def __init__(self, name: str, root: str, other: str, other_root: str) -> None:
+        super().__init__(f"segment_store: source {name!r} would write under {root}, which overlaps {other_root} "
+                         f"of source {other!r}; give each source a store of its own")
+        self.name = name
+        self.other = other
 
 
 class InvalidReset(MetastoreError):

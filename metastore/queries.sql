@@ -6,6 +6,11 @@ INSERT INTO ingest_sources (name, version) VALUES (%(name)s, 1)
 ON CONFLICT (name) DO UPDATE SET version = ingest_sources.version + 1, updated_at = now()
 RETURNING version;
 
+-- name: lock_applies
+-- Serializes applies (rare) so that checks across sources (overlapping stores) see every
+-- other apply that committed before this one.
+SELECT pg_advisory_xact_lock(hashtext('ingest_source_apply'));
+
 -- name: lock_source
 -- Applies and resets lock the source row before any partition row; publishes and claims lock
 -- partition rows only, always in (topic, partition) order: no lock cycle.
@@ -105,9 +110,6 @@ ORDER BY p.topic, p.partition;
 
 -- name: conflict_counts
 SELECT reason, count(*) AS n FROM ingest_publish_conflicts WHERE source = %(source)s GROUP BY reason;
-
--- name: published_locations
-SELECT location, rejects_location FROM ingest_segments WHERE source = %(source)s;
 
 -- name: partition_state
 SELECT serial, next_offset FROM ingest_partitions
@@ -244,3 +246,49 @@ UPDATE ingest_offset_gaps SET acknowledged_at = now(), acknowledged_by = %(by)s
 WHERE source = %(source)s AND acknowledged_at IS NULL
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 RETURNING id;
+
+-- name: register_build
+-- Before a build writes anything (migrations/0008): its locations and its splits.
+SELECT ingest_register_build(%(build_id)s, %(source)s, %(worker)s, %(staging)s, %(data)s, %(rejects)s,
+                             %(split_ids)s::uuid[]);
+
+-- name: abandon_splits
+-- gc, step 1: splits still building after the grace period are given up; their publish is
+-- refused from now on (the row lock orders this against a publish in progress).
+UPDATE ingest_splits SET state = 'abandoned', settled_at = now()
+WHERE source = %(source)s AND state = 'building' AND registered_at < now() - make_interval(secs => %(grace_s)s)
+RETURNING split_id;
+
+-- name: stale_splits
+-- What abandon_splits would give up (gc --dry-run).
+SELECT split_id FROM ingest_splits
+WHERE source = %(source)s AND state = 'building' AND registered_at < now() - make_interval(secs => %(grace_s)s);
+
+-- name: builds_to_sweep
+-- gc, step 2: builds of this source not swept yet with no split still building, and the
+-- files their published segments list (everything else under their locations is garbage).
+SELECT b.id, b.staging, b.data, b.rejects,
+       coalesce((SELECT array_agg(f) FROM ingest_splits s
+                 JOIN ingest_segments g ON g.split_id = s.split_id,
+                 unnest(g.files || g.rejects_files) AS f
+                 WHERE s.build_id = b.id AND s.state = 'published'), '{}') AS keep
+FROM ingest_builds b
+WHERE b.source = %(source)s AND b.swept_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM ingest_splits s WHERE s.build_id = b.id AND s.state = 'building')
+ORDER BY b.created_at;
+
+-- name: mark_swept
+UPDATE ingest_builds SET swept_at = now() WHERE id = %(build_id)s AND source = %(source)s;
+
+-- name: build_counts
+-- gc's report: registered builds of a source by whether gc swept them.
+SELECT count(*) FILTER (WHERE swept_at IS NULL) AS unswept, count(*) AS total
+FROM ingest_builds WHERE source = %(source)s;
+
+-- name: other_stores
+-- Every segment store any version of another source named (their files stay where they
+-- were written): the overlap check at apply.
+SELECT DISTINCT v.source, v.spec->>'segment_store' AS segment_store
+FROM ingest_source_versions v
+WHERE v.source <> %(name)s
+ORDER BY v.source;

@@ -16,7 +16,9 @@ from typing import Any, cast
 import psycopg
 from psycopg.types.json import Jsonb
 
+from ingest.errors import ConfigError
 from ingest.model import (
+    BuildRegistration,
     PartitionClaim,
     PartitionReset,
     ResetResult,
@@ -25,8 +27,16 @@ from ingest.model import (
     StartFrom,
     TopicPartition,
 )
+from ingest.store_uri import canonical_store_uri, overlap
 from metastore.connection import connect, wrap_exceptions
-from metastore.errors import CommitOutcomeUnknown, InvalidReset, PublishConflict, SourceNotFound, SourceTerminated
+from metastore.errors import (
+    CommitOutcomeUnknown,
+    InvalidReset,
+    PublishConflict,
+    SourceNotFound,
+    SourceTerminated,
+    StoreOverlap,
+)
 from metastore.queries import query
 
 Row = dict[str, Any]
@@ -61,6 +71,10 @@ class Metastore:
         with wrap_exceptions(self.url):
             return self._connection().execute(query(query_name), params).fetchall()
 
+    def _fetch_none(self, query_name: str, **params: Any) -> None:
+        with wrap_exceptions(self.url):
+            self._connection().execute(query(query_name), params)
+
     def ping(self) -> None:
         with wrap_exceptions(self.url):
             self._connection().execute("SELECT 1")
@@ -76,6 +90,10 @@ class Metastore:
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
+                # Checks across sources see every other source's applies, not a snapshot.
+                conn.execute(query("lock_applies"))
+                if isinstance(spec.get("segment_store"), str):
+                    _check_store_overlap(conn, name, spec["segment_store"])
                 current = conn.execute(query("lock_source"), {"name": name}).fetchone()
                 if current is not None:
                     if current["desired_state"] == "terminated":
@@ -380,13 +398,33 @@ class Metastore:
     def conflict_counts(self, source: str) -> dict[str, int]:
         return {row["reason"]: int(row["n"]) for row in self._fetch("conflict_counts", source=source)}
 
-    def published_locations(self, source: str) -> set[str]:
-        locations: set[str] = set()
-        for row in self._fetch("published_locations", source=source):
-            locations.add(row["location"])
-            if row["rejects_location"]:
-                locations.add(row["rejects_location"])
-        return locations
+    # -- the split registry (migrations/0008) ------------------------------------------
+
+    def register_build(self, worker: str, build: BuildRegistration) -> None:
+        """Register a build's locations and splits before it writes anything. Idempotent:
+        after an unknown outcome, registering again is safe."""
+        self._fetch_none("register_build", build_id=build.build_id, source=build.source, worker=worker,
+                         staging=build.staging, data=build.data, rejects=build.rejects,
+                         split_ids=list(build.split_ids))
+
+    def abandon_stale_splits(self, source: str, grace_s: float, dry_run: bool = False) -> list[uuid.UUID]:
+        """Give up the splits still building after ``grace_s``: from the commit of this call
+        on, their publish is refused. ``dry_run``: only say which."""
+        rows = self._fetch("stale_splits" if dry_run else "abandon_splits", source=source, grace_s=grace_s)
+        return [r["split_id"] for r in rows]
+
+    def builds_to_sweep(self, source: str) -> list[Row]:
+        """Builds of the source with no split still building and not swept yet, each with
+        ``keep``: the files its published segments list."""
+        return self._fetch("builds_to_sweep", source=source)
+
+    def mark_swept(self, source: str, build_id: uuid.UUID) -> None:
+        self._fetch_none("mark_swept", source=source, build_id=build_id)
+
+    def build_counts(self, source: str) -> tuple[int, int]:
+        """(unswept, total) registered builds of the source."""
+        row = self._fetch("build_counts", source=source)[0]
+        return int(row["unswept"]), int(row["total"])
 
 
 def _plan_partition(tp: TopicPartition, row: Row, new: int, earliest: int | None) -> PartitionReset:
@@ -406,6 +444,27 @@ def _plan_partition(tp: TopicPartition, row: Row, new: int, earliest: int | None
     # Never published and starting from latest: nothing would have been read before the
     # new offset either way, so the reset neither skips nor replays published data.
     return PartitionReset(tp, old, new, skipped, replayed, old_serial=int(row["serial"]))
+
+
+def _source_root(store: str, name: str) -> str:
+    """Where a source's files lie: ``<store>/<name>`` (ingest/segment_store.py)."""
+    try:
+        store = canonical_store_uri(store)
+    except ConfigError:  # a store stored before URIs were validated: compare it as written
+        store = store.rstrip("/")
+    return f"{store}/{name}"
+
+
+def _check_store_overlap(conn: psycopg.Connection[Row], name: str, store: str) -> None:
+    """Refuse a store whose source directory overlaps another source's (any version of
+    it): one source's gc or cleanup could otherwise reach the other's files."""
+    root = _source_root(store, name)
+    for row in conn.execute(query("other_stores"), {"name": name}).fetchall():
+        if row["segment_store"] is None:
+            continue
+        other_root = _source_root(str(row["segment_store"]), str(row["source"]))
+        if overlap(root, other_root):
+            raise StoreOverlap(name, root, str(row["source"]), other_root)
 
 
 def _conflict(row: Row) -> PublishConflict:

@@ -6,9 +6,10 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ingest.errors import BuildError, SplitKilled
-from ingest.model import BuiltSegment, SegmentToPublish, TopicPartition
+from ingest.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict
@@ -116,3 +117,22 @@ class FakeStore:
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         with self.lock:
             return 1 if split_id in self.segments else None
+
+
+class RecordingRegistrar:
+    """Records each build's registration and checks it comes before the build writes:
+    none of the registered local directories exists yet when it is registered."""
+
+    def __init__(self) -> None:
+        self.builds: list[BuildRegistration] = []
+        self.written_before_registration: list[str] = []
+
+    def register(self, build: BuildRegistration, splits: Sequence[SealedSplit]) -> None:
+        assert {s.id for s in splits} == set(build.split_ids)
+        for location in (build.staging, build.data, build.rejects):
+            if location.startswith("file://") and Path(location.removeprefix("file://")).exists():
+                self.written_before_registration.append(location)
+        self.builds.append(build)
+
+    def registered(self, uri: str) -> bool:
+        return any(uri.startswith(loc + "/") for b in self.builds for loc in (b.staging, b.data, b.rejects))

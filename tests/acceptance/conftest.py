@@ -1,18 +1,18 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from ingest.builder import SegmentBuilder, SparkSegmentBuilder
+from ingest.builder import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings
 from tests.acceptance.harness import StartWorker, ThreadWorker
 
 
 @pytest.fixture
-def spark_builder(spark: Any) -> Callable[[], SegmentBuilder]:
-    return lambda: SparkSegmentBuilder(spark)
+def spark_builder(spark: Any) -> BuilderFactory:
+    return lambda registrar: SparkSegmentBuilder(spark, registrar)
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def start_worker() -> Iterator[StartWorker]:
     failed half-way (a worker left running would outlive the servers and the SparkSession)."""
     started: list[ThreadWorker] = []
 
-    def start(settings: Settings, source: str, builder: Callable[[], SegmentBuilder]) -> ThreadWorker:
+    def start(settings: Settings, source: str, builder: BuilderFactory) -> ThreadWorker:
         worker = ThreadWorker(settings, source, builder)
         started.append(worker)
         return worker.start()

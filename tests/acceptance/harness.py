@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.config import Settings
 from ingest.embedded import produce_records
 from ingest.spec import load_spec_file
@@ -99,7 +99,7 @@ def settings(database_url: str, bootstrap: str, **over: Any) -> Settings:
 class ThreadWorker:
     """A Worker running in a thread of the test process, sharing the test's SparkSession."""
 
-    def __init__(self, settings: Settings, source: str, builder: Callable[[], SegmentBuilder]) -> None:
+    def __init__(self, settings: Settings, source: str, builder: BuilderFactory) -> None:
         self.worker = Worker(settings, source, builder_factory=builder)
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -125,7 +125,7 @@ class ThreadWorker:
         return self.worker.metrics.records_consumed.labels(self.worker.source)._value.get()  # type: ignore[no-any-return]
 
 
-StartWorker = Callable[[Settings, str, Callable[[], SegmentBuilder]], ThreadWorker]
+StartWorker = Callable[[Settings, str, BuilderFactory], ThreadWorker]
 
 
 # The consumer group protocols a worker supports: the classic one (the default) and KIP-848's.

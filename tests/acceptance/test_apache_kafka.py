@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
 import ingest.group_offsets
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.embedded import LocalKafka, create_topic, end_offsets
 from ingest.status import source_status
 from ingest.verify import verify_exactly_once
@@ -32,7 +32,6 @@ from tests.acceptance.harness import (
 )
 
 MakeTopic = Callable[..., str]
-BuilderFactory = Callable[[], SegmentBuilder]
 
 
 def _positions(url: str, source: str) -> dict[int, int | None]:

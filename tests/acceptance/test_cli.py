@@ -7,13 +7,14 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.embedded import free_port
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -106,7 +107,7 @@ def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, databas
 
 
 def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstrap: str,
-                                make_topic: Callable[..., str], spark_builder: Callable[[], SegmentBuilder],
+                                make_topic: Callable[..., str], spark_builder: BuilderFactory,
                                 start_worker: StartWorker) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=300)
@@ -136,17 +137,48 @@ def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstr
     assert all(p["serial"] == 1 and p["lag"] is not None and p["lag"] >= 0 for p in status["partitions"])
     assert source in ingest(env, "status", source).stdout
 
+    # Files no build registered are never gc's to delete, whatever their age.
     orphan = tmp_path / "store" / source / "segments" / str(uuid.uuid4())
     orphan.mkdir(parents=True)
     (orphan / "part-0.parquet").write_bytes(b"not published")
     dry = ingest(env, "gc", source, "--grace", "0", "--dry-run")
-    assert "would delete 1 unpublished location(s)" in dry.stdout and orphan.exists()
-    assert "deleted 0 " in ingest(env, "gc", source).stdout  # default grace keeps young files
-    # A grace that could delete a split about to be published needs --force (workers stopped).
+    assert dry.returncode == 0 and "would delete 0 file(s)" in dry.stdout, dry.stdout
+    assert "0 split(s)" in ingest(env, "gc", source).stdout  # the default grace abandons nothing young
+    # A grace that abandons splits running workers still build needs --force.
     assert_one_line_error(ingest(env, "gc", source, "--grace", "0"), 2, "--grace 0", "--force")
     assert_one_line_error(ingest(env, "gc", source, "--grace", "nan", "--force"), 2, "--grace")
-    assert orphan.exists()
+    assert_one_line_error(ingest(env, "gc", "no-such-source", "--force"), 3, "no-such-source")
     result = ingest(env, "gc", source, "--grace", "0", "--force")
-    assert f"deleted 1 unpublished location(s); kept {len(segments)} published" in result.stdout
-    assert not orphan.exists()
+    assert result.returncode == 0 and "0 build(s) wait for splits still building" in result.stdout, result.stdout
+    assert orphan.exists()
     assert_exactly_once(database_url, source, produced)  # every published file is still there
+
+
+def test_gc_during_a_delayed_publish_loses_nothing(tmp_path: Path, database_url: str, kafka_bootstrap: str,
+                                                   make_topic: Callable[..., str], spark_builder: BuilderFactory,
+                                                   start_worker: StartWorker) -> None:
+    """A publish held up after its build (as by a metastore outage) while gc runs with a
+    grace shorter than the hold-up: gc abandons the split and deletes its files, the late
+    publish is refused and counted as a conflict, the worker reads the records again and
+    every record is published exactly once, with every published file in place."""
+    topic = make_topic(partitions=1)
+    source, spec_path = write_spec(tmp_path, topic, max_records=250)
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 1)
+    produced.produce(1000)
+    env = process_env(database_url, kafka_bootstrap)
+    worker = start_worker(settings(database_url, kafka_bootstrap, fault_publish_delay_s=3.0), source, spark_builder)
+    metrics = worker.worker.metrics
+    wait_until(lambda: metrics.inflight_splits.labels(source)._value.get() > 0
+               and metrics.segments_published.labels(source)._value.get() == 0, 60, "a built split held up")
+    time.sleep(1.0)  # built, waiting to publish
+    result = ingest(env, "gc", source, "--grace", "0", "--force")
+    assert result.returncode == 0 and "abandoned 0 " not in result.stdout, result.stdout
+    wait_until(lambda: metrics.publish_conflicts.labels(source, "abandoned")._value.get() >= 1, 30,
+               "the late publish to be refused")
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 120, "the worker to read the records again")
+        assert store.conflict_counts(source).get("abandoned", 0) >= 1
+    worker.stop()
+    assert worker.error is None
+    assert_exactly_once(database_url, source, produced)  # reads every published file

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest import registry as registry_module
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.verify import Verification, verify_epochs, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -44,7 +44,7 @@ def worker_states(database_url: str, source: str) -> list[str]:
 
 def test_suspend_publishes_what_is_held_and_resume_continues(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=3)
     source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # seals only on command
@@ -71,7 +71,7 @@ def test_suspend_publishes_what_is_held_and_resume_continues(
 
 def test_drain_publishes_everything_held_and_the_worker_exits(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=3)
     source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # nothing seals alone
@@ -92,7 +92,7 @@ def test_drain_publishes_everything_held_and_the_worker_exits(
 
 def test_drain_with_stay_holds_the_fleet_until_resume(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=4)
     source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="5s")
@@ -150,7 +150,7 @@ def gauge(worker: ThreadWorker, name: str) -> float:
 
 def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s")
@@ -199,7 +199,7 @@ def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
 
 def test_terminate_drains_under_load_then_the_source_stays_terminated(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=3)
     source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # seals only on command
@@ -231,7 +231,7 @@ def test_terminate_drains_under_load_then_the_source_stays_terminated(
 
 def test_a_spec_update_is_picked_up_by_a_running_worker(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=300, max_age="1s")
@@ -280,7 +280,7 @@ def test_a_spec_update_is_picked_up_by_a_running_worker(
 
 def test_a_control_applies_through_notify_long_before_the_heartbeat_poll(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+    spark_builder: BuilderFactory, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Workers would poll the controls every 10 minutes: only NOTIFY can deliver them within the test.
     monkeypatch.setattr(registry_module, "HEARTBEAT_INTERVAL_S", 600.0)

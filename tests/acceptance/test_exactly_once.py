@@ -9,9 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.builder import BuildResult, SegmentBuilder
+from ingest.builder import BuilderFactory, BuildResult, SegmentBuilder
 from ingest.errors import ParseFailure
 from ingest.model import BuiltSegment
+from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
 from ingest.split import SealedSplit
 from metastore import Metastore
@@ -26,7 +27,6 @@ from tests.acceptance.harness import (
 )
 
 MakeTopic = Callable[..., str]
-BuilderFactory = Callable[[], SegmentBuilder]
 
 
 def test_one_worker_publishes_every_offset_exactly_once(
@@ -107,13 +107,18 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(400)
-    zombie = ZombieBuilder(spark_builder(), database_url, source)
-    worker = start_worker(settings(database_url, kafka_bootstrap), source, lambda: zombie)
+    zombies: list[ZombieBuilder] = []
+
+    def zombie_builder(registrar: BuildRegistrar) -> ZombieBuilder:
+        zombies.append(ZombieBuilder(spark_builder(registrar), database_url, source))
+        return zombies[-1]
+
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, zombie_builder)
     metrics = worker.worker.metrics
     wait_until(lambda: metrics.publish_conflicts.labels(source, "serial")._value.get() >= 1, 60,
                "the rejected publish")
     worker.stop()
-    rejected = zombie.zombie_splits[0]
+    rejected = zombies[0].zombie_splits[0]
     with Metastore(database_url) as store:
         segments = store.segments(source)
         assert str(rejected.split_id) not in {str(s["split_id"]) for s in segments}

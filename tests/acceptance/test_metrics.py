@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.embedded import free_port
 from ingest.metrics import WORKER_STATES
 from ingest.model import PARSE_ERRORS
@@ -53,7 +53,7 @@ def partitions_with(samples: Samples, name: str) -> set[str]:
 
 def test_metrics_match_what_was_published_and_follow_rebalances(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     topic = make_topic(partitions=4)
     source, spec_path = write_spec(tmp_path, topic, max_records=400)
@@ -120,7 +120,7 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
 
 def test_a_real_prometheus_scrapes_two_workers(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed (scripts/setup.sh installs Debian's prometheus package)"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.embedded import LocalPostgres
 from metastore import Metastore, apply_migrations
 from tests.acceptance.harness import (
@@ -32,7 +32,7 @@ def own_postgres() -> Iterator[LocalPostgres]:
 
 def test_a_postgres_outage_is_ridden_out_without_loss_or_duplicates(
     tmp_path: Path, own_postgres: LocalPostgres, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker
+    spark_builder: BuilderFactory, start_worker: StartWorker
 ) -> None:
     url = own_postgres.url
     topic = make_topic(partitions=3)

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.config import Settings
 from ingest.embedded import produce_records
@@ -92,7 +92,7 @@ def _expire_by_retention(bootstrap: str, topic: str) -> None:
                "partition 0's log start to hold still", interval=2.0)
 
 
-def _open_a_gap(url: str, bootstrap: str, topic: str, source: str, spark_builder: Callable[[], SegmentBuilder],
+def _open_a_gap(url: str, bootstrap: str, topic: str, source: str, spark_builder: BuilderFactory,
                 start_worker: StartWorker, others: int, how: str, **kafka: str) -> tuple[int, int]:
     """Publish 50 records per partition (a worker runs until then) and stop the worker; then
     partition 0 gets 8000 more records and loses its start (``how``: delete_records or
@@ -128,7 +128,7 @@ def _assert_skipped_once_and_exactly_once(url: str, topic: str, source: str, low
 
 def test_records_deleted_below_the_stored_offset_stop_the_partition_then_earliest_skips_them_with_a_ledger_row(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
+    spark_builder: BuilderFactory, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, bootstrap = database_url, kafka_bootstrap
@@ -185,7 +185,7 @@ def test_records_deleted_below_the_stored_offset_stop_the_partition_then_earlies
 
 def test_records_expired_by_retention_are_skipped_under_eager_assignment_without_losing_the_other_partitions(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker, capsys: pytest.CaptureFixture[str]
+    spark_builder: BuilderFactory, start_worker: StartWorker, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """After OFFSET_OUT_OF_RANGE librdkafka's fetcher for the partition refuses ``seek``; under
     eager assignment the worker can only re-assign everything, so the partitions that were fine

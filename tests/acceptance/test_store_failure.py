@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.builder import SegmentBuilder
+from ingest.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.status import source_status
 from ingest.verify import published_positions
@@ -36,7 +36,7 @@ def _probe(port: int, path: str) -> tuple[int, str]:
 
 def test_failing_builds_make_the_worker_unhealthy_until_the_store_is_writable_again(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: Callable[[], SegmentBuilder], start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
+    spark_builder: BuilderFactory, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url = database_url

@@ -18,7 +18,7 @@ from ingest.errors import ParseFailure, SplitKilled
 from ingest.model import TopicPartition
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
-from tests.fakes import FakeRecord
+from tests.fakes import FakeRecord, RecordingRegistrar
 
 TP = TopicPartition("events", 3)
 
@@ -50,7 +50,7 @@ def all_files(root: Path) -> list[Path]:
 def test_good_rows_round_trip_with_kafka_coordinates_and_types(spark: Any, tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
     split = split_of([good(i) for i in range(50)])
-    built = SparkSegmentBuilder(spark).build(split, spec)
+    built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, spec)
     assert (built.row_count, built.rejects_count, built.skipped_count) == (50, 0, 0)
     assert built.min_event_time == datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
     assert built.max_event_time == datetime(2026, 11, 22, 10, 0, 49, tzinfo=UTC)
@@ -72,7 +72,7 @@ def test_fail_policy_names_the_first_bad_record_and_leaves_nothing(spark: Any, t
     values[13] = b"{broken"
     values[17] = None
     with pytest.raises(ParseFailure) as info:
-        SparkSegmentBuilder(spark).build(split_of(values), make_spec(tmp_path, "fail"))
+        SparkSegmentBuilder(spark, RecordingRegistrar()).build(split_of(values), make_spec(tmp_path, "fail"))
     assert (info.value.offset, info.value.reason) == (113, "invalid_json")
     assert all_files(tmp_path / "store") == []
 
@@ -81,7 +81,7 @@ def test_a_killed_split_raises_and_leaves_no_files(spark: Any, tmp_path: Path) -
     split = split_of([good(i) for i in range(10)])
     split.kill_switch.trip("revoke")
     with pytest.raises(SplitKilled):
-        SparkSegmentBuilder(spark).build(split, make_spec(tmp_path))
+        SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, make_spec(tmp_path))
     assert all_files(tmp_path / "store") == []
 
 
@@ -90,14 +90,14 @@ def test_a_split_killed_while_building_raises_and_leaves_no_files(spark: Any, tm
     threading.Timer(0.3, split.kill_switch.trip, args=("revoke",)).start()
     started = time.monotonic()
     with pytest.raises(SplitKilled):
-        SparkSegmentBuilder(spark).build(split, make_spec(tmp_path))
+        SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, make_spec(tmp_path))
     assert time.monotonic() - started < 30
     assert all_files(tmp_path / "store") == []
 
 
 def test_builds_from_two_threads_at_once(spark: Any, tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
-    builder = SparkSegmentBuilder(spark)
+    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
     splits = [split_of([good(i) for i in range(500)], start=s) for s in (0, 1000)]
     results: dict[int, int] = {}
 
@@ -113,7 +113,7 @@ def test_builds_from_two_threads_at_once(spark: Any, tmp_path: Path) -> None:
 
 
 def test_discard_deletes_data_and_rejects(spark: Any, tmp_path: Path) -> None:
-    builder = SparkSegmentBuilder(spark)
+    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
     built = builder.build(split_of([good(1), b"nope", None]), make_spec(tmp_path))
     assert (built.row_count, built.rejects_count) == (1, 2) and built.rejects_files
     builder.discard(built)
@@ -122,7 +122,7 @@ def test_discard_deletes_data_and_rejects(spark: Any, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("policy", ["reject", "fail"])
 def test_warm_up_runs_the_build_path_and_leaves_nothing(spark: Any, tmp_path: Path, policy: str) -> None:
-    builder = SparkSegmentBuilder(spark)
+    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
     spec = make_spec(tmp_path, policy)
     assert builder.warm_up(spec, records=300, splits=2) > 0
     assert all_files(tmp_path / "store") == []
@@ -151,8 +151,12 @@ def test_a_batch_builds_each_split_into_its_own_files(spark: Any, tmp_path: Path
     b = split_of([good(i) if i % 10 else b"nope" for i in range(200)], start=300)  # the next split of TP
     c = split_of([good(i) for i in range(100)] + [None], start=0, tp=other)
     d = split_of([b"{"] * 5, start=500)  # nothing parses: no data files at all
-    built = SparkSegmentBuilder(spark).build_batch([a, b, c, d], spec)
+    registrar = RecordingRegistrar()
+    built = SparkSegmentBuilder(spark, registrar).build_batch([a, b, c, d], spec)
     assert all(not isinstance(r, Exception) for r in built), built
+    # One build, registered before it wrote anything; every file lies where it registered.
+    [build] = registrar.builds
+    assert registrar.written_before_registration == [] and build.split_ids == (a.id, b.id, c.id, d.id)
     ra, rb, rc, rd = (r for r in built if not isinstance(r, Exception))
     assert [r.split_id for r in (ra, rb, rc, rd)] == [a.id, b.id, c.id, d.id]
     assert offsets_in(ra.files) == list(range(300)) and ra.rejects_count == 0
@@ -169,6 +173,7 @@ def test_a_batch_builds_each_split_into_its_own_files(spark: Any, tmp_path: Path
     assert ra.max_event_time == datetime(2026, 11, 22, 10, 0, 59, tzinfo=UTC)
     # Nothing but the splits' own files: the batch directories and staging files are gone.
     published = [f for r in (ra, rb, rc, rd) for f in (*r.files, *r.rejects_files)]
+    assert all(registrar.registered(f) for f in published)
     assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in published)
 
 
@@ -178,7 +183,7 @@ def test_one_split_of_a_batch_fails_or_is_killed_and_the_others_build(spark: Any
     ok = split_of([good(i) for i in range(50)], start=0)
     bad = split_of([good(i) if i != 7 else b"[1" for i in range(50)], start=0, tp=TopicPartition("events", 4))
     killed = split_of([good(i) for i in range(50)], start=0, tp=TopicPartition("events", 5))
-    builder = SparkSegmentBuilder(spark)
+    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
     stage = builder._stage
 
     def stage_then_kill(split: SealedSplit, uri: str) -> None:

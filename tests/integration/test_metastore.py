@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ingest.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from metastore import Metastore, PublishConflict, SourceNotFound, apply_migrations
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, SchemaMissing
 
@@ -28,9 +28,20 @@ def store(database_url: str) -> Metastore:
     return s
 
 
-def item(tp: TopicPartition, serial: int, start: int, end: int) -> SegmentToPublish:
+def register(store: Metastore, *split_ids: uuid.UUID, source: str = "src") -> uuid.UUID:
+    """Register a build of these splits, as a worker's builder does before writing."""
+    build = uuid.uuid4()
+    store.register_build("w", BuildRegistration(build, source, f"file:///st/{source}/_staging/{build}",
+                                                f"file:///st/{source}/segments/{build}",
+                                                f"file:///st/{source}/rejects/{build}", split_ids))
+    return build
+
+
+def item(store: Metastore, tp: TopicPartition, serial: int, start: int, end: int) -> SegmentToPublish:
     split_id = uuid.uuid4()
-    seg = BuiltSegment(split_id=split_id, location=f"file:///seg/{split_id}", files=(f"file:///seg/{split_id}/a",),
+    build = register(store, split_id)
+    seg = BuiltSegment(split_id=split_id, location=f"file:///st/src/segments/{build}",
+                       files=(f"file:///st/src/segments/{build}/part-{split_id}.parquet",),
                        row_count=end - start, size_bytes=100)
     return SegmentToPublish(source="src", spec_version=1, worker_id="w", segment=seg,
                             ranges=(PublishRange(OffsetRange(tp, start, end), serial),))
@@ -54,7 +65,7 @@ def test_an_empty_database_gets_the_whole_schema(pg_server: object, database_url
 def test_claim_bumps_serial_and_returns_the_stored_offset(store: Metastore) -> None:
     first = store.claim_partitions("src", "w1", [T0, T1])
     assert first[T0].serial == 1 and first[T0].next_offset is None and first[T0].initial_position == "earliest"
-    store.publish(item(T0, 1, 0, 10))
+    store.publish(item(store, T0, 1, 0, 10))
     second = store.claim_partitions("src", "w2", [T0])
     assert second[T0].serial == 2 and second[T0].next_offset == 10
     owners = {(r["topic"], r["partition"]): r["owner"] for r in store.partitions("src")}
@@ -71,8 +82,8 @@ def test_a_partition_that_appears_later_starts_from_earliest(store: Metastore) -
 
 def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> None:
     claim = store.claim_partitions("src", "w1", [T0])[T0]
-    seg_id = store.publish(item(T0, claim.serial, 0, 10))
-    store.publish(item(T0, claim.serial, 10, 25))
+    seg_id = store.publish(item(store, T0, claim.serial, 0, 10))
+    store.publish(item(store, T0, claim.serial, 10, 25))
     segments = store.segments("src")
     assert next(s["id"] for s in segments) == seg_id
     assert [s["ranges"] for s in segments] == [
@@ -84,9 +95,9 @@ def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> N
 
 def test_the_partition_status_view(store: Metastore, database_url: str) -> None:
     claim = store.claim_partitions("src", "w1", [T0])[T0]
-    store.publish(item(T0, claim.serial, 0, 10))
+    store.publish(item(store, T0, claim.serial, 0, 10))
     with pytest.raises(PublishConflict):
-        store.publish(item(T0, claim.serial - 1, 10, 20))
+        store.publish(item(store, T0, claim.serial - 1, 10, 20))
     with psycopg.connect(database_url) as conn:
         rows = conn.execute("SELECT topic, partition, next_offset, serial, owner, segments, publish_conflicts "
                             "FROM ingest_partition_status WHERE source = 'src' ORDER BY partition").fetchall()
@@ -97,7 +108,7 @@ def test_a_zombie_cannot_publish_after_another_worker_claimed(store: Metastore) 
     zombie = store.claim_partitions("src", "zombie", [T0])[T0]
     store.claim_partitions("src", "new-owner", [T0])
     with pytest.raises(PublishConflict) as info:
-        store.publish(item(T0, zombie.serial, 0, 10))
+        store.publish(item(store, T0, zombie.serial, 0, 10))
     assert info.value.reason == "serial"
     assert store.segments("src") == []
     assert store.partition_state("src", T0) == (zombie.serial + 1, None)
@@ -106,10 +117,10 @@ def test_a_zombie_cannot_publish_after_another_worker_claimed(store: Metastore) 
 
 def test_a_gap_or_an_overlap_is_refused(store: Metastore) -> None:
     claim = store.claim_partitions("src", "w1", [T0])[T0]
-    store.publish(item(T0, claim.serial, 0, 10))
+    store.publish(item(store, T0, claim.serial, 0, 10))
     for start, end in ((11, 20), (5, 20), (0, 10)):
         with pytest.raises(PublishConflict) as info:
-            store.publish(item(T0, claim.serial, start, end))
+            store.publish(item(store, T0, claim.serial, start, end))
         assert info.value.reason == "offset" and info.value.actual == 10
     assert len(store.segments("src")) == 1
 
@@ -117,7 +128,7 @@ def test_a_gap_or_an_overlap_is_refused(store: Metastore) -> None:
 def test_a_multi_partition_publish_is_all_or_nothing(store: Metastore) -> None:
     claims = store.claim_partitions("src", "w1", [T0, T1])
     store.claim_partitions("src", "other", [T1])
-    seg = item(T0, claims[T0].serial, 0, 10)
+    seg = item(store, T0, claims[T0].serial, 0, 10)
     both = SegmentToPublish(
         source="src", spec_version=1, worker_id="w", segment=seg.segment,
         ranges=(PublishRange(OffsetRange(T0, 0, 10), claims[T0].serial),
@@ -135,10 +146,11 @@ def test_a_publish_is_one_statement_and_one_round_trip(store: Metastore, tmp_pat
     claim = store.claim_partitions("src", "w1", [T0])[T0]
     trace = tmp_path / "libpq.trace"
     conn = store._connection()
+    registered = item(store, T0, claim.serial, 0, 10)  # registering is the build's round trip
     with trace.open("w") as f:
         conn.pgconn.trace(f.fileno())
         try:
-            store.publish(item(T0, claim.serial, 0, 10))
+            store.publish(registered)
         finally:
             conn.pgconn.untrace()
     # Trace lines: timestamp, direction (F: frontend, B: backend), length, message type, fields.
@@ -151,7 +163,7 @@ def test_a_publish_is_one_statement_and_one_round_trip(store: Metastore, tmp_pat
 def test_a_partition_without_a_row_is_refused_and_recorded(store: Metastore) -> None:
     unknown = TopicPartition("events", 7)
     with pytest.raises(PublishConflict) as info:
-        store.publish(item(unknown, 1, 0, 10))
+        store.publish(item(store, unknown, 1, 0, 10))
     assert (info.value.reason, info.value.tp, info.value.expected, info.value.actual) == ("missing", unknown, 1, None)
     assert store.segments("src") == [] and store.conflict_counts("src") == {"missing": 1}
 
@@ -168,7 +180,7 @@ def row_locked(database_url: str, tp: TopicPartition) -> Iterator[None]:
 def test_a_publish_the_server_refused_is_known_not_to_have_committed(store: Metastore, database_url: str) -> None:
     claim = store.claim_partitions("src", "w1", [T0])[T0]
     store._connection().execute("SET lock_timeout = 200")
-    publish = item(T0, claim.serial, 0, 10)
+    publish = item(store, T0, claim.serial, 0, 10)
     with row_locked(database_url, T0), pytest.raises(MetastoreUnavailable) as info:
         store.publish(publish)
     assert not isinstance(info.value, CommitOutcomeUnknown)
@@ -179,7 +191,7 @@ def test_a_publish_the_server_refused_is_known_not_to_have_committed(store: Meta
 def test_a_publish_whose_connection_dies_has_an_unknown_outcome(store: Metastore, database_url: str) -> None:
     claim = store.claim_partitions("src", "w1", [T0])[T0]
     pid = store._connection().info.backend_pid
-    publish = item(T0, claim.serial, 0, 10)
+    publish = item(store, T0, claim.serial, 0, 10)
     outcome: list[BaseException] = []
 
     def run() -> None:
@@ -221,8 +233,8 @@ def test_unreachable_postgres_is_one_clear_error() -> None:
 
 def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store: Metastore) -> None:
     claim = store.claim_partitions("src", "w1", [T0, T1])
-    first = store.publish(item(T0, claim[T0].serial, 0, 10))
-    store.publish(item(T0, claim[T0].serial, 10, 20))
+    first = store.publish(item(store, T0, claim[T0].serial, 0, 10))
+    store.publish(item(store, T0, claim[T0].serial, 10, 20))
     before = store.control("src").reset_generation
     # Replays [5, 20): refused without confirmation, and nothing is written.
     plan = store.reset_offsets("src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5",
@@ -235,7 +247,7 @@ def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store
     assert store.partition_state("src", T0) == (claim[T0].serial + 1, 5)
     # The split that was in flight when the reset committed presents the old serial: refused.
     with pytest.raises(PublishConflict) as refused:
-        store.publish(item(T0, claim[T0].serial, 20, 30))
+        store.publish(item(store, T0, claim[T0].serial, 20, 30))
     assert refused.value.reason == "serial"
     assert store.conflict_counts("src") == {"serial": 1}
     # The owner re-claims (serial bumped again) and re-reads the offset the reset stored; T1 was not reset.
@@ -243,8 +255,8 @@ def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store
     assert set(reclaimed) == {T0} and reclaimed[T0].serial == claim[T0].serial + 2 and reclaimed[T0].next_offset == 5
     assert store.reclaim_partitions("src", "w2", [(T0, claim[T0].serial)]) == {}  # only the recorded owner
     # The replay publishes offsets (and range starts) of the old epoch again.
-    store.publish(item(T0, reclaimed[T0].serial, 5, 10))
-    store.publish(item(T0, reclaimed[T0].serial, 10, 12))
+    store.publish(item(store, T0, reclaimed[T0].serial, 5, 10))
+    store.publish(item(store, T0, reclaimed[T0].serial, 10, 12))
     [audit] = store.recent_resets("src")
     assert audit["actor"] == "op@host" and audit["reason"] == "bad parse" and audit["target"] == "events:0=5"
     [p] = audit["partitions"]
@@ -255,7 +267,7 @@ def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store
 
 def test_a_reset_that_skips_is_planned_from_the_stored_offsets(store: Metastore) -> None:
     claim = store.claim_partitions("src", "w1", [T0])
-    store.publish(item(T0, claim[T0].serial, 0, 10))
+    store.publish(item(store, T0, claim[T0].serial, 0, 10))
     plan = store.reset_offsets("src", {T0: 40, T1: 7}, actor="a", reason="", target="latest", confirmed=False,
                                earliest={T1: 3})
     assert [(p.tp, p.old_offset, p.skipped, p.replayed) for p in plan.partitions] == [

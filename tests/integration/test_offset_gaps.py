@@ -8,6 +8,7 @@ import pytest
 
 from ingest.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from metastore import Metastore, PublishConflict
+from tests.integration.test_metastore import register
 
 T0 = TopicPartition("events", 0)
 
@@ -22,7 +23,9 @@ def store(database_url: str) -> Metastore:
 
 def _publish(store: Metastore, serial: int, start: int, end: int) -> None:
     split_id = uuid.uuid4()
-    seg = BuiltSegment(split_id=split_id, location=f"file:///seg/{split_id}", files=(f"file:///seg/{split_id}/a",),
+    build = register(store, split_id)
+    seg = BuiltSegment(split_id=split_id, location=f"file:///st/src/segments/{build}",
+                       files=(f"file:///st/src/segments/{build}/part-{split_id}.parquet",),
                        row_count=end - start, size_bytes=100)
     store.publish(SegmentToPublish(source="src", spec_version=1, worker_id="w", segment=seg,
                                    ranges=(PublishRange(OffsetRange(T0, start, end), serial),)))

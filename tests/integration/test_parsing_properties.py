@@ -20,7 +20,7 @@ from ingest.builder import SparkSegmentBuilder
 from ingest.model import TopicPartition
 from ingest.spec import spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
-from tests.fakes import FakeRecord
+from tests.fakes import FakeRecord, RecordingRegistrar
 
 GOOD_TS = st.sampled_from(["2026-11-22T10:00:00Z", "1970-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
                            "0001-01-01T00:00:00Z", "2026-11-22T10:00:00.123456+05:30"])
@@ -110,7 +110,7 @@ def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
     split = SealedSplit(id=uuid.uuid4(), tp=TopicPartition("t", 0), serial=1, start=0, end=len(records),
                         records=fakes, size_bytes=1, first_record_at=0.0, sealed_at=0.0, seal_reason="test",
                         kill_switch=KillSwitch())
-    built = SparkSegmentBuilder(spark).build(split, spec)
+    built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, spec)
     assert built.row_count + built.rejects_count == len(records) and built.skipped_count == 0
     good = [o for (_, t), o in zip(records, range(len(records)), strict=True) if t is None]
     rows = pq.read_table([f.removeprefix("file://") for f in built.files]).to_pylist() if built.files else []

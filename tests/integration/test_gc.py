@@ -1,0 +1,197 @@
+"""gc and the split registry against a real PostgreSQL and a local store: gc deletes only
+files under builds its own source registered, never what may still be published, never
+through a symbolic link, whatever the store URI's spelling."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ingest.gc import collect_garbage
+from ingest.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest.segment_store import build_dirs
+from metastore import Metastore, PublishConflict
+from metastore.errors import StoreOverlap
+
+T0 = TopicPartition("events", 0)
+
+
+def spec(name: str, store: str) -> dict[str, object]:
+    return {"name": name, "segment_store": store}
+
+
+class Build:
+    """A build registered like a worker's, with one file per split written after registering."""
+
+    def __init__(self, store: Metastore, source: str, store_uri: str, splits: int = 1) -> None:
+        self.id = uuid.uuid4()
+        self.dirs = build_dirs(store_uri, source, self.id)
+        self.split_ids = tuple(uuid.uuid4() for _ in range(splits))
+        store.register_build("w", BuildRegistration(self.id, source, self.dirs.staging, self.dirs.data,
+                                                    self.dirs.rejects, self.split_ids))
+        self.files = {sid: self._write(f"{self.dirs.data}/part-{sid}.parquet") for sid in self.split_ids}
+        self._write(f"{self.dirs.staging}/{self.split_ids[0]}.parquet")
+
+    @staticmethod
+    def _write(uri: str) -> str:
+        path = Path(uri.removeprefix("file://"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"PAR1")
+        return uri
+
+    def item(self, source: str, split: int, serial: int, start: int, end: int) -> SegmentToPublish:
+        sid = self.split_ids[split]
+        seg = BuiltSegment(split_id=sid, location=self.dirs.data, files=(self.files[sid],), row_count=end - start,
+                           size_bytes=4)
+        return SegmentToPublish(source=source, spec_version=1, worker_id="w", segment=seg,
+                                ranges=(PublishRange(OffsetRange(T0, start, end), serial),))
+
+
+def exists(uri: str) -> bool:
+    return Path(uri.removeprefix("file://")).exists()
+
+
+@pytest.fixture
+def store(database_url: str) -> Metastore:
+    return Metastore(database_url)
+
+
+def source(store: Metastore, name: str, store_uri: str) -> int:
+    store.apply_source(name, spec(name, store_uri), "")
+    store.register_partitions(name, "events", [0], "earliest")
+    return store.claim_partitions(name, "w", [T0])[T0].serial
+
+
+def test_a_publish_delayed_past_gc_is_refused_and_nothing_is_lost(store: Metastore, tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    serial = source(store, "src", uri)
+    late = Build(store, "src", uri)
+    result = collect_garbage(store, "src", grace_s=0)
+    assert result.abandoned == 1 and not exists(late.files[late.split_ids[0]])
+    # The metastore came back after gc: the publish is refused, the offsets do not move.
+    with pytest.raises(PublishConflict) as refused:
+        store.publish(late.item("src", 0, serial, 0, 10))
+    assert refused.value.reason == "abandoned" and "read again" in str(refused.value)
+    assert store.segments("src") == [] and store.partition_state("src", T0) == (serial, None)
+    assert store.conflict_counts("src") == {"abandoned": 1}
+    # The records are read again: a new build of them publishes.
+    again = Build(store, "src", uri)
+    store.publish(again.item("src", 0, serial, 0, 10))
+    assert store.partition_state("src", T0) == (serial, 10)
+
+
+def test_a_publish_first_keeps_its_files_and_gc_sweeps_the_rest(store: Metastore, tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}"
+    serial = source(store, "src", uri)
+    build = Build(store, "src", uri, splits=2)
+    store.publish(build.item("src", 0, serial, 0, 10))
+    kept, dropped = (build.files[s] for s in build.split_ids)
+    # The second split is still building: gc within the grace period leaves the build alone.
+    young = collect_garbage(store, "src", grace_s=3600)
+    assert (young.abandoned, young.swept, young.deleted, young.unswept) == (0, 0, [], 1)
+    dry = collect_garbage(store, "src", grace_s=0, dry_run=True)
+    assert dry.abandoned == 1 and dry.deleted == [] and exists(dropped)
+    result = collect_garbage(store, "src", grace_s=0)
+    assert (result.abandoned, result.swept, result.kept, result.unswept) == (1, 1, 1, 0)
+    assert sorted(result.deleted) == sorted([dropped, f"{build.dirs.staging}/{build.split_ids[0]}.parquet"])
+    assert exists(kept) and not exists(dropped) and not exists(build.dirs.staging)
+    assert collect_garbage(store, "src", grace_s=0).deleted == []  # swept once
+
+
+def test_gc_deletes_only_what_its_own_source_registered(store: Metastore, tmp_path: Path) -> None:
+    """A source named "ingest" with the parent store of another source's store, as an older
+    version allowed (today apply refuses it): its gc never reaches the other's files."""
+    parent = f"file://{tmp_path}"
+    source(store, "ingest", parent)
+    conn = store._connection()
+    with conn.transaction():  # an overlap stored before apply refused it
+        conn.execute("INSERT INTO ingest_sources (name, version) VALUES ('victim', 1)")
+        conn.execute("INSERT INTO ingest_source_versions (source, version, spec, spec_text) "
+                     "VALUES ('victim', 1, %s::jsonb, '')", (f'{{"segment_store": "{parent}/ingest"}}',))
+    victim = Build(store, "victim", f"{parent}/ingest")
+    stray = Path(tmp_path / "ingest" / "segments" / "not-registered" / "part-0.parquet")
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"PAR1")
+    own = Build(store, "ingest", parent)
+    result = collect_garbage(store, "ingest", grace_s=0)
+    assert result.swept == 1 and not exists(own.files[own.split_ids[0]])
+    assert exists(victim.files[victim.split_ids[0]]) and stray.exists()
+
+
+def test_gc_never_follows_a_symbolic_link(store: Metastore, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / "precious.parquet"
+    precious.write_bytes(b"keep me")
+    uri = f"file://{tmp_path / 'store'}"
+    source(store, "src", uri)
+    # Links inside a build directory: the links go, what they point to stays.
+    inner = Build(store, "src", uri)
+    data = Path(inner.dirs.data.removeprefix("file://"))
+    (data / "link-dir").symlink_to(outside)
+    (data / "link-file").symlink_to(precious)
+    first = collect_garbage(store, "src", grace_s=0)
+    assert first.swept == 1 and not data.exists()
+    assert sorted(outside.iterdir()) == [precious] and precious.read_bytes() == b"keep me"
+    # A link on the way to a build directory (``segments`` replaced by a link): nothing
+    # under it is deleted; the build stays unswept and gc says so.
+    later = Build(store, "src", uri)
+    segments = tmp_path / "store" / "src" / "segments"
+    segments.rename(tmp_path / "moved-segments")
+    segments.symlink_to(outside)
+    (outside / str(later.id)).mkdir()
+    victim = outside / str(later.id) / f"part-{later.split_ids[0]}.parquet"
+    victim.write_bytes(b"keep me too")
+    second = collect_garbage(store, "src", grace_s=0)
+    assert victim.read_bytes() == b"keep me too" and precious.exists()
+    assert second.swept == 0 and second.unswept == 1
+    assert len(second.unsafe) == 1 and "symbolic link" in second.unsafe[0]
+
+
+@pytest.mark.parametrize("respelled", ["local://{p}", "{p}/", "file:{p}"])
+def test_a_respelled_store_uri_keeps_published_segments(store: Metastore, tmp_path: Path, respelled: str) -> None:
+    from ingest.spec import spec_from_dict
+
+    doc = {"name": "src", "topics": ["events"], "event_time": "ts", "schema": {"ts": "timestamp"},
+           "segment_store": f"file://{tmp_path}"}
+    first = spec_from_dict(doc)
+    serial = source(store, "src", first.segment_store)
+    build = Build(store, "src", first.segment_store)
+    store.publish(build.item("src", 0, serial, 0, 10))
+    second = spec_from_dict({**doc, "segment_store": respelled.format(p=tmp_path)})
+    assert second.segment_store == first.segment_store
+    store.apply_source("src", second.to_json(), "")
+    collect_garbage(store, "src", grace_s=0)
+    assert exists(build.files[build.split_ids[0]])
+
+
+def test_overlapping_stores_are_refused_at_apply_naming_both(store: Metastore, tmp_path: Path) -> None:
+    store.apply_source("ingest", spec("ingest", f"file://{tmp_path}"), "")
+    store.apply_source("other", spec("other", f"file://{tmp_path}"), "")  # one store, two sources: fine
+    with pytest.raises(StoreOverlap) as nested:
+        store.apply_source("victim", spec("victim", f"file://{tmp_path}/ingest"), "")
+    message = str(nested.value)
+    assert "'victim'" in message and "'ingest'" in message and message.startswith("segment_store: ")
+    with pytest.raises(StoreOverlap, match="'other'"):
+        store.apply_source("deeper", spec("deeper", f"file://{tmp_path}/other/segments"), "")
+    assert [r["name"] for r in store.list_sources()] == ["ingest", "other"]
+
+
+def test_an_unregistered_split_with_files_is_refused(store: Metastore, tmp_path: Path) -> None:
+    serial = source(store, "src", f"file://{tmp_path}")
+    sid = uuid.uuid4()
+    seg = BuiltSegment(split_id=sid, location=f"file://{tmp_path}/x", files=(f"file://{tmp_path}/x/a",),
+                       row_count=1, size_bytes=1)
+    item = SegmentToPublish(source="src", spec_version=1, worker_id="w", segment=seg,
+                            ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),))
+    with pytest.raises(PublishConflict) as refused:
+        store.publish(item)
+    assert refused.value.reason == "unregistered"
+    # Offsets without records (no files) need no registration.
+    empty = SegmentToPublish(source="src", spec_version=1, worker_id="w",
+                             segment=BuiltSegment(split_id=uuid.uuid4(), location="", files=(), row_count=0,
+                                                  size_bytes=0),
+                             ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),))
+    assert store.publish(empty) > 0
