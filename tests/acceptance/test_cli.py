@@ -66,6 +66,15 @@ def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka
     assert ingest(env, "source", "apply", str(spec)).stdout.strip() == f"source {name}: version 1"
     assert "(unchanged)" in ingest(env, "source", "apply", str(spec)).stdout
     assert_one_line_error(ingest(env, "worker", name), 5, "does not exist")
+    # A store inside another source's directory, or a store URI pyarrow would cut short.
+    nested = tmp_path / "nested.toml"
+    nested.write_text(spec.read_text().replace(f'name = "{name}"', 'name = "nested"')
+                      .replace(f'segment_store = "{tmp_path / "store"}"', f'segment_store = "{tmp_path}/store/{name}"'))
+    assert_one_line_error(ingest(env, "source", "apply", str(nested)), 2, "'nested'", f"'{name}'", "overlaps")
+    hashed = tmp_path / "hashed.toml"
+    hashed.write_text(spec.read_text().replace(f'segment_store = "{tmp_path / "store"}"',
+                                               f'segment_store = "{tmp_path}/store#1"'))
+    assert_one_line_error(ingest(env, "source", "apply", str(hashed)), 2, "segment_store", "'#'")
     no_kafka = {**env, "INGEST_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
     assert_one_line_error(ingest(no_kafka, "worker", name), 4, "Kafka unreachable")
 
