@@ -7,13 +7,13 @@ the switch, no commit for the split can begin.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from typing import Protocol
 
 import structlog
 
+from ingest.backoff import METASTORE_BACKOFF, Backoff
 from ingest.errors import PublishAbandoned
 from ingest.model import BuiltSegment, PublishRange, SegmentToPublish
 from ingest.split import SealedSplit
@@ -36,18 +36,14 @@ class Publisher:
         source: str,
         worker_id: str,
         *,
-        retry_initial_s: float = 0.2,
-        retry_max_s: float = 10.0,
+        backoff: Backoff = METASTORE_BACKOFF,
         on_store_error: Callable[[Exception], None] | None = None,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._store = store
         self._source = source
         self._worker_id = worker_id
-        self._retry_initial_s = retry_initial_s
-        self._retry_max_s = retry_max_s
+        self._backoff = backoff
         self._on_store_error = on_store_error
-        self._sleep = sleep
 
     def publish(self, split: SealedSplit, segment: BuiltSegment, spec_version: int) -> int:
         """Publish or raise: PublishConflict (refused), SplitKilled (tripped before commit).
@@ -63,8 +59,7 @@ class Publisher:
             segment=segment,
             ranges=(PublishRange(split.range, split.serial),),
         )
-        delay = self._retry_initial_s
-        while True:
+        for delay in self._backoff.delays():
             try:
                 with split.kill_switch.hold():
                     return self._store.publish(item)
@@ -77,26 +72,25 @@ class Publisher:
                 self._report(exc)
             log.warning("publish_retry", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
                         retry_in_s=round(delay, 2))
-            self._sleep(delay)
-            delay = min(delay * 2, self._retry_max_s)
+            self._backoff.sleep(delay)
+        raise AssertionError("unreachable: the backoff never ends")
 
     def _resolve(self, split: SealedSplit) -> int | None:
         """After an unknown commit outcome: was the split published? Retries until the
         metastore answers or the split is killed (then the answer no longer matters to us:
         if the commit did land, the offsets advanced and nothing will be re-published)."""
-        delay = self._retry_initial_s
-        while True:
+        for delay in self._backoff.delays():
             if split.kill_switch.tripped:
                 raise PublishAbandoned(split.kill_switch.reason or "killed")
             try:
                 segment_id = self._store.segment_for_split(split.id)
             except MetastoreUnavailable as exc:
                 self._report(exc)
-                self._sleep(delay)
-                delay = min(delay * 2, self._retry_max_s)
+                self._backoff.sleep(delay)
                 continue
             log.info("commit_outcome_resolved", split=str(split.id), published=segment_id is not None)
             return segment_id
+        raise AssertionError("unreachable: the backoff never ends")
 
     def _report(self, exc: Exception) -> None:
         log.warning("metastore_error", error=str(exc))

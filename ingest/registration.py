@@ -9,12 +9,12 @@ registration says it may, and gc can never delete what may still be published.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import structlog
 
+from ingest.backoff import METASTORE_BACKOFF, Backoff
 from ingest.errors import SplitKilled
 from ingest.model import BuildRegistration
 from ingest.split import SealedSplit
@@ -47,22 +47,17 @@ class Registrar:
         store: RegistrationStore,
         worker_id: str,
         *,
-        retry_initial_s: float = 0.2,
-        retry_max_s: float = 10.0,
+        backoff: Backoff = METASTORE_BACKOFF,
         on_store_error: Callable[[Exception], None] | None = None,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._store = store
         self._worker_id = worker_id
-        self._retry_initial_s = retry_initial_s
-        self._retry_max_s = retry_max_s
+        self._backoff = backoff
         self._on_store_error = on_store_error
-        self._sleep = sleep
         self._lock = threading.Lock()
 
     def register(self, build: BuildRegistration, splits: Sequence[SealedSplit]) -> None:
-        delay = self._retry_initial_s
-        while True:
+        for delay in self._backoff.delays():
             try:
                 with self._lock:
                     self._store.register_build(self._worker_id, build)
@@ -74,5 +69,4 @@ class Registrar:
                     self._on_store_error(exc)
             if all(split.kill_switch.tripped for split in splits):
                 raise SplitKilled(splits[0].kill_switch.reason or "killed")
-            self._sleep(delay)
-            delay = min(delay * 2, self._retry_max_s)
+            self._backoff.sleep(delay)

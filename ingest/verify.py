@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
-from pyarrow import fs as pafs
 
+from ingest import segment_store
 from metastore import Metastore
 
 Coord = tuple[str, int]
@@ -47,14 +47,14 @@ class Verification:
 
 
 def read_coordinates(uri: str) -> list[tuple[str, int, int]]:
-    filesystem, path = pafs.FileSystem.from_uri(uri)
+    filesystem, path = segment_store.filesystem(uri)
     table = pq.read_table(path, columns=["_topic", "_partition", "_offset"], filesystem=filesystem)
     return list(zip(table["_topic"].to_pylist(), table["_partition"].to_pylist(), table["_offset"].to_pylist(),
                     strict=True))
 
 
 def count_rows(uri: str) -> int:
-    filesystem, path = pafs.FileSystem.from_uri(uri)
+    filesystem, path = segment_store.filesystem(uri)
     return int(pq.ParquetFile(path, filesystem=filesystem).metadata.num_rows)
 
 
@@ -133,7 +133,7 @@ def verify_payloads(store: Metastore, source: str, expected: ExpectedRow, column
     wanted = ["_topic", "_partition", "_offset", *columns]
     for seg in store.segments(source):
         for uri in seg["files"]:
-            filesystem, path = pafs.FileSystem.from_uri(uri)
+            filesystem, path = segment_store.filesystem(uri)
             rows = pq.read_table(path, columns=wanted, filesystem=filesystem).to_pylist()
             for row in rows:
                 checked += 1

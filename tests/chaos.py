@@ -41,13 +41,17 @@ from pathlib import Path
 from typing import Any
 
 from ingest.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port
+from ingest.gc import collect_garbage
 from ingest.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
 
-FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark")
+FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark", "gc")
 SESSION_TIMEOUT_S = 6.0
 PG_OUTAGE_S = 20.0
+# The "gc" fault runs gc with a grace shorter than a build plus publish: it abandons splits
+# in flight (their publish is refused, the records read again) and sweeps what it may.
+GC_FAULT_GRACE_S = 2.0
 # The bound on how long a partition with lag may go without a live owner while live workers
 # are in the group: the session timeout (a SIGKILLed or frozen owner is noticed) plus one
 # rebalance (two rounds with cooperative-sticky) plus the assign callback's metastore
@@ -81,7 +85,7 @@ class ChaosConfig:
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
         # each fault meets partitions with lag and the ownership bound is exercised.
         return cls(records=20_000, duration_s=150.0, workers=2, partitions=4, seed=seed,
-                   faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart"), fault_count=7,
+                   faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc"), fault_count=8,
                    gap_s=(6.0, 10.0), catchup_timeout_s=240.0, max_records_per_split=2_000, workdir=workdir)
 
 
@@ -116,6 +120,8 @@ class ChaosResult:
     producer_errors: list[str]
     elapsed_s: float
     broker: str = ""
+    # Builds the final gc could not sweep (it must sweep every one).
+    final_gc_problems: list[str] = field(default_factory=list)
     # The longest a partition with lag had no live owner while live workers were in the group:
     # (seconds, partition, seconds since the start when it began).
     unowned_worst: tuple[float, int, float] = (0.0, -1, 0.0)
@@ -128,7 +134,7 @@ class ChaosResult:
     @property
     def ok(self) -> bool:
         return (self.verification.ok and not self.payload_errors and self.caught_up and not self.producer_errors
-                and self.verification.rows == self.produced and self.ownership_ok)
+                and self.verification.rows == self.produced and self.ownership_ok and not self.final_gc_problems)
 
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
@@ -148,6 +154,7 @@ class ChaosResult:
                if self.unowned_worst[1] >= 0 else "(")
             + f"bound {UNOWNED_BOUND_S:.0f}s, {self.ownership_samples} samples of the group): "
             + ("ok" if self.ownership_ok else "EXCEEDED"),
+            f"  final gc (no grace) could not sweep: {self.final_gc_problems or 'none'}",
             "  faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
             "  publish conflicts rejected: " + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items()))
                                                 or "0"),
@@ -269,6 +276,10 @@ class ChaosProducer:
 class Fleet:
     """Worker processes with metrics ports, and the supervisor that restarts the ones that
     exit on their own or report themselves unhealthy."""
+
+    @property
+    def source_name(self) -> str:
+        return self._source
 
     def __init__(self, env: dict[str, str], source: str, log_dir: Path, t0: float) -> None:
         self._env = env
@@ -549,6 +560,12 @@ def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_
     if kind == "pg_outage":
         pg.outage(PG_OUTAGE_S)
         return "postgres", kind
+    if kind == "gc":
+        with Metastore(pg.url) as store:
+            swept = collect_garbage(store, fleet.source_name, grace_s=GC_FAULT_GRACE_S)
+        _log(t0, f"gc abandoned {swept.abandoned} split(s), deleted {len(swept.deleted)} file(s) of "
+                 f"{swept.swept} build(s)")
+        return "store", kind
     if kind == "add":
         if len(fleet.live) >= max_workers:
             kind = "kill"
@@ -676,10 +693,13 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             ownership.stop()
             monitor.stop()
             fleet.shutdown()
-        say(f"caught up: {caught_up}; verifying every published file")
         expected = {(TOPIC, p): sorted(d) for p, d in producer.delivered.items()}
         ids = producer.delivered
         with Metastore(url) as store:
+            # Every split is settled now: gc with no grace at all must leave every published file.
+            final_gc = collect_garbage(store, source, grace_s=0.0)
+            say(f"caught up: {caught_up}; gc deleted {len(final_gc.deleted)} unpublished file(s) of "
+                f"{final_gc.swept} build(s); verifying every published file")
             verification = verify_exactly_once(store, source, expected)
             conflicts = store.conflict_counts(source)
 
@@ -692,7 +712,8 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         return ChaosResult(
             config=config, produced=producer.delivered_count(), verification=verification,
             payload_rows=payload_rows, payload_errors=payload_errors, caught_up=caught_up, faults=monitor.faults,
-            conflicts=conflicts, splits_killed=_count_kills(fleet.all), unplanned_exits=fleet.unplanned_exits,
+            conflicts=conflicts, splits_killed=_count_kills(fleet.all), final_gc_problems=final_gc.unsafe,
+            unplanned_exits=fleet.unplanned_exits,
             health_restarts=fleet.health_restarts, producer_errors=producer.errors,
             elapsed_s=time.monotonic() - t0, broker=broker.describe(), unowned_worst=ownership.worst,
             ownership_samples=ownership.samples,

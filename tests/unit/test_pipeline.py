@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ingest.backoff import Backoff
 from ingest.model import TopicPartition
 from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
 from ingest.publisher import Publisher
@@ -33,7 +34,7 @@ def builder() -> FakeBuilder:
 
 @pytest.fixture
 def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
-    publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
+    publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
     p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01,
                  batch_linger_s=0.0)
     yield p
@@ -149,7 +150,7 @@ def test_join_waits_for_everything_in_flight(pipeline: Pipeline, builder: FakeBu
 def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_retried(
     store: FakeStore, builder: FakeBuilder
 ) -> None:
-    publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
+    publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
     gate = threading.Event()
     builder.gates[0] = gate
     builder.failures[30] = 1
@@ -170,7 +171,7 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
 
 
 def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: FakeStore, builder: FakeBuilder) -> None:
-    publisher = Publisher(store, "s", "w1", retry_initial_s=0.01, retry_max_s=0.02)
+    publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
     pipeline = Pipeline(builder, publisher, SPEC, 1, build_threads=2, batch_linger_s=0.5)
     try:
         pipeline.submit(make_split(P0, 0, 10))
