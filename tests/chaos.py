@@ -49,9 +49,9 @@ from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, wri
 FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark", "gc")
 SESSION_TIMEOUT_S = 6.0
 PG_OUTAGE_S = 20.0
-# The "gc" fault runs gc with a grace shorter than a build plus publish: it abandons splits
+# The "gc" fault runs gc with no grace at all: it abandons every split
 # in flight (their publish is refused, the records read again) and sweeps what it may.
-GC_FAULT_GRACE_S = 2.0
+GC_FAULT_GRACE_S = 0.0
 # The bound on how long a partition with lag may go without a live owner while live workers
 # are in the group: the session timeout (a SIGKILLed or frozen owner is noticed) plus one
 # rebalance (two rounds with cooperative-sticky) plus the assign callback's metastore
