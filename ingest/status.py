@@ -88,10 +88,13 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     recent = [{"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
               for e in store.recent_errors(source, errors)]
     kafka_reachable = bool(marks) or not rows
-    state, detail = _state(partitions, workers, kafka_reachable, total_lag)
     control = store.control(source)
-    if control.desired_state in ("terminating", "terminated"):
-        state = detail = control.desired_state.upper()
+    if control.desired_state == "suspended":
+        # Paused on purpose: lag that does not shrink is what suspend means, not a stall.
+        for p in partitions:
+            if p["state"] == "STUCK":
+                p["state"] = "SUSPENDED"
+    state, detail = _state(partitions, workers, kafka_reachable, total_lag, control.desired_state)
     resets = [{"id": r["id"], "actor": r["actor"], "reason": r["reason"], "target": r["target"], "at": _iso(r["at"]),
                "partitions": r["partitions"]} for r in store.recent_resets(source, 5)]
     return {
@@ -113,8 +116,15 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
 
 
 def _state(partitions: list[dict[str, Any]], workers: list[dict[str, Any]], kafka_reachable: bool,
-           total_lag: int) -> tuple[str, str]:
-    """The source's state and why, Druid-supervisor style."""
+           total_lag: int, desired_state: str = "running") -> tuple[str, str]:
+    """The source's state and why, Druid-supervisor style. What an operator asked for
+    (suspend, terminate) wins over what a running source would be judged by."""
+    if desired_state in ("terminating", "terminated"):
+        return desired_state.upper(), desired_state.upper()
+    if desired_state == "suspended":
+        if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
+            return "SUSPENDED", "OFFSET_OUT_OF_RANGE"
+        return "SUSPENDED", "SUSPENDED"
     if not partitions and not workers:
         return "PENDING", "NO_WORKERS"
     if not workers:

@@ -27,13 +27,14 @@ SCHEMA = {"id": "long", "user": "string", "ts": "timestamp", "amount": "double",
 
 
 def write_spec(tmp_path: Path, topic: str, *, name: str | None = None, max_records: int = 5000,
-               max_age: str = "1s", on_parse_error: str = "reject", extra: str = "") -> tuple[str, Path]:
+               max_age: str = "1s", on_parse_error: str = "reject", extra: str = "",
+               store: str | None = None) -> tuple[str, Path]:
     name = name or "s" + uuid.uuid4().hex[:8]
     path = tmp_path / f"{name}.toml"
     schema = "\n".join(f'{k} = "{v}"' for k, v in SCHEMA.items())
     path.write_text(
         f'name = "{name}"\ntopics = ["{topic}"]\nevent_time = "ts"\n'
-        f'segment_store = "{tmp_path / "store"}"\non_parse_error = "{on_parse_error}"\n{extra}\n'
+        f'segment_store = "{store or tmp_path / "store"}"\non_parse_error = "{on_parse_error}"\n{extra}\n'
         f"[schema]\n{schema}\n\n[split]\nmax_records = {max_records}\nmax_age = \"{max_age}\"\n"
     )
     return name, path

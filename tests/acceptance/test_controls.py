@@ -63,6 +63,12 @@ def test_suspend_publishes_what_is_held_and_resume_continues(
     time.sleep(3)
     assert worker.consumed() == produced.next_id - 900  # paused: nothing new taken
     assert worker.thread.is_alive() and len(worker.worker.assignment) == 3  # still in the group
+    # Lag that does not shrink is what suspending means: SUSPENDED, healthy, never STUCK.
+    impatient = {**env, "INGEST_STUCK_AFTER_S": "1"}
+    status = json.loads(ingest(impatient, "status", source, "--json").stdout)
+    assert (status["state"], status["detailed_state"]) == ("SUSPENDED", "SUSPENDED"), status
+    assert status["total_lag"] == 900 and {p["state"] for p in status["partitions"]} <= {"OK", "SUSPENDED"}
+    assert ingest(impatient, "health", source).returncode == 0
     assert ingest(env, "resume", source).returncode == 0
     wait_until(lambda: worker.consumed() == produced.next_id, 30, "consumption to resume")
     worker.stop()  # publishes what it holds on the way out

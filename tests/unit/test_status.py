@@ -61,6 +61,17 @@ def test_source_state_precedence() -> None:
     assert _state([_p("OK")], [_w("running")], True, 0) == ("IDLE", "CAUGHT_UP")
 
 
+def test_what_the_operator_asked_for_wins() -> None:
+    """A suspended source lags by design: it is SUSPENDED, never UNHEALTHY (STUCK_PARTITIONS),
+    whose `ingest health` would exit 1 and page someone."""
+    assert _state([_p("STUCK")], [_w("suspended")], True, 10, "suspended") == ("SUSPENDED", "SUSPENDED")
+    assert _state([_p("OK")], [], True, 10, "suspended") == ("SUSPENDED", "SUSPENDED")
+    assert _state([_p("OFFSET_OUT_OF_RANGE")], [_w("suspended")], True, 10, "suspended") == (
+        "SUSPENDED", "OFFSET_OUT_OF_RANGE")
+    assert _state([_p("STUCK")], [], True, 10, "terminated") == ("TERMINATED", "TERMINATED")
+    assert _state([_p("STUCK")], [_w("draining")], True, 10, "draining") == ("UNHEALTHY", "STUCK_PARTITIONS")
+
+
 def test_thresholds_come_from_the_environment() -> None:
     base = {"INGEST_DATABASE_URL": "postgresql://x/y", "INGEST_KAFKA_BOOTSTRAP": "k:9092"}
     s = Settings.from_env(base)
