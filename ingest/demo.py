@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 from ingest.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port, produce_records
@@ -74,6 +75,25 @@ def progress_line(store: Metastore, bootstrap: str) -> tuple[str, bool]:
     return f"published {total:>7}/{sum(ends.values())}  " + "  ".join(cells), done
 
 
+def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], published: int) -> str:
+    """What the demo waits for, in words: the first minute is Spark starting, not a hang."""
+    exited = [f"worker-{n} exited with code {proc.returncode} (see worker-{n}.log)"
+              for n, proc in enumerate(workers) if proc.poll() is not None]
+    states = Counter(str(w["state"]) for w in store.live_workers("clicks"))
+    assigned = sum(len(w["partitions"]) for w in store.live_workers("clicks"))
+    parts = exited[:]
+    not_registered = len(workers) - len(exited) - sum(states.values())
+    if not_registered > 0:
+        parts.append(f"{not_registered} worker(s) starting (Python, Kafka client)")
+    if states.get("starting"):
+        parts.append(f"{states['starting']} worker(s) starting Spark and warming up its JIT "
+                     "(a first start takes 30-90 s on 2 cores)")
+    if states.get("running") and not published:
+        parts.append(f"{states['running']} worker(s) running with {assigned}/{PARTITIONS} partitions: "
+                     "building the first segments")
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ingest.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3)
@@ -122,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         with Metastore(url) as store:
             while time.monotonic() < deadline:
                 line, done = progress_line(store, broker.bootstrap)
-                print(line, flush=True)
-                if not produced_rest and sum((published_positions(store, TOPIC).get((TOPIC, p)) or 0)
-                                             for p in range(PARTITIONS)) > 0:
+                published = sum((published_positions(store, TOPIC).get((TOPIC, p)) or 0) for p in range(PARTITIONS))
+                waiting = "" if done else waiting_for(store, workers, published)
+                print(line + (f"  [{waiting}]" if waiting else ""), flush=True)
+                if not produced_rest and published > 0:
                     produce(broker.bootstrap, first_batch, args.records - first_batch, ends)
                     print(f"produced {args.records - first_batch} more records while the workers run")
                     produced_rest = True
