@@ -76,20 +76,22 @@ def progress_line(store: Metastore, bootstrap: str) -> tuple[str, bool]:
 
 
 def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], published: int) -> str:
-    """What the demo waits for, in words: the first minute is Spark starting, not a hang."""
+    """What the demo waits for, in words: the first minute is Spark starting, not a hang.
+    A worker registers (heartbeats) once its Spark session is up and warmed, before it joins
+    the consumer group."""
     exited = [f"worker-{n} exited with code {proc.returncode} (see worker-{n}.log)"
               for n, proc in enumerate(workers) if proc.poll() is not None]
-    states = Counter(str(w["state"]) for w in store.live_workers("clicks"))
-    assigned = sum(len(w["partitions"]) for w in store.live_workers("clicks"))
+    live = store.live_workers("clicks")
+    states = Counter(str(w["state"]) for w in live)
     parts = exited[:]
-    not_registered = len(workers) - len(exited) - sum(states.values())
-    if not_registered > 0:
-        parts.append(f"{not_registered} worker(s) starting (Python, Kafka client)")
+    unregistered = len(workers) - len(exited) - len(live)
+    if unregistered > 0:
+        parts.append(f"{unregistered} worker(s) starting Spark and warming it up (30-90 s on 2 cores)")
     if states.get("starting"):
-        parts.append(f"{states['starting']} worker(s) starting Spark and warming up its JIT "
-                     "(a first start takes 30-90 s on 2 cores)")
+        parts.append(f"{states['starting']} worker(s) joining the consumer group")
     if states.get("running") and not published:
-        parts.append(f"{states['running']} worker(s) running with {assigned}/{PARTITIONS} partitions: "
+        owned = {p for w in live for p in w["partitions"]}
+        parts.append(f"{states['running']} worker(s) own {len(owned)}/{PARTITIONS} partitions: "
                      "building the first segments")
     return "; ".join(parts)
 
