@@ -17,6 +17,7 @@ import base64
 import contextlib
 import glob
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -26,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol, Self
@@ -462,41 +463,33 @@ KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.
 KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
 
 
-def kafka_libs_dir() -> Path:
-    """Where the broker's jars live: ``$INGEST_KAFKA_LIBS``, else a cache directory keyed by
-    the pom that pins them (``~/.cache/ingest/kafka/<pom hash>/libs``), so a changed pin
-    never runs stale jars."""
-    explicit = os.environ.get(KAFKA_LIBS_ENV)
-    if explicit:
-        return Path(explicit)
+def _maven_cache(pom: Path, kind: str) -> Path:
+    """A cache directory keyed by the pom that pins the jars (``~/.cache/ingest/<kind>/<pom
+    hash>/libs``), so a changed pin never runs stale jars."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    digest = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()[:16]
-    return cache / "ingest" / "kafka" / digest / "libs"
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
+    return cache / "ingest" / kind / digest / "libs"
 
 
-def fetch_kafka(timeout: float = 600.0) -> Path:
-    """Copy the pinned Kafka jars from Maven Central into :func:`kafka_libs_dir` (once).
-
-    Maven writes into a sibling temporary directory that is renamed into place, so an
-    interrupted fetch never leaves a half-filled classpath behind.
-    """
-    libs = kafka_libs_dir()
-    if _kafka_jar(libs) is not None:
+def _maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bool], timeout: float) -> Path:
+    """Copy the dependencies a pom pins from Maven Central into ``libs`` (once). Maven writes
+    into a sibling temporary directory that is renamed into place, so an interrupted fetch
+    never leaves a half-filled classpath behind."""
+    if complete(libs):
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise FileNotFoundError("Apache Kafka's jars are not fetched and Maven is not installed; "
+        raise FileNotFoundError(f"{what} jars are not fetched and Maven is not installed; "
                                 "run scripts/setup.sh (Debian packages 'maven' and 'openjdk-17-jre-headless')")
     libs.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
     try:
         result = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(KAFKA_POM), "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging}"],
+            [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False,
         )
-        if result.returncode != 0 or _kafka_jar(staging) is None:
-            raise RuntimeError(f"mvn could not fetch Apache Kafka (exit {result.returncode}):\n"
+        if result.returncode != 0 or not complete(staging):
+            raise RuntimeError(f"mvn could not fetch {what} (exit {result.returncode}):\n"
                                + result.stdout.decode("utf-8", errors="replace")[-4000:])
         staging.rename(libs)
     finally:
@@ -504,9 +497,40 @@ def fetch_kafka(timeout: float = 600.0) -> Path:
     return libs
 
 
+def kafka_libs_dir() -> Path:
+    """Where the broker's jars live: ``$INGEST_KAFKA_LIBS``, else the Maven cache of
+    ``scripts/kafka/pom.xml``."""
+    explicit = os.environ.get(KAFKA_LIBS_ENV)
+    return Path(explicit) if explicit else _maven_cache(KAFKA_POM, "kafka")
+
+
+def fetch_kafka(timeout: float = 600.0) -> Path:
+    """The pinned Kafka jars, fetched from Maven Central into :func:`kafka_libs_dir` once."""
+    return _maven_fetch(KAFKA_POM, kafka_libs_dir(), "Apache Kafka", lambda d: _kafka_jar(d) is not None, timeout)
+
+
 def _kafka_jar(libs: Path) -> Path | None:
     jars = sorted(libs.glob("kafka_2.13-*.jar")) if libs.is_dir() else []
     return jars[0] if jars else None
+
+
+# ------------------------------------------------------------ Spark's object-store connectors
+
+SPARK_JARS_POM = Path(__file__).resolve().parent.parent / "scripts" / "spark-jars" / "pom.xml"
+
+
+def spark_jars_dir() -> Path:
+    return _maven_cache(SPARK_JARS_POM, "spark-jars")
+
+
+def _has_hadoop_aws(libs: Path) -> bool:
+    return libs.is_dir() and any(libs.glob("hadoop-aws-*.jar"))
+
+
+def fetch_spark_jars(timeout: float = 600.0) -> Path:
+    """hadoop-aws, the AWS SDK modules it uses and the committer binding
+    (``scripts/spark-jars/pom.xml``), fetched from Maven Central once."""
+    return _maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's S3 connector", _has_hadoop_aws, timeout)
 
 
 def kafka_version(libs: Path | None = None) -> str:
@@ -809,17 +833,109 @@ class LocalKafka:
             self._base_dir = None
 
 
+# ------------------------------------------------------------------ a local S3 API (tests)
+
+
+class LocalS3:
+    """An S3 API server on a free loopback port (moto's server mode, from PyPI), with one
+    bucket, for the object-store tests, the chaos run and the benchmark. ``env`` is what a
+    process needs to reach it: the usual AWS variables, which pyarrow and (through
+    ``ingest.spark``) Spark's S3A connector both read; never anything in a spec."""
+
+    def __init__(self, bucket: str = "ingest", start_timeout: float = 30.0) -> None:
+        self.bucket = bucket
+        self._start_timeout = start_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": "ingest-test", "AWS_SECRET_ACCESS_KEY": "ingest-test-secret",
+                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([f"s3a://{self.bucket}", *parts])
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> LocalS3:
+        import sys
+
+        self.port = free_port()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + self._start_timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    break
+            except OSError:
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the S3 API server (moto) did not start on port {self.port}") from None
+                time.sleep(0.1)
+        from pyarrow import fs as pafs
+
+        s3 = pafs.S3FileSystem(access_key=self.env["AWS_ACCESS_KEY_ID"], secret_key=self.env["AWS_SECRET_ACCESS_KEY"],
+                               region=self.env["AWS_REGION"], endpoint_override=self.endpoint, scheme="http",
+                               allow_bucket_creation=True)
+        s3.create_dir(self.bucket)
+        return self
+
+    def record(self, on: bool) -> None:
+        """Start (after clearing) or stop moto's request recorder (``requests()`` reads it)."""
+        import urllib.request
+
+        actions = ("reset-recording", "start-recording") if on else ("stop-recording",)
+        for action in actions:
+            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/recorder/{action}",
+                                                          method="POST"), timeout=10).close()
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The requests recorded since ``record(True)``: method, url, headers."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.endpoint}/moto-api/recorder/download-recording", timeout=30) as resp:
+            lines = resp.read().decode().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k in ("method", "url", "headers")}
+                for line in lines if line.strip()]
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(10)
+            self._proc = None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ingest.embedded fetch-kafka``: fetch the broker's jars (scripts/setup.sh)."""
+    """``python -m ingest.embedded fetch-kafka | fetch-spark-jars``: fetch jars from Maven
+    Central into the cache (scripts/setup.sh)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if args != ["fetch-kafka"]:
-        print("usage: python -m ingest.embedded fetch-kafka", file=sys.stderr)
-        return 2
-    libs = fetch_kafka()
-    print(f"Apache Kafka {kafka_version(libs)}: {libs}")
-    return 0
+    if args == ["fetch-kafka"]:
+        libs = fetch_kafka()
+        print(f"Apache Kafka {kafka_version(libs)}: {libs}")
+        return 0
+    if args == ["fetch-spark-jars"]:
+        jars = fetch_spark_jars()
+        print(f"Spark's S3 connector ({len(list(jars.glob('*.jar')))} jars): {jars}")
+        return 0
+    print("usage: python -m ingest.embedded fetch-kafka | fetch-spark-jars", file=sys.stderr)
+    return 2
 
 
 # --------------------------------------------------------------------------- Kafka helpers

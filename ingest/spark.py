@@ -4,7 +4,7 @@ Connect (``sc://``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # What every build relies on: UTC, microsecond timestamps, no _SUCCESS or .crc litter.
@@ -36,15 +36,61 @@ LOCAL_DRIVER_CONF = {
 }
 
 
+# Spark writes an s3a:// store through Hadoop's S3A "magic" committer: each task uploads its
+# files as multipart uploads completed at job commit, in the output directory itself. No
+# rename (on S3 a copy) anywhere; a build's files are where the publish says they are.
+S3A_CONF = {
+    "spark.hadoop.fs.s3a.committer.name": "magic",
+    "spark.hadoop.fs.s3a.committer.magic.enabled": "true",
+    "spark.hadoop.mapreduce.outputcommitter.factory.scheme.s3a": "org.apache.hadoop.fs.s3a.commit.S3ACommitterFactory",
+    "spark.sql.sources.commitProtocolClass": "org.apache.spark.internal.io.cloud.PathOutputCommitProtocol",
+    "spark.sql.parquet.output.committer.class": "org.apache.spark.internal.io.cloud.BindingParquetOutputCommitter",
+    # Upload blocks are buffered in memory: S3A's disk buffer goes through Hadoop's
+    # LocalFileSystem, which the raw local file system of BASE_CONF (no .crc files) is not.
+    "spark.hadoop.fs.s3a.fast.upload.buffer": "bytebuffer",
+}
+
+
+def object_store_conf(stores: Iterable[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a driver-side session needs for the given stores (canonical URIs): for s3a://,
+    the connector's jars (``scripts/spark-jars/pom.xml``, fetched by scripts/setup.sh) and the
+    committer. Credentials are never set here: S3A reads the usual AWS variables and Hadoop
+    settings itself. A local S3 API (AWS_ENDPOINT_URL[_S3], as pyarrow reads it) gets its
+    endpoint, path-style access and, for http://, no TLS."""
+    if not any(store.startswith("s3a://") for store in stores):
+        return {}
+    from ingest.embedded import spark_jars_dir
+
+    env = os.environ if env is None else env
+    jars = sorted(spark_jars_dir().glob("*.jar"))
+    if not jars:
+        raise FileNotFoundError(f"no S3 connector jars in {spark_jars_dir()}; run scripts/setup.sh")
+    conf = {**S3A_CONF, "spark.jars": ",".join(str(j) for j in jars)}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(endpoint.startswith("https://")).lower()
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    return conf
+
+
 def create_session(master: str = "local[2]", app_name: str = "ingest",
-                   extra_conf: Mapping[str, str] | None = None) -> Any:
+                   extra_conf: Mapping[str, str] | None = None, stores: Iterable[str] = ()) -> Any:
+    """``stores``: the segment stores the session will write (their schemes decide which
+    connectors a local or standalone driver loads; a Connect server has its own)."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     # Under Connect, everything in session_conf is a runtime SQL setting, applied to this
     # client's own server-side session (several workers share one server without interfering).
     builder = builder.remote(master) if is_connect(master) else builder.master(master)
-    for key, value in session_conf(master, extra_conf).items():
+    conf = session_conf(master, extra_conf)
+    if not is_connect(master):
+        conf = {**object_store_conf(stores), **conf}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not is_connect(master):  # a Connect session has no SparkContext

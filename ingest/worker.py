@@ -155,7 +155,7 @@ class Worker:
                 from ingest.spark import create_session
 
                 try:
-                    spark = create_session(settings.spark_master, f"ingest-{spec.name}")
+                    spark = create_session(settings.spark_master, f"ingest-{spec.name}", stores=[spec.segment_store])
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
                 spark_builder = SparkSegmentBuilder(spark, registrar)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine, run as root: the OS packages the tests
 # need (PostgreSQL server binaries, a Java 17+ runtime for Spark and Kafka, Maven, ps), this
-# package with its test extras, and Apache Kafka's jars (Maven Central, pinned by
-# scripts/kafka/pom.xml, cached outside the repository).  Nothing is installed that is
+# package with its test extras, and from Maven Central (pinned by scripts/kafka/pom.xml and
+# scripts/spark-jars/pom.xml, cached outside the repository) Apache Kafka's jars and Spark's
+# S3 connector.  Nothing is installed that is
 # already there, and apt's index is only refreshed when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,4 +60,6 @@ else
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
 python3 -m ingest.embedded fetch-kafka | sed 's/^/setup: /'
+# hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
+python3 -m ingest.embedded fetch-spark-jars | sed 's/^/setup: /'
 say "done"
