@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port
+from ingest.embedded import LocalKafka, LocalPostgres, LocalS3, create_topic, end_offsets, free_port
 from ingest.gc import collect_garbage
 from ingest.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
@@ -78,15 +78,18 @@ class ChaosConfig:
     workdir: Path | None = None
     # The consumer group protocol: "classic" (cooperative-sticky) or "consumer" (KIP-848).
     group_protocol: str = "classic"
+    # The segment store: "file" (a local directory) or "s3" (an S3 API the run starts, moto).
+    store: str = "file"
 
     @classmethod
-    def quick(cls, seed: int = 1, workdir: Path | None = None) -> ChaosConfig:
+    def quick(cls, seed: int = 1, workdir: Path | None = None, store: str = "file") -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
         # each fault meets partitions with lag and the ownership bound is exercised.
         return cls(records=20_000, duration_s=150.0, workers=2, partitions=4, seed=seed,
                    faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc"), fault_count=8,
-                   gap_s=(6.0, 10.0), catchup_timeout_s=240.0, max_records_per_split=2_000, workdir=workdir)
+                   gap_s=(6.0, 10.0), catchup_timeout_s=240.0, max_records_per_split=2_000, workdir=workdir,
+                   store=store)
 
 
 @dataclass
@@ -139,7 +142,8 @@ class ChaosResult:
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
         lines = [
-            f"chaos run seed={self.config.seed} group protocol {self.config.group_protocol}: "
+            f"chaos run seed={self.config.seed} group protocol {self.config.group_protocol}, "
+            f"{self.config.store} store: "
             f"{'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
             f"  records produced {self.produced}, published rows {self.verification.rows}, "
             f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
@@ -617,6 +621,23 @@ def _count_kills(workers: list[ProcessWorker]) -> Counter[str]:
     return kills
 
 
+@contextlib.contextmanager
+def _store(config: ChaosConfig, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """The segment store's URI and what a process needs to reach it. For S3 the variables are
+    also set in this process for the run (the final gc and the verification read the files)."""
+    if config.store == "file":
+        yield str(work / "store"), {}
+        return
+    saved = dict(os.environ)
+    with LocalS3() as s3:
+        os.environ.update(s3.env)
+        try:
+            yield s3.uri("chaos-store"), s3.env
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
 def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosResult:
     t0 = time.monotonic()
     say = log or (lambda message: _log(t0, message))
@@ -624,19 +645,20 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
     work = config.workdir or Path(tempfile.mkdtemp(prefix="ingest-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     say(f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
-        f"{config.workers} workers, {config.partitions} partitions, group protocol {config.group_protocol}")
-    with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
+        f"{config.workers} workers, {config.partitions} partitions, group protocol {config.group_protocol}, "
+        f"{config.store} store")
+    with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker, _store(config, work) as (store, s3env):
         say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
         url = pg.url
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, config.partitions)
         source, spec_path = write_spec(work, TOPIC, name="chaos", max_records=config.max_records_per_split,
-                                       max_age="2s")
+                                       max_age="2s", store=store)
         apply_spec(url, spec_path)
         # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
         # that long).
         env = process_env(url, broker.bootstrap, config.group_protocol,
-                          INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000")
+                          INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000", **s3env)
         fleet = Fleet(env, source, work, t0)
         producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
         monitor = Monitor(url, source, producer, t0)
@@ -766,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=lambda t: tuple(_iter_kinds(t)), help="comma-separated fault kinds")
     parser.add_argument("--fault-count", type=int, help="faults to inject (default 14)")
     parser.add_argument("--workdir", type=Path, help="keep logs, broker log and segments here")
+    parser.add_argument("--store", choices=("file", "s3"),
+                        help="segment store: a local directory (default) or an S3 API the run starts (moto)")
     parser.add_argument("--group-protocol", choices=("classic", "consumer"),
                         help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer")
     args = parser.parse_args(argv)
@@ -773,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                        workdir=args.workdir)
     overrides = {"records": args.records, "duration_s": args.duration, "workers": args.workers,
                  "partitions": args.partitions, "faults": args.faults, "fault_count": args.fault_count,
-                 "group_protocol": args.group_protocol}
+                 "group_protocol": args.group_protocol, "store": args.store}
     from dataclasses import replace
 
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})

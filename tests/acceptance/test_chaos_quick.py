@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.chaos import ChaosConfig, run
 
 
-def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    config = ChaosConfig.quick(seed=7, workdir=tmp_path)
+@pytest.mark.parametrize("store", ["file", "s3"])
+def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, store: str) -> None:
+    """On a local directory and on an S3 API (Spark through S3A and its magic committer)."""
+    config = ChaosConfig.quick(seed=7, workdir=tmp_path, store=store)
     result = run(config, log=print)
     print(result.summary())
     assert len(result.faults) == config.fault_count
