@@ -25,12 +25,13 @@ OutOfRangePolicy = Literal["fail", "earliest"]
 
 SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
 ALLOWED_TYPES = (*SCALAR_TYPES, *(f"array<{t}>" for t in SCALAR_TYPES))
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+# Every pattern is matched whole (fullmatch): "$" would also accept a trailing newline.
+_NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # Column names become Parquet field names; keep them plain and free of the reserved prefix.
-_COLUMN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|kib|mb|mib|gb|gib)?\s*$", re.IGNORECASE)
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.IGNORECASE)
+_COLUMN_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_SIZE_RE = re.compile(r" *(\d{1,15}(?:\.\d{1,9})?) *(b|kb|kib|mb|mib|gb|gib)? *", re.IGNORECASE)
+_DURATION_RE = re.compile(r" *(\d{1,15}(?:\.\d{1,9})?) *(ms|s|m|h)? *", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -67,6 +68,7 @@ class SourceSpec:
 
     @property
     def group_id(self) -> str:
+        # Same rule as metastore.store.group_id, which checks it is unique across sources.
         return self.consumer_group or f"ingest-{self.name}"
 
     def to_json(self) -> dict[str, Any]:
@@ -96,7 +98,7 @@ class SourceSpec:
 
 def validate_source_name(name: object) -> str:
     """Source names become directory names and SQL values; allow a safe subset only."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ConfigError(
             f"name: {name!r} is not a valid source name "
             "(lower-case letter first, then up to 62 of a-z 0-9 _ -)"
@@ -109,7 +111,7 @@ def parse_size(field: str, value: object) -> int:
         raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {value!r}")
     if isinstance(value, int):
         size = value
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+    elif isinstance(value, str) and (m := _SIZE_RE.fullmatch(value)):
         size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()])
     else:
         raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {value!r}")
@@ -123,7 +125,7 @@ def parse_duration(field: str, value: object) -> float:
         raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+    elif isinstance(value, str) and (m := _DURATION_RE.fullmatch(value)):
         seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
     else:
         raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {value!r}")
@@ -159,7 +161,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     if not isinstance(topics, list) or not topics:
         raise ConfigError(f"topics: expected a non-empty list of topic names, got {topics!r}")
     for topic in topics:
-        if not isinstance(topic, str) or not _TOPIC_RE.match(topic):
+        if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic):
             raise ConfigError(f"topics: {topic!r} is not a valid Kafka topic name")
     if len(set(topics)) != len(topics):
         raise ConfigError("topics: lists a topic twice")
@@ -169,7 +171,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         raise ConfigError("schema: expected a table of column = type with at least one column")
     columns: list[tuple[str, str]] = []
     for column, ctype in schema.items():
-        if not _COLUMN_RE.match(column):
+        if not _COLUMN_RE.fullmatch(column):
             raise ConfigError(
                 f"schema.{column}: invalid column name (letter first, then letters, digits, _; "
                 "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
@@ -207,8 +209,9 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     )
 
     group = doc.get("consumer_group", "")
-    if not isinstance(group, str):
-        raise ConfigError(f"consumer_group: expected a string, got {group!r}")
+    if not isinstance(group, str) or (group and not _TOPIC_RE.fullmatch(group)):
+        raise ConfigError(f"consumer_group: expected a Kafka group id of letters, digits, '.', '_' and '-', "
+                          f"got {group!r}")
 
     return SourceSpec(
         name=name,

@@ -79,6 +79,19 @@ class StoreOverlap(MetastoreError):
         self.other = other
 
 
+class GroupTaken(MetastoreError):
+    """Two sources in one consumer group would split its partitions between them."""
+
+    exit_code = 2
+
+    def __init__(self, name: str, group: str, other: str) -> None:
+        super().__init__(f"consumer_group: {group!r} is already the consumer group of source {other!r}; "
+                         f"source {name!r} needs a group of its own")
+        self.name = name
+        self.group = group
+        self.other = other
+
+
 class InvalidReset(MetastoreError):
     """An ``ingest reset`` named partitions the source does not have, or negative offsets."""
 

@@ -292,3 +292,11 @@ SELECT DISTINCT v.source, v.spec->>'segment_store' AS segment_store
 FROM ingest_source_versions v
 WHERE v.source <> %(name)s
 ORDER BY v.source;
+
+-- name: other_groups
+-- The consumer group of every other source's latest spec (stored as in the spec: empty
+-- means the default, ingest-<name>). Terminated sources keep theirs.
+SELECT DISTINCT ON (v.source) v.source, coalesce(v.spec->>'consumer_group', '') AS consumer_group
+FROM ingest_source_versions v
+WHERE v.source <> %(name)s
+ORDER BY v.source, v.version DESC;

@@ -31,6 +31,7 @@ from ingest.store_uri import canonical_store_uri, overlap
 from metastore.connection import connect, wrap_exceptions
 from metastore.errors import (
     CommitOutcomeUnknown,
+    GroupTaken,
     InvalidReset,
     PublishConflict,
     SourceNotFound,
@@ -94,6 +95,7 @@ class Metastore:
                 conn.execute(query("lock_applies"))
                 if isinstance(spec.get("segment_store"), str):
                     _check_store_overlap(conn, name, spec["segment_store"])
+                _check_group_unique(conn, name, str(spec.get("consumer_group") or ""))
                 current = conn.execute(query("lock_source"), {"name": name}).fetchone()
                 if current is not None:
                     if current["desired_state"] == "terminated":
@@ -465,6 +467,20 @@ def _check_store_overlap(conn: psycopg.Connection[Row], name: str, store: str) -
         other_root = _source_root(str(row["segment_store"]), str(row["source"]))
         if overlap(root, other_root):
             raise StoreOverlap(name, root, str(row["source"]), other_root)
+
+
+def group_id(name: str, consumer_group: str) -> str:
+    """The Kafka group a source's workers join (``SourceSpec.group_id``)."""
+    return consumer_group or f"ingest-{name}"
+
+
+def _check_group_unique(conn: psycopg.Connection[Row], name: str, consumer_group: str) -> None:
+    """Refuse a group another source (any state, terminated too: its group's committed
+    offsets are its own) already joins."""
+    mine = group_id(name, consumer_group)
+    for row in conn.execute(query("other_groups"), {"name": name}).fetchall():
+        if group_id(str(row["source"]), str(row["consumer_group"])) == mine:
+            raise GroupTaken(name, mine, str(row["source"]))
 
 
 def _conflict(row: Row) -> PublishConflict:

@@ -75,6 +75,11 @@ def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka
     hashed.write_text(spec.read_text().replace(f'segment_store = "{tmp_path / "store"}"',
                                                f'segment_store = "{tmp_path}/store#1"'))
     assert_one_line_error(ingest(env, "source", "apply", str(hashed)), 2, "segment_store", "'#'")
+    grouped = tmp_path / "grouped.toml"
+    taken_group = f'name = "grouped"\nconsumer_group = "ingest-{name}"'
+    grouped.write_text(nested.read_text().replace('name = "nested"', taken_group)
+                       .replace(f"{tmp_path}/store/{name}", f"{tmp_path}/other-store"))
+    assert_one_line_error(ingest(env, "source", "apply", str(grouped)), 2, "consumer_group", f"'{name}'")
     no_kafka = {**env, "INGEST_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
     assert_one_line_error(ingest(no_kafka, "worker", name), 4, "Kafka unreachable")
 

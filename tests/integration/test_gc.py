@@ -209,3 +209,21 @@ def test_an_unregistered_split_with_files_is_refused(store: Metastore, tmp_path:
                                                   size_bytes=0),
                              ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),))
     assert store.publish(empty) > 0
+
+
+def test_a_consumer_group_belongs_to_one_source(store: Metastore, tmp_path: Path) -> None:
+    """Two sources in one group would split its partitions: refused at apply, naming both,
+    whether the group is spelled out or is another source's default (ingest-<name>)."""
+    from metastore.errors import GroupTaken
+
+    store.apply_source("foo", spec("foo", f"file://{tmp_path}"), "")
+    store.apply_source("bar", {**spec("bar", f"file://{tmp_path}"), "consumer_group": "shared"}, "")
+    for name, group, owner in (("baz", "ingest-foo", "foo"), ("qux", "shared", "bar")):
+        with pytest.raises(GroupTaken) as taken:
+            store.apply_source(name, {**spec(name, f"file://{tmp_path}"), "consumer_group": group}, "")
+        assert f"{group!r}" in str(taken.value) and f"{owner!r}" in str(taken.value)
+    # A new version of the same source keeps its group; another group is fine.
+    assert store.apply_source("bar", {**spec("bar", f"file://{tmp_path}"), "consumer_group": "shared",
+                                      "x": 1}, "")[1]
+    store.apply_source("baz", {**spec("baz", f"file://{tmp_path}"), "consumer_group": "own"}, "")
+    assert sorted(r["name"] for r in store.list_sources()) == ["bar", "baz", "foo"]

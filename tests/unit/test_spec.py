@@ -47,6 +47,15 @@ def test_a_valid_spec_round_trips_through_json() -> None:
         ({"split": {"max_age": -1}}, "split.max_age"),
         ({"split": {"max_rows": 5}}, "split"),
         ({"segment_store": "file://relative/path"}, "segment_store"),
+        # Matched whole: "$" in a pattern would accept these trailing newlines.
+        ({"name": "clicks\n"}, "name"),
+        ({"topics": ["clicks\n"]}, "topics"),
+        ({"schema": {"ts": "timestamp", "user\n": "string"}}, "schema.user"),
+        ({"split": {"max_bytes": "1MiB\n"}}, "split.max_bytes"),
+        ({"split": {"max_age": "5s\n"}}, "split.max_age"),
+        ({"split": {"max_bytes": "9" * 400}}, "split.max_bytes"),
+        ({"consumer_group": "group\n"}, "consumer_group"),
+        ({"consumer_group": "two words"}, "consumer_group"),
         ({"surprise": 1}, "unknown field"),
     ],
 )
