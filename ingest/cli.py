@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -13,8 +14,9 @@ from typing import Any
 
 from ingest.config import Settings
 from ingest.errors import ConfigError, IngestError
-from ingest.logs import configure_logging
+from ingest.logs import configure_logging, install_excepthooks
 from ingest.model import PartitionReset, TopicPartition
+from ingest.redact import redact, register_secrets
 from metastore import Metastore, MetastoreError, apply_migrations, redact_url
 
 # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
@@ -24,14 +26,18 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def _settings(require_kafka: bool = False) -> Settings:
-    return Settings.from_env(require_kafka=require_kafka)
+    settings = Settings.from_env(require_kafka=require_kafka)
+    register_secrets(settings.secret_values())
+    return settings
 
 
 def cmd_migrate(_args: argparse.Namespace) -> int:
     settings = _settings()
     applied = apply_migrations(settings.database_url)
-    print(f"applied {len(applied)} migration(s) to {redact_url(settings.database_url)}"
-          + (": " + ", ".join(applied) if applied else " (already up to date)"))
+    print(
+        f"applied {len(applied)} migration(s) to {redact_url(settings.database_url)}"
+        + (": " + ", ".join(applied) if applied else " (already up to date)")
+    )
     return 0
 
 
@@ -40,8 +46,9 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
 
     spec, text = load_spec_file(Path(args.file))
     with Metastore(_settings().database_url) as store:
-        version, changed = store.apply_source(spec.name, spec.to_json(), text,
-                                              reactivate=getattr(args, "reactivate", False))
+        version, changed = store.apply_source(
+            spec.name, spec.to_json(), text, reactivate=getattr(args, "reactivate", False)
+        )
     print(f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)"))
     return 0
 
@@ -49,8 +56,10 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
 def cmd_source_list(_args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         for row in store.list_sources():
-            print(f"{row['name']}\tversion {row['version']}\t{row['desired_state']}\t"
-                  f"updated {row['updated_at'].isoformat()}")
+            print(
+                f"{row['name']}\tversion {row['version']}\t{row['desired_state']}\t"
+                f"updated {row['updated_at'].isoformat()}"
+            )
     return 0
 
 
@@ -82,8 +91,10 @@ def cmd_segments(args: argparse.Namespace) -> int:
     print(f"{'id':>6} {'rows':>9} {'rejects':>7} {'skipped':>7}  ranges  files")
     for s in segments:
         ranges = ", ".join(f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in s["ranges"])
-        print(f"{s['id']:>6} {s['rows']:>9} {s['rejects']:>7} {s['skipped']:>7}  {ranges}  "
-              + " ".join(s["files"] + s["rejects_files"]))
+        print(
+            f"{s['id']:>6} {s['rows']:>9} {s['rejects']:>7} {s['skipped']:>7}  {ranges}  "
+            + " ".join(s["files"] + s["rejects_files"])
+        )
     print(f"{len(segments)} segment(s), {sum(s['rows'] for s in segments)} row(s)")
     return 0
 
@@ -97,45 +108,65 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"source {status['source']}: {status['state']} ({status['detailed_state']}), "
-          f"spec version {status['spec_version']}, "
-          f"total lag {status['total_lag'] if status['kafka_reachable'] else '? (Kafka unreachable)'}, "
-          f"publish conflicts {status['publish_conflicts'] or 0}, live workers {len(status['workers'])}")
-    print(f"{'topic':<24} {'part':>4} {'next_offset':>12} {'high_wm':>10} {'lag':>8} {'serial':>6}  "
-          f"{'owner':<32} last_publish")
+    print(
+        f"source {status['source']}: {status['state']} ({status['detailed_state']}), "
+        f"spec version {status['spec_version']}, "
+        f"total lag {status['total_lag'] if status['kafka_reachable'] else '? (Kafka unreachable)'}, "
+        f"publish conflicts {status['publish_conflicts'] or 0}, live workers {len(status['workers'])}"
+    )
+    print(
+        f"{'topic':<24} {'part':>4} {'next_offset':>12} {'high_wm':>10} {'lag':>8} {'serial':>6}  "
+        f"{'owner':<32} last_publish"
+    )
     for p in status["partitions"]:
         next_offset = p["next_offset"] if p["next_offset"] is not None else f"({p['initial_position']})"
-        print(f"{p['topic']:<24} {p['partition']:>4} {next_offset!s:>12} {_dash(p['high_watermark']):>10} "
-              f"{_dash(p['lag']):>8} {p['serial']:>6}  {_dash(p['owner']):<32} {_dash(p['last_publish_at'])}")
+        print(
+            f"{p['topic']:<24} {p['partition']:>4} {next_offset!s:>12} {_dash(p['high_watermark']):>10} "
+            f"{_dash(p['lag']):>8} {p['serial']:>6}  {_dash(p['owner']):<32} {_dash(p['last_publish_at'])}"
+        )
     for w in status["workers"]:
-        print(f"worker {w['worker']} on {w['host']} pid {w['pid']}: {w['state']}, {len(w['partitions'])} "
-              f"partition(s), heartbeat {w['heartbeat_at']}")
+        print(
+            f"worker {w['worker']} on {w['host']} pid {w['pid']}: {w['state']}, {len(w['partitions'])} "
+            f"partition(s), heartbeat {w['heartbeat_at']}"
+        )
     for p in status["partitions"]:
         if p["state"] == "STUCK":
-            print(f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
-                  f"{p['last_publish_at'] or 'its owner started'}")
+            print(
+                f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
+                f"{p['last_publish_at'] or 'its owner started'}"
+            )
         if p["lost_range"] is not None:
-            print(f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
-                  f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped")
+            print(
+                f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
+                f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped"
+            )
     for g in status["offset_gaps"]:
         if g["acknowledged_at"] is None:
             print(_gap_line(g))
     for e in status["recent_errors"]:
         print(f"error {e['at']} {e['worker']} {e['kind']}: {e['message']}")
     for r in status.get("recent_resets", []):
-        moves = ", ".join(f"{p['topic']}[{p['partition']}] {_dash(p['old_offset'])}->{p['new_offset']}"
-                          for p in r["partitions"])
-        print(f"reset #{r['id']} {r['at']} by {r['actor']} to {r['target']}: {moves}"
-              + (f" ({r['reason']})" if r["reason"] else ""))
+        moves = ", ".join(
+            f"{p['topic']}[{p['partition']}] {_dash(p['old_offset'])}->{p['new_offset']}" for p in r["partitions"]
+        )
+        print(
+            f"reset #{r['id']} {r['at']} by {r['actor']} to {r['target']}: {moves}"
+            + (f" ({r['reason']})" if r["reason"] else "")
+        )
     return 0
 
 
 def _gap_line(g: dict[str, Any]) -> str:
     action = f"skipped at {g['skipped_at']}" if g["skipped"] else "partition stopped there"
-    ack = (f"acknowledged by {g['acknowledged_by']} at {g['acknowledged_at']}" if g["acknowledged_at"]
-           else "unacknowledged")
-    return (f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
-            f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}")
+    ack = (
+        f"acknowledged by {g['acknowledged_by']} at {g['acknowledged_at']}"
+        if g["acknowledged_at"]
+        else "unacknowledged"
+    )
+    return (
+        f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
+        f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}"
+    )
 
 
 def cmd_gaps_list(args: argparse.Namespace) -> int:
@@ -161,8 +192,10 @@ def cmd_gaps_ack(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         acked = store.acknowledge_gaps(args.source, by, None if args.all else args.id)
-    print(f"acknowledged {len(acked)} gap(s) of {args.source} as {by}" + (f": {', '.join(map(str, acked))}"
-                                                                          if acked else ""))
+    print(
+        f"acknowledged {len(acked)} gap(s) of {args.source} as {by}"
+        + (f": {', '.join(map(str, acked))}" if acked else "")
+    )
     return 0
 
 
@@ -185,8 +218,11 @@ def cmd_control(args: argparse.Namespace) -> int:
                 print(f"source {args.source}: drained ({len(workers)} worker(s) idle, every fetched record published)")
                 return 0
             time.sleep(1.0)
-        print(f"ingest: error: drain of {args.source} timed out after {args.timeout:.0f}s; still draining: "
-              + ", ".join(pending), file=sys.stderr)
+        print(
+            f"ingest: error: drain of {args.source} timed out after {args.timeout:.0f}s; still draining: "
+            + ", ".join(pending),
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -209,16 +245,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     grace = non_negative_seconds("--grace", args.grace)
     if grace < MIN_GRACE_S and not (args.force or args.dry_run):
-        raise ConfigError(f"--grace {grace:g} is below {MIN_GRACE_S:g} s: splits that running workers are still "
-                          "building or publishing would be abandoned and read again; add --force if the source's "
-                          "workers are stopped or that is intended (or look with --dry-run)")
+        raise ConfigError(
+            f"--grace {grace:g} is below {MIN_GRACE_S:g} s: splits that running workers are still "
+            "building or publishing would be abandoned and read again; add --force if the source's "
+            "workers are stopped or that is intended (or look with --dry-run)"
+        )
     with Metastore(_settings().database_url) as store:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         result = collect_garbage(store, args.source, grace_s=grace, dry_run=args.dry_run)
     would = "would " if args.dry_run else ""
-    print(f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
-          f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
-          f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building")
+    print(
+        f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
+        f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
+        f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building"
+    )
     for problem in result.unsafe:
         print(f"gc: not swept, {problem}", file=sys.stderr)
     return 1 if result.unsafe else 0
@@ -237,8 +277,9 @@ def cmd_source_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reset_targets(to: str, rows: list[dict[str, Any]],
-                   settings: Settings) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+def _reset_targets(
+    to: str, rows: list[dict[str, Any]], settings: Settings
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """``--to`` as offsets per partition, and Kafka's low watermarks where known."""
     from ingest.config import is_digits
     from ingest.errors import ConfigError, KafkaUnavailable
@@ -254,8 +295,10 @@ def _reset_targets(to: str, rows: list[dict[str, Any]],
     earliest = {tp: marks[(tp.topic, tp.partition)][0] for tp in asked if (tp.topic, tp.partition) in marks}
     if logical:
         if len(marks) != len(tps):
-            raise KafkaUnavailable(f"--to {to} needs Kafka's watermarks, but Kafka at {settings.kafka_bootstrap!r} "
-                                   "did not answer; give explicit offsets (TOPIC:PARTITION=OFFSET)")
+            raise KafkaUnavailable(
+                f"--to {to} needs Kafka's watermarks, but Kafka at {settings.kafka_bootstrap!r} "
+                "did not answer; give explicit offsets (TOPIC:PARTITION=OFFSET)"
+            )
         return {tp: marks[(tp.topic, tp.partition)][0 if to == "earliest" else 1] for tp in tps}, earliest
     topics = sorted({tp.topic for tp in tps})
     targets: dict[TopicPartition, int] = {}
@@ -282,20 +325,25 @@ def cmd_reset(args: argparse.Namespace) -> int:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         targets, earliest = _reset_targets(args.to, store.partitions(args.source), settings)
         actor = f"{getpass.getuser()}@{socket.gethostname()}"
-        result = store.reset_offsets(args.source, targets, actor=actor, reason=args.reason, target=args.to,
-                                     confirmed=args.yes, earliest=earliest)
+        result = store.reset_offsets(
+            args.source, targets, actor=actor, reason=args.reason, target=args.to, confirmed=args.yes, earliest=earliest
+        )
     if not result.partitions:
         print(f"source {args.source}: nothing to reset (stored offsets already there)")
         return 0
     if result.reset_id is None:
         effects = "; ".join(f"{p.tp} {_reset_effect(p)}" for p in result.partitions if p.replayed or p.skipped)
-        raise ResetNotConfirmed(f"reset of {args.source} would change what is published ({effects}); "
-                                "nothing changed: re-run with --yes to apply")
+        raise ResetNotConfirmed(
+            f"reset of {args.source} would change what is published ({effects}); "
+            "nothing changed: re-run with --yes to apply"
+        )
     print(f"source {args.source}: reset #{result.reset_id} by {actor}")
     for p in result.partitions:
         effect = _reset_effect(p)
-        print(f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
-              + (f", {effect}" if effect else ""))
+        print(
+            f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
+            + (f", {effect}" if effect else "")
+        )
     return 0
 
 
@@ -323,9 +371,11 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             if not pending:
                 break
             if time.monotonic() >= deadline:
-                print(f"ingest: error: terminate of {args.source} timed out after {args.timeout:.0f}s; still "
-                      "draining: " + ", ".join(pending) + " (the source stays terminating; re-run to wait again)",
-                      file=sys.stderr)
+                print(
+                    f"ingest: error: terminate of {args.source} timed out after {args.timeout:.0f}s; still "
+                    "draining: " + ", ".join(pending) + " (the source stays terminating; re-run to wait again)",
+                    file=sys.stderr,
+                )
                 return 1
             time.sleep(0.5)
         store.mark_terminated(args.source)
@@ -357,8 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     reset = sub.add_parser("reset", help="set stored offsets (audited); workers re-seek")
     reset.add_argument("source")
-    reset.add_argument("--to", required=True, help="earliest, latest or TOPIC:PARTITION=OFFSET,... "
-                       "(PARTITION=OFFSET for a one-topic source)")
+    reset.add_argument(
+        "--to",
+        required=True,
+        help="earliest, latest or TOPIC:PARTITION=OFFSET,... (PARTITION=OFFSET for a one-topic source)",
+    )
     reset.add_argument("--reason", default="", help="why (stored in the audit table)")
     reset.add_argument("--yes", action="store_true", help="confirm a reset that skips or replays records")
     reset.set_defaults(func=cmd_reset)
@@ -372,16 +425,20 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("source")
     worker.set_defaults(func=cmd_worker)
 
-    for name, func, help_text in (("segments", cmd_segments, "list published segments"),
-                                  ("status", cmd_status, "per-partition offsets, lag and owners")):
+    for name, func, help_text in (
+        ("segments", cmd_segments, "list published segments"),
+        ("status", cmd_status, "per-partition offsets, lag and owners"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("source")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=func)
 
-    for name, help_text in (("suspend", "workers publish what they hold, then pause (staying in the group)"),
-                            ("resume", "workers consume again from the stored offsets (also ends a drain)"),
-                            ("drain", "workers publish everything held, report drained and exit (for upgrades)")):
+    for name, help_text in (
+        ("suspend", "workers publish what they hold, then pause (staying in the group)"),
+        ("resume", "workers consume again from the stored offsets (also ends a drain)"),
+        ("drain", "workers publish everything held, report drained and exit (for upgrades)"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("source")
         if name == "drain":
@@ -409,25 +466,50 @@ def build_parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="delete segment files that no published segment points to")
     gc.add_argument("source")
     # Parsed by cmd_gc, as the settings are: a bad value is a one-line ConfigError naming --grace.
-    gc.add_argument("--grace", default=str(DEFAULT_GRACE_S),
-                    help="only delete unpublished files older than this many seconds (default: %(default)s)")
+    gc.add_argument(
+        "--grace",
+        default=str(DEFAULT_GRACE_S),
+        help="only delete unpublished files older than this many seconds (default: %(default)s)",
+    )
     gc.add_argument("--dry-run", action="store_true")
-    gc.add_argument("--force", action="store_true",
-                    help="allow a grace below 1 h: only when none of the source's workers is running")
+    gc.add_argument(
+        "--force",
+        action="store_true",
+        help="allow a grace below 1 h: only when none of the source's workers is running",
+    )
     gc.set_defaults(func=cmd_gc)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    install_excepthooks()
     try:
         return int(args.func(args))
     except (IngestError, MetastoreError) as exc:
-        print(f"ingest: error: {exc}", file=sys.stderr)
+        print(f"ingest: error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
 
 
+def exit_process(code: int) -> None:
+    """Exit with ``code``. A Spark start given up on (ingest.spark.create_session_within)
+    cannot be stopped, and the Spark Connect client's exit hook would retry its server for
+    minutes: then the process ends at once, its output flushed."""
+    from ingest.spark import start_abandoned
+
+    if start_abandoned():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def run() -> None:
+    """The ``ingest`` console script."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -8,8 +8,10 @@ or from a Java-style properties file named by ``INGEST_KAFKA_CONFIG_FILE``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Mapping
@@ -17,11 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 from confluent_kafka import KafkaError, KafkaException
+from psycopg.conninfo import conninfo_to_dict
 
 from ingest.errors import ConfigError
+from ingest.redact import is_secret_name
 
 KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
+# sc://host:15002/;token=...;user_id=... (Spark Connect's connection string)
+_URL_AUTHORITY = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://([^/?#]*)")
+_SPARK_CONNECT_TOKEN = re.compile(r";token=([^;]+)", re.IGNORECASE)
 WARM_UP_RECORDS = 2000
 # Properties the protocol depends on: a user may not override them.
 PROTOCOL_PROPERTIES = {
@@ -62,6 +70,9 @@ class Settings:
     unhealthy_after_failed_splits: int = 5
     # `ingest status`: a partition with lag and no publish for this long is STUCK.
     stuck_after_s: float = 300.0
+    # A Spark session not started within this is SparkUnavailable: Spark Connect's client
+    # otherwise retries an unreachable server for 10 minutes without a word.
+    spark_start_timeout_s: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, require_kafka: bool = True) -> Settings:
@@ -69,6 +80,11 @@ class Settings:
         database_url = env.get("INGEST_DATABASE_URL", "")
         if not database_url:
             raise ConfigError("INGEST_DATABASE_URL: not set (e.g. postgresql://user:pass@host:5432/db)")
+        authority = _URL_AUTHORITY.match(database_url)
+        if authority and authority.group(1).count("@") > 1:
+            # libpq splits at the first '@' and would try to resolve the rest of the password
+            # as a host name, printing it in its error.
+            raise ConfigError("INGEST_DATABASE_URL: an '@' in the user name or password must be written %40")
         bootstrap = env.get("INGEST_KAFKA_BOOTSTRAP", "")
         if require_kafka and not bootstrap:
             raise ConfigError("INGEST_KAFKA_BOOTSTRAP: not set (e.g. broker1:9092,broker2:9092)")
@@ -78,7 +94,7 @@ class Settings:
             props.update(read_properties(Path(config_file)))
         for key, value in env.items():
             if key.startswith(KAFKA_PROP_PREFIX) and len(key) > len(KAFKA_PROP_PREFIX):
-                props[key[len(KAFKA_PROP_PREFIX):].lower().replace("_", ".")] = value
+                props[key[len(KAFKA_PROP_PREFIX) :].lower().replace("_", ".")] = value
         return cls(
             database_url=database_url,
             kafka_bootstrap=bootstrap,
@@ -101,7 +117,20 @@ class Settings:
                 "INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", env.get("INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", "5")
             ),
             stuck_after_s=non_negative_seconds("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
+            spark_start_timeout_s=non_negative_seconds(
+                "INGEST_SPARK_START_TIMEOUT_S", env.get("INGEST_SPARK_START_TIMEOUT_S", "300")
+            ),
         )
+
+    def secret_values(self) -> list[str]:
+        """The secrets these settings carry (for ingest.redact): the metastore password, every
+        Kafka property that names a password or secret, a Spark Connect token."""
+        values = [v for k, v in self.kafka_properties.items() if is_secret_name(k)]
+        # A string libpq does not accept fails at connect, its message redacted by pattern.
+        with contextlib.suppress(psycopg.Error):
+            values.append(str(conninfo_to_dict(self.database_url).get("password", "")))
+        values.extend(m.group(1) for m in _SPARK_CONNECT_TOKEN.finditer(self.spark_master))
+        return [v for v in values if v]
 
 
 def default_worker_id() -> str:
@@ -233,6 +262,7 @@ def kafka_client(factory: Callable[[dict[str, Any]], _Client], conf: Mapping[str
     except KafkaException as exc:
         error = exc.args[0]
         if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
-            raise ConfigError(f"Kafka client properties (INGEST_KAFKA_PROP_*, INGEST_KAFKA_CONFIG_FILE): "
-                              f"{error.str()}") from exc
+            raise ConfigError(
+                f"Kafka client properties (INGEST_KAFKA_PROP_*, INGEST_KAFKA_CONFIG_FILE): {error.str()}"
+            ) from exc
         raise

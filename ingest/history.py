@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingest.redact import redact_value
 from metastore import Metastore
 
 
@@ -41,7 +42,9 @@ def source_history(store: Metastore, source: str) -> list[dict[str, Any]]:
     out = []
     previous: dict[str, Any] | None = None
     for row in store.spec_versions(source):
+        # Specs applied before store URIs refused embedded credentials may still carry them.
+        spec = redact_value(row["spec"])
         out.append({"version": int(row["version"]), "applied_at": row["applied_at"].isoformat(),
-                    "changes": spec_changes(previous, row["spec"])})
-        previous = row["spec"]
+                    "changes": spec_changes(previous, spec)})
+        previous = spec
     return out

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import traceback
+from types import TracebackType
 
 import structlog
+
+from ingest import redact
 
 
 def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
@@ -20,6 +25,8 @@ def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            # Last before rendering, so that tracebacks are covered too.
+            redact.structlog_processor,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -27,4 +34,30 @@ def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
         cache_logger_on_first_use=True,
     )
     # Libraries that use the standard logging module (py4j, yoyo) stay quiet below WARNING.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    install_excepthooks()
+
+
+class _RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact.redact(super().format(record))
+
+
+def install_excepthooks() -> None:
+    """Tracebacks of unexpected errors (a bug, in the main thread or any other) are printed
+    as Python would, with secrets redacted: a library's message may quote a connection string."""
+
+    def main_hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        print(redact.redact("".join(traceback.format_exception(kind, exc, tb))), end="", file=sys.stderr)
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        print(f"Exception in thread {name}:", file=sys.stderr)
+        main_hook(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
+
+    sys.excepthook = main_hook
+    threading.excepthook = thread_hook

@@ -4,6 +4,8 @@ Connect (``sc://``)."""
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -77,8 +79,12 @@ def object_store_conf(stores: Iterable[str], env: Mapping[str, str] | None = Non
     return conf
 
 
-def create_session(master: str = "local[2]", app_name: str = "ingest",
-                   extra_conf: Mapping[str, str] | None = None, stores: Iterable[str] = ()) -> Any:
+def create_session(
+    master: str = "local[2]",
+    app_name: str = "ingest",
+    extra_conf: Mapping[str, str] | None = None,
+    stores: Iterable[str] = (),
+) -> Any:
     """``stores``: the segment stores the session will write (their schemes decide which
     connectors a local or standalone driver loads; a Connect server has its own)."""
     from pyspark.sql import SparkSession
@@ -96,6 +102,39 @@ def create_session(master: str = "local[2]", app_name: str = "ingest",
     if not is_connect(master):  # a Connect session has no SparkContext
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+_START_THREAD = "spark-start"
+_abandoned: list[threading.Thread] = []
+
+
+def start_abandoned() -> bool:
+    """Whether a session start given up on is still running (see ingest.cli.exit_process)."""
+    return any(t.is_alive() for t in _abandoned)
+
+
+def create_session_within(timeout_s: float, master: str, app_name: str, stores: Iterable[str] = ()) -> Any:
+    """``create_session`` that gives up after ``timeout_s`` with ``TimeoutError``. The attempt
+    goes on in a daemon thread (neither a JVM start nor a gRPC retry can be interrupted); the
+    caller is expected to exit, which ends it."""
+    outcome: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=1)
+
+    def start() -> None:
+        try:
+            outcome.put((create_session(master, app_name, stores=stores), None))
+        except BaseException as exc:  # handed to the caller, which raises it
+            outcome.put((None, exc))
+
+    thread = threading.Thread(target=start, name=_START_THREAD, daemon=True)
+    thread.start()
+    try:
+        session, error = outcome.get(timeout=timeout_s)
+    except queue.Empty:
+        _abandoned.append(thread)
+        raise TimeoutError(f"no session within {timeout_s:g} s (INGEST_SPARK_START_TIMEOUT_S)") from None
+    if error is not None:
+        raise error
+    return session
 
 
 def is_connect(master: str) -> bool:

@@ -152,10 +152,13 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
-                from ingest.spark import create_session
+                from ingest.spark import create_session_within
 
+                log.info("spark_starting", source=spec.name, spark_master=settings.spark_master,
+                         timeout_s=settings.spark_start_timeout_s)
                 try:
-                    spark = create_session(settings.spark_master, f"ingest-{spec.name}", stores=[spec.segment_store])
+                    spark = create_session_within(settings.spark_start_timeout_s, settings.spark_master,
+                                                  f"ingest-{spec.name}", stores=[spec.segment_store])
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
                 spark_builder = SparkSegmentBuilder(spark, registrar)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,6 +10,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
+from ingest.redact import redact
 from metastore.errors import MetastoreError, MetastoreUnavailable, SchemaMissing
 
 # Bounded waits so that no caller (least of all a rebalance callback) hangs on the metastore.
@@ -18,13 +18,10 @@ CONNECT_TIMEOUT_S = 5
 STATEMENT_TIMEOUT_MS = 30_000
 LOCK_TIMEOUT_MS = 10_000
 
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@]+:)([^@]*)(@)")
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
-
 
 def redact_url(url: str) -> str:
     """Hide the password of a connection URL or DSN (for logs, status and errors)."""
-    return _PASSWORD_KV.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\3", url))
+    return redact(url)
 
 
 @contextmanager

@@ -6,27 +6,37 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
+from yoyo.connections import BadConnectionURI
 
+from ingest.errors import first_line
+from ingest.redact import redact
 from metastore.connection import wrap_exceptions
-from metastore.errors import SchemaMissing
+from metastore.errors import MetastoreError, SchemaMissing
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def yoyo_url(database_url: str) -> str:
-    for prefix in ("postgresql://", "postgres://"):
-        if database_url.startswith(prefix):
-            return "postgresql+psycopg://" + database_url[len(prefix):]
-    return database_url
+    """The connection string (a URL or a libpq ``key=value`` DSN) as a yoyo URL whose every
+    parameter is a query argument: yoyo hands them to psycopg as they are, so both forms,
+    percent-encoded passwords and multiple hosts reach libpq unchanged."""
+    params = conninfo_to_dict(database_url)
+    return "postgresql+psycopg:///?" + urlencode({k: str(v) for k, v in params.items()})
 
 
 @contextmanager
 def _backend(database_url: str) -> Iterator[Any]:
-    """yoyo's backend on its own connection, closed afterwards; psycopg errors translated."""
+    """yoyo's backend on its own connection, closed afterwards; psycopg and yoyo errors
+    translated (yoyo's messages quote the whole connection string, password included)."""
     with wrap_exceptions(database_url):
-        backend = get_backend(yoyo_url(database_url))
+        try:
+            backend = get_backend(yoyo_url(database_url))
+        except BadConnectionURI as exc:
+            raise MetastoreError(f"metastore error: {redact(first_line(exc))}") from None
         try:
             yield backend
         finally:

@@ -27,6 +27,7 @@ from ingest.model import (
     StartFrom,
     TopicPartition,
 )
+from ingest.redact import redact
 from ingest.store_uri import canonical_store_uri, overlap
 from metastore.connection import connect, wrap_exceptions
 from metastore.errors import (
@@ -381,7 +382,8 @@ class Metastore:
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None:
         with wrap_exceptions(self.url):
             self._connection().execute(query("record_error"),
-                                       {"source": source, "worker": worker, "kind": kind, "message": message[:2000]})
+                                       {"source": source, "worker": worker, "kind": kind,
+                                                               "message": redact(message)[:2000]})
 
     def recent_errors(self, source: str, limit: int = 10) -> list[Row]:
         return self._fetch("recent_errors", source=source, limit=limit)
