@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -871,7 +872,7 @@ class LocalS3:
 
         self.port = free_port()
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-c", f"from ingest.embedded import serve_local_s3; serve_local_s3({self.port})"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + self._start_timeout
         while True:
@@ -892,22 +893,20 @@ class LocalS3:
         return self
 
     def record(self, on: bool) -> None:
-        """Start (after clearing) or stop moto's request recorder (``requests()`` reads it)."""
+        """Start (after clearing) or stop the server's request recorder (``requests()`` reads it)."""
         import urllib.request
 
-        actions = ("reset-recording", "start-recording") if on else ("stop-recording",)
-        for action in actions:
-            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/recorder/{action}",
-                                                          method="POST"), timeout=10).close()
+        action = "start" if on else "stop"
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}{_RECORDER_PATH}{action}", method="POST"),
+                               timeout=10).close()
 
     def requests(self) -> list[dict[str, Any]]:
-        """The requests recorded since ``record(True)``: method, url, headers."""
+        """The requests recorded since ``record(True)``: method, url (path and query), headers."""
         import urllib.request
 
-        with urllib.request.urlopen(f"{self.endpoint}/moto-api/recorder/download-recording", timeout=30) as resp:
-            lines = resp.read().decode().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if k in ("method", "url", "headers")}
-                for line in lines if line.strip()]
+        with urllib.request.urlopen(f"{self.endpoint}{_RECORDER_PATH}requests", timeout=30) as resp:
+            entries: list[dict[str, Any]] = json.loads(resp.read())
+        return entries
 
     def stop(self) -> None:
         if self._proc is not None:
@@ -918,6 +917,51 @@ class LocalS3:
                 self._proc.kill()
                 self._proc.wait(10)
             self._proc = None
+
+
+_RECORDER_PATH = "/_ingest/recorder/"
+
+
+class _RequestRecorder:
+    """WSGI middleware in front of moto: while on, keeps each request's method, path and query,
+    and headers (no bodies) in memory under a lock. moto's own recorder writes whole bodies,
+    base64-encoded, to a file in its working directory, and concurrent uploads interleave there."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._on = False
+        self._entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path.startswith(_RECORDER_PATH):
+            action = path[len(_RECORDER_PATH):]
+            with self._lock:
+                if action == "start":
+                    self._entries, self._on = [], True
+                elif action == "stop":
+                    self._on = False
+                body = json.dumps(self._entries if action == "requests" else "ok").encode()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        if self._on:
+            query = environ.get("QUERY_STRING", "")
+            headers = {key[5:].replace("_", "-").lower(): value for key, value in environ.items()
+                       if key.startswith("HTTP_")}
+            entry = {"method": environ.get("REQUEST_METHOD", ""), "url": path + ("?" + query if query else ""),
+                     "headers": headers}
+            with self._lock:
+                self._entries.append(entry)
+        return self._app(environ, start_response)
+
+
+def serve_local_s3(port: int) -> None:
+    """The S3 API server LocalS3 runs (moto's, on 127.0.0.1) with a request recorder."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import run_simple
+
+    run_simple("127.0.0.1", port, _RequestRecorder(DomainDispatcherApplication(create_backend_app)), threaded=True)
 
 
 def main(argv: list[str] | None = None) -> int:

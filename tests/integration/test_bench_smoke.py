@@ -100,3 +100,16 @@ def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
     # The Spark jobs run in the JVM (a child of the bench): their CPU must be counted there.
     assert all(run["jvm_cpu_s_per_million"] > 0 for run in results["worker_build"]), results["worker_build"]
     assert "spark copy of parsed columns" in proc.stdout
+
+
+def test_bench_store_compares_the_file_and_s3_stores(tmp_path: Path) -> None:
+    out = tmp_path / "store.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.store", "--records", "300", "--splits", "2", "--rounds", "1",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
+    figures = json.loads(out.read_text())
+    for kind in ("file", "s3"):
+        assert figures[kind]["batches"] == 1 and figures[kind]["publish_ms"]["n"] == 2, figures
+    # S3 builds upload multipart (POST) and never copy; the figure exists to show that cost.
+    assert figures["s3"]["s3_requests_per_batch"].get("POST", 0) > 0, figures
+    assert "s3 build time / file build time" in proc.stdout
