@@ -21,7 +21,7 @@ from ingest.assignment import Assignment, OwnedPartition, PartitionStatus
 from ingest.errors import WorkerFailed
 from ingest.group_offsets import GroupOffsets
 from ingest.metrics import Metrics
-from ingest.model import PartitionClaim, TopicPartition
+from ingest.model import ConflictReason, GapAction, KillReason, PartitionClaim, TopicPartition
 from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline, Published
 from ingest.rebalance import RebalanceHandler, start_offset
 from ingest.registry import WorkerRegistry
@@ -255,7 +255,7 @@ class ConsumeLoop:
                 owned.refused_offset = msg.offset()
                 owned.gap_pending = True
                 owned.retry_at = 0.0
-                self._pipeline.kill([owned.tp], "out_of_range")
+                self._pipeline.kill([owned.tp], KillReason.OUT_OF_RANGE)
                 log.warning("offset_refused", source=self._source, worker=self._worker_id, topic=msg.topic(),
                             partition=msg.partition(), offset=msg.offset(), error=err.str())
                 self._resolve_gap(owned, time.monotonic())
@@ -287,7 +287,7 @@ class ConsumeLoop:
                 log.warning("publish_rejected", reason=reason, expected=outcome.conflict.expected,
                             stored=outcome.conflict.actual, **fields)
                 if current and owned is not None and not draining:
-                    if reason == "serial":
+                    if reason == ConflictReason.SERIAL:
                         owned.status = PartitionStatus.FENCED
                         owned.reset_buffer(None)
                         log.warning("partition_fenced", **fields)
@@ -383,7 +383,7 @@ class ConsumeLoop:
         if not claims:
             log.info("reset_seen", source=self._source, worker=self._worker_id, reclaimed=0)
             return
-        killed = self._pipeline.kill(claims, "reset")
+        killed = self._pipeline.kill(claims, KillReason.RESET)
         for tp, claim in claims.items():
             owned = self._assignment.get(tp.topic, tp.partition)
             if owned is None:
@@ -427,7 +427,7 @@ class ConsumeLoop:
         owned.status = PartitionStatus.REWINDING
         owned.retry_at = time.monotonic() + backoff
         owned.reset_buffer(None)
-        self._pipeline.kill([owned.tp], "rewind")
+        self._pipeline.kill([owned.tp], KillReason.REWIND)
         log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
 
     def _rewind_due(self, now: float) -> None:
@@ -564,7 +564,8 @@ class ConsumeLoop:
             return
         owned.gap_pending = False
         skipped = self._spec.on_offset_out_of_range == "earliest"
-        self._metrics.offset_gap_records.labels(self._source, "skipped" if skipped else "stopped").inc(low - stored)
+        action = GapAction.SKIPPED if skipped else GapAction.STOPPED
+        self._metrics.offset_gap_records.labels(self._source, action).inc(low - stored)
         if not skipped:
             log.error("offset_out_of_range", **lost, action="partition stopped; nothing skipped", **fields)
             self._registry.error("OFFSET_OUT_OF_RANGE", f"{tp}: offsets [{stored}, {low}) are no longer in the log;"

@@ -10,7 +10,16 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ingest.model import PARSE_ERRORS, BuiltSegment, TopicPartition
+from ingest.model import (
+    PARSE_ERRORS,
+    BuiltSegment,
+    ConflictReason,
+    FailureStage,
+    GapAction,
+    KillReason,
+    RebalanceKind,
+    TopicPartition,
+)
 
 _BUILD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _PUBLISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5)
@@ -99,6 +108,11 @@ class Metrics:
             self.records_skipped.labels(source, reason)
         for result in ("ok", "failed"):
             self.group_commits.labels(source, result)
+        for counter, values in ((self.splits_killed, KillReason), (self.publish_conflicts, ConflictReason),
+                                (self.split_failures, FailureStage), (self.rebalances, RebalanceKind),
+                                (self.offset_gap_records, GapAction)):
+            for value in values:
+                counter.labels(source, value.value)
         self._states = list(WORKER_STATES)
         self.set_worker_state("starting")
 

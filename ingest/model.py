@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 StartFrom = Literal["earliest", "latest"]
@@ -12,6 +13,54 @@ StartFrom = Literal["earliest", "latest"]
 # Why a record could not be parsed: the builder's `_error` values, the reason label of
 # ingest_records_rejected_total / ingest_records_skipped_total. A fixed set (no label explosion).
 PARSE_ERRORS = ("invalid_json", "type_mismatch", "invalid_utf8", "null_value", "missing_event_time")
+
+
+# The label values of the worker's counters. Each set is fixed (no label explosion), and every
+# value is exported at 0 from the start, so that increase() sees the first one.
+class KillReason(StrEnum):
+    """Why the kill switch of an in-flight split was tripped (ingest_splits_killed_total)."""
+
+    REVOKE = "revoke"
+    LOST = "lost"
+    OUT_OF_RANGE = "out_of_range"
+    RESET = "reset"
+    REWIND = "rewind"
+    SHUTDOWN = "shutdown"
+    # An earlier split of the partition failed or was refused: a later one can never publish.
+    PREDECESSOR_FAILED = "predecessor_failed"
+
+
+class ConflictReason(StrEnum):
+    """Why the metastore refused a publish (ingest_publish_conflicts_total; the CHECK of
+    ingest_publish_conflicts.reason in migrations/0008)."""
+
+    SERIAL = "serial"
+    OFFSET = "offset"
+    MISSING = "missing"
+    ABANDONED = "abandoned"
+    UNREGISTERED = "unregistered"
+
+
+class FailureStage(StrEnum):
+    """Where a split failed (ingest_split_failures_total)."""
+
+    BUILD = "build"
+    PUBLISH = "publish"
+
+
+class RebalanceKind(StrEnum):
+    """Which rebalance callback ran (ingest_rebalances_total)."""
+
+    ASSIGN = "assign"
+    REVOKE = "revoke"
+    LOST = "lost"
+
+
+class GapAction(StrEnum):
+    """What happened at an offset gap (ingest_offset_gap_records_total)."""
+
+    STOPPED = "stopped"
+    SKIPPED = "skipped"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -28,7 +28,7 @@ import structlog
 from ingest import segment_store
 from ingest.builder import SegmentBuilder
 from ingest.errors import BuildError, ParseFailure, PublishAbandoned, SplitKilled
-from ingest.model import BuiltSegment, TopicPartition
+from ingest.model import BuiltSegment, FailureStage, KillReason, TopicPartition
 from ingest.publisher import Publisher
 from ingest.spec import SourceSpec
 from ingest.split import SealedSplit
@@ -60,7 +60,7 @@ class Conflicted:
 @dataclass(frozen=True, slots=True)
 class Failed:
     split: SealedSplit
-    stage: str
+    stage: FailureStage
     error: Exception
 
 
@@ -148,7 +148,7 @@ class Pipeline:
             self._cond.notify_all()
         future.add_done_callback(self._wake)
 
-    def kill(self, tps: Iterable[TopicPartition], reason: str, deadline: float | None = None) -> int:
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, deadline: float | None = None) -> int:
         """Trip the kill switch of every in-flight split of these partitions. When this
         returns, none of them can start a commit (unless a commit in progress outlived the
         deadline; the metastore's serial check still fences it)."""
@@ -157,7 +157,7 @@ class Pipeline:
             splits = [e.split for tp, q in self._queues.items() if tp in wanted for e in q]
         return self._trip(splits, reason, deadline)
 
-    def kill_all(self, reason: str, deadline: float | None = None) -> int:
+    def kill_all(self, reason: KillReason, deadline: float | None = None) -> int:
         with self._cond:
             splits = [e.split for q in self._queues.values() for e in q]
         return self._trip(splits, reason, deadline)
@@ -199,7 +199,7 @@ class Pipeline:
         return True
 
     def close(self, timeout: float = 30.0) -> None:
-        self.kill_all("shutdown", deadline=time.monotonic() + min(timeout, 10.0))
+        self.kill_all(KillReason.SHUTDOWN, deadline=time.monotonic() + min(timeout, 10.0))
         with self._cond:
             self._closing = True
             unbuilt, self._unbuilt = list(self._unbuilt), deque()
@@ -214,7 +214,7 @@ class Pipeline:
     # -- internals ---------------------------------------------------------------------
 
     @staticmethod
-    def _trip(splits: list[SealedSplit], reason: str, deadline: float | None) -> int:
+    def _trip(splits: list[SealedSplit], reason: KillReason, deadline: float | None) -> int:
         tripped = 0
         for split in splits:
             if split.kill_switch.tripped:
@@ -327,13 +327,13 @@ class Pipeline:
         try:
             built = entry.built.result()
         except (SplitKilled, CancelledError) as exc:
-            return Killed(split, exc.reason if isinstance(exc, SplitKilled) else "shutdown")
+            return Killed(split, exc.reason if isinstance(exc, SplitKilled) else KillReason.SHUTDOWN)
         except ParseFailure as exc:
             return Fatal(split, exc)
         except Exception as exc:
             log.error("build_failed", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
                       error=str(exc), exc_info=not isinstance(exc, BuildError))
-            return Failed(split, "build", exc)
+            return Failed(split, FailureStage.BUILD, exc)
         try:
             if self._publish_delay_s:
                 self._sleep_unless_killed(split, self._publish_delay_s)
@@ -352,7 +352,7 @@ class Pipeline:
         except Exception as exc:
             log.exception("publish_failed", split=str(split.id), error=str(exc))
             self._builder.discard(built)
-            return Failed(split, "publish", exc)
+            return Failed(split, FailureStage.PUBLISH, exc)
 
     def _record(self, entry: _Entry, outcome: Outcome) -> None:
         later: list[SealedSplit] = []
@@ -368,4 +368,4 @@ class Pipeline:
             self._inflight_bytes -= entry.split.size_bytes
             self._outcomes.append(outcome)
             self._cond.notify_all()
-        self._trip(later, "predecessor_failed", None)
+        self._trip(later, KillReason.PREDECESSOR_FAILED, None)

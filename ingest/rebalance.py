@@ -21,7 +21,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.assignment import Assignment
 from ingest.metrics import Metrics
-from ingest.model import PartitionClaim, TopicPartition
+from ingest.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from ingest.pipeline import Pipeline
 from metastore.errors import MetastoreError
 
@@ -89,17 +89,17 @@ class RebalanceHandler:
         self._assign(consumer, partitions)
         for claim in claims.values():
             self._assignment.add(claim)
-        self._observe("assign", started)
+        self._observe(RebalanceKind.ASSIGN, started)
         log.info("partitions_assigned", source=self._source, worker=self._worker_id,
                  partitions=[f"{c.tp}@{c.next_offset if c.next_offset is not None else c.initial_position}"
                              f"#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)],
                  assigned=len(self._assignment))
 
     def on_revoke(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
-        self._drop(consumer, partitions, "revoke")
+        self._drop(consumer, partitions, RebalanceKind.REVOKE)
 
     def on_lost(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
-        self._drop(consumer, partitions, "lost")
+        self._drop(consumer, partitions, RebalanceKind.LOST)
 
     # -- internals -----------------------------------------------------------------
 
@@ -126,16 +126,16 @@ class RebalanceHandler:
             # loop's invariant is that a new assignment starts unpaused, so make it true.
             consumer.resume(partitions)
 
-    def _drop(self, consumer: Any, partitions: list[KafkaTopicPartition], kind: str) -> None:
+    def _drop(self, consumer: Any, partitions: list[KafkaTopicPartition], kind: RebalanceKind) -> None:
         started = time.monotonic()
         deadline = started + self._deadline_s
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        killed = self._pipeline.kill(tps, kind, deadline=deadline)
+        killed = self._pipeline.kill(tps, KillReason(kind.value), deadline=deadline)
         removed = self._assignment.remove(tps)
         dropped_records = sum(len(owned.buffer) for owned in removed)
         for owned in removed:
             self._metrics.forget_partition(owned.tp)
-        if kind == "revoke":
+        if kind == RebalanceKind.REVOKE:
             for owned in removed:
                 if time.monotonic() >= deadline:
                     break
@@ -150,12 +150,12 @@ class RebalanceHandler:
         else:
             consumer.unassign()
         self._observe(kind, started)
-        event = "partitions_revoked" if kind == "revoke" else "partitions_lost"
+        event = "partitions_revoked" if kind == RebalanceKind.REVOKE else "partitions_lost"
         log.info(event, source=self._source,
                  worker=self._worker_id, partitions=[str(tp) for tp in sorted(tps)], splits_killed=killed,
                  buffered_records_dropped=dropped_records, assigned=len(self._assignment))
 
-    def _observe(self, kind: str, started: float) -> None:
+    def _observe(self, kind: RebalanceKind, started: float) -> None:
         self._metrics.rebalances.labels(self._source, kind).inc()
         self._metrics.rebalance_seconds.labels(self._source, kind).observe(time.monotonic() - started)
         self._metrics.assigned_partitions.labels(self._source).set(len(self._assignment))

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import uuid
+from pathlib import Path
 
 from ingest.metrics import UNKNOWN_REASON, WORKER_STATES, Metrics
-from ingest.model import PARSE_ERRORS, BuiltSegment
+from ingest.model import (
+    PARSE_ERRORS,
+    BuiltSegment,
+    ConflictReason,
+    FailureStage,
+    GapAction,
+    KillReason,
+    RebalanceKind,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sample(m: Metrics, name: str, **labels: str) -> float | None:
@@ -46,3 +58,26 @@ def test_worker_state_is_one_hot() -> None:
     m.set_worker_state("running")
     assert sample(m, "ingest_worker_state", state="resetting") == 0
     assert sample(m, "ingest_worker_state", state="running") == 1
+
+
+def test_every_counter_label_value_exists_at_zero_from_the_start() -> None:
+    # increase() reads a series that appears at its first increment as 0: an alert on the first
+    # publish conflict (or kill, failure, gap) would never fire unless the series starts at 0.
+    m = Metrics("s")
+    families = {
+        "ingest_publish_conflicts_total": ("reason", ConflictReason),
+        "ingest_splits_killed_total": ("reason", KillReason),
+        "ingest_split_failures_total": ("stage", FailureStage),
+        "ingest_rebalances_total": ("kind", RebalanceKind),
+        "ingest_offset_gap_records_total": ("action", GapAction),
+    }
+    for name, (label, values) in families.items():
+        assert {v.value: sample(m, name, **{label: v.value}) for v in values} == dict.fromkeys(
+            (v.value for v in values), 0.0), name
+
+
+def test_conflict_reasons_are_the_ones_the_metastore_records() -> None:
+    sql = (REPO / "migrations" / "0008_split_registry.sql").read_text()
+    check = re.search(r"CHECK \(reason IN \(([^)]*)\)\)", sql)
+    assert check is not None
+    assert {v.strip(" '") for v in check.group(1).split(",")} == {r.value for r in ConflictReason}
