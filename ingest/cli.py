@@ -101,6 +101,7 @@ def cmd_segments(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from ingest.status import source_status
+    from ingest.status_text import render as render_status
 
     settings = _settings()
     with Metastore(settings.database_url) as store:
@@ -108,69 +109,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(
-        f"source {status['source']}: {status['state']} ({status['detailed_state']}), "
-        f"spec version {status['spec_version']}, "
-        f"total lag {status['total_lag'] if status['kafka_reachable'] else '? (Kafka unreachable)'}, "
-        f"publish conflicts {status['publish_conflicts'] or 0}, live workers {len(status['workers'])}"
-    )
-    print(
-        f"{'topic':<24} {'part':>4} {'next_offset':>12} {'high_wm':>10} {'lag':>8} {'serial':>6}  "
-        f"{'owner':<32} last_publish"
-    )
-    for p in status["partitions"]:
-        next_offset = p["next_offset"] if p["next_offset"] is not None else f"({p['initial_position']})"
-        print(
-            f"{p['topic']:<24} {p['partition']:>4} {next_offset!s:>12} {_dash(p['high_watermark']):>10} "
-            f"{_dash(p['lag']):>8} {p['serial']:>6}  {_dash(p['owner']):<32} {_dash(p['last_publish_at'])}"
-        )
-    for w in status["workers"]:
-        print(
-            f"worker {w['worker']} on {w['host']} pid {w['pid']}: {w['state']}, {len(w['partitions'])} "
-            f"partition(s), heartbeat {w['heartbeat_at']}"
-        )
-    for p in status["partitions"]:
-        if p["state"] == "STUCK":
-            print(
-                f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
-                f"{p['last_publish_at'] or 'its owner started'}"
-            )
-        if p["lost_range"] is not None:
-            print(
-                f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
-                f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped"
-            )
-    for g in status["offset_gaps"]:
-        if g["acknowledged_at"] is None:
-            print(_gap_line(g))
-    for e in status["recent_errors"]:
-        print(f"error {e['at']} {e['worker']} {e['kind']}: {e['message']}")
-    for r in status.get("recent_resets", []):
-        moves = ", ".join(
-            f"{p['topic']}[{p['partition']}] {_dash(p['old_offset'])}->{p['new_offset']}" for p in r["partitions"]
-        )
-        print(
-            f"reset #{r['id']} {r['at']} by {r['actor']} to {r['target']}: {moves}"
-            + (f" ({r['reason']})" if r["reason"] else "")
-        )
+    print("\n".join(render_status(status)))
     return 0
-
-
-def _gap_line(g: dict[str, Any]) -> str:
-    action = f"skipped at {g['skipped_at']}" if g["skipped"] else "partition stopped there"
-    ack = (
-        f"acknowledged by {g['acknowledged_by']} at {g['acknowledged_at']}"
-        if g["acknowledged_at"]
-        else "unacknowledged"
-    )
-    return (
-        f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
-        f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}"
-    )
 
 
 def cmd_gaps_list(args: argparse.Namespace) -> int:
     from ingest.status import source_gaps
+    from ingest.status_text import gap_line
 
     with Metastore(_settings().database_url) as store:
         gaps = source_gaps(store, args.source)
@@ -178,7 +123,7 @@ def cmd_gaps_list(args: argparse.Namespace) -> int:
         print(json.dumps(gaps, indent=2))
         return 0
     for g in gaps:
-        print(_gap_line(g))
+        print(gap_line(g))
     print(f"{len(gaps)} gap(s), {sum(1 for g in gaps if g['acknowledged_at'] is None)} unacknowledged")
     return 0
 
