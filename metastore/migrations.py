@@ -17,7 +17,17 @@ from ingest.redact import redact
 from metastore.connection import wrap_exceptions
 from metastore.errors import MetastoreError, SchemaMissing
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# A link to the top-level migrations/ folder in a checkout; a folder of copies in an installed
+# wheel (package data).
+MIGRATIONS_DIR = Path(__file__).parent / "schema"
+
+
+def _read_migrations() -> Any:
+    migrations = read_migrations(str(MIGRATIONS_DIR))
+    if not migrations:
+        # An incomplete installation must not report "up to date" on an empty database.
+        raise MetastoreError(f"no migrations found in {MIGRATIONS_DIR}: the installation is incomplete")
+    return migrations
 
 
 def yoyo_url(database_url: str) -> str:
@@ -46,7 +56,7 @@ def _backend(database_url: str) -> Iterator[Any]:
 def apply_migrations(database_url: str) -> list[str]:
     """Apply every pending migration; returns the ids applied (empty: already up to date)."""
     with _backend(database_url) as backend:
-        migrations = read_migrations(str(MIGRATIONS_DIR))
+        migrations = _read_migrations()
         with backend.lock():
             pending = backend.to_apply(migrations)
             backend.apply_migrations(pending)
@@ -56,7 +66,7 @@ def apply_migrations(database_url: str) -> list[str]:
 def pending_migrations(database_url: str) -> list[str]:
     """Ids of the migrations not applied yet (empty: the schema is what this release needs)."""
     with _backend(database_url) as backend:
-        return [m.id for m in backend.to_apply(read_migrations(str(MIGRATIONS_DIR)))]
+        return [m.id for m in backend.to_apply(_read_migrations())]
 
 
 def require_current_schema(database_url: str) -> None:

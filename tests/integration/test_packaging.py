@@ -1,0 +1,56 @@
+"""A regular (non-editable) install: the wheel carries the metastore's SQL and the schema
+migrations, so ``ingest migrate`` from it creates the schema on an empty database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+import venv
+from pathlib import Path
+
+import pytest
+
+from ingest.embedded import PostgresServer
+from metastore import Metastore
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def run(*args: object, cwd: Path, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path, pg_server: PostgresServer) -> None:
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", tmp_path / "dist", REPO,
+        cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("ingest-*.whl")
+    # The dependencies (pyspark alone is hundreds of MB) come from this interpreter's site
+    # packages; the project itself only from the wheel, run from a directory without the checkout.
+    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel, cwd=tmp_path)
+    where = run(python, "-c", "import ingest, metastore.migrations as m; print(ingest.__file__); "
+                "print(m.MIGRATIONS_DIR); print(len(list(m.MIGRATIONS_DIR.glob('*.sql'))))", cwd=tmp_path).split()
+    assert all(w.startswith(str(tmp_path / "venv")) for w in where[:2]), where
+    expected = len(list((REPO / "migrations").glob("*.sql")))
+    assert int(where[2]) == expected
+
+    name = "wheel_" + uuid.uuid4().hex[:8]
+    url = pg_server.create_database(name)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("INGEST_", "PYTHONPATH"))}
+        out = run(python, "-m", "ingest", "migrate", cwd=tmp_path, env={**env, "INGEST_DATABASE_URL": url})
+        assert f"applied {expected} migration(s)" in out, out
+        with Metastore(url) as store:
+            assert store.list_sources() == []
+            tables = {r["table_name"] for r in store._connection().execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'").fetchall()}
+        assert {"ingest_sources", "ingest_partitions", "ingest_segments", "ingest_builds", "ingest_splits"} <= tables
+    finally:
+        pg_server.drop_database(name)
