@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 machine, run as root: the OS packages the tests
 # need (PostgreSQL server binaries, a Java 17+ runtime for Spark and Kafka, Maven, ps), this
-# package with its test extras, and from Maven Central (pinned by scripts/kafka/pom.xml and
+# package with its test extras (into .venv/ when python3 is Debian's own, see scripts/python),
+# and from Maven Central (pinned by scripts/kafka/pom.xml and
 # scripts/spark-jars/pom.xml, cached outside the repository) Apache Kafka's jars and Spark's
 # S3 connector.  Nothing is installed that is
 # already there, and apt's index is only refreshed when something is missing.
@@ -28,6 +29,12 @@ fi
 if ! command -v ps >/dev/null 2>&1; then
     missing+=(procps)
 fi
+# Debian's own python3 is externally managed (PEP 668): the package goes into .venv/, which
+# needs python3-venv.
+py="$(bash scripts/python --which)"
+if [[ "$py" != python3 ]] && ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
 
 if ((${#missing[@]} > 0)); then
     if [[ $(id -u) -ne 0 ]]; then
@@ -42,24 +49,29 @@ else
     say "OS packages present"
 fi
 
+if [[ "$py" != python3 && ! -x "$py" ]]; then
+    say "python3 is externally managed (PEP 668): creating the virtualenv .venv/"
+    python3 -m venv .venv
+fi
+
 # pip install -e costs ~8 s even when nothing changed: skip it while pyproject.toml is
 # unchanged since the last successful install from this checkout and the package still
 # imports from here.  The stamp lives outside the repository.
 stamp_dir="${XDG_CACHE_HOME:-$HOME/.cache}/ingest-setup"
 stamp="$stamp_dir/$(pwd | sha256sum | cut -c1-16)"
-want="$(python3 --version 2>&1) $(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$("$py" --version 2>&1) $py $(sha256sum pyproject.toml | cut -d' ' -f1)"
 here="$(pwd)"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
-    && python3 -c "import ingest, sys; sys.exit(not ingest.__file__.startswith(sys.argv[1] + '/'))" "$here" 2>/dev/null; then
+    && "$py" -c "import ingest, sys; sys.exit(not ingest.__file__.startswith(sys.argv[1] + '/'))" "$here" 2>/dev/null; then
     say "python package up to date"
 else
     say "installing python package (editable, test extras)"
-    python3 -m pip install -q --root-user-action=ignore -e '.[test]'
+    "$py" -m pip install -q --root-user-action=ignore -e '.[test]'
     mkdir -p "$stamp_dir"
     echo "$want" >"$stamp"
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
-python3 -m ingest.embedded fetch-kafka | sed 's/^/setup: /'
+"$py" -m ingest.embedded fetch-kafka | sed 's/^/setup: /'
 # hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
-python3 -m ingest.embedded fetch-spark-jars | sed 's/^/setup: /'
+"$py" -m ingest.embedded fetch-spark-jars | sed 's/^/setup: /'
 say "done"
