@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,23 @@ def _settings(require_kafka: bool = False) -> Settings:
     return settings
 
 
-def cmd_migrate(_args: argparse.Namespace) -> int:
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from ingest.config import non_negative_seconds
+    from metastore.errors import MetastoreUnavailable
+
     settings = _settings()
-    applied = apply_migrations(settings.database_url)
-    print(
-        f"applied {len(applied)} migration(s) to {redact_url(settings.database_url)}"
-        + (": " + ", ".join(applied) if applied else " (already up to date)")
-    )
+    deadline = time.monotonic() + non_negative_seconds("--wait", args.wait)
+    while True:
+        try:
+            applied = apply_migrations(settings.database_url)
+            break
+        except MetastoreUnavailable as exc:
+            if time.monotonic() + 2 > deadline:
+                raise
+            print(f"ingest migrate: waiting for PostgreSQL: {redact(str(exc))}", file=sys.stderr)
+            time.sleep(2)
+    print(f"applied {len(applied)} migration(s) to {redact_url(settings.database_url)}"
+          + (": " + ", ".join(applied) if applied else " (already up to date)"))
     return 0
 
 
@@ -337,7 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="ingest", description="Exactly-once Kafka ingestion workers")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="create or upgrade the metastore schema").set_defaults(func=cmd_migrate)
+    migrate = sub.add_parser("migrate", help="create or upgrade the metastore schema")
+    # Parsed by cmd_migrate: a bad value is a one-line ConfigError naming --wait.
+    migrate.add_argument("--wait", default="0",
+                         help="retry connecting to PostgreSQL for up to this many seconds (default: %(default)s)")
+    migrate.set_defaults(func=cmd_migrate)
 
     source = sub.add_parser("source", help="manage source specs").add_subparsers(dest="source_command", required=True)
     apply = source.add_parser("apply", help="validate and store a TOML source spec (a new version if it changed)")

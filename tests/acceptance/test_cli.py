@@ -58,6 +58,13 @@ def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka
     result = ingest(down, "segments", "x")
     assert_one_line_error(result, 7, "PostgreSQL unavailable", "ingest:***@")
     assert "s3cret" not in result.stderr
+    # migrate --wait retries connecting (PostgreSQL still starting), then gives the same one line.
+    started = time.monotonic()
+    result = ingest(down, "migrate", "--wait", "3")
+    assert time.monotonic() - started >= 2
+    assert_one_line_error(result, 7, "PostgreSQL unavailable")
+    assert "waiting for PostgreSQL" in result.stderr and "s3cret" not in result.stderr
+    assert_one_line_error(ingest(env, "migrate", "--wait", "soon"), 2, "--wait")
 
     unmigrated = {**env, "INGEST_DATABASE_URL": database_url.rsplit("/", 1)[0] + "/postgres"}
     assert_one_line_error(ingest(unmigrated, "status", "x"), 8, "ingest migrate")

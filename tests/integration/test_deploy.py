@@ -3,17 +3,25 @@ dashboard and rules only naming metrics the workers export."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from ingest.embedded import free_port
 from ingest.metrics import Metrics
+from tests.fixtures.spark_connect import port_open
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"
@@ -31,28 +39,100 @@ def referenced_metrics(expr: str) -> set[str]:
     return set(re.findall(r"\b(ingest_[a-z_]+)\b", expr))
 
 
+def rendered_compose() -> dict[str, Any]:
+    """docker-compose.yml as a compose implementation reads it (podman-compose from PyPI, which
+    renders without a container engine): anchors merged, ``$$`` unescaped."""
+    proc = subprocess.run([sys.executable, "-m", "podman_compose", "--dry-run", "-f", str(REPO / "docker-compose.yml"),
+                           "config"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = yaml.safe_load(proc.stdout)
+    return doc
+
+
 def test_compose_file_structure() -> None:
-    doc: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    doc = rendered_compose()
     services = doc["services"]
-    assert {"kafka", "postgres", "migrate", "source", "producer", "spark-connect", "worker", "prometheus",
-            "grafana"} <= set(services)
+    ours = {"migrate", "topic", "source", "producer", "spark-connect", "worker"}
+    assert ours | {"kafka", "postgres", "prometheus", "grafana"} <= set(services)
     worker = services["worker"]
     assert worker["deploy"]["replicas"] >= 2
     assert "container_name" not in worker and "ports" not in worker  # `--scale worker=N` must work
     assert worker["environment"]["INGEST_SPARK_MASTER"].startswith("sc://spark-connect:")
+    assert worker["restart"] == "unless-stopped" and "/healthz" in " ".join(worker["healthcheck"]["test"])
+    # Started only once its topic exists, the schema is migrated and Spark answers.
+    assert worker["depends_on"]["topic"]["condition"] == "service_completed_successfully"
+    assert worker["depends_on"]["source"]["condition"] == "service_completed_successfully"
+    assert worker["depends_on"]["spark-connect"]["condition"] == "service_healthy"
+    assert "--if-not-exists" in services["topic"]["command"][0]
+    assert "--wait" in services["migrate"]["command"]
+    assert "-h 127.0.0.1" in services["postgres"]["healthcheck"]["test"][1]  # TCP, not the init server's socket
+    assert any(v.endswith(":/var/lib/kafka/data") for v in services["kafka"]["volumes"])
+    assert services["kafka"]["environment"]["KAFKA_LOG_DIRS"] == "/var/lib/kafka/data"
+    for name in ("kafka", "postgres", "prometheus", "grafana"):
+        image = services[name]["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name}: pin the image version ({image})"
+    for name in ours - {"topic"}:  # one image of ours, built, never pulled
+        assert services[name]["image"] == "ingest:latest" and services[name]["pull_policy"] == "never", name
+        assert Path(services[name]["build"]["context"]) == REPO, name
     for name, service in services.items():
-        image = service.get("image")
-        if image is not None:
-            assert ":" in image and not image.endswith(":latest"), f"{name}: pin the image version ({image})"
-        else:
-            assert service.get("build") == ".", name
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
-            if not source.startswith("."):
-                assert source in doc["volumes"], f"{name}: volume {source} is not declared"
+            if source.startswith(("/", ".")):
+                assert (REPO / source).exists() or Path(source).exists(), f"{name}: {source} does not exist"
             else:
-                assert (REPO / source).exists(), f"{name}: {source} does not exist"
+                assert source in doc["volumes"], f"{name}: volume {source} is not declared"
     assert "segments:/data/segments" in services["spark-connect"]["volumes"]  # Spark writes where workers list
+
+
+def shell_commands(services: dict[str, Any]) -> list[tuple[str, str]]:
+    """(service, script) for every command a shell runs: ``bash -c`` entrypoints, CMD-SHELL checks."""
+    out = []
+    for name, service in services.items():
+        if service.get("entrypoint") in (["bash", "-c"], ["sh", "-c"]):
+            out.append((name, service["command"][0]))
+        test = service.get("healthcheck", {}).get("test", [])
+        if test[:1] == ["CMD-SHELL"]:
+            out.append((f"{name} healthcheck", test[1]))
+    return out
+
+
+def test_every_shell_command_in_compose_parses() -> None:
+    commands = shell_commands(rendered_compose()["services"])
+    assert {"spark-connect", "topic", "worker healthcheck", "postgres healthcheck"} <= {n for n, _ in commands}
+    for name, script in commands:
+        proc = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True, timeout=10)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+
+
+@pytest.mark.timeout(400)
+def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> None:
+    """The service's command itself, run by bash on this machine: only the port (a free one) and
+    the memory differ; ``python`` is this interpreter, as it is the image's."""
+    (script,) = (s for n, s in shell_commands(rendered_compose()["services"]) if n == "spark-connect")
+    assert "spark.connect.grpc.binding.port=15002" in script
+    port = free_port()
+    script = script.replace("spark.connect.grpc.binding.port=15002", f"spark.connect.grpc.binding.port={port}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "SPARK_CONNECT_MEMORY": "768m"})
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not port_open(port):
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
+            assert time.monotonic() < deadline, "the Spark Connect server did not listen within 300 s"
+            time.sleep(1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
 
 
 def test_dockerfile_installs_what_setup_installs() -> None:
