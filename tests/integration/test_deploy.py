@@ -191,3 +191,57 @@ def test_keda_scaled_object_targets_the_deployed_group_topic_and_partition_count
     # One partition is read by one worker at a time: replicas past the partition count stand by.
     assert scaled["spec"]["maxReplicaCount"] == int(compose["services"]["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"])
     assert meta["allowIdleConsumers"] == "false"
+
+
+KUBERNETES = REPO / "deploy" / "kubernetes"
+# The validator bundles the API schemas (kubernetes-validate from PyPI): no cluster, no network.
+KUBERNETES_VERSIONS = ("1.29", "1.31")
+
+
+def kubernetes_documents() -> list[tuple[str, dict[str, Any]]]:
+    return [(path.name, doc) for path in sorted(KUBERNETES.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def test_kubernetes_manifests_validate_offline_against_the_api_schemas() -> None:
+    import kubernetes_validate
+
+    checked = set()
+    for name, doc in kubernetes_documents():
+        if doc["kind"] in ("Kustomization", "ScaledObject"):  # not core APIs (kustomize, KEDA's CRD)
+            continue
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{name} {doc['kind']} {doc['metadata']['name']} (Kubernetes {version}): {exc}")
+        checked.add(doc["kind"])
+    assert {"Deployment", "Job", "PodDisruptionBudget", "ConfigMap", "Service", "PersistentVolumeClaim"} <= checked
+
+
+def test_kubernetes_manifests_fit_together() -> None:
+    docs = {(d["kind"], d["metadata"]["name"] if "metadata" in d else name): d for name, d in kubernetes_documents()}
+    kustomization = next(d for (kind, _), d in docs.items() if kind == "Kustomization")
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
+    deployment = docs[("Deployment", "ingest-worker-clicks")]
+    scaled = docs[("ScaledObject", "ingest-clicks")]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    pdb = docs[("PodDisruptionBudget", "ingest-worker-clicks")]
+    pod = deployment["spec"]["template"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["INGEST_METRICS_PORT"]["value"] == "9400" and env["INGEST_METRICS_HOST"]["value"] == "0.0.0.0"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "secretKeyRef" in env["INGEST_DATABASE_URL"]["valueFrom"]  # never a literal password
+    # SIGTERM drains (publish or drop what is in flight) within the grace period.
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 60
+    migrate = docs[("Job", "ingest-migrate")]["spec"]["template"]["spec"]["containers"][0]
+    assert migrate["args"][:1] == ["migrate"] and "--wait" in migrate["args"]
+    # The ConfigMap carries deploy/clicks.toml as it is, and the worker runs that source.
+    spec_text = docs[("ConfigMap", "ingest-source-clicks")]["data"]["clicks.toml"]
+    assert spec_text == (REPO / "deploy" / "clicks.toml").read_text()
+    assert container["args"] == ["worker", tomllib.loads(spec_text)["name"]]
