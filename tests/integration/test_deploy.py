@@ -161,11 +161,25 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
     dashboard = json.loads((REPO / "deploy" / "grafana" / "dashboards" / "ingest.json").read_text())
-    exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     assert len(exprs) > 10
     for expr in exprs:
         unknown = referenced_metrics(expr) - exported - recorded
         assert not unknown, f"{expr!r} names metrics no worker exports: {unknown}"
+
+
+def test_the_dashboard_shows_every_metric_family_with_units_and_legends() -> None:
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "dashboards" / "ingest.json").read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    shown = {m for p in panels for t in p["targets"] for m in referenced_metrics(t["expr"])}
+    families = {m.name for m in Metrics("x").registry.collect()}
+    missing = {f for f in families if not any(s == f or s.startswith(f + "_") for s in shown)}
+    assert not missing, f"metric families no panel shows: {sorted(missing)}"
+    for panel in panels:
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
+        for target in panel["targets"]:
+            assert target.get("legendFormat"), f"{panel['title']}: {target['expr']} has no legend"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
 
 def test_kafka_version_is_one_across_compose_tests_and_the_embedded_broker() -> None:
