@@ -1,4 +1,12 @@
 # The worker image: the same steps scripts/setup.sh runs on a fresh Debian 12 machine.
+
+# Spark's S3 connector (hadoop-aws, the AWS SDK modules it uses, the committer binding) from
+# Maven Central, pinned by scripts/spark-jars/pom.xml: loaded by the workers' local Spark and by
+# the Spark Connect service when a segment store is s3a://.
+FROM maven:3.9.9-eclipse-temurin-17 AS spark-jars
+COPY scripts/spark-jars/pom.xml /build/pom.xml
+RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies -DoutputDirectory=/build/libs
+
 FROM python:3.11.11-slim-bookworm
 
 RUN apt-get update \
@@ -19,10 +27,13 @@ COPY metastore ./metastore
 COPY migrations ./migrations
 RUN pip install --no-cache-dir --no-deps . && rm -rf build
 
+COPY --from=spark-jars /build/libs /opt/ingest/spark-jars
+
 RUN useradd --create-home --uid 10001 ingest && mkdir -p /data/segments && chown ingest /data/segments
 USER ingest
 
-ENV INGEST_METRICS_HOST=0.0.0.0 \
+ENV INGEST_SPARK_JARS_DIR=/opt/ingest/spark-jars \
+    INGEST_METRICS_HOST=0.0.0.0 \
     INGEST_METRICS_PORT=9400 \
     INGEST_LOG_FORMAT=json
 EXPOSE 9400

@@ -520,8 +520,15 @@ def _kafka_jar(libs: Path) -> Path | None:
 SPARK_JARS_POM = Path(__file__).resolve().parent.parent / "scripts" / "spark-jars" / "pom.xml"
 
 
+SPARK_JARS_ENV = "INGEST_SPARK_JARS_DIR"
+
+
 def spark_jars_dir() -> Path:
-    return _maven_cache(SPARK_JARS_POM, "spark-jars")
+    """Where the S3 connector's jars live: ``$INGEST_SPARK_JARS_DIR`` (the image sets it: an
+    installed package has no scripts/ folder), else the Maven cache of
+    ``scripts/spark-jars/pom.xml``."""
+    explicit = os.environ.get(SPARK_JARS_ENV)
+    return Path(explicit) if explicit else _maven_cache(SPARK_JARS_POM, "spark-jars")
 
 
 def _has_hadoop_aws(libs: Path) -> bool:

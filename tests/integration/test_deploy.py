@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.embedded import free_port
+from ingest.embedded import free_port, spark_jars_dir
 from ingest.metrics import Metrics
 from tests.fixtures.spark_connect import port_open
 
@@ -116,7 +116,9 @@ def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> No
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
-    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "SPARK_CONNECT_MEMORY": "768m"})
+    # The image's S3 connector jars (INGEST_SPARK_JARS_DIR is set in the Dockerfile): here, the cache.
+    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "SPARK_CONNECT_MEMORY": "768m",
+                "INGEST_SPARK_JARS_DIR": str(spark_jars_dir())})
     proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -140,6 +142,12 @@ def test_dockerfile_installs_what_setup_installs() -> None:
     assert re.search(r"^FROM python:3\.11\.\d+-slim-bookworm$", dockerfile, re.MULTILINE)
     assert "openjdk-17-jre-headless" in dockerfile and "pip install" in dockerfile
     assert 'ENTRYPOINT ["ingest"]' in dockerfile
+    # The S3 connector from the same pom setup.sh fetches, where ingest.embedded looks for it.
+    assert "scripts/spark-jars/pom.xml" in dockerfile
+    assert "ENV INGEST_SPARK_JARS_DIR=/opt/ingest/spark-jars" in dockerfile
+    assert not re.search(r"pip install .*-e ", dockerfile)  # not editable
+    ignored = (REPO / ".dockerignore").read_text().splitlines()
+    assert {"!ingest/", "!metastore/", "!migrations/", "!scripts/spark-jars/pom.xml"} <= set(ignored)
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
