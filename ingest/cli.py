@@ -40,7 +40,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + non_negative_seconds("--wait", args.wait)
     while True:
         try:
-            applied = apply_migrations(settings.database_url)
+            applied = apply_migrations(settings.database_url, break_lock=args.break_lock)
             break
         except MetastoreUnavailable as exc:
             if time.monotonic() + 2 > deadline:
@@ -352,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Parsed by cmd_migrate: a bad value is a one-line ConfigError naming --wait.
     migrate.add_argument("--wait", default="0",
                          help="retry connecting to PostgreSQL for up to this many seconds (default: %(default)s)")
+    migrate.add_argument("--break-lock", action="store_true",
+                         help="remove a migration lock left by a run that died (only when no other migrate runs)")
     migrate.set_defaults(func=cmd_migrate)
 
     source = sub.add_parser("source", help="manage source specs").add_subparsers(dest="source_command", required=True)

@@ -91,3 +91,9 @@ def first_line(exc: BaseException) -> str:
     hundreds of lines), capped, or its type name when it has no message."""
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """A value for an error line: its repr, cut short (a 400-digit number is one line, not ten)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,13 +7,14 @@ stores it) without loss.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, shown
 from ingest.model import StartFrom
 from ingest.store_uri import canonical_store_uri
 
@@ -100,49 +101,60 @@ def validate_source_name(name: object) -> str:
     """Source names become directory names and SQL values; allow a safe subset only."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ConfigError(
-            f"name: {name!r} is not a valid source name "
+            f"name: {shown(name)} is not a valid source name "
             "(lower-case letter first, then up to 62 of a-z 0-9 _ -)"
         )
     return name
 
 
+# Bounds for numbers in a spec: anything larger is a typo, and would overflow later.
+_MAX_COUNT = 10**15
+_MAX_DURATION_S = 10.0**9  # ~31 years
+
+
 def parse_size(field: str, value: object) -> int:
     if isinstance(value, bool):
-        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {value!r}")
+        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {shown(value)}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and (m := _SIZE_RE.fullmatch(value)):
         size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()])
     else:
-        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {value!r}")
+        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {shown(value)}")
     if size <= 0:
-        raise ConfigError(f"{field}: must be positive, got {value!r}")
+        raise ConfigError(f"{field}: must be positive, got {shown(value)}")
+    if size > _MAX_COUNT:
+        raise ConfigError(f"{field}: at most {_MAX_COUNT} bytes, got {shown(value)}")
     return size
 
 
 def parse_duration(field: str, value: object) -> float:
     if isinstance(value, bool):
-        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {value!r}")
+        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {shown(value)}")
+    if isinstance(value, int) and abs(value) > _MAX_DURATION_S:
+        raise ConfigError(f"{field}: too large, got {shown(value)}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str) and (m := _DURATION_RE.fullmatch(value)):
         seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
     else:
-        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {value!r}")
+        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {shown(value)}")
+    if not math.isfinite(seconds) or seconds > _MAX_DURATION_S:
+        raise ConfigError(f"{field}: expected a finite duration of at most {_MAX_DURATION_S:.0f} s, got {shown(value)}")
     if seconds <= 0:
-        raise ConfigError(f"{field}: must be positive, got {value!r}")
+        raise ConfigError(f"{field}: must be positive, got {shown(value)}")
     return seconds
 
 
 def _positive_int(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{field}: expected a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_COUNT:
+        raise ConfigError(f"{field}: expected a positive integer up to {_MAX_COUNT}, got {shown(value)}")
     return value
 
 
 def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in allowed:
-        raise ConfigError(f"{field}: {value!r} is not one of {', '.join(allowed)}")
+        raise ConfigError(f"{field}: {shown(value)} is not one of {', '.join(allowed)}")
     return value
 
 
@@ -159,10 +171,10 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
 
     topics = doc["topics"]
     if not isinstance(topics, list) or not topics:
-        raise ConfigError(f"topics: expected a non-empty list of topic names, got {topics!r}")
+        raise ConfigError(f"topics: expected a non-empty list of topic names, got {shown(topics)}")
     for topic in topics:
         if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic):
-            raise ConfigError(f"topics: {topic!r} is not a valid Kafka topic name")
+            raise ConfigError(f"topics: {shown(topic)} is not a valid Kafka topic name")
     if len(set(topics)) != len(topics):
         raise ConfigError("topics: lists a topic twice")
 
@@ -177,17 +189,19 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
                 "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
             )
         if not isinstance(ctype, str) or ctype.strip().lower() not in ALLOWED_TYPES:
-            raise ConfigError(f"schema.{column}: type {ctype!r} is not one of {', '.join(ALLOWED_TYPES)}")
+            raise ConfigError(f"schema.{column}: type {shown(ctype)} is not one of {', '.join(ALLOWED_TYPES)}")
         columns.append((column, ctype.strip().lower()))
     if len({c.lower() for c, _ in columns}) != len(columns):
         raise ConfigError("schema: column names must be unique ignoring case")
 
     event_time = doc["event_time"]
     types = dict(columns)
+    if not isinstance(event_time, str):
+        raise ConfigError(f"event_time: expected the name of a timestamp column, got {shown(event_time)}")
     if event_time not in types:
-        raise ConfigError(f"event_time: {event_time!r} is not a column of [schema]")
+        raise ConfigError(f"event_time: {shown(event_time)} is not a column of [schema]")
     if types[event_time] != "timestamp":
-        raise ConfigError(f"event_time: column {event_time!r} must have type timestamp, has {types[event_time]}")
+        raise ConfigError(f"event_time: column {shown(event_time)} must have type timestamp, has {types[event_time]}")
 
     split_doc = doc.get("split", {})
     if not isinstance(split_doc, dict):
@@ -211,7 +225,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     group = doc.get("consumer_group", "")
     if not isinstance(group, str) or (group and not _TOPIC_RE.fullmatch(group)):
         raise ConfigError(f"consumer_group: expected a Kafka group id of letters, digits, '.', '_' and '-', "
-                          f"got {group!r}")
+                          f"got {shown(group)}")
 
     return SourceSpec(
         name=name,
@@ -244,4 +258,6 @@ def load_spec_file(path: Path) -> tuple[SourceSpec, str]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"spec file {path} is not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"spec file {path}: arrays or tables nested too deeply") from None
     return spec_from_dict(doc, base_dir=path.resolve().parent), text

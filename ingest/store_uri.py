@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, shown
 
 _ALIASES = {"file": "file", "local": "file", "s3": "s3a", "s3a": "s3a", "s3n": "s3a", "gs": "gs",
             "abfs": "abfs", "abfss": "abfss"}
@@ -36,31 +36,31 @@ def canonical_store_uri(value: object, field: str = "segment_store", base_dir: P
     """The canonical form of a store URI (see the module docstring), or a ConfigError
     naming ``field``. Relative paths are taken from ``base_dir`` (default: the cwd)."""
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{field}: expected a URI such as {EXAMPLE}, got {value!r}")
+        raise ConfigError(f"{field}: expected a URI such as {EXAMPLE}, got {shown(value)}")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) or value != value.strip():
-        raise ConfigError(f"{field}: {value!r} contains whitespace or control characters")
+        raise ConfigError(f"{field}: {shown(value)} contains whitespace or control characters")
     for char, what in _FORBIDDEN.items():
         if char in value:
-            raise ConfigError(f"{field}: {what} is not allowed in a store URI, got {value!r}")
+            raise ConfigError(f"{field}: {what} is not allowed in a store URI, got {shown(value)}")
     match = _SCHEME_RE.fullmatch(value)
     if match is None or len(match.group(1)) == 1:  # a Windows drive letter is no scheme
         return _file_uri(field, value, value, base_dir)
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme not in _ALIASES:
-        raise ConfigError(f"{field}: unknown scheme {scheme!r} in {value!r} "
+        raise ConfigError(f"{field}: unknown scheme {shown(scheme)} in {shown(value)} "
                           f"(one of: {', '.join(sorted(_ALIASES))}; plain paths are local files)")
     scheme = _ALIASES[scheme]
     if scheme == "file":
         if rest.startswith("//"):
             authority, _, path = rest[2:].partition("/")
             if authority not in ("", "localhost"):
-                raise ConfigError(f"{field}: file URIs name no host (file:///path), got {value!r}")
+                raise ConfigError(f"{field}: file URIs name no host (file:///path), got {shown(value)}")
             rest = "/" + path
         if not rest.startswith("/"):
-            raise ConfigError(f"{field}: file URIs must be absolute (file:///path), got {value!r}")
+            raise ConfigError(f"{field}: file URIs must be absolute (file:///path), got {shown(value)}")
         return _file_uri(field, rest, value, base_dir)
     if not rest.startswith("//"):
-        raise ConfigError(f"{field}: expected {scheme}://bucket/prefix, got {value!r}")
+        raise ConfigError(f"{field}: expected {scheme}://bucket/prefix, got {shown(value)}")
     authority, _, path = rest[2:].partition("/")
     _check_authority(field, scheme, authority, value)
     segments = _segments(field, path, value)
@@ -83,7 +83,7 @@ def _file_uri(field: str, path: str, value: str, base_dir: Path | None) -> str:
         p = (base_dir or Path.cwd()) / p
     resolved = p.resolve()
     if resolved == Path(resolved.anchor):
-        raise ConfigError(f"{field}: the file system root is no store, got {value!r}")
+        raise ConfigError(f"{field}: the file system root is no store, got {shown(value)}")
     return "file://" + str(resolved)
 
 
@@ -92,9 +92,9 @@ def _segments(field: str, path: str, value: str) -> list[str]:
     inner = parts[1:-1] if path.startswith("/") else parts[:-1]
     for part in parts:
         if part in (".", ".."):
-            raise ConfigError(f"{field}: '.' and '..' segments are not allowed in a store URI, got {value!r}")
+            raise ConfigError(f"{field}: '.' and '..' segments are not allowed in a store URI, got {shown(value)}")
     if any(p == "" for p in inner):
-        raise ConfigError(f"{field}: empty path segment ('//') in {value!r}")
+        raise ConfigError(f"{field}: empty path segment ('//') in {shown(value)}")
     return [p for p in parts if p]
 
 
@@ -111,7 +111,7 @@ def _check_authority(field: str, scheme: str, authority: str, value: str) -> Non
                           "environment and the Hadoop / AWS settings, never from the spec), got "
                           f"{_without_userinfo(value)!r}")
     if not _BUCKET_RE.fullmatch(authority) or ".." in authority:
-        raise ConfigError(f"{field}: {authority!r} is not a valid bucket name in {value!r}")
+        raise ConfigError(f"{field}: {shown(authority)} is not a valid bucket name in {shown(value)}")
 
 
 def _without_userinfo(value: str) -> str:

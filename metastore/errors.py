@@ -36,6 +36,10 @@ class SourceNotFound(MetastoreError):
         self.name = name
 
 
+class MigrationLocked(MetastoreError):
+    """Another migration run holds yoyo's lock row, or a dead one left it behind."""
+
+
 class PublishConflict(MetastoreError):
     """The publish check failed: this worker no longer owns the partition (``serial``),
     the split does not start at the stored next offset (``offset``), the partition row

@@ -11,11 +11,12 @@ from urllib.parse import urlencode
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 from yoyo.connections import BadConnectionURI
+from yoyo.exceptions import LockTimeout
 
 from ingest.errors import first_line
 from ingest.redact import redact
 from metastore.connection import wrap_exceptions
-from metastore.errors import MetastoreError, SchemaMissing
+from metastore.errors import MetastoreError, MigrationLocked, SchemaMissing
 
 # A link to the top-level migrations/ folder in a checkout; a folder of copies in an installed
 # wheel (package data).
@@ -53,13 +54,24 @@ def _backend(database_url: str) -> Iterator[Any]:
             backend.connection.close()
 
 
-def apply_migrations(database_url: str) -> list[str]:
-    """Apply every pending migration; returns the ids applied (empty: already up to date)."""
+def apply_migrations(database_url: str, *, break_lock: bool = False, lock_timeout_s: float = 10.0) -> list[str]:
+    """Apply every pending migration; returns the ids applied (empty: already up to date).
+
+    Concurrent runs are serialized by yoyo's lock row. A run killed while holding it leaves the
+    row behind: ``break_lock`` removes it first (only when no other run is in progress)."""
     with _backend(database_url) as backend:
         migrations = _read_migrations()
-        with backend.lock():
-            pending = backend.to_apply(migrations)
-            backend.apply_migrations(pending)
+        if break_lock:
+            backend.break_lock()
+        try:
+            with backend.lock(timeout=lock_timeout_s):
+                pending = backend.to_apply(migrations)
+                backend.apply_migrations(pending)
+        except LockTimeout as exc:
+            holder = str(exc).split(" (run yoyo", 1)[0]
+            raise MigrationLocked(f"the migration lock is held ({holder}) after {lock_timeout_s:g} s: another "
+                                  "`ingest migrate` is running, or one died holding it; if none is running, run "
+                                  "`ingest migrate --break-lock`") from None
         return [m.id for m in pending]
 
 

@@ -203,3 +203,13 @@ def test_gc_during_a_delayed_publish_loses_nothing(tmp_path: Path, database_url:
     worker.stop()
     assert worker.error is None
     assert_exactly_once(database_url, source, produced)  # reads every published file
+
+
+def test_a_stale_migration_lock_is_one_line_and_break_lock_clears_it(database_url: str, kafka_bootstrap: str) -> None:
+    env = process_env(database_url, kafka_bootstrap)
+    # What a migrate killed while holding yoyo's lock leaves behind.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO yoyo_lock (locked, ctime, pid) VALUES (1, now(), 4242)")
+    assert_one_line_error(ingest(env, "migrate"), 1, "migration lock is held", "4242", "--break-lock")
+    result = ingest(env, "migrate", "--break-lock")
+    assert result.returncode == 0 and "already up to date" in result.stdout, result.stderr
