@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ingest.config import Settings
+from ingest.config import Settings, non_negative_seconds
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging, install_excepthooks
 from ingest.model import PartitionReset, TopicPartition
@@ -33,7 +33,6 @@ def _settings(require_kafka: bool = False) -> Settings:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from ingest.config import non_negative_seconds
     from metastore.errors import MetastoreUnavailable
 
     settings = _settings()
@@ -155,31 +154,52 @@ def cmd_gaps_ack(args: argparse.Namespace) -> int:
     return 0
 
 
+# How often drain and terminate say what they are still waiting for.
+PROGRESS_EVERY_S = 5.0
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    """``--timeout``: a positive, finite number of seconds (0, -5 or nan would never or always time out)."""
+    seconds = non_negative_seconds("--timeout", args.timeout)
+    if seconds == 0:
+        raise ConfigError(f"--timeout: expected a positive number of seconds, got {args.timeout!r}")
+    return seconds
+
+
+def _wait_drained(store: Metastore, source: str, timeout_s: float, what: str) -> list[str]:
+    """Wait until every live worker of ``source`` reports drained, saying every few seconds
+    which are not; returns those still not drained at the timeout (empty: all drained)."""
+    deadline = time.monotonic() + timeout_s
+    next_progress = time.monotonic() + PROGRESS_EVERY_S
+    while True:
+        pending = [f"{w['worker']} ({w['state']})" for w in store.live_workers(source) if w["state"] != "drained"]
+        now = time.monotonic()
+        if not pending or now >= deadline:
+            return pending
+        if now >= next_progress:
+            print(f"source {source}: {what}: waiting for {len(pending)} worker(s): {', '.join(pending)} "
+                  f"({deadline - now:.0f} s left)", flush=True)
+            next_progress = now + PROGRESS_EVERY_S
+        time.sleep(0.5)
+
+
 def cmd_control(args: argparse.Namespace) -> int:
     """suspend / resume / drain: set the source's desired state; workers act within seconds."""
-    import time
-
     state = {"suspend": "suspended", "resume": "running", "drain": "draining"}[args.command]
+    timeout_s = _timeout(args) if args.command == "drain" else 0.0
     settings = _settings()
     with Metastore(settings.database_url) as store:
         store.set_control(args.source, state, stay=getattr(args, "stay", False))
-        print(f"source {args.source}: desired state {state}")
+        print(f"source {args.source}: desired state {state}", flush=True)
         if args.command != "drain":
             return 0
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            workers = store.live_workers(args.source)
-            pending = [w["worker"] for w in workers if w["state"] != "drained"]
-            if not pending:
-                print(f"source {args.source}: drained ({len(workers)} worker(s) idle, every fetched record published)")
-                return 0
-            time.sleep(1.0)
-        print(
-            f"ingest: error: drain of {args.source} timed out after {args.timeout:.0f}s; still draining: "
-            + ", ".join(pending),
-            file=sys.stderr,
-        )
+        pending = _wait_drained(store, args.source, timeout_s, "draining")
+    if pending:
+        print(f"ingest: error: drain of {args.source} timed out after {timeout_s:g} s; still draining: "
+              + ", ".join(pending), file=sys.stderr)
         return 1
+    print(f"source {args.source}: drained (every fetched record published)")
+    return 0
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -195,7 +215,6 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ingest.config import non_negative_seconds
     from ingest.errors import ConfigError
     from ingest.gc import MIN_GRACE_S, collect_garbage
 
@@ -313,28 +332,26 @@ def _reset_effect(p: PartitionReset) -> str:
 
 def cmd_terminate(args: argparse.Namespace) -> int:
     """Drain every worker (they publish what they hold and exit), then mark the source terminated."""
-    import time
-
+    timeout_s = _timeout(args)
     with Metastore(_settings().database_url) as store:
         if store.control(args.source).terminated:
             print(f"source {args.source}: already terminated")
             return 0
         store.set_control(args.source, "terminating")
-        print(f"source {args.source}: terminating (workers publish what they hold and exit)")
-        deadline = time.monotonic() + args.timeout
-        while True:
-            pending = [w["worker"] for w in store.live_workers(args.source) if w["state"] != "drained"]
-            if not pending:
-                break
-            if time.monotonic() >= deadline:
-                print(
-                    f"ingest: error: terminate of {args.source} timed out after {args.timeout:.0f}s; still "
-                    "draining: " + ", ".join(pending) + " (the source stays terminating; re-run to wait again)",
-                    file=sys.stderr,
-                )
+        print(f"source {args.source}: terminating (workers publish what they hold and exit)", flush=True)
+        pending = _wait_drained(store, args.source, timeout_s, "terminating")
+        if pending:
+            print(f"ingest: error: terminate of {args.source} timed out after {timeout_s:g} s; still draining: "
+                  + ", ".join(pending) + " (the source stays terminating; re-run to wait again)", file=sys.stderr)
+            return 1
+        if not store.mark_terminated(args.source):
+            # Another terminate finished first (fine), or the state was changed under us (by a
+            # release that let other controls override terminating): never claim what is not so.
+            state = store.control(args.source).desired_state
+            if state != "terminated":
+                print(f"ingest: error: source {args.source} was not terminated: its state changed to {state} "
+                      "while its workers drained", file=sys.stderr)
                 return 1
-            time.sleep(0.5)
-        store.mark_terminated(args.source)
     print(f"source {args.source}: terminated (segments, status and history stay queryable)")
     return 0
 
@@ -380,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     terminate = sub.add_parser("terminate", help="drain every worker, then mark the source terminated")
     terminate.add_argument("source")
-    terminate.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default %(default)s)")
+    terminate.add_argument("--timeout", default="300", help="seconds to wait (default %(default)s)")
     terminate.set_defaults(func=cmd_terminate)
 
     worker = sub.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
@@ -405,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("source")
         if name == "drain":
             p.add_argument("--stay", action="store_true", help="keep drained workers running, idle")
-            p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default %(default)s)")
+            p.add_argument("--timeout", default="300", help="seconds to wait (default %(default)s)")
         p.set_defaults(func=cmd_control)
 
     gaps = sub.add_parser("gaps", help="the gap ledger: offsets no longer in the log when they were needed")

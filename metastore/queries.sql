@@ -143,9 +143,11 @@ SELECT topic, partition, last_event_time, segments, publish_conflicts
 FROM ingest_partition_status WHERE source = %(source)s ORDER BY topic, partition;
 
 -- name: set_control
--- A terminated source stays terminated until `ingest source apply --reactivate`.
+-- A terminated source stays terminated until `ingest source apply --reactivate`; while it is
+-- terminating, only terminate itself applies (suspend, resume or drain would undo the drain).
 UPDATE ingest_sources SET desired_state = %(state)s, drain_stay = %(stay)s, control_changed_at = now()
-WHERE name = %(name)s AND desired_state <> 'terminated'
+WHERE name = %(name)s
+  AND (desired_state NOT IN ('terminated', 'terminating') OR (desired_state = 'terminating' AND %(state)s = 'terminating'))
 RETURNING name;
 
 -- name: mark_terminated

@@ -287,8 +287,8 @@ class Metastore:
 
     def set_control(self, source: str, state: str, stay: bool = False) -> None:
         if not self._fetch("set_control", name=source, state=state, stay=stay):
-            self.control(source)  # SourceNotFound for an unknown source
-            raise SourceTerminated(source)
+            current = self.control(source)  # SourceNotFound for an unknown source
+            raise SourceTerminated(source, current.desired_state)
 
     def mark_terminated(self, source: str) -> bool:
         """terminating -> terminated (after the drain). False if the source is not terminating."""

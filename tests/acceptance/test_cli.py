@@ -213,3 +213,38 @@ def test_a_stale_migration_lock_is_one_line_and_break_lock_clears_it(database_ur
     assert_one_line_error(ingest(env, "migrate"), 1, "migration lock is held", "4242", "--break-lock")
     result = ingest(env, "migrate", "--break-lock")
     assert result.returncode == 0 and "already up to date" in result.stdout, result.stderr
+
+
+def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str,
+) -> None:
+    env = process_env(database_url, kafka_bootstrap)
+    name, spec = write_spec(tmp_path, "t-" + uuid.uuid4().hex[:6])
+    apply_spec(database_url, spec)
+    for bad in ("0", "-5", "nan", "inf", "soon"):
+        assert_one_line_error(ingest(env, "drain", name, "--timeout", bad), 2, "--timeout")
+    assert_one_line_error(ingest(env, "terminate", name, "--timeout", "nan"), 2, "--timeout")
+    with Metastore(database_url) as store:
+        store.heartbeat(name, "w-busy", "host-1", 1, "test", "running", [])
+    # A worker that does not drain: the wait says whom it waits for, then times out in one line.
+    result = ingest(env, "drain", name, "--timeout", "7", timeout=60)
+    assert "waiting for 1 worker(s): w-busy (running)" in result.stdout, result.stdout
+    assert_one_line_error(result, 1, "timed out after 7 s", "w-busy")
+
+    proc = subprocess.Popen([sys.executable, "-m", "ingest", "terminate", name, "--timeout", "60"], env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with Metastore(database_url) as store:
+            wait_until(lambda: store.control(name).desired_state == "terminating", 30, "terminate to begin")
+        # While terminating, no other control applies (each would undo the drain).
+        for command in ("suspend", "resume", "drain"):
+            assert_one_line_error(ingest(env, command, name), 9, "being terminated")
+        with psycopg.connect(database_url, autocommit=True) as conn:  # as a release without that guard would
+            conn.execute("UPDATE ingest_sources SET desired_state = 'running' WHERE name = %s", (name,))
+        with Metastore(database_url) as store:
+            store.heartbeat(name, "w-busy", "host-1", 1, "test", "drained", [])
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "was not terminated" in err and "running" in err, (out, err)
+    assert "terminated (" not in out
