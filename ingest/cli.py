@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +92,35 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _since(value: str) -> datetime:
+    """``--since``: an ISO 8601 time (UTC unless it says otherwise) or an age such as 30m, 2h."""
+    from ingest.spec import parse_duration
+
+    if re.fullmatch(r"\d+(\.\d+)?(ms|s|m|h)", value):
+        return datetime.now(UTC) - timedelta(seconds=parse_duration("--since", value))
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"--since: expected a time such as 2026-11-25T04:00:00Z or an age such as 30m, "
+                          f"got {value!r}") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _positive_int_arg(name: str, value: str) -> int:
+    from ingest.config import is_digits
+
+    if not is_digits(value) or not 0 < int(value) <= 10**9:
+        raise ConfigError(f"{name}: expected a positive whole number, got {value!r}")
+    return int(value)
+
+
 def cmd_segments(args: argparse.Namespace) -> int:
     from ingest.status import source_segments
 
+    since = _since(args.since) if args.since else None
+    limit = _positive_int_arg("--limit", args.limit) if args.limit is not None else None
     with Metastore(_settings().database_url) as store:
-        segments = source_segments(store, args.source)
+        segments = source_segments(store, args.source, since, limit)
     if args.json:
         print(json.dumps(segments, indent=2))
         return 0
@@ -411,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("source")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "segments":
+            p.add_argument("--since", help="only segments published since this time (ISO 8601, UTC by default) "
+                                           "or this long ago (30m, 2h)")
+            p.add_argument("--limit", help="only the newest N segments")
         p.set_defaults(func=func)
 
     for name, help_text in (

@@ -153,10 +153,11 @@ def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
              "acknowledged_by": g["acknowledged_by"]} for g in store.gaps(source)]
 
 
-def source_segments(store: Metastore, source: str) -> list[dict[str, Any]]:
+def source_segments(store: Metastore, source: str, since: datetime | None = None,
+                    limit: int | None = None) -> list[dict[str, Any]]:
     store.latest_spec(source)  # raises SourceNotFound for an unknown source
     out = []
-    for r in store.segments(source):
+    for r in store.segments(source, since, limit):
         out.append({
             "id": r["id"], "split_id": str(r["split_id"]), "spec_version": r["spec_version"], "worker": r["worker"],
             "location": r["location"], "files": list(r["files"]), "rows": r["row_count"], "bytes": r["size_bytes"],

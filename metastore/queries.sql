@@ -90,6 +90,9 @@ SELECT * FROM ingest_lock_ranges(%(source)s, %(topics)s::text[], %(partitions)s:
 SELECT id FROM ingest_segments WHERE split_id = %(split_id)s;
 
 -- name: list_segments
+-- A source's segments, oldest first: all of them (since and limit NULL), or for `ingest segments
+-- --since --limit` the newest `limit` published at or after `since`.
+SELECT * FROM (
 SELECT s.id, s.split_id, s.spec_version, s.worker, s.location, s.files, s.row_count, s.size_bytes,
        s.min_event_time, s.max_event_time, s.rejects_location, s.rejects_files, s.rejects_count,
        s.skipped_count, s.published_at,
@@ -97,9 +100,11 @@ SELECT s.id, s.split_id, s.spec_version, s.worker, s.location, s.files, s.row_co
                                            'start', r.start_offset, 'end', r.end_offset)
                          ORDER BY r.topic, r.partition) FILTER (WHERE r.segment_id IS NOT NULL), '[]') AS ranges
 FROM ingest_segments s LEFT JOIN ingest_segment_ranges r ON r.segment_id = s.id
-WHERE s.source = %(source)s
+WHERE s.source = %(source)s AND (%(since)s::timestamptz IS NULL OR s.published_at >= %(since)s::timestamptz)
 GROUP BY s.id
-ORDER BY s.id;
+ORDER BY s.id DESC
+LIMIT %(limit)s
+) newest ORDER BY id;
 
 -- name: list_partitions
 SELECT p.topic, p.partition, p.next_offset, p.initial_position, p.serial, p.owner, p.assigned_at,

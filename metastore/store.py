@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, cast
 
 import psycopg
@@ -390,8 +391,10 @@ class Metastore:
 
     # -- reading --------------------------------------------------------------------
 
-    def segments(self, source: str) -> list[Row]:
-        return self._fetch("list_segments", source=source)
+    def segments(self, source: str, since: datetime | None = None, limit: int | None = None) -> list[Row]:
+        """The source's segments, oldest first; with ``since`` / ``limit``: only those published
+        at or after ``since``, and only the newest ``limit`` of them."""
+        return self._fetch("list_segments", source=source, since=since, limit=limit)
 
     def partitions(self, source: str) -> list[Row]:
         return self._fetch("list_partitions", source=source)

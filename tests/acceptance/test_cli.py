@@ -223,6 +223,10 @@ def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
     apply_spec(database_url, spec)
     for bad in ("0", "-5", "nan", "inf", "soon"):
         assert_one_line_error(ingest(env, "drain", name, "--timeout", bad), 2, "--timeout")
+    for flag, bad in (("--since", "yesterday"), ("--since", "-5m"), ("--limit", "0"), ("--limit", "ten")):
+        assert_one_line_error(ingest(env, "segments", name, f"{flag}={bad}"), 2, flag)
+    listed = ingest(env, "segments", name, "--since", "30m", "--limit", "5", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
     assert_one_line_error(ingest(env, "terminate", name, "--timeout", "nan"), 2, "--timeout")
     with Metastore(database_url) as store:
         store.heartbeat(name, "w-busy", "host-1", 1, "test", "running", [])

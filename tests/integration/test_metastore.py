@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -91,6 +92,16 @@ def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> N
         [{"topic": "events", "partition": 0, "start": 10, "end": 25}],
     ]
     assert store.partition_state("src", T0) == (claim.serial, 25)
+
+
+def test_segments_since_and_limit_keep_the_newest_oldest_first(store: Metastore) -> None:
+    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    ids = [store.publish(item(store, T0, claim.serial, start, start + 10)) for start in (0, 10, 20, 30)]
+    assert [s["id"] for s in store.segments("src", limit=2)] == ids[2:]
+    published = {s["id"]: s["published_at"] for s in store.segments("src")}
+    assert [s["id"] for s in store.segments("src", since=published[ids[1]])] == ids[1:]
+    assert [s["id"] for s in store.segments("src", since=published[ids[1]], limit=1)] == ids[3:]
+    assert store.segments("src", since=datetime.now(UTC) + timedelta(hours=1)) == []
 
 
 def test_the_partition_status_view(store: Metastore, database_url: str) -> None:
