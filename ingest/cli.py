@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from ingest import __version__
 from ingest.config import Settings, non_negative_seconds
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging, install_excepthooks
@@ -390,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ingest.gc import DEFAULT_GRACE_S
 
     parser = argparse.ArgumentParser(prog="ingest", description="Exactly-once Kafka ingestion workers")
+    parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     migrate = sub.add_parser("migrate", help="create or upgrade the metastore schema")
     # Parsed by cmd_migrate: a bad value is a one-line ConfigError naming --wait.
@@ -480,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(DEFAULT_GRACE_S),
         help="only delete unpublished files older than this many seconds (default: %(default)s)",
     )
-    gc.add_argument("--dry-run", action="store_true")
+    gc.add_argument("--dry-run", action="store_true", help="say what would be abandoned and deleted; change nothing")
     gc.add_argument(
         "--force",
         action="store_true",

@@ -256,9 +256,12 @@ _Client = TypeVar("_Client")
 def kafka_client(factory: Callable[[dict[str, Any]], _Client], conf: Mapping[str, Any]) -> _Client:
     """A librdkafka client (Consumer, AdminClient); a property librdkafka refuses (unknown
     name, bad value) is a ConfigError naming it, not a traceback. librdkafka checks every
-    property when the client is made, before it connects anywhere."""
+    property when the client is made, before it connects anywhere. Its own log lines go
+    through the structured logger (ingest.logs.librdkafka_logger), so JSON logs stay JSON."""
+    from ingest.logs import librdkafka_logger
+
     try:
-        return factory(dict(conf))
+        return factory({"logger": librdkafka_logger(), **conf})
     except KafkaException as exc:
         error = exc.args[0]
         if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:

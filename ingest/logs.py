@@ -40,6 +40,27 @@ def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
     install_excepthooks()
 
 
+class _LibrdkafkaHandler(logging.Handler):
+    """librdkafka's own log lines (confluent-kafka hands them to a ``logging.Logger`` as
+    ``"%s [%s] %s" % (facility, client, message)``) as structured events, so JSON logs stay JSON."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) and len(record.args) == 3 else None
+        facility, client, message = args if args is not None else ("", "", record.getMessage())
+        structlog.get_logger("librdkafka").log(record.levelno, "librdkafka", facility=str(facility),
+                                               client=str(client), message=str(message))
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The logger every Kafka client is given (``ingest.config.kafka_client``)."""
+    logger = logging.getLogger("ingest.librdkafka")
+    if not any(isinstance(h, _LibrdkafkaHandler) for h in logger.handlers):
+        logger.addHandler(_LibrdkafkaHandler())
+        logger.propagate = False
+        logger.setLevel(logging.DEBUG)  # librdkafka filters by its own `log_level` / `debug`
+    return logger
+
+
 class _RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact.redact(super().format(record))

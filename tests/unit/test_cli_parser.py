@@ -1,0 +1,36 @@
+"""The command line's shape: --version, and help for every command and option."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from ingest import __version__
+from ingest.cli import build_parser
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"ingest {__version__}"
+
+
+def _commands(parser: argparse.ArgumentParser, path: str = "ingest") -> list[tuple[str, argparse.ArgumentParser]]:
+    out = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _commands(sub, f"{path} {name}")
+    return out
+
+
+def test_every_command_and_option_has_help() -> None:
+    missing = []
+    for path, parser in _commands(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{path} {a.dest}" for a in action._choices_actions if not a.help]
+            elif action.option_strings and not action.help:
+                missing.append(f"{path} {'/'.join(action.option_strings)}")
+    assert not missing, missing
