@@ -34,3 +34,22 @@ def test_every_command_and_option_has_help() -> None:
             elif action.option_strings and not action.help:
                 missing.append(f"{path} {'/'.join(action.option_strings)}")
     assert not missing, missing
+
+
+def test_the_readme_exit_code_table_matches_the_exception_classes() -> None:
+    import inspect
+    import re
+    from pathlib import Path
+
+    import ingest.errors
+    import metastore.errors
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = re.findall(r"^\| (\d+) \|.*\|([^|]*)\|$", readme, re.MULTILINE)
+    table = {int(code): raised.strip() for code, raised in rows}
+    assert {0, 1, 2, 130} <= set(table)
+    for module in (ingest.errors, metastore.errors):
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Exception) and cls.__module__ == module.__name__ and "exit_code" in vars(cls):
+                listed = table.get(cls.exit_code, "")
+                assert f"`{name}`" in listed, f"{name} (exit {cls.exit_code}) is not in the README's row"
