@@ -387,6 +387,43 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+# `ingest COMMAND --help` ends with these.
+EXAMPLES = {
+    "migrate": ["ingest migrate", "ingest migrate --wait 120      # PostgreSQL may still be starting",
+                "ingest migrate --break-lock    # a migrate died holding the lock; none runs now"],
+    "source apply": ["ingest source apply deploy/clicks.toml",
+                     "ingest source apply deploy/clicks.toml --reactivate   # run a terminated source again"],
+    "source list": ["ingest source list"],
+    "source history": ["ingest source history clicks", "ingest source history clicks --json"],
+    "worker": ["INGEST_METRICS_PORT=9400 ingest worker clicks"],
+    "status": ["ingest status clicks", "ingest status clicks --json | jq .partitions"],
+    "segments": ["ingest segments clicks --since 1h", "ingest segments clicks --limit 10 --json",
+                 "ingest segments clicks --since 2026-11-25T04:00:00Z"],
+    "health": ["ingest health clicks || echo unhealthy"],
+    "suspend": ["ingest suspend clicks"],
+    "resume": ["ingest resume clicks"],
+    "drain": ["ingest drain clicks --timeout 120   # before an upgrade", "ingest drain clicks --stay"],
+    "reset": ["ingest reset clicks --to latest --reason 'skip the backlog' --yes",
+              "ingest reset clicks --to clicks:0=1200,clicks:1=0 --yes"],
+    "terminate": ["ingest terminate clicks --timeout 600"],
+    "gaps list": ["ingest gaps list clicks"],
+    "gaps ack": ["ingest gaps ack clicks --id 3 --by alice", "ingest gaps ack clicks --all"],
+    "gc": ["ingest gc clicks --dry-run", "ingest gc clicks                 # grace: 6 h",
+           "ingest gc clicks --grace 0 --force   # only when no worker of the source runs"],
+}
+
+
+def _with_examples(parser: argparse.ArgumentParser, path: str = "") -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                command = f"{path} {name}".strip()
+                if command in EXAMPLES:
+                    sub.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[command])
+                    sub.formatter_class = argparse.RawDescriptionHelpFormatter
+                _with_examples(sub, command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ingest.gc import DEFAULT_GRACE_S
 
@@ -489,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a grace below 1 h: only when none of the source's workers is running",
     )
     gc.set_defaults(func=cmd_gc)
+    _with_examples(parser)
     return parser
 
 

@@ -53,3 +53,20 @@ def test_the_readme_exit_code_table_matches_the_exception_classes() -> None:
             if issubclass(cls, Exception) and cls.__module__ == module.__name__ and "exit_code" in vars(cls):
                 listed = table.get(cls.exit_code, "")
                 assert f"`{name}`" in listed, f"{name} (exit {cls.exit_code}) is not in the README's row"
+
+
+def test_every_command_has_examples_that_parse() -> None:
+    import shlex
+
+    from ingest.cli import EXAMPLES
+
+    leaves = [path.removeprefix("ingest ") for path, parser in _commands(build_parser())
+              if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)]
+    assert sorted(leaves) == sorted(EXAMPLES)
+    for command, lines in EXAMPLES.items():
+        for line in lines:
+            words = shlex.split(line.split("#", 1)[0].split("|", 1)[0])
+            while "=" in words[0] and words[0].split("=", 1)[0].isupper():  # VAR=value before the command
+                words.pop(0)
+            assert words[0] == "ingest" and " ".join(words[1:]).startswith(command), line
+            build_parser().parse_args(words[1:])  # SystemExit (argparse's error) fails the test
