@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ingest import __version__
 from ingest.config import Settings, non_negative_seconds
@@ -27,6 +27,19 @@ from metastore import Metastore, MetastoreError, apply_migrations, redact_url
 # wakes it must win the GIL back from the busy consumer thread, by default only after 5 ms.
 # `python -m bench.publish` shows what that does to a publish.
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+# Every --json document carries it; it changes only when a field changes meaning or goes away.
+JSON_SCHEMA_VERSION = 1
+
+
+def _emit(args: argparse.Namespace, document: dict[str, Any], lines: Sequence[str] = ()) -> None:
+    """The command's result: ``document`` as JSON under ``--json``, else the text ``lines``."""
+    if getattr(args, "json", False):
+        print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **document}, indent=2, default=str))
+    else:
+        for line in lines:
+            print(line)
 
 
 def _settings(require_kafka: bool = False) -> Settings:
@@ -49,8 +62,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 raise
             print(f"ingest migrate: waiting for PostgreSQL: {redact(str(exc))}", file=sys.stderr)
             time.sleep(2)
-    print(f"applied {len(applied)} migration(s) to {redact_url(settings.database_url)}"
-          + (": " + ", ".join(applied) if applied else " (already up to date)"))
+    where = redact_url(settings.database_url)
+    _emit(args, {"applied": applied, "database": where},
+          [f"applied {len(applied)} migration(s) to {where}" + (": " + ", ".join(applied) if applied
+                                                                 else " (already up to date)")])
     return 0
 
 
@@ -62,17 +77,18 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
         version, changed = store.apply_source(
             spec.name, spec.to_json(), text, reactivate=getattr(args, "reactivate", False)
         )
-    print(f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)"))
+    _emit(args, {"source": spec.name, "version": version, "changed": changed},
+          [f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)")])
     return 0
 
 
-def cmd_source_list(_args: argparse.Namespace) -> int:
+def cmd_source_list(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
-        for row in store.list_sources():
-            print(
-                f"{row['name']}\tversion {row['version']}\t{row['desired_state']}\t"
-                f"updated {row['updated_at'].isoformat()}"
-            )
+        rows = store.list_sources()
+    sources = [{"name": r["name"], "version": r["version"], "desired_state": r["desired_state"],
+                "updated_at": r["updated_at"].isoformat()} for r in rows]
+    _emit(args, {"sources": sources},
+          [f"{r['name']}\tversion {r['version']}\t{r['desired_state']}\tupdated {r['updated_at']}" for r in sources])
     return 0
 
 
@@ -123,7 +139,7 @@ def cmd_segments(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         segments = source_segments(store, args.source, since, limit)
     if args.json:
-        print(json.dumps(segments, indent=2))
+        _emit(args, {"source": args.source, "segments": segments})
         return 0
     print(f"{'id':>6} {'rows':>9} {'rejects':>7} {'skipped':>7}  ranges  files")
     for s in segments:
@@ -143,10 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings()
     with Metastore(settings.database_url) as store:
         status = source_status(store, settings, args.source)
-    if args.json:
-        print(json.dumps(status, indent=2))
-        return 0
-    print("\n".join(render_status(status)))
+    _emit(args, status, render_status(status))
     return 0
 
 
@@ -157,7 +170,7 @@ def cmd_gaps_list(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         gaps = source_gaps(store, args.source)
     if args.json:
-        print(json.dumps(gaps, indent=2))
+        _emit(args, {"source": args.source, "gaps": gaps})
         return 0
     for g in gaps:
         print(gap_line(g))
@@ -174,10 +187,9 @@ def cmd_gaps_ack(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         acked = store.acknowledge_gaps(args.source, by, None if args.all else args.id)
-    print(
-        f"acknowledged {len(acked)} gap(s) of {args.source} as {by}"
-        + (f": {', '.join(map(str, acked))}" if acked else "")
-    )
+    _emit(args, {"source": args.source, "acknowledged": list(acked), "by": by},
+          [f"acknowledged {len(acked)} gap(s) of {args.source} as {by}"
+           + (f": {', '.join(map(str, acked))}" if acked else "")])
     return 0
 
 
@@ -193,7 +205,7 @@ def _timeout(args: argparse.Namespace) -> float:
     return seconds
 
 
-def _wait_drained(store: Metastore, source: str, timeout_s: float, what: str) -> list[str]:
+def _wait_drained(store: Metastore, source: str, timeout_s: float, what: str, progress: TextIO) -> list[str]:
     """Wait until every live worker of ``source`` reports drained, saying every few seconds
     which are not; returns those still not drained at the timeout (empty: all drained)."""
     deadline = time.monotonic() + timeout_s
@@ -205,9 +217,14 @@ def _wait_drained(store: Metastore, source: str, timeout_s: float, what: str) ->
             return pending
         if now >= next_progress:
             print(f"source {source}: {what}: waiting for {len(pending)} worker(s): {', '.join(pending)} "
-                  f"({deadline - now:.0f} s left)", flush=True)
+                  f"({deadline - now:.0f} s left)", file=progress, flush=True)
             next_progress = now + PROGRESS_EVERY_S
         time.sleep(0.5)
+
+
+def _progress(args: argparse.Namespace) -> TextIO:
+    """Where lines written while waiting go: stdout, or stderr under --json (stdout is the document)."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -217,15 +234,17 @@ def cmd_control(args: argparse.Namespace) -> int:
     settings = _settings()
     with Metastore(settings.database_url) as store:
         store.set_control(args.source, state, stay=getattr(args, "stay", False))
-        print(f"source {args.source}: desired state {state}", flush=True)
+        print(f"source {args.source}: desired state {state}", file=_progress(args), flush=True)
         if args.command != "drain":
+            _emit(args, {"source": args.source, "desired_state": state})
             return 0
-        pending = _wait_drained(store, args.source, timeout_s, "draining")
+        pending = _wait_drained(store, args.source, timeout_s, "draining", _progress(args))
+    _emit(args, {"source": args.source, "desired_state": state, "drained": not pending, "pending": pending},
+          [] if pending else [f"source {args.source}: drained (every fetched record published)"])
     if pending:
         print(f"ingest: error: drain of {args.source} timed out after {timeout_s:g} s; still draining: "
               + ", ".join(pending), file=sys.stderr)
         return 1
-    print(f"source {args.source}: drained (every fetched record published)")
     return 0
 
 
@@ -237,7 +256,9 @@ def cmd_health(args: argparse.Namespace) -> int:
     with Metastore(settings.database_url) as store:
         status = source_status(store, settings, args.source, errors=0)
     healthy = status["state"] != "UNHEALTHY"
-    print(f"{args.source}: {'healthy' if healthy else 'unhealthy'} ({status['state']}, {status['detailed_state']})")
+    _emit(args, {"source": args.source, "healthy": healthy, "state": status["state"],
+                 "detailed_state": status["detailed_state"]},
+          [f"{args.source}: {'healthy' if healthy else 'unhealthy'} ({status['state']}, {status['detailed_state']})"])
     return 0 if healthy else 1
 
 
@@ -256,11 +277,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         result = collect_garbage(store, args.source, grace_s=grace, dry_run=args.dry_run)
     would = "would " if args.dry_run else ""
-    print(
-        f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
-        f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
-        f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building"
-    )
+    _emit(args, {"source": args.source, "dry_run": args.dry_run, "grace_s": grace, "abandoned": result.abandoned,
+                 "deleted": list(result.deleted), "swept": result.swept, "kept": result.kept,
+                 "unswept": result.unswept, "unsafe": list(result.unsafe)},
+          [f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
+           f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
+           f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building"])
     for problem in result.unsafe:
         print(f"gc: not swept, {problem}", file=sys.stderr)
     return 1 if result.unsafe else 0
@@ -272,7 +294,7 @@ def cmd_source_history(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         versions = source_history(store, args.source)
     if args.json:
-        print(json.dumps(versions, indent=2))
+        _emit(args, {"source": args.source, "versions": versions})
         return 0
     for v in versions:
         print(f"version {v['version']}\t{v['applied_at']}\t" + "; ".join(v["changes"]))
@@ -331,7 +353,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
             args.source, targets, actor=actor, reason=args.reason, target=args.to, confirmed=args.yes, earliest=earliest
         )
     if not result.partitions:
-        print(f"source {args.source}: nothing to reset (stored offsets already there)")
+        _emit(args, {"source": args.source, "reset_id": None, "partitions": []},
+              [f"source {args.source}: nothing to reset (stored offsets already there)"])
         return 0
     if result.reset_id is None:
         effects = "; ".join(f"{p.tp} {_reset_effect(p)}" for p in result.partitions if p.replayed or p.skipped)
@@ -339,13 +362,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
             f"reset of {args.source} would change what is published ({effects}); "
             "nothing changed: re-run with --yes to apply"
         )
-    print(f"source {args.source}: reset #{result.reset_id} by {actor}")
-    for p in result.partitions:
-        effect = _reset_effect(p)
-        print(
-            f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
-            + (f", {effect}" if effect else "")
-        )
+    lines = [f"source {args.source}: reset #{result.reset_id} by {actor}"]
+    lines += [f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
+              + (f", {_reset_effect(p)}" if _reset_effect(p) else "") for p in result.partitions]
+    partitions = [{"topic": p.tp.topic, "partition": p.tp.partition, "old_offset": p.old_offset,
+                   "new_offset": p.new_offset, "old_serial": p.old_serial, "new_serial": p.new_serial,
+                   "replayed": p.replayed, "skipped": p.skipped} for p in result.partitions]
+    _emit(args, {"source": args.source, "reset_id": result.reset_id, "actor": actor, "partitions": partitions}, lines)
     return 0
 
 
@@ -362,12 +385,15 @@ def cmd_terminate(args: argparse.Namespace) -> int:
     timeout_s = _timeout(args)
     with Metastore(_settings().database_url) as store:
         if store.control(args.source).terminated:
-            print(f"source {args.source}: already terminated")
+            _emit(args, {"source": args.source, "state": "terminated", "already": True},
+                  [f"source {args.source}: already terminated"])
             return 0
         store.set_control(args.source, "terminating")
-        print(f"source {args.source}: terminating (workers publish what they hold and exit)", flush=True)
-        pending = _wait_drained(store, args.source, timeout_s, "terminating")
+        print(f"source {args.source}: terminating (workers publish what they hold and exit)", file=_progress(args),
+              flush=True)
+        pending = _wait_drained(store, args.source, timeout_s, "terminating", _progress(args))
         if pending:
+            _emit(args, {"source": args.source, "state": "terminating", "pending": pending})
             print(f"ingest: error: terminate of {args.source} timed out after {timeout_s:g} s; still draining: "
                   + ", ".join(pending) + " (the source stays terminating; re-run to wait again)", file=sys.stderr)
             return 1
@@ -376,10 +402,12 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             # release that let other controls override terminating): never claim what is not so.
             state = store.control(args.source).desired_state
             if state != "terminated":
+                _emit(args, {"source": args.source, "state": state, "pending": []})
                 print(f"ingest: error: source {args.source} was not terminated: its state changed to {state} "
                       "while its workers drained", file=sys.stderr)
                 return 1
-    print(f"source {args.source}: terminated (segments, status and history stay queryable)")
+    _emit(args, {"source": args.source, "state": "terminated", "already": False},
+          [f"source {args.source}: terminated (segments, status and history stay queryable)"])
     return 0
 
 
@@ -413,15 +441,18 @@ EXAMPLES = {
 }
 
 
-def _with_examples(parser: argparse.ArgumentParser, path: str = "") -> None:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                command = f"{path} {name}".strip()
-                if command in EXAMPLES:
-                    sub.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[command])
-                    sub.formatter_class = argparse.RawDescriptionHelpFormatter
-                _with_examples(sub, command)
+def _finish(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Every command but ``worker`` (which logs) takes --json; every command's help ends with examples."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subcommands:
+        for name, sub in action.choices.items():
+            _finish(sub, f"{path} {name}".strip())
+    if not path or subcommands:
+        return
+    if path != "worker" and "--json" not in parser._option_string_actions:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[path])
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -446,7 +477,6 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--reactivate", action="store_true", help="run a terminated source again")
     history = source.add_parser("history", help="every applied version of a source's spec and what changed")
     history.add_argument("source")
-    history.add_argument("--json", action="store_true", help="machine-readable output")
     history.set_defaults(func=cmd_source_history)
 
     reset = sub.add_parser("reset", help="set stored offsets (audited); workers re-seek")
@@ -475,7 +505,6 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("source")
-        p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "segments":
             p.add_argument("--since", help="only segments published since this time (ISO 8601, UTC by default) "
                                            "or this long ago (30m, 2h)")
@@ -498,7 +527,6 @@ def build_parser() -> argparse.ArgumentParser:
     gaps_sub = gaps.add_subparsers(dest="gaps_command", required=True)
     gaps_list = gaps_sub.add_parser("list", help="every recorded gap of a source")
     gaps_list.add_argument("source")
-    gaps_list.add_argument("--json", action="store_true", help="machine-readable output")
     gaps_list.set_defaults(func=cmd_gaps_list)
     gaps_ack = gaps_sub.add_parser("ack", help="acknowledge gaps (they stay in the ledger)")
     gaps_ack.add_argument("source")
@@ -526,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a grace below 1 h: only when none of the source's workers is running",
     )
     gc.set_defaults(func=cmd_gc)
-    _with_examples(parser)
+    _finish(parser)
     return parser
 
 

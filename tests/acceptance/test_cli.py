@@ -141,7 +141,9 @@ def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstr
     worker.stop()
     env = process_env(database_url, kafka_bootstrap)
 
-    segments = json.loads(ingest(env, "segments", source, "--json").stdout)
+    listed = json.loads(ingest(env, "segments", source, "--json").stdout)
+    assert listed["schema_version"] == 1 and listed["source"] == source
+    segments = listed["segments"]
     assert sum(s["rows"] for s in segments) == 1000
     ranges = sorted((r["partition"], r["start"], r["end"]) for s in segments for r in s["ranges"])
     for p in (0, 1):
@@ -226,7 +228,14 @@ def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
     for flag, bad in (("--since", "yesterday"), ("--since", "-5m"), ("--limit", "0"), ("--limit", "ten")):
         assert_one_line_error(ingest(env, "segments", name, f"{flag}={bad}"), 2, flag)
     listed = ingest(env, "segments", name, "--since", "30m", "--limit", "5", "--json")
-    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    assert listed.returncode == 0 and json.loads(listed.stdout)["segments"] == [], listed.stderr
+    # Every command that prints has --json: one document with a schema_version on stdout.
+    for argv in (["migrate"], ["source", "apply", str(spec)], ["source", "list"], ["source", "history", name],
+                 ["suspend", name], ["resume", name], ["gc", name, "--dry-run"], ["gaps", "list", name],
+                 ["gaps", "ack", name, "--all"], ["health", name], ["status", name]):
+        result = ingest(env, *argv, "--json")
+        assert result.returncode == 0, (argv, result.stderr)
+        assert json.loads(result.stdout)["schema_version"] == 1, (argv, result.stdout)
     assert_one_line_error(ingest(env, "terminate", name, "--timeout", "nan"), 2, "--timeout")
     with Metastore(database_url) as store:
         store.heartbeat(name, "w-busy", "host-1", 1, "test", "running", [])

@@ -278,7 +278,7 @@ def test_a_spec_update_is_picked_up_by_a_running_worker(
     assert "amount" in pq.read_schema(v2["files"][0].removeprefix("file://")).names
     history = ingest(env, "source", "history", source, "--json")
     assert history.returncode == 0, history.stderr
-    assert [(v["version"], v["changes"]) for v in json.loads(history.stdout)] == [
+    assert [(v["version"], v["changes"]) for v in json.loads(history.stdout)["versions"]] == [
         (1, ["created"]), (2, ["+column amount double"])]
     worker.stop()
     assert_exactly_once(database_url, source, produced)

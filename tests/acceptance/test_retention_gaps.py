@@ -174,7 +174,7 @@ def test_records_deleted_below_the_stored_offset_stop_the_partition_then_earlies
     monkeypatch.setenv("INGEST_DATABASE_URL", url)
     capsys.readouterr()  # the workers' log lines
     assert cli_main(["gaps", "list", source, "--json"]) == 0
-    listed: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    listed: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["gaps"]
     assert listed[0]["lost_records"] == low - 50 and listed[0]["acknowledged_at"] is None
     assert cli_main(["gaps", "ack", source, "--id", str(listed[0]["id"]), "--by", "tester"]) == 0
     with Metastore(url) as store:

@@ -36,6 +36,12 @@ def test_every_command_and_option_has_help() -> None:
     assert not missing, missing
 
 
+def test_every_command_but_worker_takes_json() -> None:
+    leaves = [(path, parser) for path, parser in _commands(build_parser())
+              if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)]
+    assert [path for path, parser in leaves if "--json" not in parser._option_string_actions] == ["ingest worker"]
+
+
 def test_the_readme_exit_code_table_matches_the_exception_classes() -> None:
     import inspect
     import re
