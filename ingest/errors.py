@@ -6,8 +6,6 @@ clear line and a non-zero exit code. Anything else is a bug and keeps its traceb
 
 from __future__ import annotations
 
-from ingest.redact import redact
-
 
 class IngestError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -76,8 +74,7 @@ class SparkUnavailable(IngestError):
 
     def __init__(self, master: str, cause: BaseException) -> None:
         detail = f": {first_line(cause)}" if str(cause).strip() else ""
-        super().__init__(redact(f"could not start Spark (INGEST_SPARK_MASTER={master}): "
-                                f"{type(cause).__name__}{detail}"))
+        super().__init__(f"could not start Spark (INGEST_SPARK_MASTER={master}): {type(cause).__name__}{detail}")
 
 
 class ResetNotConfirmed(IngestError):

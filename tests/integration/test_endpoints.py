@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -68,3 +69,18 @@ def test_a_silent_client_is_disconnected_after_the_read_timeout(port: int) -> No
         started = time.monotonic()
         assert sock.recv(1) == b""  # the server closed it
         assert 0.8 <= time.monotonic() - started < 4
+
+
+def test_health_reasons_are_redacted() -> None:
+    # A reason quotes the last failure, whose message may quote a connection string.
+    failing = "5 splits failed: build: cannot reach sc://spark:15002/;token=t0k3n-h1dden;user_id=ingest"
+    endpoints = Endpoints(CollectorRegistry(), lambda: (False, failing), lambda: (False, failing))
+    port = endpoints.serve("127.0.0.1", 0)
+    try:
+        for path in ("/healthz", "/readyz"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                get(port, path)
+            body = err.value.read().decode()
+            assert err.value.code == 503 and "t0k3n-h1dden" not in body and "token=***" in body, body
+    finally:
+        endpoints.close()
