@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ingest import __version__
-from ingest.config import Settings, non_negative_seconds
+from ingest.config import Settings, non_negative_seconds, positive_int
 from ingest.errors import ConfigError, IngestError
 from ingest.logs import configure_logging, install_excepthooks
 from ingest.model import PartitionReset, TopicPartition
 from ingest.redact import redact, register_secrets
+from ingest.status_text import dash
 from metastore import Metastore, MetastoreError, apply_migrations, redact_url
 
 # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
@@ -123,19 +124,11 @@ def _since(value: str) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
-def _positive_int_arg(name: str, value: str) -> int:
-    from ingest.config import is_digits
-
-    if not is_digits(value) or not 0 < int(value) <= 10**9:
-        raise ConfigError(f"{name}: expected a positive whole number, got {value!r}")
-    return int(value)
-
-
 def cmd_segments(args: argparse.Namespace) -> int:
     from ingest.status import source_segments
 
     since = _since(args.since) if args.since else None
-    limit = _positive_int_arg("--limit", args.limit) if args.limit is not None else None
+    limit = positive_int("--limit", args.limit, maximum=10**9) if args.limit is not None else None
     with Metastore(_settings().database_url) as store:
         segments = source_segments(store, args.source, since, limit)
     if args.json:
@@ -263,7 +256,6 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ingest.errors import ConfigError
     from ingest.gc import MIN_GRACE_S, collect_garbage
 
     grace = non_negative_seconds("--grace", args.grace)
@@ -363,7 +355,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
             "nothing changed: re-run with --yes to apply"
         )
     lines = [f"source {args.source}: reset #{result.reset_id} by {actor}"]
-    lines += [f"  {p.tp}: {_dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
+    lines += [f"  {p.tp}: {dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
               + (f", {_reset_effect(p)}" if _reset_effect(p) else "") for p in result.partitions]
     partitions = [{"topic": p.tp.topic, "partition": p.tp.partition, "old_offset": p.old_offset,
                    "new_offset": p.new_offset, "old_serial": p.old_serial, "new_serial": p.new_serial,
@@ -409,10 +401,6 @@ def cmd_terminate(args: argparse.Namespace) -> int:
     _emit(args, {"source": args.source, "state": "terminated", "already": False},
           [f"source {args.source}: terminated (segments, status and history stay queryable)"])
     return 0
-
-
-def _dash(value: object) -> str:
-    return "-" if value is None else str(value)
 
 
 # `ingest COMMAND --help` ends with these.

@@ -104,8 +104,8 @@ class Settings:
             metrics_host=env.get("INGEST_METRICS_HOST", "127.0.0.1"),
             metrics_port=_optional_port(env.get("INGEST_METRICS_PORT")),
             log_format=_choice("INGEST_LOG_FORMAT", env.get("INGEST_LOG_FORMAT", "auto"), ("auto", "json", "console")),
-            build_threads=_positive_int("INGEST_BUILD_THREADS", env.get("INGEST_BUILD_THREADS", "2")),
-            build_batch_splits=_positive_int("INGEST_BUILD_BATCH_SPLITS", env.get("INGEST_BUILD_BATCH_SPLITS", "8")),
+            build_threads=positive_int("INGEST_BUILD_THREADS", env.get("INGEST_BUILD_THREADS", "2")),
+            build_batch_splits=positive_int("INGEST_BUILD_BATCH_SPLITS", env.get("INGEST_BUILD_BATCH_SPLITS", "8")),
             build_linger_s=non_negative_seconds("INGEST_BUILD_LINGER_S", env.get("INGEST_BUILD_LINGER_S", "0.5")),
             warm_up_records=_non_negative_int(
                 "INGEST_WARM_UP_RECORDS", env.get("INGEST_WARM_UP_RECORDS", str(WARM_UP_RECORDS))
@@ -113,7 +113,7 @@ class Settings:
             fault_publish_delay_s=non_negative_seconds(
                 "INGEST_FAULT_PUBLISH_DELAY_S", env.get("INGEST_FAULT_PUBLISH_DELAY_S", "0")
             ),
-            unhealthy_after_failed_splits=_positive_int(
+            unhealthy_after_failed_splits=positive_int(
                 "INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", env.get("INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", "5")
             ),
             stuck_after_s=non_negative_seconds("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
@@ -170,9 +170,11 @@ def is_digits(value: str) -> bool:
     return value.isascii() and value.isdigit()
 
 
-def _positive_int(name: str, value: str) -> int:
-    if not is_digits(value) or int(value) <= 0:
-        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+def positive_int(name: str, value: str, maximum: int | None = None) -> int:
+    """A positive integer in ASCII digits, at most ``maximum``; else a ConfigError naming ``name``."""
+    if not is_digits(value) or int(value) <= 0 or (maximum is not None and int(value) > maximum):
+        bound = f" up to {maximum}" if maximum is not None else ""
+        raise ConfigError(f"{name}: expected a positive integer{bound}, got {value!r}")
     return int(value)
 
 

@@ -37,7 +37,6 @@ def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
-    install_excepthooks()
 
 
 class _LibrdkafkaHandler(logging.Handler):

@@ -42,7 +42,7 @@ def ago(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h ago"
 
 
-def _dash(value: object) -> str:
+def dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
@@ -59,9 +59,9 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
         "",
     ]
     partitions = [
-        [p["topic"], str(p["partition"]), p["state"], _dash(p["earliest_offset"]),
-         _dash(p["next_offset"]) if p["next_offset"] is not None else f"({p['initial_position']})",
-         _dash(p["high_watermark"]), _dash(p["lag"]), str(p["serial"]), _dash(p["owner"]),
+        [p["topic"], str(p["partition"]), p["state"], dash(p["earliest_offset"]),
+         dash(p["next_offset"]) if p["next_offset"] is not None else f"({p['initial_position']})",
+         dash(p["high_watermark"]), dash(p["lag"]), str(p["serial"]), dash(p["owner"]),
          when(p["last_publish_at"], now), when(p["last_event_time"], now)]
         for p in status["partitions"]
     ]
@@ -69,7 +69,7 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
                     "last_publish", "last_event"], partitions, right=frozenset({1, 3, 4, 5, 6, 7}))
     if status["workers"]:
         workers = [[w["worker"], w["host"], str(w["pid"]), w["state"], str(len(w["partitions"])),
-                    _dash(w.get("spec_version")), when(w["started_at"], now), when(w["heartbeat_at"], now)]
+                    dash(w.get("spec_version")), when(w["started_at"], now), when(w["heartbeat_at"], now)]
                    for w in status["workers"]]
         lines += ["", *table(["worker", "host", "pid", "state", "partitions", "spec", "started", "heartbeat"],
                              workers, right=frozenset({2, 4, 5}))]
@@ -85,7 +85,7 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
     problems += [f"error {when(e['at'], now)} {e['worker']} {e['kind']}: {e['message']}"
                  for e in status["recent_errors"]]
     for r in status.get("recent_resets", []):
-        moves = ", ".join(f"{p['topic']}[{p['partition']}] {_dash(p['old_offset'])}->{p['new_offset']}"
+        moves = ", ".join(f"{p['topic']}[{p['partition']}] {dash(p['old_offset'])}->{p['new_offset']}"
                           for p in r["partitions"])
         problems.append(f"reset #{r['id']} {when(r['at'], now)} by {r['actor']} to {r['target']}: {moves}"
                         + (f" ({r['reason']})" if r["reason"] else ""))

@@ -10,11 +10,8 @@ from urllib.parse import urlencode
 
 from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
-from yoyo.connections import BadConnectionURI
 from yoyo.exceptions import LockTimeout
 
-from ingest.errors import first_line
-from ingest.redact import redact
 from metastore.connection import wrap_exceptions
 from metastore.errors import MetastoreError, MigrationLocked, SchemaMissing
 
@@ -41,13 +38,11 @@ def yoyo_url(database_url: str) -> str:
 
 @contextmanager
 def _backend(database_url: str) -> Iterator[Any]:
-    """yoyo's backend on its own connection, closed afterwards; psycopg and yoyo errors
-    translated (yoyo's messages quote the whole connection string, password included)."""
+    """yoyo's backend on its own connection, closed afterwards; psycopg errors translated.
+    yoyo never parses the user's string (yoyo_url): its messages would quote it, password
+    included, and libpq's parse errors are psycopg's."""
     with wrap_exceptions(database_url):
-        try:
-            backend = get_backend(yoyo_url(database_url))
-        except BadConnectionURI as exc:
-            raise MetastoreError(f"metastore error: {redact(first_line(exc))}") from None
+        backend = get_backend(yoyo_url(database_url))
         try:
             yield backend
         finally:
