@@ -43,14 +43,18 @@ def log(message: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Ingest against a raw baseline and a peer, on one broker and one pre-produced data set.")
+        description="Ingest against a raw baseline and a peer, on one broker and one pre-produced data set.",
+    )
     parser.add_argument("--records", type=int, help="records to pre-produce (default 1,000,000; --quick 20,000)")
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--workers", type=int, help="workers of the N-worker run (default 3; --quick 2)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets results.json and chart.png")
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes for CI: 20k records, 2 workers, max_age 2s, a 6 s steady phase; "
-                             "the peer is skipped if not installed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes for CI: 20k records, 2 workers, max_age 2s, a 6 s steady phase; "
+        "the peer is skipped if not installed",
+    )
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--skip-rebalance", action="store_true")
     parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
@@ -59,22 +63,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-age", help="split max_age, also the peer's commit interval (default 3s; --quick 2s)")
     parser.add_argument("--rate", type=float, help="steady produce rate, records/s (default 2000; --quick 1000)")
     parser.add_argument("--steady-seconds", type=float, help="steady produce duration (default 30; --quick 6)")
-    parser.add_argument("--rebalance-records", type=int,
-                        help="records on the rebalance topic (default min(records, 100000))")
+    parser.add_argument(
+        "--rebalance-records", type=int, help="records on the rebalance topic (default min(records, 100000))"
+    )
     parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
     parser.add_argument("--timeout", type=float, help="bound on each phase, seconds (default 1800; --quick 150)")
-    parser.add_argument("--worker-env", action="append", default=[], metavar="INGEST_NAME=VALUE",
-                        help="a worker setting for every ingest run (repeatable), e.g. INGEST_WARM_UP_RECORDS=60000")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="INGEST_NAME=VALUE",
+        help="a worker setting for every ingest run (repeatable), e.g. INGEST_WARM_UP_RECORDS=60000",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run the raw baseline, the peer and the one-worker ingest this many times each and "
-                             "report the median run of each (the runs' records/s are listed too)")
-    parser.add_argument("--scaling", action="store_true",
-                        help="also ingest the data set with each of --scaling-workers, and with one worker over "
-                             "topics of each of --scaling-partitions partitions")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the raw baseline, the peer and the one-worker ingest this many times each and "
+        "report the median run of each (the runs' records/s are listed too)",
+    )
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also ingest the data set with each of --scaling-workers, and with one worker over "
+        "topics of each of --scaling-partitions partitions",
+    )
     parser.add_argument("--scaling-workers", default="1,2,3", help="worker counts of --scaling (default 1,2,3)")
-    parser.add_argument("--scaling-partitions", default="2,6,12",
-                        help="partition counts of --scaling (default 2,6,12)")
+    parser.add_argument("--scaling-partitions", default="2,6,12", help="partition counts of --scaling (default 2,6,12)")
     args = parser.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 1_000_000)
@@ -124,8 +140,14 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _scaling_row(result: dict[str, Any], check: dict[str, Any], **key: int) -> dict[str, Any]:
-    return {**key, **{k: result[k] for k in ("records_per_s", "mb_per_s", "cpu_s_per_million", "wall_s",
-                                              "peak_rss_mb", "segments")}, "exactly_once": check["ok"]}
+    return {
+        **key,
+        **{
+            k: result[k]
+            for k in ("records_per_s", "mb_per_s", "cpu_s_per_million", "wall_s", "peak_rss_mb", "segments")
+        },
+        "exactly_once": check["ok"],
+    }
 
 
 def _scaling_topic(ctx: Context, args: argparse.Namespace, partitions: int, name: str) -> Produced:
@@ -134,8 +156,9 @@ def _scaling_topic(ctx: Context, args: argparse.Namespace, partitions: int, name
     return produce_dataset(ctx.bootstrap, name, args.records, partitions, timeout=max(120.0, args.records / 5000))
 
 
-def run_scaling(ctx: Context, args: argparse.Namespace, split: SplitConfig,
-                checks: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def run_scaling(
+    ctx: Context, args: argparse.Namespace, split: SplitConfig, checks: dict[str, dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
     """Throughput by worker count (one topic) and by partition count (one worker). A worker
     alone gets ``local[2]`` and two build threads; several share the cores with ``local[1]``
     and one each, as in the main runs."""
@@ -159,18 +182,41 @@ def run_scaling(ctx: Context, args: argparse.Namespace, split: SplitConfig,
     return {"workers": by_workers, "partitions": by_partitions}
 
 
-def run_raw(ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int,
-            timeout: float, run: int = 1) -> dict[str, Any]:
+def run_raw(
+    ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int, timeout: float, run: int = 1
+) -> dict[str, Any]:
     """The raw baseline in its own process (its CPU and memory are its own); each run writes
     into its own directory."""
     result_path = ctx.work / f"raw-result-{run}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     with (ctx.work / "logs" / f"raw-{run}.log").open("wb") as out:
         proc = subprocess.run(
-            [sys.executable, "-m", "bench.raw", "--bootstrap", ctx.bootstrap, "--topic", TOPIC,
-             "--ends", json.dumps(data_ends), "--out", str(ctx.work / f"raw-{run}"), "--batch", str(batch),
-             "--timeout", str(timeout), "--result", str(result_path)],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout + 60, check=False)
+            [
+                sys.executable,
+                "-m",
+                "bench.raw",
+                "--bootstrap",
+                ctx.bootstrap,
+                "--topic",
+                TOPIC,
+                "--ends",
+                json.dumps(data_ends),
+                "--out",
+                str(ctx.work / f"raw-{run}"),
+                "--batch",
+                str(batch),
+                "--timeout",
+                str(timeout),
+                "--result",
+                str(result_path),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout + 60,
+            check=False,
+        )
     if proc.returncode != 0 or not result_path.exists():
         raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / f'raw-{run}.log'}")
     raw: dict[str, Any] = json.loads(result_path.read_text())
@@ -235,20 +281,32 @@ def main(argv: list[str] | None = None) -> int:
         with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
             log(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
             results["broker"] = broker.describe()
-            ctx = Context(database_url=pg.url, bootstrap=broker.bootstrap, work=work,
-                          driver_memory=args.driver_memory, timeout=args.timeout, log=log,
-                          worker_settings=args.worker_settings)
+            ctx = Context(
+                database_url=pg.url,
+                bootstrap=broker.bootstrap,
+                work=work,
+                driver_memory=args.driver_memory,
+                timeout=args.timeout,
+                log=log,
+                worker_settings=args.worker_settings,
+            )
             apply_migrations(pg.url)
             create_topic(broker.bootstrap, TOPIC, args.partitions)
-            data = produce_dataset(broker.bootstrap, TOPIC, args.records, args.partitions,
-                                   timeout=max(120.0, args.records / 5000))
-            log(f"produced {data.records:,} records ({data.avg_value_bytes:.0f} B avg) over {args.partitions} "
-                f"partitions in {data.seconds:.1f} s")
+            data = produce_dataset(
+                broker.bootstrap, TOPIC, args.records, args.partitions, timeout=max(120.0, args.records / 5000)
+            )
+            log(
+                f"produced {data.records:,} records ({data.avg_value_bytes:.0f} B avg) over {args.partitions} "
+                f"partitions in {data.seconds:.1f} s"
+            )
 
             log("[raw] confluent-kafka + pyarrow.json + Parquet")
-            throughput["raw"] = median_run([
-                run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records, args.timeout, run)
-                for run in range(1, args.repeat + 1)])
+            throughput["raw"] = median_run(
+                [
+                    run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records, args.timeout, run)
+                    for run in range(1, args.repeat + 1)
+                ]
+            )
 
             if args.skip_peer:
                 throughput["peer"] = {"status": "n/a", "reason": "skipped (--skip-peer)"}
@@ -262,13 +320,20 @@ def main(argv: list[str] | None = None) -> int:
                     peer_runs: list[dict[str, Any]] = []
                     for run in range(1, args.repeat + 1):
                         try:
-                            peer_runs.append(peer.run(peer_python, broker.bootstrap, TOPIC, data.records,
-                                                      data.value_bytes, work / f"peer-{run}",
-                                                      commit_interval=max_age_s,
-                                                      timeout=args.timeout))
+                            peer_runs.append(
+                                peer.run(
+                                    peer_python,
+                                    broker.bootstrap,
+                                    TOPIC,
+                                    data.records,
+                                    data.value_bytes,
+                                    work / f"peer-{run}",
+                                    commit_interval=max_age_s,
+                                    timeout=args.timeout,
+                                )
+                            )
                         except subprocess.TimeoutExpired:
-                            peer_runs.append({"status": "n/a",
-                                              "reason": f"no result within {args.timeout:.0f} s"})
+                            peer_runs.append({"status": "n/a", "reason": f"no result within {args.timeout:.0f} s"})
                             break
                     throughput["peer"] = median_run(peer_runs)
 
@@ -284,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                     checks[f"ingest_1_run{i + 1}"] = verify(ctx, one["source"], TOPIC, data.ends)
             ends = data.ends
             if args.workers == 1:
-                steady, ends = steady_latency(ctx, fleet1, TOPIC, args.partitions, ends, args.rate,
-                                              args.steady_seconds, first_id=args.records)
+                steady, ends = steady_latency(
+                    ctx, fleet1, TOPIC, args.partitions, ends, args.rate, args.steady_seconds, first_id=args.records
+                )
             fleet1.stop()
             checks["ingest_1"] = verify(ctx, one["source"], TOPIC, ends)
             throughput["ingest_1"] = median_run(ones)
@@ -293,8 +359,16 @@ def main(argv: list[str] | None = None) -> int:
                 n, fleet_n = run_throughput(ctx, TOPIC, data, args.workers, "local[1]", 1, split, "ingest_n")
                 fleets.append(fleet_n)
                 try:
-                    steady, ends_n = steady_latency(ctx, fleet_n, TOPIC, args.partitions, data.ends, args.rate,
-                                                    args.steady_seconds, first_id=args.records)
+                    steady, ends_n = steady_latency(
+                        ctx,
+                        fleet_n,
+                        TOPIC,
+                        args.partitions,
+                        data.ends,
+                        args.rate,
+                        args.steady_seconds,
+                        first_id=args.records,
+                    )
                 finally:
                     fleet_n.stop()
                 checks["ingest_n"] = verify(ctx, n["source"], TOPIC, ends_n)
@@ -357,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(results, args.out / "results.json")
     no_chart = report.chart(results, args.out / "chart.png")
     print(report.table(results))
-    print(f"\nresults: {args.out / 'results.json'}"
-          + (f"; {no_chart}" if no_chart else f", chart: {args.out / 'chart.png'}"))
+    print(
+        f"\nresults: {args.out / 'results.json'}"
+        + (f"; {no_chart}" if no_chart else f", chart: {args.out / 'chart.png'}")
+    )
     return 0 if all(c["ok"] for c in checks.values()) else 1

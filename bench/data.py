@@ -67,8 +67,9 @@ class Produced:
         return self.value_bytes / self.records if self.records else 0.0
 
 
-def produce_dataset(bootstrap: str, topic: str, records: int, partitions: int, first_id: int = 0,
-                    timeout: float = 600.0) -> Produced:
+def produce_dataset(
+    bootstrap: str, topic: str, records: int, partitions: int, first_id: int = 0, timeout: float = 600.0
+) -> Produced:
     """Produce ``records`` keyed records, spread round-robin so every partition gets the same count.
 
     The partition is set explicitly (not hashed from the key) so that "records per partition"
@@ -89,8 +90,9 @@ def produce_dataset(bootstrap: str, topic: str, records: int, partitions: int, f
     return Produced(ends=ends, records=records, value_bytes=value_bytes, seconds=time.monotonic() - started)
 
 
-def produce_steady(bootstrap: str, topic: str, partitions: int, rate: float, duration_s: float,
-                   first_id: int) -> Produced:
+def produce_steady(
+    bootstrap: str, topic: str, partitions: int, rate: float, duration_s: float, first_id: int
+) -> Produced:
     """Produce at ``rate`` records/s for ``duration_s`` seconds (paced in 10 ms steps).
 
     Each record's Kafka timestamp is set by the producer at ``produce()`` time, which is what
@@ -98,12 +100,14 @@ def produce_steady(bootstrap: str, topic: str, partitions: int, rate: float, dur
     """
     from confluent_kafka import KafkaError, Message, Producer
 
-    producer = Producer({
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        # Low linger: the point is to measure latency, not to batch for throughput.
-        "linger.ms": 1,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            # Low linger: the point is to measure latency, not to batch for throughput.
+            "linger.ms": 1,
+        }
+    )
     ends: dict[int, int] = {}
     failures: list[str] = []
 
@@ -126,17 +130,22 @@ def produce_steady(bootstrap: str, topic: str, partitions: int, rate: float, dur
             i = first_id + sent
             value = record_value(i, event_time_s=time.time())
             value_bytes += len(value)
-            producer.produce(topic, value=value, key=record_key(i), partition=i % partitions,
-                             on_delivery=on_delivery)
+            producer.produce(topic, value=value, key=record_key(i), partition=i % partitions, on_delivery=on_delivery)
             sent += 1
         producer.poll(0)
         time.sleep(0.01)
     remaining = producer.flush(30)
     if failures or remaining:
-        raise RuntimeError(f"steady produce: {len(failures)} failed, {remaining} undelivered"
-                           + (f"; first error: {failures[0]}" if failures else ""))
-    return Produced(ends=kafka_ends(bootstrap, topic, ends), records=sent, value_bytes=value_bytes,
-                    seconds=time.monotonic() - started)
+        raise RuntimeError(
+            f"steady produce: {len(failures)} failed, {remaining} undelivered"
+            + (f"; first error: {failures[0]}" if failures else "")
+        )
+    return Produced(
+        ends=kafka_ends(bootstrap, topic, ends),
+        records=sent,
+        value_bytes=value_bytes,
+        seconds=time.monotonic() - started,
+    )
 
 
 def kafka_ends(bootstrap: str, topic: str, delivered: dict[int, int]) -> dict[int, int]:
@@ -149,6 +158,7 @@ def kafka_ends(bootstrap: str, topic: str, delivered: dict[int, int]) -> dict[in
     ends = end_offsets(bootstrap, topic)
     differ = {p: (end, ends.get(p)) for p, end in delivered.items() if ends.get(p) != end}
     if differ:
-        raise RuntimeError(f"{topic}: Kafka's end offsets differ from the delivery reports "
-                           f"(partition: (delivered, kafka)): {differ}")
+        raise RuntimeError(
+            f"{topic}: Kafka's end offsets differ from the delivery reports (partition: (delivered, kafka)): {differ}"
+        )
     return ends

@@ -59,14 +59,26 @@ def _measure(records: int, run: Callable[[], None]) -> dict[str, float]:
     run()
     wall, own, jvm = time.monotonic() - wall, cpu_seconds() - own, _children_cpu_s() - jvm
     per_m = 1_000_000 / records
-    return {"wall_s": wall, "records_per_s": records / wall, "python_cpu_s_per_million": own * per_m,
-            "jvm_cpu_s_per_million": jvm * per_m, "cpu_s_per_million": (own + jvm) * per_m}
+    return {
+        "wall_s": wall,
+        "records_per_s": records / wall,
+        "python_cpu_s_per_million": own * per_m,
+        "jvm_cpu_s_per_million": jvm * per_m,
+        "cpu_s_per_million": (own + jvm) * per_m,
+    }
 
 
 def _spec(store: Path) -> SourceSpec:
-    return spec_from_dict({"name": "floor", "topics": ["floor"], "event_time": EVENT_TIME,
-                           "segment_store": "file://" + str(store), "on_parse_error": "reject",
-                           "schema": dict(SCHEMA)})
+    return spec_from_dict(
+        {
+            "name": "floor",
+            "topics": ["floor"],
+            "event_time": EVENT_TIME,
+            "segment_store": "file://" + str(store),
+            "on_parse_error": "reject",
+            "schema": dict(SCHEMA),
+        }
+    )
 
 
 def _splits(values: list[bytes], count: int) -> list[SealedSplit]:
@@ -75,10 +87,21 @@ def _splits(values: list[bytes], count: int) -> list[SealedSplit]:
     out = []
     for n in range(count):
         part = values[n::count]
-        out.append(SealedSplit(id=uuid.uuid4(), tp=TopicPartition("floor", n), serial=1, start=0, end=len(part),
-                               records=tuple(SyntheticRecord(i, v) for i, v in enumerate(part)),
-                               size_bytes=sum(map(len, part)), first_record_at=now, sealed_at=now,
-                               seal_reason="records", kill_switch=KillSwitch()))
+        out.append(
+            SealedSplit(
+                id=uuid.uuid4(),
+                tp=TopicPartition("floor", n),
+                serial=1,
+                start=0,
+                end=len(part),
+                records=tuple(SyntheticRecord(i, v) for i, v in enumerate(part)),
+                size_bytes=sum(map(len, part)),
+                first_record_at=now,
+                sealed_at=now,
+                seal_reason="records",
+                kill_switch=KillSwitch(),
+            )
+        )
     return out
 
 
@@ -88,9 +111,14 @@ def _typed_staging(values: list[bytes], splits: list[SealedSplit], work: Path) -
     files = []
     for split in splits:
         n = len(split)
-        table = parse_values(b"\n".join(values[split.tp.partition::len(splits)]))
-        meta = [pa.array([split.tp.topic] * n, pa.string()), pa.array([split.tp.partition] * n, pa.int32()),
-                pa.array(range(n), pa.int64()), pa.nulls(n, pa.timestamp("ms", tz="UTC")), pa.nulls(n, pa.binary())]
+        table = parse_values(b"\n".join(values[split.tp.partition :: len(splits)]))
+        meta = [
+            pa.array([split.tp.topic] * n, pa.string()),
+            pa.array([split.tp.partition] * n, pa.int32()),
+            pa.array(range(n), pa.int64()),
+            pa.nulls(n, pa.timestamp("ms", tz="UTC")),
+            pa.nulls(n, pa.binary()),
+        ]
         for name, column in zip(reversed(META_COLUMNS), reversed(meta), strict=True):
             table = table.add_column(0, name, column)
         path = work / f"typed-{split.tp.partition}.parquet"
@@ -107,11 +135,13 @@ class _TempDirBuilds:
         return None
 
 
-def run(records: int, splits: int, rounds: int, master: str,
-        warm_up: tuple[int, int] = (WARM_UP_RECORDS, 2)) -> dict[str, Any]:
+def run(
+    records: int, splits: int, rounds: int, master: str, warm_up: tuple[int, int] = (WARM_UP_RECORDS, 2)
+) -> dict[str, Any]:
     values = [record_value(i) for i in range(records)]
     work = Path(tempfile.mkdtemp(prefix="ingest_floor_"))
     try:
+
         def pyarrow_build(i: int) -> None:
             pq.write_table(parse_values(b"\n".join(values)), work / f"pyarrow-{i}.parquet", compression="zstd")
 
@@ -148,9 +178,20 @@ def run(records: int, splits: int, rounds: int, master: str,
             spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"config": {"records": records, "splits": splits, "rounds": rounds, "master": master,
-                       "warm_up_records": warm_up[0], "warm_up_splits": warm_up[1], "warm_up_s": warm_up_s},
-            "pyarrow": pyarrow_runs, "worker_build": build_runs, "spark_copy": copy_runs}
+    return {
+        "config": {
+            "records": records,
+            "splits": splits,
+            "rounds": rounds,
+            "master": master,
+            "warm_up_records": warm_up[0],
+            "warm_up_splits": warm_up[1],
+            "warm_up_s": warm_up_s,
+        },
+        "pyarrow": pyarrow_runs,
+        "worker_build": build_runs,
+        "spark_copy": copy_runs,
+    }
 
 
 def _median(runs: list[dict[str, float]], key: str) -> float:
@@ -159,17 +200,24 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
 
 
 def report(result: dict[str, Any]) -> str:
-    rows = [("pyarrow parse + zstd write", "pyarrow"), ("worker build (from_json)", "worker_build"),
-            ("spark copy of parsed columns", "spark_copy")]
+    rows = [
+        ("pyarrow parse + zstd write", "pyarrow"),
+        ("worker build (from_json)", "worker_build"),
+        ("spark copy of parsed columns", "spark_copy"),
+    ]
     lines = [f"{'build':<31} {'first s':>8} {'rec/s (median)':>15} {'CPU s/M':>8} {'JVM':>6} {'Python':>7}"]
     for label, key in rows:
         runs = result[key]
-        lines.append(f"{label:<31} {runs[0]['wall_s']:>8.2f} {_median(runs, 'records_per_s'):>15,.0f} "
-                     f"{_median(runs, 'cpu_s_per_million'):>8.1f} {_median(runs, 'jvm_cpu_s_per_million'):>6.1f} "
-                     f"{_median(runs, 'python_cpu_s_per_million'):>7.1f}")
+        lines.append(
+            f"{label:<31} {runs[0]['wall_s']:>8.2f} {_median(runs, 'records_per_s'):>15,.0f} "
+            f"{_median(runs, 'cpu_s_per_million'):>8.1f} {_median(runs, 'jvm_cpu_s_per_million'):>6.1f} "
+            f"{_median(runs, 'python_cpu_s_per_million'):>7.1f}"
+        )
     cfg = result["config"]
-    lines.append(f"{cfg['records']:,} records in {cfg['splits']} splits, {cfg['rounds']} rounds, {cfg['master']}; "
-                 f"medians exclude the first round; worker warm-up took {cfg['warm_up_s']:.1f} s")
+    lines.append(
+        f"{cfg['records']:,} records in {cfg['splits']} splits, {cfg['rounds']} rounds, {cfg['master']}; "
+        f"medians exclude the first round; worker warm-up took {cfg['warm_up_s']:.1f} s"
+    )
     return "\n".join(lines)
 
 
@@ -179,9 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", type=int, default=6, help="splits of the batch (the benchmark's partitions)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--warm-up", type=int, nargs=2, default=(WARM_UP_RECORDS, 2), metavar=("RECORDS", "SPLITS"),
-                        help=f"the Spark warm-up before the first round: records in all, splits "
-                             f"(default: the worker's, {WARM_UP_RECORDS} records in 2 splits)")
+    parser.add_argument(
+        "--warm-up",
+        type=int,
+        nargs=2,
+        default=(WARM_UP_RECORDS, 2),
+        metavar=("RECORDS", "SPLITS"),
+        help=f"the Spark warm-up before the first round: records in all, splits "
+        f"(default: the worker's, {WARM_UP_RECORDS} records in 2 splits)",
+    )
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = parser.parse_args(argv)
     configure_logging(level=logging.WARNING)

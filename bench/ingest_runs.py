@@ -77,18 +77,20 @@ def apply_source(ctx: Context, source: str, topic: str, split: SplitConfig) -> N
 
 def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
-    env.update({
-        "INGEST_DATABASE_URL": ctx.database_url,
-        "INGEST_KAFKA_BOOTSTRAP": ctx.bootstrap,
-        "INGEST_SPARK_MASTER": spark_master,
-        "INGEST_SPARK_DRIVER_MEMORY": ctx.driver_memory,
-        "INGEST_BUILD_THREADS": str(build_threads),
-        "INGEST_LOG_FORMAT": "json",
-        # As in the demo and the process tests: group changes settle in seconds, not ~25 s.
-        "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
-        "INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS": "500",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-    })
+    env.update(
+        {
+            "INGEST_DATABASE_URL": ctx.database_url,
+            "INGEST_KAFKA_BOOTSTRAP": ctx.bootstrap,
+            "INGEST_SPARK_MASTER": spark_master,
+            "INGEST_SPARK_DRIVER_MEMORY": ctx.driver_memory,
+            "INGEST_BUILD_THREADS": str(build_threads),
+            "INGEST_LOG_FORMAT": "json",
+            # As in the demo and the process tests: group changes settle in seconds, not ~25 s.
+            "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
+            "INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS": "500",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        }
+    )
     env.update(ctx.worker_settings)
     return env
 
@@ -143,14 +145,17 @@ def wait_published(ctx: Context, fleet: Fleet, ends: dict[int, int], topic: str,
             fleet.check_alive()
             if time.monotonic() > deadline:
                 got = sum(positions.get((topic, p)) or 0 for p in ends)
-                raise TimeoutError(f"{fleet.source}: {got}/{sum(ends.values())} records published "
-                                   f"after {timeout:.0f} s")
+                raise TimeoutError(
+                    f"{fleet.source}: {got}/{sum(ends.values())} records published after {timeout:.0f} s"
+                )
             time.sleep(0.2)
 
 
 def _published_rows_logged(fleet: Fleet) -> int:
-    return sum(int(e.get("rows", 0)) + int(e.get("rejects", 0)) + int(e.get("skipped", 0))
-               for e in fleet.events("segment_published"))
+    return sum(
+        int(e.get("rows", 0)) + int(e.get("rejects", 0)) + int(e.get("skipped", 0))
+        for e in fleet.events("segment_published")
+    )
 
 
 def verify(ctx: Context, source: str, topic: str, ends: dict[int, int]) -> dict[str, Any]:
@@ -160,8 +165,16 @@ def verify(ctx: Context, source: str, topic: str, ends: dict[int, int]) -> dict[
     return {"ok": result.ok, "summary": result.summary()}
 
 
-def run_throughput(ctx: Context, topic: str, data: Produced, workers: int, spark_master: str,
-                   build_threads: int, split: SplitConfig, label: str) -> tuple[dict[str, Any], Fleet]:
+def run_throughput(
+    ctx: Context,
+    topic: str,
+    data: Produced,
+    workers: int,
+    spark_master: str,
+    build_threads: int,
+    split: SplitConfig,
+    label: str,
+) -> tuple[dict[str, Any], Fleet]:
     """Start ``workers`` workers on a fresh source over the pre-produced topic; time it until all is published.
 
     The measured span runs from the first assignment of a partition to any worker (the moment
@@ -217,8 +230,16 @@ def run_throughput(ctx: Context, topic: str, data: Produced, workers: int, spark
     return result, fleet
 
 
-def steady_latency(ctx: Context, fleet: Fleet, topic: str, partitions: int, before: dict[int, int],
-                   rate: float, duration_s: float, first_id: int) -> tuple[dict[str, Any], dict[int, int]]:
+def steady_latency(
+    ctx: Context,
+    fleet: Fleet,
+    topic: str,
+    partitions: int,
+    before: dict[int, int],
+    rate: float,
+    duration_s: float,
+    first_id: int,
+) -> tuple[dict[str, Any], dict[int, int]]:
     """Produce at a steady rate to the fleet's topic; per segment, published_at minus its newest record's
     Kafka timestamp (read from the segment's files).  Returns the result and the new log ends."""
     ctx.log(f"[latency] producing {rate:.0f} records/s for {duration_s:.0f} s to {fleet.source}'s fleet")
@@ -280,8 +301,13 @@ def _assigned(worker: WorkerProcess) -> float:
     return metric(worker.metrics(), "ingest_assigned_partitions")
 
 
-def _settle(workers: Sequence[WorkerProcess], partitions: int, quiet_s: float, timeout: float,
-            ready: Callable[[], bool] = lambda: True) -> float:
+def _settle(
+    workers: Sequence[WorkerProcess],
+    partitions: int,
+    quiet_s: float,
+    timeout: float,
+    ready: Callable[[], bool] = lambda: True,
+) -> float:
     """Wait until the live workers hold every partition, ``ready()`` holds and no consumed counter
     moved for ``quiet_s``.  Returns the seconds waited."""
     started = time.monotonic()
@@ -311,13 +337,17 @@ def _assigned_since(workers: Sequence[WorkerProcess], since: float) -> dict[int,
             for item in e.get("partitions", []):
                 tp, _, rest = str(item).partition("@")
                 offset = rest.split("#", 1)[0]
-                starts[int(tp[tp.rfind("[") + 1:-1])] = int(offset) if offset.isdigit() else 0
+                starts[int(tp[tp.rfind("[") + 1 : -1])] = int(offset) if offset.isdigit() else 0
     return starts
 
 
 def _dropped_since(workers: Sequence[WorkerProcess], since: float) -> int:
-    return sum(int(e.get("buffered_records_dropped", 0)) for w in workers for e in w.events("partitions_revoked")
-               if parse_log_time(e["timestamp"]) >= since)
+    return sum(
+        int(e.get("buffered_records_dropped", 0))
+        for w in workers
+        for e in w.events("partitions_revoked")
+        if parse_log_time(e["timestamp"]) >= since
+    )
 
 
 class GroupMember:
@@ -331,15 +361,17 @@ class GroupMember:
 
         self.assigned: list[int] | None = None
         self.received = 0
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 500,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "latest",
-        })
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "latest",
+            }
+        )
         self._topic = topic
         self._timeout = timeout
         self._stop = threading.Event()
@@ -371,8 +403,11 @@ class GroupMember:
 
 def _rebalanced_since(workers: Sequence[WorkerProcess], since: float) -> bool:
     """Every live worker went through an assignment callback (empty or not) after ``since``."""
-    return all(any(parse_log_time(e["timestamp"]) >= since for e in w.events("partitions_assigned"))
-               for w in workers if w.alive())
+    return all(
+        any(parse_log_time(e["timestamp"]) >= since for e in w.events("partitions_assigned"))
+        for w in workers
+        if w.alive()
+    )
 
 
 def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> dict[str, Any]:
@@ -404,8 +439,9 @@ def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> 
         def snapshot() -> dict[str, int]:
             return {w.name: _consumed(w) for w in fleet.workers if w.alive()}
 
-        def event(name: str, before: dict[str, int], after: dict[str, int], since: float,
-                  settle_s: float) -> dict[str, Any]:
+        def event(
+            name: str, before: dict[str, int], after: dict[str, int], since: float, settle_s: float
+        ) -> dict[str, Any]:
             # The topic is static and fully consumed, so every record read after ``since`` is a
             # re-read.  A moved partition is read by its new owner from the offset it was assigned
             # at up to the log end; whatever else was read was read on partitions that did not move.
@@ -447,13 +483,23 @@ def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> 
         since = time.time()
         member = GroupMember(ctx.bootstrap, f"ingest-{source}", topic, ctx.timeout).start()
         try:
-            joined = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout,
-                             ready=lambda: member.assigned is not None and _rebalanced_since(fleet.workers, since))
+            joined = _settle(
+                fleet.workers,
+                partitions,
+                quiet_s=2.0,
+                timeout=ctx.timeout,
+                ready=lambda: member.assigned is not None and _rebalanced_since(fleet.workers, since),
+            )
         finally:
             left_at = time.time()
             member.leave()
-        left = _settle(fleet.workers, partitions, quiet_s=2.0, timeout=ctx.timeout,
-                       ready=lambda: _rebalanced_since(fleet.workers, left_at))
+        left = _settle(
+            fleet.workers,
+            partitions,
+            quiet_s=2.0,
+            timeout=ctx.timeout,
+            ready=lambda: _rebalanced_since(fleet.workers, left_at),
+        )
         after = snapshot()
         ev = event("member joins and leaves (no partition moves)", before, after, since, joined + left)
         ev["member_assigned"] = member.assigned

@@ -26,8 +26,13 @@ SCRIPT = Path(__file__).resolve().parent / "peer_quix.py"
 
 def _has_quix(python: str) -> bool:
     try:
-        proc = subprocess.run([python, "-c", "import quixstreams"], capture_output=True, timeout=60, check=False,
-                              env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        proc = subprocess.run(
+            [python, "-c", "import quixstreams"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
@@ -45,8 +50,10 @@ def find_python(explicit: str | None) -> tuple[str | None, str]:
     for python in candidates:
         if (Path(python).exists() or shutil.which(python)) and _has_quix(python):
             return python, ""
-    return None, (f"quixstreams not installed (run `python -m bench --setup-peer`: it needs its own virtualenv, "
-                  f"quixstreams {QUIX_VERSION} requires confluent-kafka<2.13)")
+    return None, (
+        f"quixstreams not installed (run `python -m bench --setup-peer`: it needs its own virtualenv, "
+        f"quixstreams {QUIX_VERSION} requires confluent-kafka<2.13)"
+    )
 
 
 def setup_venv(venv: Path = DEFAULT_VENV) -> str:
@@ -55,29 +62,58 @@ def setup_venv(venv: Path = DEFAULT_VENV) -> str:
     if not python.exists():
         venv.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"quixstreams=={QUIX_VERSION}",
-                    f"pyarrow=={PYARROW_VERSION}"], check=True, timeout=900)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", f"quixstreams=={QUIX_VERSION}", f"pyarrow=={PYARROW_VERSION}"],
+        check=True,
+        timeout=900,
+    )
     return str(python)
 
 
-def run(python: str, bootstrap: str, topic: str, records: int, value_bytes: int, work: Path,
-        commit_interval: float, timeout: float) -> dict[str, Any]:
+def run(
+    python: str,
+    bootstrap: str,
+    topic: str,
+    records: int,
+    value_bytes: int,
+    work: Path,
+    commit_interval: float,
+    timeout: float,
+) -> dict[str, Any]:
     """Run the peer to completion over the topic; the measured span is its first record to its last write."""
     # The sink refuses '-' and most punctuation in its directory: give it a clean relative one.
     run_dir = work / "peer"
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
     log_path = run_dir / "peer.log"
-    cmd = [python, str(SCRIPT), "--bootstrap", bootstrap, "--topic", topic,
-           "--group", f"bench-quix-{uuid.uuid4().hex[:8]}", "--expected", str(records), "--directory", "quix_out",
-           "--commit-interval", str(commit_interval), "--timeout", str(timeout), "--result", str(result_path)]
+    cmd = [
+        python,
+        str(SCRIPT),
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        topic,
+        "--group",
+        f"bench-quix-{uuid.uuid4().hex[:8]}",
+        "--expected",
+        str(records),
+        "--directory",
+        "quix_out",
+        "--commit-interval",
+        str(commit_interval),
+        "--timeout",
+        str(timeout),
+        "--result",
+        str(result_path),
+    ]
     # Not the project's environment: no PYTHONPATH into the repo, quiet deprecation warnings.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONWARNINGS"] = "ignore"
     started = time.time()
     with log_path.open("wb") as log:
-        proc = subprocess.run(cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout + 60,
-                              check=False)
+        proc = subprocess.run(
+            cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout + 60, check=False
+        )
     if not result_path.exists():
         tail = log_path.read_text(errors="replace")[-2000:]
         return {"status": "n/a", "reason": f"peer exited {proc.returncode} without a result: {tail}"}

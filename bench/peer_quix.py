@@ -54,9 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         LocalFileSink,
     )
 
-    state: dict[str, Any] = {"first_record_at": None, "first_cpu": None, "last_write_at": None,
-                             "last_cpu": None, "rows": 0,
-                             "files": 0, "bytes": 0}
+    state: dict[str, Any] = {
+        "first_record_at": None,
+        "first_cpu": None,
+        "last_write_at": None,
+        "last_cpu": None,
+        "rows": 0,
+        "files": 0,
+        "bytes": 0,
+    }
     done = threading.Event()
 
     class CountingSink(LocalFileSink):  # type: ignore[misc,unused-ignore]

@@ -41,10 +41,11 @@ def read_stat(pid: int) -> ProcStat | None:
     except OSError:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rfind(")") + 2:].split()
+    rest = raw[raw.rfind(")") + 2 :].split()
     # rest[0] is field 3 (state): ppid is field 4, utime 14, stime 15, rss 24 (in pages).
-    return ProcStat(ppid=int(rest[1]), cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK,
-                    rss_bytes=int(rest[21]) * _PAGE)
+    return ProcStat(
+        ppid=int(rest[1]), cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK, rss_bytes=int(rest[21]) * _PAGE
+    )
 
 
 def process_tree(roots: Sequence[int]) -> dict[int, ProcStat]:
@@ -118,8 +119,7 @@ class TreeSampler:
                     rss += st.rss_bytes
                 rss_by_root[root] = rss
                 total_rss += rss
-            s = Sample(at=time.time(), cpu_s=sum(self._last_cpu.values()), rss_bytes=total_rss,
-                       rss_by_root=rss_by_root)
+            s = Sample(at=time.time(), cpu_s=sum(self._last_cpu.values()), rss_bytes=total_rss, rss_by_root=rss_by_root)
             self.samples.append(s)
             return s
 
@@ -173,8 +173,9 @@ class WorkerProcess:
     _log: IO[bytes] = field(repr=False)
 
     @classmethod
-    def start(cls, name: str, source: str, env: dict[str, str], log_dir: Path, metrics_port: int,
-              cwd: Path) -> WorkerProcess:
+    def start(
+        cls, name: str, source: str, env: dict[str, str], log_dir: Path, metrics_port: int, cwd: Path
+    ) -> WorkerProcess:
         log_path = log_dir / f"{name}.log"
         # "x": a second worker of the same name must not truncate the first one's log, which
         # the benchmark still reads (its events are its results).
@@ -183,12 +184,23 @@ class WorkerProcess:
         started_at = time.time()
         proc = subprocess.Popen(
             [sys.executable, "-m", "ingest", "worker", source],
-            env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             # Own group: a stuck worker is killed together with its Spark JVM.
             process_group=0,
         )
-        return cls(name=name, source=source, log_path=log_path, metrics_port=metrics_port, proc=proc,
-                   started_at=started_at, _log=log)
+        return cls(
+            name=name,
+            source=source,
+            log_path=log_path,
+            metrics_port=metrics_port,
+            proc=proc,
+            started_at=started_at,
+            _log=log,
+        )
 
     def events(self, name: str | None = None) -> Iterator[dict[str, Any]]:
         """The JSON events logged so far (Spark's and the JVM's plain lines are skipped)."""

@@ -87,15 +87,31 @@ class _Partitions:
         split_id = uuid.uuid4()
         build = uuid.uuid4()
         # Registered as a worker's build thread does, before (and outside) the timed publish.
-        self._store.register_build("bench", BuildRegistration(
-            build, SOURCE, f"file:///bench/_staging/{build}", f"file:///bench/segments/{build}",
-            f"file:///bench/rejects/{build}", (split_id,)))
-        segment = BuiltSegment(split_id=split_id, location=f"file:///bench/segments/{build}",
-                               files=(f"file:///bench/segments/{build}/part-0.zstd.parquet",), row_count=records,
-                               size_bytes=1_000_000)
-        return SegmentToPublish(source=SOURCE, spec_version=1, worker_id="bench", segment=segment,
-                                ranges=(PublishRange(OffsetRange(tp, start, start + records),
-                                                     self._claims[tp].serial),))
+        self._store.register_build(
+            "bench",
+            BuildRegistration(
+                build,
+                SOURCE,
+                f"file:///bench/_staging/{build}",
+                f"file:///bench/segments/{build}",
+                f"file:///bench/rejects/{build}",
+                (split_id,),
+            ),
+        )
+        segment = BuiltSegment(
+            split_id=split_id,
+            location=f"file:///bench/segments/{build}",
+            files=(f"file:///bench/segments/{build}/part-0.zstd.parquet",),
+            row_count=records,
+            size_bytes=1_000_000,
+        )
+        return SegmentToPublish(
+            source=SOURCE,
+            spec_version=1,
+            worker_id="bench",
+            segment=segment,
+            ranges=(PublishRange(OffsetRange(tp, start, start + records), self._claims[tp].serial),),
+        )
 
 
 def _timed(store: Metastore, partitions: _Partitions) -> float:
@@ -139,20 +155,26 @@ def main(argv: list[str] | None = None) -> int:
         apply_migrations(url)
         with Metastore(url) as store:
             partitions = _Partitions(store)
-            with delaying_proxy(pg.port, args.delay_ms / 1000) as port, \
-                    Metastore(url.replace(f":{pg.port}/", f":{port}/")) as slow:
+            with (
+                delaying_proxy(pg.port, args.delay_ms / 1000) as port,
+                Metastore(url.replace(f":{pg.port}/", f":{port}/")) as slow,
+            ):
                 _timed(slow, partitions)  # connects
                 times = sorted(_timed(slow, partitions) for _ in range(5))
             round_trips = times[len(times) // 2] * 1000 / args.delay_ms
             results["round_trips"] = round(round_trips, 2)
-            print(f"publish round trips: {round_trips:.2f} (median of 5 through a proxy holding each reply "
-                  f"{args.delay_ms:g} ms)")
+            print(
+                f"publish round trips: {round_trips:.2f} (median of 5 through a proxy holding each reply "
+                f"{args.delay_ms:g} ms)"
+            )
             for busy, label in ((0, "alone"), (1, "beside a busy Python thread")):
                 stats = percentiles(_latencies_ms(store, partitions, args.publishes, busy))
                 results[f"latency_ms_busy_{busy}"] = stats
-                print(f"publish latency, {label}: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms, "
-                      f"max {stats['max']:.2f} ms (n={stats['n']}, GIL switch interval "
-                      f"{GIL_SWITCH_INTERVAL_S * 1000:g} ms)")
+                print(
+                    f"publish latency, {label}: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms, "
+                    f"max {stats['max']:.2f} ms (n={stats['n']}, GIL switch interval "
+                    f"{GIL_SWITCH_INTERVAL_S * 1000:g} ms)"
+                )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)

@@ -65,13 +65,15 @@ class BatchWriter:
     def write(self, topic: str, messages: list[Any]) -> None:
         table = parse_values(b"\n".join(m.value() for m in messages))
         n = len(messages)
-        kafka = pa.table({
-            "_topic": pa.array([topic] * n, pa.string()),
-            "_partition": pa.array([m.partition() for m in messages], pa.int32()),
-            "_offset": pa.array([m.offset() for m in messages], pa.int64()),
-            "_timestamp": pa.array([m.timestamp()[1] for m in messages], pa.timestamp("ms", tz="UTC")),
-            "_key": pa.array([m.key() for m in messages], pa.binary()),
-        })
+        kafka = pa.table(
+            {
+                "_topic": pa.array([topic] * n, pa.string()),
+                "_partition": pa.array([m.partition() for m in messages], pa.int32()),
+                "_offset": pa.array([m.offset() for m in messages], pa.int64()),
+                "_timestamp": pa.array([m.timestamp()[1] for m in messages], pa.timestamp("ms", tz="UTC")),
+                "_key": pa.array([m.key() for m in messages], pa.binary()),
+            }
+        )
         for name in table.column_names:
             kafka = kafka.append_column(name, table[name])
         path = self._out_dir / f"part-{self.files:05d}.parquet"
@@ -85,16 +87,18 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
     from confluent_kafka import Consumer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        # A fresh group: starts from earliest, like every other system in the bench.
-        "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-        "enable.partition.eof": False,
-        "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 1000,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            # A fresh group: starts from earliest, like every other system in the bench.
+            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+        }
+    )
     consumer.subscribe([topic])
     writer = BatchWriter(out_dir)
     # Done when every partition delivered its last offset (Kafka's end offsets, which the

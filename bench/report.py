@@ -49,12 +49,19 @@ def table(results: dict[str, Any]) -> str:
             rows.append([label(key, row), "n/a", "", "", "", "", "", "", ""])
             missing.append(f"{label(key, row)}: n/a, {row.get('reason', 'no reason given')}")
             continue
-        rows.append([
-            label(key, row), _fmt(row["records"]), _fmt(row["wall_s"], 2), _fmt(row["records_per_s"], 0),
-            _fmt(row["mb_per_s"], 2), _fmt(row["cpu_s_per_million"], 1), _fmt(row["peak_rss_mb"], 0),
-            _fmt(r.get(f"{key}/raw"), 3) if key.startswith("ingest") else "",
-            _fmt(r.get(f"{key}/peer"), 3) if key.startswith("ingest") else "",
-        ])
+        rows.append(
+            [
+                label(key, row),
+                _fmt(row["records"]),
+                _fmt(row["wall_s"], 2),
+                _fmt(row["records_per_s"], 0),
+                _fmt(row["mb_per_s"], 2),
+                _fmt(row["cpu_s_per_million"], 1),
+                _fmt(row["peak_rss_mb"], 0),
+                _fmt(r.get(f"{key}/raw"), 3) if key.startswith("ingest") else "",
+                _fmt(r.get(f"{key}/peer"), 3) if key.startswith("ingest") else "",
+            ]
+        )
     widths = [max(len(head[i]), *(len(x[i]) for x in rows)) for i in range(len(head))]
     broker = results.get("broker")
 
@@ -65,37 +72,55 @@ def table(results: dict[str, Any]) -> str:
     out += [line(head), line(["-" * w for w in widths]), *(line(x) for x in rows), *missing]
     repeated = [(key, tp[key]["runs_records_per_s"]) for key in SYSTEMS if "runs_records_per_s" in tp.get(key, {})]
     if repeated:
-        out.append("median of runs; records/s of each run: " + "; ".join(
-            f"{label(key, tp[key])} " + " / ".join(_fmt(float(v), 0) for v in runs) for key, runs in repeated))
+        out.append(
+            "median of runs; records/s of each run: "
+            + "; ".join(
+                f"{label(key, tp[key])} " + " / ".join(_fmt(float(v), 0) for v in runs) for key, runs in repeated
+            )
+        )
     lat = results.get("latency", {})
     pub = lat.get("publish_transaction_ms", {})
     vis = lat.get("produce_to_visible_s", {})
     out.append("")
-    out.append(f"publish transaction: p50 {_fmt(pub.get('p50'), 2)} ms, p99 {_fmt(pub.get('p99'), 2)} ms "
-               f"({pub.get('n', 0)} publishes)")
+    out.append(
+        f"publish transaction: p50 {_fmt(pub.get('p50'), 2)} ms, p99 {_fmt(pub.get('p99'), 2)} ms "
+        f"({pub.get('n', 0)} publishes)"
+    )
     steady = lat.get("steady", {})
-    out.append(f"produce-to-visible at {_fmt(steady.get('rate_per_s'), 0)} records/s for "
-               f"{_fmt(steady.get('duration_s'), 0)} s: p50 {_fmt(vis.get('p50'), 2)} s, "
-               f"p99 {_fmt(vis.get('p99'), 2)} s "
-               f"({vis.get('n', 0)} segments; split max_age {results['config']['split']['max_age']})")
+    out.append(
+        f"produce-to-visible at {_fmt(steady.get('rate_per_s'), 0)} records/s for "
+        f"{_fmt(steady.get('duration_s'), 0)} s: p50 {_fmt(vis.get('p50'), 2)} s, "
+        f"p99 {_fmt(vis.get('p99'), 2)} s "
+        f"({vis.get('n', 0)} segments; split max_age {results['config']['split']['max_age']})"
+    )
     rb = results.get("rebalance")
     if rb:
         for ev in rb["events"]:
-            out.append(f"rebalance {ev['event']}: partitions moved {ev['partitions_moved']}, re-consumed on kept "
-                       f"partitions {_fmt(ev['reconsumed_kept'], 0)}, on moved partitions "
-                       f"{_fmt(ev['reconsumed_moved'], 0)} (settled in {_fmt(ev['settle_s'], 1)} s)")
-        out.append(f"rebalance total: {_fmt(rb['consumed_total'], 0)} records consumed for {rb['records']:,} in the "
-                   f"topic; exactly-once: {rb['exactly_once']['ok']}")
+            out.append(
+                f"rebalance {ev['event']}: partitions moved {ev['partitions_moved']}, re-consumed on kept "
+                f"partitions {_fmt(ev['reconsumed_kept'], 0)}, on moved partitions "
+                f"{_fmt(ev['reconsumed_moved'], 0)} (settled in {_fmt(ev['settle_s'], 1)} s)"
+            )
+        out.append(
+            f"rebalance total: {_fmt(rb['consumed_total'], 0)} records consumed for {rb['records']:,} in the "
+            f"topic; exactly-once: {rb['exactly_once']['ok']}"
+        )
     scaling = results.get("scaling")
     if scaling:
         for key, points in scaling.items():
-            out.append(f"scaling by {key}: " + "; ".join(
-                f"{point[key]} -> {_fmt(point['records_per_s'], 0)} records/s "
-                f"({_fmt(point['cpu_s_per_million'], 1)} CPU s/M)" for point in points))
+            out.append(
+                f"scaling by {key}: "
+                + "; ".join(
+                    f"{point[key]} -> {_fmt(point['records_per_s'], 0)} records/s "
+                    f"({_fmt(point['cpu_s_per_million'], 1)} CPU s/M)"
+                    for point in points
+                )
+            )
     checks = results.get("exactly_once", {})
     if checks:
-        out.append("exactly-once checks: " + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'}"
-                                                       for k, v in checks.items()))
+        out.append(
+            "exactly-once checks: " + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'}" for k, v in checks.items())
+        )
     return "\n".join(out)
 
 
@@ -127,17 +152,23 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
         ax.set_yscale("log")
     ax.set_ylabel("records / s")
     cfg = results["config"]
-    ax.set_title(f"throughput: {cfg['records']:,} records x ~{cfg['avg_record_bytes']:.0f} B, "
-                 f"{cfg['partitions']} partitions")
+    ax.set_title(
+        f"throughput: {cfg['records']:,} records x ~{cfg['avg_record_bytes']:.0f} B, {cfg['partitions']} partitions"
+    )
     for bar, v in zip(bars, values, strict=True):
-        ax.annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=8)
+        ax.annotate(
+            f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8
+        )
 
     lat = results.get("latency", {})
     for ax, samples, unit, title in (
         (axes[1], lat.get("publish_ms_samples", []), "ms", "publish transaction"),
-        (axes[2], lat.get("steady", {}).get("produce_to_visible_samples_s", []), "s",
-         f"produce-to-visible at {lat.get('steady', {}).get('rate_per_s', 0):.0f} records/s"),
+        (
+            axes[2],
+            lat.get("steady", {}).get("produce_to_visible_samples_s", []),
+            "s",
+            f"produce-to-visible at {lat.get('steady', {}).get('rate_per_s', 0):.0f} records/s",
+        ),
     ):
         if samples:
             ordered = sorted(samples)
@@ -149,16 +180,18 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
             stats = lat.get("publish_transaction_ms" if unit == "ms" else "produce_to_visible_s", {})
             for q, style in (("p50", "--"), ("p99", ":")):
                 if stats.get(q) is not None:
-                    ax.axvline(stats[q], linestyle=style, color="k", linewidth=0.8,
-                               label=f"{q} {stats[q]:.2f} {unit}")
+                    ax.axvline(stats[q], linestyle=style, color="k", linewidth=0.8, label=f"{q} {stats[q]:.2f} {unit}")
             ax.legend(loc="lower right", fontsize=8)
         else:
             ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(unit)
         ax.set_ylabel("fraction <= x")
         ax.set_title(f"{title} (CDF, n={len(samples)})")
-    fig.suptitle(f"python -m bench on {cfg['cpus']} CPUs (load average {cfg['load_at_start']:.2f} at start, "
-                 f"{cfg['load_at_end']:.2f} at end)", fontsize=10)
+    fig.suptitle(
+        f"python -m bench on {cfg['cpus']} CPUs (load average {cfg['load_at_start']:.2f} at start, "
+        f"{cfg['load_at_end']:.2f} at end)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

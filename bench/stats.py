@@ -16,5 +16,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
-    return {"n": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99),
-            "max": max(values) if values else None}
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else None,
+    }

@@ -62,8 +62,16 @@ class StoreRun:
 
 
 def _spec(name: str, store: str) -> SourceSpec:
-    return spec_from_dict({"name": name, "topics": [TOPIC], "event_time": EVENT_TIME, "segment_store": store,
-                           "on_parse_error": "reject", "schema": SCHEMA})
+    return spec_from_dict(
+        {
+            "name": name,
+            "topics": [TOPIC],
+            "event_time": EVENT_TIME,
+            "segment_store": store,
+            "on_parse_error": "reject",
+            "schema": SCHEMA,
+        }
+    )
 
 
 def _batch(run: StoreRun, splits: int, records: int, values: list[bytes]) -> list[SealedSplit]:
@@ -73,11 +81,21 @@ def _batch(run: StoreRun, splits: int, records: int, values: list[bytes]) -> lis
         tp = TopicPartition(TOPIC, p)
         start = run.next_offset.get(tp, 0)
         run.next_offset[tp] = start + records
-        batch.append(SealedSplit(
-            id=uuid.uuid4(), tp=tp, serial=run.claims[tp].serial, start=start, end=start + records,
-            records=tuple(SyntheticRecord(start + i, values[i]) for i in range(records)),
-            size_bytes=sum(len(v) for v in values[:records]), first_record_at=now, sealed_at=now,
-            seal_reason="bench", kill_switch=KillSwitch()))
+        batch.append(
+            SealedSplit(
+                id=uuid.uuid4(),
+                tp=tp,
+                serial=run.claims[tp].serial,
+                start=start,
+                end=start + records,
+                records=tuple(SyntheticRecord(start + i, values[i]) for i in range(records)),
+                size_bytes=sum(len(v) for v in values[:records]),
+                first_record_at=now,
+                sealed_at=now,
+                seal_reason="bench",
+                kill_switch=KillSwitch(),
+            )
+        )
     return batch
 
 
@@ -95,8 +113,13 @@ def _round(run: StoreRun, store: Metastore, splits: int, records: int, values: l
         if not isinstance(result, BuiltSegment):
             raise RuntimeError(f"{run.kind}: a build failed: {result!r}")
         run.bytes_written += result.size_bytes
-        item = SegmentToPublish(source=run.spec.name, spec_version=run.version, worker_id="bench", segment=result,
-                                ranges=(PublishRange(OffsetRange(split.tp, split.start, split.end), split.serial),))
+        item = SegmentToPublish(
+            source=run.spec.name,
+            spec_version=run.version,
+            worker_id="bench",
+            segment=result,
+            ranges=(PublishRange(OffsetRange(split.tp, split.start, split.end), split.serial),),
+        )
         started = time.perf_counter()
         store.publish(item)
         run.publish_ms.append((time.perf_counter() - started) * 1000)
@@ -115,8 +138,9 @@ def _summary(run: StoreRun, splits: int, records: int) -> dict[str, Any]:
     }
     if run.requests:
         methods = sorted({m for c in run.requests for m in c})
-        out["s3_requests_per_batch"] = {m: round(sum(c[m] for c in run.requests) / len(run.requests), 1)
-                                        for m in methods}
+        out["s3_requests_per_batch"] = {
+            m: round(sum(c[m] for c in run.requests) / len(run.requests), 1) for m in methods
+        }
     return out
 
 
@@ -129,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(level=logging.WARNING)
     values = [record_value(i) for i in range(args.records)]
-    results: dict[str, Any] = {"records_per_split": args.records, "splits_per_batch": args.splits,
-                               "rounds": args.rounds, "machine": f"{os.cpu_count()} cores"}
+    results: dict[str, Any] = {
+        "records_per_split": args.records,
+        "splits_per_batch": args.splits,
+        "rounds": args.rounds,
+        "machine": f"{os.cpu_count()} cores",
+    }
     with LocalPostgres() as pg, LocalS3() as s3, tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         os.environ.update(s3.env)  # S3A (through ingest.spark) and pyarrow read the usual AWS variables
         url = pg.create_database("bench_store")
@@ -143,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                 spec = _spec(f"bench_{kind}", uri)
                 version, _ = store.apply_source(spec.name, spec.to_json(), f"# bench.store {kind}")
                 store.register_partitions(spec.name, TOPIC, range(args.splits), "earliest")
-                claims = store.claim_partitions(spec.name, "bench",
-                                                [TopicPartition(TOPIC, p) for p in range(args.splits)])
+                claims = store.claim_partitions(
+                    spec.name, "bench", [TopicPartition(TOPIC, p) for p in range(args.splits)]
+                )
                 builder = SparkSegmentBuilder(spark, Registrar(register_store, "bench"))
                 builder.warm_up(spec, 2 * args.records, splits=args.splits)
                 runs.append(StoreRun(kind, spec, version, claims, builder, s3 if kind == "s3" else None))
@@ -164,13 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
     for kind in ("file", "s3"):
         r = results[kind]
-        line = (f"{kind:>4}: build {r['build_s_per_batch']['p50']:.2f} s per batch of {args.splits} x "
-                f"{args.records} records ({r['build_s_per_split_p50']:.3f} s per split, "
-                f"{r['records_per_s_p50']:,} records/s), publish p50 {r['publish_ms']['p50']:.2f} ms "
-                f"p99 {r['publish_ms']['p99']:.2f} ms, {r['mb_written_per_batch']} MB per batch")
+        line = (
+            f"{kind:>4}: build {r['build_s_per_batch']['p50']:.2f} s per batch of {args.splits} x "
+            f"{args.records} records ({r['build_s_per_split_p50']:.3f} s per split, "
+            f"{r['records_per_s_p50']:,} records/s), publish p50 {r['publish_ms']['p50']:.2f} ms "
+            f"p99 {r['publish_ms']['p99']:.2f} ms, {r['mb_written_per_batch']} MB per batch"
+        )
         if "s3_requests_per_batch" in r:
-            line += ", S3 requests per batch: " + ", ".join(f"{m} {n:g}" for m, n in
-                                                            r["s3_requests_per_batch"].items())
+            line += ", S3 requests per batch: " + ", ".join(f"{m} {n:g}" for m, n in r["s3_requests_per_batch"].items())
         print(line)
     ratio = results["s3"]["build_s_per_batch"]["p50"] / results["file"]["build_s_per_batch"]["p50"]
     results["s3_build_time_vs_file"] = round(ratio, 2)

@@ -46,14 +46,16 @@ CORRUPT = "_corrupt"
 # "errorifexists": the Spark Connect client only knows the short name.
 WRITE_MODE = "error"
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
-STAGED_SCHEMA = pa.schema([
-    ("_topic", pa.string()),
-    ("_partition", pa.int32()),
-    ("_offset", pa.int64()),
-    ("_timestamp", pa.timestamp("ms", tz="UTC")),
-    ("_key", pa.binary()),
-    ("_value", pa.binary()),
-])
+STAGED_SCHEMA = pa.schema(
+    [
+        ("_topic", pa.string()),
+        ("_partition", pa.int32()),
+        ("_offset", pa.int64()),
+        ("_timestamp", pa.timestamp("ms", tz="UTC")),
+        ("_key", pa.binary()),
+        ("_value", pa.binary()),
+    ]
+)
 STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
 
 
@@ -81,22 +83,31 @@ def stage_records(split: SealedSplit) -> pa.Table:
         kind, ms = r.timestamp()
         timestamps.append(ms if kind != 0 else None)  # 0: TIMESTAMP_NOT_AVAILABLE
     n = len(records)
-    return pa.table([
-        pa.array([split.tp.topic] * n, pa.string()),
-        pa.array([split.tp.partition] * n, pa.int32()),
-        pa.array([r.offset() for r in records], pa.int64()),
-        pa.array(timestamps, pa.timestamp("ms", tz="UTC")),
-        pa.array([r.key() for r in records], pa.binary()),
-        pa.array([r.value() for r in records], pa.binary()),
-    ], schema=STAGED_SCHEMA)
+    return pa.table(
+        [
+            pa.array([split.tp.topic] * n, pa.string()),
+            pa.array([split.tp.partition] * n, pa.int32()),
+            pa.array([r.offset() for r in records], pa.int64()),
+            pa.array(timestamps, pa.timestamp("ms", tz="UTC")),
+            pa.array([r.key() for r in records], pa.binary()),
+            pa.array([r.value() for r in records], pa.binary()),
+        ],
+        schema=STAGED_SCHEMA,
+    )
 
 
 def spark_type(name: str) -> Any:
     from pyspark.sql import types as T
 
     scalars = {
-        "string": T.StringType(), "long": T.LongType(), "int": T.IntegerType(), "double": T.DoubleType(),
-        "float": T.FloatType(), "boolean": T.BooleanType(), "timestamp": T.TimestampType(), "date": T.DateType(),
+        "string": T.StringType(),
+        "long": T.LongType(),
+        "int": T.IntegerType(),
+        "double": T.DoubleType(),
+        "float": T.FloatType(),
+        "boolean": T.BooleanType(),
+        "timestamp": T.TimestampType(),
+        "date": T.DateType(),
     }
     if name.startswith("array<") and name.endswith(">"):
         return T.ArrayType(scalars[name[6:-1]])
@@ -146,21 +157,31 @@ def _make_plan(spec: SourceSpec) -> _Plan:
         error=error,
         total=F.count(F.lit(1)).alias("total"),
         good=F.col("_error").isNull(),
-        output_columns=(*(F.col(c) for c in META_COLUMNS),
-                        *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)),
+        output_columns=(
+            *(F.col(c) for c in META_COLUMNS),
+            *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
+        ),
     )
 
 
 _WARM_UP_VALUES: dict[str, Any] = {
-    "string": "warm-up", "long": 1_795_000_000_123, "int": 42, "double": 12.5, "float": 0.25, "boolean": True,
-    "timestamp": "2026-11-23T10:00:00.123Z", "date": "2026-11-23",
+    "string": "warm-up",
+    "long": 1_795_000_000_123,
+    "int": 42,
+    "double": 12.5,
+    "float": 0.25,
+    "boolean": True,
+    "timestamp": "2026-11-23T10:00:00.123Z",
+    "date": "2026-11-23",
 }
 
 
 def warm_up_value(spec: SourceSpec) -> bytes:
     """A JSON record with a value of the right type in every column of the schema."""
-    doc = {name: [_WARM_UP_VALUES[ctype[6:-1]]] * 3 if ctype.startswith("array<") else _WARM_UP_VALUES[ctype]
-           for name, ctype in spec.schema}
+    doc = {
+        name: [_WARM_UP_VALUES[ctype[6:-1]]] * 3 if ctype.startswith("array<") else _WARM_UP_VALUES[ctype]
+        for name, ctype in spec.schema
+    }
     return json.dumps(doc).encode()
 
 
@@ -219,8 +240,10 @@ class SparkSegmentBuilder:
             results.update(self._build_live(live, spec))
         elapsed = time.monotonic() - started
         log.debug("batch_built", splits=len(splits), records=sum(len(s) for s in splits), seconds=round(elapsed, 3))
-        return [replace(r, build_seconds=elapsed) if isinstance(r, BuiltSegment) else r
-                for r in (results[split.id] for split in splits)]
+        return [
+            replace(r, build_seconds=elapsed) if isinstance(r, BuiltSegment) else r
+            for r in (results[split.id] for split in splits)
+        ]
 
     def warm_up(self, spec: SourceSpec, records: int, splits: int = 2) -> float:
         """Build and discard ``records`` synthetic records, dealt over ``splits`` splits of one
@@ -235,11 +258,21 @@ class SparkSegmentBuilder:
         good = warm_up_value(spec)
         # Every 100th record is bad, so the rejects path is compiled too.
         batch = [
-            SealedSplit(id=uuid.uuid4(), tp=TopicPartition("_warm_up", n), serial=0, start=0, end=per_split,
-                        records=tuple(SyntheticRecord(i, good if i % 100 else b"{") for i in range(per_split)),
-                        size_bytes=len(good) * per_split, first_record_at=started, sealed_at=started,
-                        seal_reason="warm_up", kill_switch=KillSwitch())
-            for n in range(splits)]
+            SealedSplit(
+                id=uuid.uuid4(),
+                tp=TopicPartition("_warm_up", n),
+                serial=0,
+                start=0,
+                end=per_split,
+                records=tuple(SyntheticRecord(i, good if i % 100 else b"{") for i in range(per_split)),
+                size_bytes=len(good) * per_split,
+                first_record_at=started,
+                sealed_at=started,
+                seal_reason="warm_up",
+                kill_switch=KillSwitch(),
+            )
+            for n in range(splits)
+        ]
         for result in self.build_batch(batch, spec):
             # Policy "fail" stops at the synthetic bad record: the parse path ran all the same.
             if isinstance(result, BuiltSegment):
@@ -262,8 +295,12 @@ class SparkSegmentBuilder:
         self._interrupt_when_all_killed(splits, tag)
         registered = False
         try:
-            self._registrar.register(BuildRegistration(build, spec.name, dirs.staging, dirs.data, dirs.rejects,
-                                                       tuple(split.id for split in splits)), splits)
+            self._registrar.register(
+                BuildRegistration(
+                    build, spec.name, dirs.staging, dirs.data, dirs.rejects, tuple(split.id for split in splits)
+                ),
+                splits,
+            )
             registered = True
             for split in splits:
                 self._stage(split, staged[split.id])
@@ -278,15 +315,21 @@ class SparkSegmentBuilder:
             if registered:
                 self._cleanup(dirs.data, dirs.rejects)
             if not isinstance(exc, BuildError | SplitKilled):
-                log.warning("batch_failed", batch=str(build), splits=len(splits), error=first_line(exc),
-                            exc_info=not _is_spark_error(exc))
+                log.warning(
+                    "batch_failed",
+                    batch=str(build),
+                    splits=len(splits),
+                    error=first_line(exc),
+                    exc_info=not _is_spark_error(exc),
+                )
             failed: dict[uuid.UUID, BuildResult] = {}
             for split in splits:
                 if split.kill_switch.tripped:
                     failed[split.id] = SplitKilled(split.kill_switch.reason or "killed")
                 else:
                     failed[split.id] = BuildError(
-                        f"building split {split.id} of {split.tp} (batch of {len(splits)}) failed: {first_line(exc)}")
+                        f"building split {split.id} of {split.tp} (batch of {len(splits)}) failed: {first_line(exc)}"
+                    )
             return failed
         finally:
             if registered:
@@ -305,6 +348,7 @@ class SparkSegmentBuilder:
                     last = not remaining
                 if last:
                     self._interrupt(tag)
+
             return tripped
 
         for split in splits:
@@ -339,15 +383,26 @@ class SparkSegmentBuilder:
         from pyspark.sql import Observation
 
         # The staged schema is fixed: giving it saves reading the footers to infer it.
-        df = (self._spark.read.schema(STAGED_DDL).parquet(*staged)
-              .select(*plan.staged_columns).withColumn("_error", plan.error))
+        df = (
+            self._spark.read.schema(STAGED_DDL)
+            .parquet(*staged)
+            .select(*plan.staged_columns)
+            .withColumn("_error", plan.error)
+        )
         observation = Observation(f"build-{uuid.uuid4().hex}")
-        (df.observe(observation, plan.total).filter(plan.good if good else ~plan.good).select(*columns)
-         .write.mode(WRITE_MODE).option("compression", "zstd").parquet(out_dir))
+        (
+            df.observe(observation, plan.total)
+            .filter(plan.good if good else ~plan.good)
+            .select(*columns)
+            .write.mode(WRITE_MODE)
+            .option("compression", "zstd")
+            .parquet(out_dir)
+        )
         return int(observation.get["total"])
 
-    def _run(self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_dir: str,
-             rejects_dir: str) -> dict[uuid.UUID, BuildResult]:
+    def _run(
+        self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_dir: str, rejects_dir: str
+    ) -> dict[uuid.UUID, BuildResult]:
         plan = self._plan(spec)
         total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
@@ -359,13 +414,23 @@ class SparkSegmentBuilder:
         if short:
             self._parse(plan, [staged[s.id] for s in short], False, rejects_dir, (*META_COLUMNS, "_value", "_error"))
             rejected.update(output_files.attribute(rejects_dir, short))
-        return {split.id: self._finish(split, spec, data[split.id], rejected[split.id], data_dir, rejects_dir)
-                for split in splits}
+        return {
+            split.id: self._finish(split, spec, data[split.id], rejected[split.id], data_dir, rejects_dir)
+            for split in splits
+        }
 
-    def _finish(self, split: SealedSplit, spec: SourceSpec, files: list[output_files.OutputFile],
-                rejects: list[output_files.OutputFile], data_dir: str, rejects_dir: str) -> BuildResult:
+    def _finish(
+        self,
+        split: SealedSplit,
+        spec: SourceSpec,
+        files: list[output_files.OutputFile],
+        rejects: list[output_files.OutputFile],
+        data_dir: str,
+        rejects_dir: str,
+    ) -> BuildResult:
         """Apply the parse-error policy to one split of the batch: its segment lists its
         files where Spark wrote them, or they are deleted."""
+
         def drop() -> None:
             self._cleanup(*(f.uri for f in (*files, *rejects)))
 

@@ -64,9 +64,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             print(f"ingest migrate: waiting for PostgreSQL: {redact(str(exc))}", file=sys.stderr)
             time.sleep(2)
     where = redact_url(settings.database_url)
-    _emit(args, {"applied": applied, "database": where},
-          [f"applied {len(applied)} migration(s) to {where}" + (": " + ", ".join(applied) if applied
-                                                                 else " (already up to date)")])
+    _emit(
+        args,
+        {"applied": applied, "database": where},
+        [
+            f"applied {len(applied)} migration(s) to {where}"
+            + (": " + ", ".join(applied) if applied else " (already up to date)")
+        ],
+    )
     return 0
 
 
@@ -78,18 +83,31 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
         version, changed = store.apply_source(
             spec.name, spec.to_json(), text, reactivate=getattr(args, "reactivate", False)
         )
-    _emit(args, {"source": spec.name, "version": version, "changed": changed},
-          [f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)")])
+    _emit(
+        args,
+        {"source": spec.name, "version": version, "changed": changed},
+        [f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)")],
+    )
     return 0
 
 
 def cmd_source_list(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         rows = store.list_sources()
-    sources = [{"name": r["name"], "version": r["version"], "desired_state": r["desired_state"],
-                "updated_at": r["updated_at"].isoformat()} for r in rows]
-    _emit(args, {"sources": sources},
-          [f"{r['name']}\tversion {r['version']}\t{r['desired_state']}\tupdated {r['updated_at']}" for r in sources])
+    sources = [
+        {
+            "name": r["name"],
+            "version": r["version"],
+            "desired_state": r["desired_state"],
+            "updated_at": r["updated_at"].isoformat(),
+        }
+        for r in rows
+    ]
+    _emit(
+        args,
+        {"sources": sources},
+        [f"{r['name']}\tversion {r['version']}\t{r['desired_state']}\tupdated {r['updated_at']}" for r in sources],
+    )
     return 0
 
 
@@ -119,8 +137,9 @@ def _since(value: str) -> datetime:
     try:
         at = datetime.fromisoformat(value)
     except ValueError:
-        raise ConfigError(f"--since: expected a time such as 2026-11-25T04:00:00Z or an age such as 30m, "
-                          f"got {value!r}") from None
+        raise ConfigError(
+            f"--since: expected a time such as 2026-11-25T04:00:00Z or an age such as 30m, got {value!r}"
+        ) from None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
@@ -180,9 +199,14 @@ def cmd_gaps_ack(args: argparse.Namespace) -> int:
     with Metastore(_settings().database_url) as store:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         acked = store.acknowledge_gaps(args.source, by, None if args.all else args.id)
-    _emit(args, {"source": args.source, "acknowledged": list(acked), "by": by},
-          [f"acknowledged {len(acked)} gap(s) of {args.source} as {by}"
-           + (f": {', '.join(map(str, acked))}" if acked else "")])
+    _emit(
+        args,
+        {"source": args.source, "acknowledged": list(acked), "by": by},
+        [
+            f"acknowledged {len(acked)} gap(s) of {args.source} as {by}"
+            + (f": {', '.join(map(str, acked))}" if acked else "")
+        ],
+    )
     return 0
 
 
@@ -209,8 +233,12 @@ def _wait_drained(store: Metastore, source: str, timeout_s: float, what: str, pr
         if not pending or now >= deadline:
             return pending
         if now >= next_progress:
-            print(f"source {source}: {what}: waiting for {len(pending)} worker(s): {', '.join(pending)} "
-                  f"({deadline - now:.0f} s left)", file=progress, flush=True)
+            print(
+                f"source {source}: {what}: waiting for {len(pending)} worker(s): {', '.join(pending)} "
+                f"({deadline - now:.0f} s left)",
+                file=progress,
+                flush=True,
+            )
             next_progress = now + PROGRESS_EVERY_S
         time.sleep(0.5)
 
@@ -232,11 +260,17 @@ def cmd_control(args: argparse.Namespace) -> int:
             _emit(args, {"source": args.source, "desired_state": state})
             return 0
         pending = _wait_drained(store, args.source, timeout_s, "draining", _progress(args))
-    _emit(args, {"source": args.source, "desired_state": state, "drained": not pending, "pending": pending},
-          [] if pending else [f"source {args.source}: drained (every fetched record published)"])
+    _emit(
+        args,
+        {"source": args.source, "desired_state": state, "drained": not pending, "pending": pending},
+        [] if pending else [f"source {args.source}: drained (every fetched record published)"],
+    )
     if pending:
-        print(f"ingest: error: drain of {args.source} timed out after {timeout_s:g} s; still draining: "
-              + ", ".join(pending), file=sys.stderr)
+        print(
+            f"ingest: error: drain of {args.source} timed out after {timeout_s:g} s; still draining: "
+            + ", ".join(pending),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -249,9 +283,16 @@ def cmd_health(args: argparse.Namespace) -> int:
     with Metastore(settings.database_url) as store:
         status = source_status(store, settings, args.source, errors=0)
     healthy = status["state"] != "UNHEALTHY"
-    _emit(args, {"source": args.source, "healthy": healthy, "state": status["state"],
-                 "detailed_state": status["detailed_state"]},
-          [f"{args.source}: {'healthy' if healthy else 'unhealthy'} ({status['state']}, {status['detailed_state']})"])
+    _emit(
+        args,
+        {
+            "source": args.source,
+            "healthy": healthy,
+            "state": status["state"],
+            "detailed_state": status["detailed_state"],
+        },
+        [f"{args.source}: {'healthy' if healthy else 'unhealthy'} ({status['state']}, {status['detailed_state']})"],
+    )
     return 0 if healthy else 1
 
 
@@ -269,12 +310,25 @@ def cmd_gc(args: argparse.Namespace) -> int:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
         result = collect_garbage(store, args.source, grace_s=grace, dry_run=args.dry_run)
     would = "would " if args.dry_run else ""
-    _emit(args, {"source": args.source, "dry_run": args.dry_run, "grace_s": grace, "abandoned": result.abandoned,
-                 "deleted": list(result.deleted), "swept": result.swept, "kept": result.kept,
-                 "unswept": result.unswept, "unsafe": list(result.unsafe)},
-          [f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
-           f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
-           f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building"])
+    _emit(
+        args,
+        {
+            "source": args.source,
+            "dry_run": args.dry_run,
+            "grace_s": grace,
+            "abandoned": result.abandoned,
+            "deleted": list(result.deleted),
+            "swept": result.swept,
+            "kept": result.kept,
+            "unswept": result.unswept,
+            "unsafe": list(result.unsafe),
+        },
+        [
+            f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
+            f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
+            f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building"
+        ],
+    )
     for problem in result.unsafe:
         print(f"gc: not swept, {problem}", file=sys.stderr)
     return 1 if result.unsafe else 0
@@ -345,8 +399,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
             args.source, targets, actor=actor, reason=args.reason, target=args.to, confirmed=args.yes, earliest=earliest
         )
     if not result.partitions:
-        _emit(args, {"source": args.source, "reset_id": None, "partitions": []},
-              [f"source {args.source}: nothing to reset (stored offsets already there)"])
+        _emit(
+            args,
+            {"source": args.source, "reset_id": None, "partitions": []},
+            [f"source {args.source}: nothing to reset (stored offsets already there)"],
+        )
         return 0
     if result.reset_id is None:
         effects = "; ".join(f"{p.tp} {_reset_effect(p)}" for p in result.partitions if p.replayed or p.skipped)
@@ -355,11 +412,24 @@ def cmd_reset(args: argparse.Namespace) -> int:
             "nothing changed: re-run with --yes to apply"
         )
     lines = [f"source {args.source}: reset #{result.reset_id} by {actor}"]
-    lines += [f"  {p.tp}: {dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
-              + (f", {_reset_effect(p)}" if _reset_effect(p) else "") for p in result.partitions]
-    partitions = [{"topic": p.tp.topic, "partition": p.tp.partition, "old_offset": p.old_offset,
-                   "new_offset": p.new_offset, "old_serial": p.old_serial, "new_serial": p.new_serial,
-                   "replayed": p.replayed, "skipped": p.skipped} for p in result.partitions]
+    lines += [
+        f"  {p.tp}: {dash(p.old_offset)} -> {p.new_offset} (serial {p.old_serial} -> {p.new_serial})"
+        + (f", {_reset_effect(p)}" if _reset_effect(p) else "")
+        for p in result.partitions
+    ]
+    partitions = [
+        {
+            "topic": p.tp.topic,
+            "partition": p.tp.partition,
+            "old_offset": p.old_offset,
+            "new_offset": p.new_offset,
+            "old_serial": p.old_serial,
+            "new_serial": p.new_serial,
+            "replayed": p.replayed,
+            "skipped": p.skipped,
+        }
+        for p in result.partitions
+    ]
     _emit(args, {"source": args.source, "reset_id": result.reset_id, "actor": actor, "partitions": partitions}, lines)
     return 0
 
@@ -377,17 +447,27 @@ def cmd_terminate(args: argparse.Namespace) -> int:
     timeout_s = _timeout(args)
     with Metastore(_settings().database_url) as store:
         if store.control(args.source).terminated:
-            _emit(args, {"source": args.source, "state": "terminated", "already": True},
-                  [f"source {args.source}: already terminated"])
+            _emit(
+                args,
+                {"source": args.source, "state": "terminated", "already": True},
+                [f"source {args.source}: already terminated"],
+            )
             return 0
         store.set_control(args.source, "terminating")
-        print(f"source {args.source}: terminating (workers publish what they hold and exit)", file=_progress(args),
-              flush=True)
+        print(
+            f"source {args.source}: terminating (workers publish what they hold and exit)",
+            file=_progress(args),
+            flush=True,
+        )
         pending = _wait_drained(store, args.source, timeout_s, "terminating", _progress(args))
         if pending:
             _emit(args, {"source": args.source, "state": "terminating", "pending": pending})
-            print(f"ingest: error: terminate of {args.source} timed out after {timeout_s:g} s; still draining: "
-                  + ", ".join(pending) + " (the source stays terminating; re-run to wait again)", file=sys.stderr)
+            print(
+                f"ingest: error: terminate of {args.source} timed out after {timeout_s:g} s; still draining: "
+                + ", ".join(pending)
+                + " (the source stays terminating; re-run to wait again)",
+                file=sys.stderr,
+            )
             return 1
         if not store.mark_terminated(args.source):
             # Another terminate finished first (fine), or the state was changed under us (by a
@@ -395,37 +475,56 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             state = store.control(args.source).desired_state
             if state != "terminated":
                 _emit(args, {"source": args.source, "state": state, "pending": []})
-                print(f"ingest: error: source {args.source} was not terminated: its state changed to {state} "
-                      "while its workers drained", file=sys.stderr)
+                print(
+                    f"ingest: error: source {args.source} was not terminated: its state changed to {state} "
+                    "while its workers drained",
+                    file=sys.stderr,
+                )
                 return 1
-    _emit(args, {"source": args.source, "state": "terminated", "already": False},
-          [f"source {args.source}: terminated (segments, status and history stay queryable)"])
+    _emit(
+        args,
+        {"source": args.source, "state": "terminated", "already": False},
+        [f"source {args.source}: terminated (segments, status and history stay queryable)"],
+    )
     return 0
 
 
 # `ingest COMMAND --help` ends with these.
 EXAMPLES = {
-    "migrate": ["ingest migrate", "ingest migrate --wait 120      # PostgreSQL may still be starting",
-                "ingest migrate --break-lock    # a migrate died holding the lock; none runs now"],
-    "source apply": ["ingest source apply deploy/clicks.toml",
-                     "ingest source apply deploy/clicks.toml --reactivate   # run a terminated source again"],
+    "migrate": [
+        "ingest migrate",
+        "ingest migrate --wait 120      # PostgreSQL may still be starting",
+        "ingest migrate --break-lock    # a migrate died holding the lock; none runs now",
+    ],
+    "source apply": [
+        "ingest source apply deploy/clicks.toml",
+        "ingest source apply deploy/clicks.toml --reactivate   # run a terminated source again",
+    ],
     "source list": ["ingest source list"],
     "source history": ["ingest source history clicks", "ingest source history clicks --json"],
     "worker": ["INGEST_METRICS_PORT=9400 ingest worker clicks"],
     "status": ["ingest status clicks", "ingest status clicks --json | jq .partitions"],
-    "segments": ["ingest segments clicks --since 1h", "ingest segments clicks --limit 10 --json",
-                 "ingest segments clicks --since 2026-11-25T04:00:00Z"],
+    "segments": [
+        "ingest segments clicks --since 1h",
+        "ingest segments clicks --limit 10 --json",
+        "ingest segments clicks --since 2026-11-25T04:00:00Z",
+    ],
     "health": ["ingest health clicks || echo unhealthy"],
     "suspend": ["ingest suspend clicks"],
     "resume": ["ingest resume clicks"],
     "drain": ["ingest drain clicks --timeout 120   # before an upgrade", "ingest drain clicks --stay"],
-    "reset": ["ingest reset clicks --to latest --reason 'skip the backlog' --yes",
-              "ingest reset clicks --to clicks:0=1200,clicks:1=0 --yes"],
+    "reset": [
+        "ingest reset clicks --to latest --reason 'skip the backlog' --yes",
+        "ingest reset clicks --to clicks:0=1200,clicks:1=0 --yes",
+    ],
     "terminate": ["ingest terminate clicks --timeout 600"],
     "gaps list": ["ingest gaps list clicks"],
     "gaps ack": ["ingest gaps ack clicks --id 3 --by alice", "ingest gaps ack clicks --all"],
-    "gc": ["ingest gc clicks --dry-run", "ingest gc clicks                 # grace: 6 h",
-           "ingest gc clicks --grace 0 --force   # only when no worker of the source runs"],
+    "gc": [
+        "ingest gc clicks --dry-run",
+        "ingest gc clicks                 # grace: 6 h",
+        "ingest gc clicks --grace 0 --force   # only when no worker of the source runs",
+    ],
 }
 
 
@@ -451,10 +550,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     migrate = sub.add_parser("migrate", help="create or upgrade the metastore schema")
     # Parsed by cmd_migrate: a bad value is a one-line ConfigError naming --wait.
-    migrate.add_argument("--wait", default="0",
-                         help="retry connecting to PostgreSQL for up to this many seconds (default: %(default)s)")
-    migrate.add_argument("--break-lock", action="store_true",
-                         help="remove a migration lock left by a run that died (only when no other migrate runs)")
+    migrate.add_argument(
+        "--wait", default="0", help="retry connecting to PostgreSQL for up to this many seconds (default: %(default)s)"
+    )
+    migrate.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="remove a migration lock left by a run that died (only when no other migrate runs)",
+    )
     migrate.set_defaults(func=cmd_migrate)
 
     source = sub.add_parser("source", help="manage source specs").add_subparsers(dest="source_command", required=True)
@@ -494,8 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("source")
         if name == "segments":
-            p.add_argument("--since", help="only segments published since this time (ISO 8601, UTC by default) "
-                                           "or this long ago (30m, 2h)")
+            p.add_argument(
+                "--since",
+                help="only segments published since this time (ISO 8601, UTC by default) or this long ago (30m, 2h)",
+            )
             p.add_argument("--limit", help="only the newest N segments")
         p.set_defaults(func=func)
 

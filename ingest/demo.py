@@ -50,9 +50,15 @@ max_age = "2s"
 def sample(i: int) -> bytes:
     if i % 500 == 499:  # a few unparseable records, to show the rejects segments
         return b'{"id": "oops", "user": '
-    return json.dumps({"id": i, "user": f"user-{i % 1000}", "ts": f"2026-11-22T{(i // 3600) % 24:02d}:"
-                       f"{(i // 60) % 60:02d}:{i % 60:02d}Z", "amount": round(i * 0.37, 2),
-                       "tags": ["demo", f"t{i % 5}"]}).encode()
+    return json.dumps(
+        {
+            "id": i,
+            "user": f"user-{i % 1000}",
+            "ts": f"2026-11-22T{(i // 3600) % 24:02d}:{(i // 60) % 60:02d}:{i % 60:02d}Z",
+            "amount": round(i * 0.37, 2),
+            "tags": ["demo", f"t{i % 5}"],
+        }
+    ).encode()
 
 
 def produce(bootstrap: str, first: int, n: int, ends: dict[int, int]) -> None:
@@ -79,8 +85,11 @@ def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], publis
     """What the demo waits for, in words: the first minute is Spark starting, not a hang.
     A worker registers (heartbeats) once its Spark session is up and warmed, before it joins
     the consumer group."""
-    exited = [f"worker-{n} exited with code {proc.returncode} (see worker-{n}.log)"
-              for n, proc in enumerate(workers) if proc.poll() is not None]
+    exited = [
+        f"worker-{n} exited with code {proc.returncode} (see worker-{n}.log)"
+        for n, proc in enumerate(workers)
+        if proc.poll() is not None
+    ]
     live = store.live_workers("clicks")
     states = Counter(str(w["state"]) for w in live)
     parts = exited[:]
@@ -91,8 +100,9 @@ def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], publis
         parts.append(f"{states['starting']} worker(s) joining the consumer group")
     if states.get("running") and not published:
         owned = {p for w in live for p in w["partitions"]}
-        parts.append(f"{states['running']} worker(s) own {len(owned)}/{PARTITIONS} partitions: "
-                     "building the first segments")
+        parts.append(
+            f"{states['running']} worker(s) own {len(owned)}/{PARTITIONS} partitions: building the first segments"
+        )
     return "; ".join(parts)
 
 
@@ -124,19 +134,32 @@ def main(argv: list[str] | None = None) -> int:
         with Metastore(url) as store:
             store.apply_source(spec.name, spec.to_json(), text)
 
-        env = {**os.environ, "INGEST_DATABASE_URL": url, "INGEST_KAFKA_BOOTSTRAP": broker.bootstrap,
-               "INGEST_SPARK_MASTER": os.environ.get("INGEST_SPARK_MASTER", "local[1]"),
-               "INGEST_SPARK_DRIVER_MEMORY": "1g", "INGEST_BUILD_THREADS": "1", "INGEST_LOG_FORMAT": "json",
-               "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000"}
+        env = {
+            **os.environ,
+            "INGEST_DATABASE_URL": url,
+            "INGEST_KAFKA_BOOTSTRAP": broker.bootstrap,
+            "INGEST_SPARK_MASTER": os.environ.get("INGEST_SPARK_MASTER", "local[1]"),
+            "INGEST_SPARK_DRIVER_MEMORY": "1g",
+            "INGEST_BUILD_THREADS": "1",
+            "INGEST_LOG_FORMAT": "json",
+            "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
+        }
         ports = [free_port() for _ in range(args.workers)]
         workers = []
         for n, port in enumerate(ports):
             log = (work / f"worker-{n}.log").open("wb")
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "ingest", "worker", "clicks"], stdout=log, stderr=subprocess.STDOUT,
-                env={**env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"demo-worker-{n}"}))
-        print(f"started {args.workers} workers; logs: {work}/worker-N.log; metrics: "
-              + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in ports))
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ingest", "worker", "clicks"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"demo-worker-{n}"},
+                )
+            )
+        print(
+            f"started {args.workers} workers; logs: {work}/worker-N.log; metrics: "
+            + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in ports)
+        )
 
         produced_rest = False
         deadline = time.monotonic() + args.timeout
@@ -167,16 +190,27 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "ingest", "status", "clicks"], env=env, check=False)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5) as resp:
-                lines = [ln for ln in resp.read().decode().splitlines()
-                         if ln.startswith(("ingest_records_published_total", "ingest_segments_published_total",
-                                           "ingest_assigned_partitions", "ingest_records_rejected_total"))]
+                lines = [
+                    ln
+                    for ln in resp.read().decode().splitlines()
+                    if ln.startswith(
+                        (
+                            "ingest_records_published_total",
+                            "ingest_segments_published_total",
+                            "ingest_assigned_partitions",
+                            "ingest_records_rejected_total",
+                        )
+                    )
+                ]
             print("worker 0 metrics:\n  " + "\n  ".join(lines))
         except OSError as exc:
             print(f"(metrics of worker 0 unavailable: {exc})")
-        print(f"\nlook around:\n  psql '{url}' -c 'SELECT * FROM ingest_partition_status ORDER BY partition'"
-              f"\n  psql '{url}' -c 'SELECT id, row_count, rejects_count, files FROM ingest_segments LIMIT 5'"
-              f"\n  INGEST_DATABASE_URL='{url}' INGEST_KAFKA_BOOTSTRAP={broker.bootstrap} "
-              "python -m ingest segments clicks")
+        print(
+            f"\nlook around:\n  psql '{url}' -c 'SELECT * FROM ingest_partition_status ORDER BY partition'"
+            f"\n  psql '{url}' -c 'SELECT id, row_count, rejects_count, files FROM ingest_segments LIMIT 5'"
+            f"\n  INGEST_DATABASE_URL='{url}' INGEST_KAFKA_BOOTSTRAP={broker.bootstrap} "
+            "python -m ingest segments clicks"
+        )
         if args.keep:
             print("\neverything keeps running; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):

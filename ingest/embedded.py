@@ -480,18 +480,25 @@ def _maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bo
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise FileNotFoundError(f"{what} jars are not fetched and Maven is not installed; "
-                                "run scripts/setup.sh (Debian packages 'maven' and 'openjdk-17-jre-headless')")
+        raise FileNotFoundError(
+            f"{what} jars are not fetched and Maven is not installed; "
+            "run scripts/setup.sh (Debian packages 'maven' and 'openjdk-17-jre-headless')"
+        )
     libs.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
     try:
         result = subprocess.run(
             [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
         )
         if result.returncode != 0 or not complete(staging):
-            raise RuntimeError(f"mvn could not fetch {what} (exit {result.returncode}):\n"
-                               + result.stdout.decode("utf-8", errors="replace")[-4000:])
+            raise RuntimeError(
+                f"mvn could not fetch {what} (exit {result.returncode}):\n"
+                + result.stdout.decode("utf-8", errors="replace")[-4000:]
+            )
         staging.rename(libs)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -626,8 +633,9 @@ class LocalKafka:
     ``overrides`` replace or add broker settings.
     """
 
-    def __init__(self, base_dir: Path | None = None, heap_mb: int = 512,
-                 overrides: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, base_dir: Path | None = None, heap_mb: int = 512, overrides: Mapping[str, str] | None = None
+    ) -> None:
         self._base_dir = base_dir
         self._owns_dir = base_dir is None
         self._heap_mb = heap_mb
@@ -734,18 +742,24 @@ class LocalKafka:
                 self._launch(libs, ready_timeout)
                 return
             except _PortInUse:
-                log.info("port %d or %d taken before kafka bound it (attempt %d); retrying",
-                         self._port, self._controller_port, attempt + 1)
+                log.info(
+                    "port %d or %d taken before kafka bound it (attempt %d); retrying",
+                    self._port,
+                    self._controller_port,
+                    attempt + 1,
+                )
         raise RuntimeError(f"could not find free ports for kafka after {attempts} attempts")
 
     def _write_config(self) -> Path:
         settings = dict(_KAFKA_SETTINGS)
-        settings.update({
-            "listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port},CONTROLLER://{_LOOPBACK}:{self._controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port}",
-            "controller.quorum.voters": f"1@{_LOOPBACK}:{self._controller_port}",
-            "log.dirs": str(self.base_dir / "data"),
-        })
+        settings.update(
+            {
+                "listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port},CONTROLLER://{_LOOPBACK}:{self._controller_port}",
+                "advertised.listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port}",
+                "controller.quorum.voters": f"1@{_LOOPBACK}:{self._controller_port}",
+                "log.dirs": str(self.base_dir / "data"),
+            }
+        )
         settings.update(self._overrides)
         path = self.base_dir / "server.properties"
         path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()), encoding="utf-8")
@@ -754,21 +768,33 @@ class LocalKafka:
 
     def _java_cmd(self, libs: Path, main: str, *args: str, heap_mb: int) -> list[str]:
         return [
-            _java(), f"-Xmx{heap_mb}m", f"-Xms{min(heap_mb, 128)}m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.yaml'}",
-            "-cp", str(libs / "*"), main, *args,
+            _java(),
+            f"-Xmx{heap_mb}m",
+            f"-Xms{min(heap_mb, 128)}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.yaml'}",
+            "-cp",
+            str(libs / "*"),
+            main,
+            *args,
         ]
 
     def _format_if_needed(self, libs: Path, config: Path) -> None:
         if (self.base_dir / "data" / "meta.properties").is_file():
             return
-        cmd = self._java_cmd(libs, "kafka.tools.StorageTool", "format", "-t", _kafka_cluster_id(),
-                             "-c", str(config), heap_mb=256)
-        result = subprocess.run(cmd, cwd=self.base_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                timeout=120, check=False)
+        cmd = self._java_cmd(
+            libs, "kafka.tools.StorageTool", "format", "-t", _kafka_cluster_id(), "-c", str(config), heap_mb=256
+        )
+        result = subprocess.run(
+            cmd, cwd=self.base_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False
+        )
         if result.returncode != 0:
-            raise RuntimeError(f"kafka-storage format failed (exit {result.returncode}):\n"
-                               + result.stdout.decode("utf-8", errors="replace")[-4000:])
+            raise RuntimeError(
+                f"kafka-storage format failed (exit {result.returncode}):\n"
+                + result.stdout.decode("utf-8", errors="replace")[-4000:]
+            )
 
     def _launch(self, libs: Path, ready_timeout: float) -> None:
         config = self._write_config()
@@ -796,8 +822,9 @@ class LocalKafka:
         assert self._proc is not None
         # A logger keeps librdkafka's "Connection refused" lines off stderr: they are expected
         # while the broker starts, and the last error is in the TimeoutError if it never answers.
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000},
-                            logger=_PROBE_LOG)
+        admin = AdminClient(
+            {"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000}, logger=_PROBE_LOG
+        )
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
@@ -862,8 +889,12 @@ class LocalS3:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"AWS_ACCESS_KEY_ID": "ingest-test", "AWS_SECRET_ACCESS_KEY": "ingest-test-secret",
-                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+        return {
+            "AWS_ACCESS_KEY_ID": "ingest-test",
+            "AWS_SECRET_ACCESS_KEY": "ingest-test-secret",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
 
     def uri(self, *parts: str) -> str:
         return "/".join([f"s3a://{self.bucket}", *parts])
@@ -880,7 +911,9 @@ class LocalS3:
         self.port = free_port()
         self._proc = subprocess.Popen(
             [sys.executable, "-c", f"from ingest.embedded import serve_local_s3; serve_local_s3({self.port})"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + self._start_timeout
         while True:
             try:
@@ -893,9 +926,14 @@ class LocalS3:
                 time.sleep(0.1)
         from pyarrow import fs as pafs
 
-        s3 = pafs.S3FileSystem(access_key=self.env["AWS_ACCESS_KEY_ID"], secret_key=self.env["AWS_SECRET_ACCESS_KEY"],
-                               region=self.env["AWS_REGION"], endpoint_override=self.endpoint, scheme="http",
-                               allow_bucket_creation=True)
+        s3 = pafs.S3FileSystem(
+            access_key=self.env["AWS_ACCESS_KEY_ID"],
+            secret_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region=self.env["AWS_REGION"],
+            endpoint_override=self.endpoint,
+            scheme="http",
+            allow_bucket_creation=True,
+        )
         s3.create_dir(self.bucket)
         return self
 
@@ -904,8 +942,9 @@ class LocalS3:
         import urllib.request
 
         action = "start" if on else "stop"
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}{_RECORDER_PATH}{action}", method="POST"),
-                               timeout=10).close()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}{_RECORDER_PATH}{action}", method="POST"), timeout=10
+        ).close()
 
     def requests(self) -> list[dict[str, Any]]:
         """The requests recorded since ``record(True)``: method, url (path and query), headers."""
@@ -943,7 +982,7 @@ class _RequestRecorder:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO", "")
         if path.startswith(_RECORDER_PATH):
-            action = path[len(_RECORDER_PATH):]
+            action = path[len(_RECORDER_PATH) :]
             with self._lock:
                 if action == "start":
                     self._entries, self._on = [], True
@@ -954,10 +993,14 @@ class _RequestRecorder:
             return [body]
         if self._on:
             query = environ.get("QUERY_STRING", "")
-            headers = {key[5:].replace("_", "-").lower(): value for key, value in environ.items()
-                       if key.startswith("HTTP_")}
-            entry = {"method": environ.get("REQUEST_METHOD", ""), "url": path + ("?" + query if query else ""),
-                     "headers": headers}
+            headers = {
+                key[5:].replace("_", "-").lower(): value for key, value in environ.items() if key.startswith("HTTP_")
+            }
+            entry = {
+                "method": environ.get("REQUEST_METHOD", ""),
+                "url": path + ("?" + query if query else ""),
+                "headers": headers,
+            }
             with self._lock:
                 self._entries.append(entry)
         return self._app(environ, start_response)
@@ -1055,13 +1098,17 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, 
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ingest-end-offsets",
-                         "enable.auto.commit": False}, logger=_PROBE_LOG)
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "ingest-end-offsets", "enable.auto.commit": False},
+        logger=_PROBE_LOG,
+    )
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
         partitions = sorted(metadata.topics[topic].partitions)
-        return {p: int(consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=timeout)[1])
-                for p in partitions}
+        return {
+            p: int(consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=timeout)[1])
+            for p in partitions
+        }
     finally:
         consumer.close()
 

@@ -49,8 +49,15 @@ class _BoundedServer(ThreadingHTTPServer):
 
 
 class Endpoints:
-    def __init__(self, registry: CollectorRegistry, healthy: Check, ready: Check, *,
-                 read_timeout_s: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        healthy: Check,
+        ready: Check,
+        *,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self._max_connections = max_connections
         routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {
             "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
@@ -81,8 +88,9 @@ class Endpoints:
         try:
             self._server = _BoundedServer((host, port), self._handler, self._max_connections)
         except OSError as exc:
-            raise ConfigError(f"metrics endpoint {host}:{port}: {exc.strerror or exc}"
-                              " (INGEST_METRICS_HOST / INGEST_METRICS_PORT)") from exc
+            raise ConfigError(
+                f"metrics endpoint {host}:{port}: {exc.strerror or exc} (INGEST_METRICS_HOST / INGEST_METRICS_PORT)"
+            ) from exc
         threading.Thread(target=self._server.serve_forever, name="ingest-http", daemon=True).start()
         return int(self._server.server_address[1])
 

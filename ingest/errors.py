@@ -56,7 +56,7 @@ class ParseFailure(IngestError):
     def __init__(self, topic: str, partition: int, offset: int, reason: str) -> None:
         super().__init__(
             f"unparseable record at topic={topic} partition={partition} offset={offset}: {reason}"
-            " (on_parse_error = \"fail\"; nothing at or after this offset was published)"
+            ' (on_parse_error = "fail"; nothing at or after this offset was published)'
         )
         self.topic = topic
         self.partition = partition

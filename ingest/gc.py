@@ -47,8 +47,7 @@ class GcResult:
     unswept: int = 0
 
 
-def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRACE_S,
-                    dry_run: bool = False) -> GcResult:
+def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> GcResult:
     result = GcResult()
     abandoned = store.abandon_stale_splits(source, grace_s, dry_run=dry_run)
     result.abandoned = len(abandoned)

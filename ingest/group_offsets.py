@@ -54,8 +54,11 @@ class GroupOffsets:
         if not self._pending or now < self._due:
             return
         self._due = now + self._interval_s
-        offsets = [KafkaTopicPartition(tp.topic, tp.partition, offset)
-                   for tp, offset in sorted(self._pending.items()) if tp in owned]
+        offsets = [
+            KafkaTopicPartition(tp.topic, tp.partition, offset)
+            for tp, offset in sorted(self._pending.items())
+            if tp in owned
+        ]
         self._pending.clear()
         if not offsets:
             return
@@ -78,5 +81,10 @@ class GroupOffsets:
         now = time.monotonic()
         if now - self._logged_at >= _LOG_EVERY_S:
             self._logged_at = now
-            log.warning("group_commit_failed", source=self._source, partitions=partitions, error=reason,
-                        note="advice only: positions come from the metastore")
+            log.warning(
+                "group_commit_failed",
+                source=self._source,
+                partitions=partitions,
+                error=reason,
+                note="advice only: positions come from the metastore",
+            )

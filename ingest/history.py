@@ -44,7 +44,12 @@ def source_history(store: Metastore, source: str) -> list[dict[str, Any]]:
     for row in store.spec_versions(source):
         # Specs applied before store URIs refused embedded credentials may still carry them.
         spec = redact_value(row["spec"])
-        out.append({"version": int(row["version"]), "applied_at": row["applied_at"].isoformat(),
-                    "changes": spec_changes(previous, spec)})
+        out.append(
+            {
+                "version": int(row["version"]),
+                "applied_at": row["applied_at"].isoformat(),
+                "changes": spec_changes(previous, spec),
+            }
+        )
         previous = spec
     return out

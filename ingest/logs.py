@@ -46,8 +46,9 @@ class _LibrdkafkaHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) and len(record.args) == 3 else None
         facility, client, message = args if args is not None else ("", "", record.getMessage())
-        structlog.get_logger("librdkafka").log(record.levelno, "librdkafka", facility=str(facility),
-                                               client=str(client), message=str(message))
+        structlog.get_logger("librdkafka").log(
+            record.levelno, "librdkafka", facility=str(facility), client=str(client), message=str(message)
+        )
 
 
 def librdkafka_logger() -> logging.Logger:

@@ -44,8 +44,9 @@ class OffsetStore(Protocol):
     ) -> dict[TopicPartition, PartitionClaim]: ...
     def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
     def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None: ...
-    def skip_gap(self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int,
-                 to_offset: int) -> int: ...
+    def skip_gap(
+        self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
+    ) -> int: ...
 
 
 # Desired states in which workers publish what they hold and take nothing new; the last
@@ -197,8 +198,12 @@ class ConsumeLoop:
         self._handle(self._pipeline.poll(), draining=True)
         self._commit_group_offsets(float("inf"))
         drained = self._pipeline.inflight_count == 0
-        log.info("worker_drained" if drained else "worker_drain_timeout", source=self._source,
-                 worker=self._worker_id, inflight=self._pipeline.inflight_count)
+        log.info(
+            "worker_drained" if drained else "worker_drain_timeout",
+            source=self._source,
+            worker=self._worker_id,
+            inflight=self._pipeline.inflight_count,
+        )
         return drained
 
     # -- records -------------------------------------------------------------------
@@ -237,8 +242,17 @@ class ConsumeLoop:
 
     def _seal(self, owned: OwnedPartition, reason: str, now: float) -> None:
         split = owned.buffer.seal(reason, now)
-        log.info("split_sealed", source=self._source, topic=split.tp.topic, partition=split.tp.partition,
-                 start=split.start, end=split.end, records=len(split), bytes=split.size_bytes, reason=reason)
+        log.info(
+            "split_sealed",
+            source=self._source,
+            topic=split.tp.topic,
+            partition=split.tp.partition,
+            start=split.start,
+            end=split.end,
+            records=len(split),
+            bytes=split.size_bytes,
+            reason=reason,
+        )
         self._pipeline.submit(split)
 
     def _kafka_error(self, msg: Any, err: Any) -> None:
@@ -256,8 +270,15 @@ class ConsumeLoop:
                 owned.gap_pending = True
                 owned.retry_at = 0.0
                 self._pipeline.kill([owned.tp], KillReason.OUT_OF_RANGE)
-                log.warning("offset_refused", source=self._source, worker=self._worker_id, topic=msg.topic(),
-                            partition=msg.partition(), offset=msg.offset(), error=err.str())
+                log.warning(
+                    "offset_refused",
+                    source=self._source,
+                    worker=self._worker_id,
+                    topic=msg.topic(),
+                    partition=msg.partition(),
+                    offset=msg.offset(),
+                    error=err.str(),
+                )
                 self._resolve_gap(owned, time.monotonic())
             return
         log.warning("kafka_error", source=self._source, worker=self._worker_id, code=err.name(), error=err.str())
@@ -273,8 +294,14 @@ class ConsumeLoop:
             split = outcome.split
             owned = self._assignment.get(split.tp.topic, split.tp.partition)
             current = owned is not None and owned.claim.serial == split.serial and owned.epoch == split.epoch
-            fields = {"source": self._source, "topic": split.tp.topic, "partition": split.tp.partition,
-                      "start": split.start, "end": split.end, "split": str(split.id)}
+            fields = {
+                "source": self._source,
+                "topic": split.tp.topic,
+                "partition": split.tp.partition,
+                "start": split.start,
+                "end": split.end,
+                "split": str(split.id),
+            }
             if isinstance(outcome, Published):
                 self._published(outcome, owned if current else None, fields)
             elif isinstance(outcome, Killed):
@@ -284,8 +311,13 @@ class ConsumeLoop:
                 reason = outcome.conflict.reason
                 self._metrics.publish_conflicts.labels(self._source, reason).inc()
                 self._registry.error("PUBLISH_CONFLICT", str(outcome.conflict))
-                log.warning("publish_rejected", reason=reason, expected=outcome.conflict.expected,
-                            stored=outcome.conflict.actual, **fields)
+                log.warning(
+                    "publish_rejected",
+                    reason=reason,
+                    expected=outcome.conflict.expected,
+                    stored=outcome.conflict.actual,
+                    **fields,
+                )
                 if current and owned is not None and not draining:
                     if reason == ConflictReason.SERIAL:
                         owned.status = PartitionStatus.FENCED
@@ -298,8 +330,9 @@ class ConsumeLoop:
                 self._failed_streak += 1
                 self._last_failure = f"{outcome.stage} of {split.tp} [{split.start}, {split.end}): {outcome.error}"
                 if self._failed_streak == self._unhealthy_after:
-                    log.error("worker_unhealthy", source=self._source, worker=self._worker_id,
-                              reason=self.unhealthy_reason)
+                    log.error(
+                        "worker_unhealthy", source=self._source, worker=self._worker_id, reason=self.unhealthy_reason
+                    )
                 self._registry.error(f"{outcome.stage.upper()}_FAILED", f"{split.tp}: {outcome.error}")
                 log.error("split_failed", stage=outcome.stage, error=str(outcome.error), **fields)
                 if current and owned is not None and not draining:
@@ -329,10 +362,19 @@ class ConsumeLoop:
             if self._group_offsets is not None:
                 self._group_offsets.published(outcome.split.tp, outcome.split.end)
             m.partition_next_offset.labels(source, outcome.split.tp.topic, str(outcome.split.tp.partition)).set(
-                outcome.split.end)
-        log.info("segment_published", segment_id=outcome.segment_id, rows=seg.row_count, rejects=seg.rejects_count,
-                 skipped=seg.skipped_count, bytes=seg.size_bytes, build_s=round(seg.build_seconds, 3),
-                 publish_ms=round(outcome.publish_seconds * 1000, 2), **fields)
+                outcome.split.end
+            )
+        log.info(
+            "segment_published",
+            segment_id=outcome.segment_id,
+            rows=seg.row_count,
+            rejects=seg.rejects_count,
+            skipped=seg.skipped_count,
+            bytes=seg.size_bytes,
+            build_s=round(seg.build_seconds, 3),
+            publish_ms=round(outcome.publish_seconds * 1000, 2),
+            **fields,
+        )
 
     def _commit_group_offsets(self, now: float) -> None:
         if self._group_offsets is not None:
@@ -398,8 +440,13 @@ class ConsumeLoop:
             except KafkaException as exc:
                 log.warning("reset_seek_failed", source=self._source, partition=str(tp), error=str(exc))
                 self._schedule_rewind(owned)
-        log.info("partitions_reset", source=self._source, worker=self._worker_id, splits_killed=killed,
-                 partitions=[f"{c.tp}@{c.next_offset}#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)])
+        log.info(
+            "partitions_reset",
+            source=self._source,
+            worker=self._worker_id,
+            splits_killed=killed,
+            partitions=[f"{c.tp}@{c.next_offset}#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)],
+        )
 
     def _load_spec(self) -> None:
         """A new spec version: splits sealed from now on are built and published with it (split
@@ -408,13 +455,24 @@ class ConsumeLoop:
         version, doc = self._store.latest_spec(self._source)
         spec = SourceSpec.from_json(doc)
         if (spec.topics, spec.group_id) != (self._spec.topics, self._spec.group_id):
-            log.warning("spec_change_needs_restart", source=self._source, worker=self._worker_id,
-                        spec_version=version, topics=list(spec.topics), group=spec.group_id)
+            log.warning(
+                "spec_change_needs_restart",
+                source=self._source,
+                worker=self._worker_id,
+                spec_version=version,
+                topics=list(spec.topics),
+                group=spec.group_id,
+            )
         self._spec = spec
         self._pipeline.set_spec(spec, version)
         self._registry.spec_version = version
-        log.info("spec_version_applied", source=self._source, worker=self._worker_id, spec_version=version,
-                 previous=self._spec_version)
+        log.info(
+            "spec_version_applied",
+            source=self._source,
+            worker=self._worker_id,
+            spec_version=version,
+            previous=self._spec_version,
+        )
         self._spec_version = version
 
     # -- rewinds -------------------------------------------------------------------
@@ -443,8 +501,13 @@ class ConsumeLoop:
                 continue
             if state is None or state[0] != owned.claim.serial:
                 owned.status = PartitionStatus.FENCED
-                log.warning("partition_fenced", source=self._source, partition=str(owned.tp),
-                            serial=owned.claim.serial, stored_serial=state[0] if state else None)
+                log.warning(
+                    "partition_fenced",
+                    source=self._source,
+                    partition=str(owned.tp),
+                    serial=owned.claim.serial,
+                    stored_serial=state[0] if state else None,
+                )
                 continue
             claim = PartitionClaim(owned.tp, owned.claim.serial, state[1], owned.claim.initial_position)
             target = start_offset(claim)
@@ -483,16 +546,24 @@ class ConsumeLoop:
             reached = self._consumer.position([KafkaTopicPartition(o.tp.topic, o.tp.partition) for o in others])
             assign = [target]
             for o, at in zip(others, reached, strict=True):
-                position = at.offset if at.offset >= 0 else (
-                    o.buffer.position if o.buffer.position is not None else start_offset(o.claim))
+                position = (
+                    at.offset
+                    if at.offset >= 0
+                    else (o.buffer.position if o.buffer.position is not None else start_offset(o.claim))
+                )
                 assign.append(KafkaTopicPartition(o.tp.topic, o.tp.partition, position))
             self._consumer.assign(assign)
         # A new assignment starts unpaused (librdkafka may keep the flag: make it true);
         # the backpressure pass pauses it again if it must be.
         self._consumer.resume([KafkaTopicPartition(owned.tp.topic, owned.tp.partition)])
         owned.paused = False
-        log.info("partition_fetch_restarted", source=self._source, worker=self._worker_id,
-                 partition=str(owned.tp), offset=offset)
+        log.info(
+            "partition_fetch_restarted",
+            source=self._source,
+            worker=self._worker_id,
+            partition=str(owned.tp),
+            offset=offset,
+        )
 
     # -- offsets no longer in the log ------------------------------------------------
 
@@ -507,8 +578,12 @@ class ConsumeLoop:
         answering: retried a few seconds later, never skipped.
         """
         tp = owned.tp
-        fields: dict[str, Any] = {"source": self._source, "worker": self._worker_id, "topic": tp.topic,
-                                  "partition": tp.partition}
+        fields: dict[str, Any] = {
+            "source": self._source,
+            "worker": self._worker_id,
+            "topic": tp.topic,
+            "partition": tp.partition,
+        }
         owned.retry_at = now + 5.0
         try:
             state = self._store.partition_state(self._source, tp)
@@ -519,13 +594,15 @@ class ConsumeLoop:
         if state is None or state[0] != owned.claim.serial:
             owned.status = PartitionStatus.FENCED
             owned.gap_pending = False
-            log.warning("partition_fenced", serial=owned.claim.serial, stored_serial=state[0] if state else None,
-                        **fields)
+            log.warning(
+                "partition_fenced", serial=owned.claim.serial, stored_serial=state[0] if state else None, **fields
+            )
             return
         stored = state[1] if state[1] is not None else owned.refused_offset
         try:
-            low, high = self._consumer.get_watermark_offsets(KafkaTopicPartition(tp.topic, tp.partition),
-                                                             timeout=5.0, cached=False)
+            low, high = self._consumer.get_watermark_offsets(
+                KafkaTopicPartition(tp.topic, tp.partition), timeout=5.0, cached=False
+            )
         except KafkaException as exc:
             log.warning("offset_gap_check_failed", error=str(exc), **fields)
             return
@@ -539,10 +616,19 @@ class ConsumeLoop:
         if stored > high:
             # Past the log end: the topic was re-created or truncated. Not a gap to skip.
             owned.gap_pending = False
-            log.error("offset_out_of_range", stored=stored, earliest=low, high_watermark=high,
-                      action="partition stopped; the stored offset is past the log end", **fields)
-            self._registry.error("OFFSET_OUT_OF_RANGE", f"{tp}: stored offset {stored} is past the log end {high}"
-                                 " (topic re-created?); partition stopped, nothing skipped")
+            log.error(
+                "offset_out_of_range",
+                stored=stored,
+                earliest=low,
+                high_watermark=high,
+                action="partition stopped; the stored offset is past the log end",
+                **fields,
+            )
+            self._registry.error(
+                "OFFSET_OUT_OF_RANGE",
+                f"{tp}: stored offset {stored} is past the log end {high}"
+                " (topic re-created?); partition stopped, nothing skipped",
+            )
             return
         lost = {"from_offset": stored, "to_offset": low, "lost_records": low - stored}
         try:
@@ -568,12 +654,18 @@ class ConsumeLoop:
         self._metrics.offset_gap_records.labels(self._source, action).inc(low - stored)
         if not skipped:
             log.error("offset_out_of_range", **lost, action="partition stopped; nothing skipped", **fields)
-            self._registry.error("OFFSET_OUT_OF_RANGE", f"{tp}: offsets [{stored}, {low}) are no longer in the log;"
-                                 " partition stopped, nothing skipped (on_offset_out_of_range = \"fail\")")
+            self._registry.error(
+                "OFFSET_OUT_OF_RANGE",
+                f"{tp}: offsets [{stored}, {low}) are no longer in the log;"
+                ' partition stopped, nothing skipped (on_offset_out_of_range = "fail")',
+            )
             return
         log.error("offset_gap_skipped", gap_id=gap_id, **lost, policy="earliest", **fields)
-        self._registry.error("OFFSET_GAP_SKIPPED", f"{tp}: offsets [{stored}, {low}) were no longer in the log and"
-                             f" were skipped (gap {gap_id}; acknowledge with `ingest gaps ack`)")
+        self._registry.error(
+            "OFFSET_GAP_SKIPPED",
+            f"{tp}: offsets [{stored}, {low}) were no longer in the log and"
+            f" were skipped (gap {gap_id}; acknowledge with `ingest gaps ack`)",
+        )
         try:
             self._seek(owned, low)
         except KafkaException as exc:
@@ -594,8 +686,9 @@ class ConsumeLoop:
     def _apply_backpressure(self) -> None:
         limits = self._spec.split
         held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
-        full = (self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes
-                or self.holding)
+        full = (
+            self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes or self.holding
+        )
         self._pause({o.tp for o in self._assignment if full or o.status is not PartitionStatus.ACTIVE})
 
     def _pause(self, wanted: set[TopicPartition]) -> None:
@@ -620,7 +713,8 @@ class ConsumeLoop:
             published = owned.published_end if owned.published_end is not None else owned.claim.next_offset
             try:
                 _low, high = self._consumer.get_watermark_offsets(
-                    KafkaTopicPartition(tp.topic, tp.partition), cached=True)
+                    KafkaTopicPartition(tp.topic, tp.partition), cached=True
+                )
             except KafkaException:
                 high = -1
             if high >= 0 and published is not None:
@@ -629,7 +723,8 @@ class ConsumeLoop:
             if oldest is None:
                 oldest = owned.buffer.first_timestamp_ms()
             self._metrics.partition_lag_seconds.labels(*labels).set(
-                0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
+                0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000)
+            )
 
     def _update_gauges(self) -> None:
         source = self._source

@@ -39,68 +39,120 @@ class Metrics:
         r = self.registry
         self.source = source
         self.records_consumed = Counter("ingest_records_consumed", "Records read from Kafka", ["source"], registry=r)
-        self.bytes_consumed = Counter("ingest_bytes_consumed", "Record value bytes read from Kafka", ["source"],
-                                      registry=r)
-        self.records_published = Counter("ingest_records_published", "Rows in published segments", ["source"],
-                                          registry=r)
-        self.records_rejected = Counter("ingest_records_rejected", "Records published to rejects segments",
-                                        ["source", "reason"], registry=r)
-        self.records_skipped = Counter("ingest_records_skipped", "Unparseable records skipped (policy skip)",
-                                       ["source", "reason"], registry=r)
+        self.bytes_consumed = Counter(
+            "ingest_bytes_consumed", "Record value bytes read from Kafka", ["source"], registry=r
+        )
+        self.records_published = Counter(
+            "ingest_records_published", "Rows in published segments", ["source"], registry=r
+        )
+        self.records_rejected = Counter(
+            "ingest_records_rejected", "Records published to rejects segments", ["source", "reason"], registry=r
+        )
+        self.records_skipped = Counter(
+            "ingest_records_skipped", "Unparseable records skipped (policy skip)", ["source", "reason"], registry=r
+        )
         self.segments_published = Counter("ingest_segments_published", "Segments published", ["source"], registry=r)
-        self.publish_conflicts = Counter("ingest_publish_conflicts", "Publishes refused by the metastore",
-                                         ["source", "reason"], registry=r)
-        self.splits_killed = Counter("ingest_splits_killed", "Splits abandoned before publishing",
-                                     ["source", "reason"], registry=r)
-        self.split_failures = Counter("ingest_split_failures", "Split builds or publishes that failed",
-                                      ["source", "stage"], registry=r)
-        self.offset_gap_records = Counter("ingest_offset_gap_records",
-                                          "Offsets no longer in the log when needed (gap ledger), by action "
-                                          "(stopped: partition stopped; skipped: policy earliest)",
-                                          ["source", "action"], registry=r)
+        self.publish_conflicts = Counter(
+            "ingest_publish_conflicts", "Publishes refused by the metastore", ["source", "reason"], registry=r
+        )
+        self.splits_killed = Counter(
+            "ingest_splits_killed", "Splits abandoned before publishing", ["source", "reason"], registry=r
+        )
+        self.split_failures = Counter(
+            "ingest_split_failures", "Split builds or publishes that failed", ["source", "stage"], registry=r
+        )
+        self.offset_gap_records = Counter(
+            "ingest_offset_gap_records",
+            "Offsets no longer in the log when needed (gap ledger), by action "
+            "(stopped: partition stopped; skipped: policy earliest)",
+            ["source", "action"],
+            registry=r,
+        )
         self.rebalances = Counter("ingest_rebalances", "Rebalance callbacks", ["source", "kind"], registry=r)
-        self.rebalance_seconds = Histogram("ingest_rebalance_callback_seconds", "Time spent in rebalance callbacks",
-                                           ["source", "kind"], buckets=(*_PUBLISH_BUCKETS, 10, 30), registry=r)
-        self.metastore_errors = Counter("ingest_metastore_errors", "Metastore calls that failed", ["source"],
-                                        registry=r)
-        self.group_commits = Counter("ingest_group_commits",
-                                     "Published offsets committed to the consumer group as advice for Kafka's "
-                                     "tools (never read back), by result", ["source", "result"], registry=r)
-        self.kafka_errors = Counter("ingest_kafka_errors", "Errors reported by the Kafka client", ["source"],
-                                    registry=r)
-        self.assigned_partitions = Gauge("ingest_assigned_partitions", "Partitions assigned to this worker",
-                                         ["source"], registry=r)
-        self.paused_partitions = Gauge("ingest_paused_partitions", "Partitions paused (backpressure, fencing)",
-                                       ["source"], registry=r)
-        self.inflight_splits = Gauge("ingest_inflight_splits", "Sealed splits not yet published", ["source"],
-                                     registry=r)
-        self.inflight_bytes = Gauge("ingest_inflight_bytes", "Bytes of sealed splits not yet published",
-                                    ["source"], registry=r)
-        self.buffered_bytes = Gauge("ingest_buffered_bytes", "Bytes buffered in unsealed splits", ["source"],
-                                    registry=r)
-        self.partition_next_offset = Gauge("ingest_partition_next_offset", "Next offset to publish",
-                                           ["source", "topic", "partition"], registry=r)
-        self.partition_lag_records = Gauge("ingest_partition_lag_records",
-                                           "High watermark minus the next offset to publish",
-                                           ["source", "topic", "partition"], registry=r)
-        self.partition_lag_seconds = Gauge("ingest_partition_lag_seconds",
-                                           "Age of the oldest consumed record not yet published (0: none)",
-                                           ["source", "topic", "partition"], registry=r)
+        self.rebalance_seconds = Histogram(
+            "ingest_rebalance_callback_seconds",
+            "Time spent in rebalance callbacks",
+            ["source", "kind"],
+            buckets=(*_PUBLISH_BUCKETS, 10, 30),
+            registry=r,
+        )
+        self.metastore_errors = Counter(
+            "ingest_metastore_errors", "Metastore calls that failed", ["source"], registry=r
+        )
+        self.group_commits = Counter(
+            "ingest_group_commits",
+            "Published offsets committed to the consumer group as advice for Kafka's "
+            "tools (never read back), by result",
+            ["source", "result"],
+            registry=r,
+        )
+        self.kafka_errors = Counter(
+            "ingest_kafka_errors", "Errors reported by the Kafka client", ["source"], registry=r
+        )
+        self.assigned_partitions = Gauge(
+            "ingest_assigned_partitions", "Partitions assigned to this worker", ["source"], registry=r
+        )
+        self.paused_partitions = Gauge(
+            "ingest_paused_partitions", "Partitions paused (backpressure, fencing)", ["source"], registry=r
+        )
+        self.inflight_splits = Gauge(
+            "ingest_inflight_splits", "Sealed splits not yet published", ["source"], registry=r
+        )
+        self.inflight_bytes = Gauge(
+            "ingest_inflight_bytes", "Bytes of sealed splits not yet published", ["source"], registry=r
+        )
+        self.buffered_bytes = Gauge(
+            "ingest_buffered_bytes", "Bytes buffered in unsealed splits", ["source"], registry=r
+        )
+        self.partition_next_offset = Gauge(
+            "ingest_partition_next_offset", "Next offset to publish", ["source", "topic", "partition"], registry=r
+        )
+        self.partition_lag_records = Gauge(
+            "ingest_partition_lag_records",
+            "High watermark minus the next offset to publish",
+            ["source", "topic", "partition"],
+            registry=r,
+        )
+        self.partition_lag_seconds = Gauge(
+            "ingest_partition_lag_seconds",
+            "Age of the oldest consumed record not yet published (0: none)",
+            ["source", "topic", "partition"],
+            registry=r,
+        )
         self.worker_up = Gauge("ingest_worker_up", "1 while the worker runs its loop", ["source"], registry=r)
-        self.worker_state = Gauge("ingest_worker_state", "The worker's state: 1 for the current one, 0 for the others",
-                                  ["source", "state"], registry=r)
-        self.build_seconds = Histogram("ingest_split_build_seconds",
-                                       "Spark build time of the batch that built the split", ["source"],
-                                       buckets=_BUILD_BUCKETS, registry=r)
-        self.publish_seconds = Histogram("ingest_publish_transaction_seconds", "Publish transaction time",
-                                         ["source"], buckets=_PUBLISH_BUCKETS, registry=r)
-        self.visible_latency = Histogram("ingest_produce_to_visible_seconds",
-                                         "From a record's Kafka timestamp to its segment being published (newest "
-                                         "record of each segment)", ["source"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.segment_rows = Histogram("ingest_segment_rows", "Rows per published segment", ["source"],
-                                      buckets=_ROWS_BUCKETS, registry=r)
-        self.segment_bytes = Histogram("ingest_segment_bytes", "Bytes per published segment", ["source"],
-                                       buckets=_BYTES_BUCKETS, registry=r)
+        self.worker_state = Gauge(
+            "ingest_worker_state",
+            "The worker's state: 1 for the current one, 0 for the others",
+            ["source", "state"],
+            registry=r,
+        )
+        self.build_seconds = Histogram(
+            "ingest_split_build_seconds",
+            "Spark build time of the batch that built the split",
+            ["source"],
+            buckets=_BUILD_BUCKETS,
+            registry=r,
+        )
+        self.publish_seconds = Histogram(
+            "ingest_publish_transaction_seconds",
+            "Publish transaction time",
+            ["source"],
+            buckets=_PUBLISH_BUCKETS,
+            registry=r,
+        )
+        self.visible_latency = Histogram(
+            "ingest_produce_to_visible_seconds",
+            "From a record's Kafka timestamp to its segment being published (newest record of each segment)",
+            ["source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.segment_rows = Histogram(
+            "ingest_segment_rows", "Rows per published segment", ["source"], buckets=_ROWS_BUCKETS, registry=r
+        )
+        self.segment_bytes = Histogram(
+            "ingest_segment_bytes", "Bytes per published segment", ["source"], buckets=_BYTES_BUCKETS, registry=r
+        )
 
         # Every reason and state exists from the start (at 0), so rate() and alerts see the first increase.
         for reason in PARSE_ERRORS:
@@ -108,9 +160,13 @@ class Metrics:
             self.records_skipped.labels(source, reason)
         for result in ("ok", "failed"):
             self.group_commits.labels(source, result)
-        for counter, values in ((self.splits_killed, KillReason), (self.publish_conflicts, ConflictReason),
-                                (self.split_failures, FailureStage), (self.rebalances, RebalanceKind),
-                                (self.offset_gap_records, GapAction)):
+        for counter, values in (
+            (self.splits_killed, KillReason),
+            (self.publish_conflicts, ConflictReason),
+            (self.split_failures, FailureStage),
+            (self.rebalances, RebalanceKind),
+            (self.offset_gap_records, GapAction),
+        ):
             for value in values:
                 counter.labels(source, value.value)
         self._states = list(WORKER_STATES)
@@ -124,8 +180,10 @@ class Metrics:
 
     def count_parse_errors(self, segment: BuiltSegment) -> None:
         """Rejected and skipped records of a published segment, by reason."""
-        for counter, total in ((self.records_rejected, segment.rejects_count),
-                               (self.records_skipped, segment.skipped_count)):
+        for counter, total in (
+            (self.records_rejected, segment.rejects_count),
+            (self.records_skipped, segment.skipped_count),
+        ):
             if not total:
                 continue
             known = 0
@@ -140,4 +198,3 @@ class Metrics:
         for gauge in (self.partition_next_offset, self.partition_lag_records, self.partition_lag_seconds):
             with contextlib.suppress(KeyError):
                 gauge.remove(self.source, tp.topic, str(tp.partition))
-

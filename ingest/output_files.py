@@ -34,8 +34,9 @@ class OutputFile:
     max_event_us: int | None = None
 
 
-def attribute(dir_uri: str, splits: Sequence[SealedSplit], event_time: str | None = None
-              ) -> dict[uuid.UUID, list[OutputFile]]:
+def attribute(
+    dir_uri: str, splits: Sequence[SealedSplit], event_time: str | None = None
+) -> dict[uuid.UUID, list[OutputFile]]:
     """The non-empty files of ``dir_uri`` by split id (empty files are deleted: Spark writes
     one to carry the schema when a job outputs no rows at all)."""
     by_tp: dict[tuple[str, int], list[SealedSplit]] = {}
@@ -53,19 +54,35 @@ def attribute(dir_uri: str, splits: Sequence[SealedSplit], event_time: str | Non
         stats = _column_ranges(meta, uri, ("_topic", "_partition", "_offset", *([event_time] if event_time else [])))
         topic, partition, offsets = stats["_topic"], stats["_partition"], stats["_offset"]
         if topic[0] != topic[1] or partition[0] != partition[1]:
-            raise BuildError(f"output file {uri} mixes partitions ({topic}, {partition}): "
-                             "was spark.sql.files.openCostInBytes lowered below maxPartitionBytes?")
-        owner = next((s for s in by_tp.get((str(topic[0]), int(partition[0])), ())
-                      if s.start <= int(offsets[0]) and int(offsets[1]) < s.end), None)
+            raise BuildError(
+                f"output file {uri} mixes partitions ({topic}, {partition}): "
+                "was spark.sql.files.openCostInBytes lowered below maxPartitionBytes?"
+            )
+        owner = next(
+            (
+                s
+                for s in by_tp.get((str(topic[0]), int(partition[0])), ())
+                if s.start <= int(offsets[0]) and int(offsets[1]) < s.end
+            ),
+            None,
+        )
         if owner is None:
-            raise BuildError(f"output file {uri} (offsets {offsets[0]}..{offsets[1]} of {topic[0]}/{partition[0]}) "
-                             "lies in no split of the batch")
+            raise BuildError(
+                f"output file {uri} (offsets {offsets[0]}..{offsets[1]} of {topic[0]}/{partition[0]}) "
+                "lies in no split of the batch"
+            )
         event = stats.get(event_time) if event_time else None
-        out[owner.id].append(OutputFile(
-            uri=uri, size_bytes=size, rows=meta.num_rows, min_offset=int(offsets[0]), max_offset=int(offsets[1]),
-            min_event_us=None if event is None else int(event[0]),
-            max_event_us=None if event is None else int(event[1]),
-        ))
+        out[owner.id].append(
+            OutputFile(
+                uri=uri,
+                size_bytes=size,
+                rows=meta.num_rows,
+                min_offset=int(offsets[0]),
+                max_offset=int(offsets[1]),
+                min_event_us=None if event is None else int(event[0]),
+                max_event_us=None if event is None else int(event[1]),
+            )
+        )
     return out
 
 

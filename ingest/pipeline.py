@@ -117,8 +117,10 @@ class Pipeline:
         self._closing = False
         self._thread = threading.Thread(target=self._publish_loop, name="ingest-publish", daemon=True)
         self._thread.start()
-        self._builders = [threading.Thread(target=self._build_loop, name=f"ingest-build-{i}", daemon=True)
-                          for i in range(build_threads)]
+        self._builders = [
+            threading.Thread(target=self._build_loop, name=f"ingest-build-{i}", daemon=True)
+            for i in range(build_threads)
+        ]
         for thread in self._builders:
             thread.start()
 
@@ -140,9 +142,15 @@ class Pipeline:
                 # Offsets without records (transaction markers, aborted records): nothing to
                 # build, but published in its place in the partition's order like any split.
                 future.set_running_or_notify_cancel()
-                future.set_result(BuiltSegment(
-                    split_id=split.id, location=segment_store.source_root(self._spec.segment_store, self._spec.name),
-                    files=(), row_count=0, size_bytes=0))
+                future.set_result(
+                    BuiltSegment(
+                        split_id=split.id,
+                        location=segment_store.source_root(self._spec.segment_store, self._spec.name),
+                        files=(),
+                        row_count=0,
+                        size_bytes=0,
+                    )
+                )
             self._inflight_count += 1
             self._inflight_bytes += split.size_bytes
             self._cond.notify_all()
@@ -221,8 +229,12 @@ class Pipeline:
                 continue
             timeout = 5.0 if deadline is None else max(0.0, deadline - time.monotonic())
             if not split.kill_switch.trip(reason, timeout=timeout):
-                log.warning("kill_switch_commit_in_progress", split=str(split.id), topic=split.tp.topic,
-                            partition=split.tp.partition)
+                log.warning(
+                    "kill_switch_commit_in_progress",
+                    split=str(split.id),
+                    topic=split.tp.topic,
+                    partition=split.tp.partition,
+                )
             tripped += 1
         return tripped
 
@@ -241,8 +253,12 @@ class Pipeline:
                 # Splits sealed by age come a few hundred milliseconds apart: waiting that
                 # long for them makes one batch (one job) where there would be several.
                 linger_until = self._unbuilt[0].submitted_at + self._batch_linger_s
-                while (self._unbuilt and len(self._unbuilt) < self._max_batch_splits and not self._closing
-                       and (remaining := linger_until - time.monotonic()) > 0):
+                while (
+                    self._unbuilt
+                    and len(self._unbuilt) < self._max_batch_splits
+                    and not self._closing
+                    and (remaining := linger_until - time.monotonic()) > 0
+                ):
                     self._cond.wait(remaining)
                 if self._unbuilt:  # another build thread may have taken them meanwhile
                     break
@@ -279,8 +295,14 @@ class Pipeline:
             for entry, result in zip(pending, results, strict=True):
                 if isinstance(result, BuildError) and attempt < self._build_attempts:
                     retry.append(entry)
-                    log.warning("build_retry", split=str(entry.split.id), topic=entry.split.tp.topic,
-                                partition=entry.split.tp.partition, attempt=attempt, error=str(result))
+                    log.warning(
+                        "build_retry",
+                        split=str(entry.split.id),
+                        topic=entry.split.tp.topic,
+                        partition=entry.split.tp.partition,
+                        attempt=attempt,
+                        error=str(result),
+                    )
                 elif isinstance(result, Exception):
                     entry.built.set_exception(result)
                 else:
@@ -331,8 +353,14 @@ class Pipeline:
         except ParseFailure as exc:
             return Fatal(split, exc)
         except Exception as exc:
-            log.error("build_failed", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
-                      error=str(exc), exc_info=not isinstance(exc, BuildError))
+            log.error(
+                "build_failed",
+                split=str(split.id),
+                topic=split.tp.topic,
+                partition=split.tp.partition,
+                error=str(exc),
+                exc_info=not isinstance(exc, BuildError),
+            )
             return Failed(split, FailureStage.BUILD, exc)
         try:
             if self._publish_delay_s:

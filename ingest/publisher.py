@@ -70,8 +70,13 @@ class Publisher:
                     return segment_id
             except MetastoreUnavailable as exc:
                 self._report(exc)
-            log.warning("publish_retry", split=str(split.id), topic=split.tp.topic, partition=split.tp.partition,
-                        retry_in_s=round(delay, 2))
+            log.warning(
+                "publish_retry",
+                split=str(split.id),
+                topic=split.tp.topic,
+                partition=split.tp.partition,
+                retry_in_s=round(delay, 2),
+            )
             self._backoff.sleep(delay)
         raise AssertionError("unreachable: the backoff never ends")
 
@@ -96,4 +101,3 @@ class Publisher:
         log.warning("metastore_error", error=str(exc))
         if self._on_store_error is not None:
             self._on_store_error(exc)
-

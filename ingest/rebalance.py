@@ -90,10 +90,16 @@ class RebalanceHandler:
         for claim in claims.values():
             self._assignment.add(claim)
         self._observe(RebalanceKind.ASSIGN, started)
-        log.info("partitions_assigned", source=self._source, worker=self._worker_id,
-                 partitions=[f"{c.tp}@{c.next_offset if c.next_offset is not None else c.initial_position}"
-                             f"#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)],
-                 assigned=len(self._assignment))
+        log.info(
+            "partitions_assigned",
+            source=self._source,
+            worker=self._worker_id,
+            partitions=[
+                f"{c.tp}@{c.next_offset if c.next_offset is not None else c.initial_position}#{c.serial}"
+                for c in sorted(claims.values(), key=lambda c: c.tp)
+            ],
+            assigned=len(self._assignment),
+        )
 
     def on_revoke(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
         self._drop(consumer, partitions, RebalanceKind.REVOKE)
@@ -151,9 +157,15 @@ class RebalanceHandler:
             consumer.unassign()
         self._observe(kind, started)
         event = "partitions_revoked" if kind == RebalanceKind.REVOKE else "partitions_lost"
-        log.info(event, source=self._source,
-                 worker=self._worker_id, partitions=[str(tp) for tp in sorted(tps)], splits_killed=killed,
-                 buffered_records_dropped=dropped_records, assigned=len(self._assignment))
+        log.info(
+            event,
+            source=self._source,
+            worker=self._worker_id,
+            partitions=[str(tp) for tp in sorted(tps)],
+            splits_killed=killed,
+            buffered_records_dropped=dropped_records,
+            assigned=len(self._assignment),
+        )
 
     def _observe(self, kind: RebalanceKind, started: float) -> None:
         self._metrics.rebalances.labels(self._source, kind).inc()

@@ -63,8 +63,13 @@ class Registrar:
                     self._store.register_build(self._worker_id, build)
                 return
             except MetastoreUnavailable as exc:
-                log.warning("register_retry", build=str(build.build_id), splits=len(splits), error=str(exc),
-                            retry_in_s=round(delay, 2))
+                log.warning(
+                    "register_retry",
+                    build=str(build.build_id),
+                    splits=len(splits),
+                    error=str(exc),
+                    retry_in_s=round(delay, 2),
+                )
                 if self._on_store_error is not None:
                     self._on_store_error(exc)
             if all(split.kill_switch.tripped for split in splits):

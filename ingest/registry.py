@@ -22,15 +22,31 @@ HEARTBEAT_INTERVAL_S = 2.0
 
 
 class RegistryStore(Protocol):
-    def heartbeat(self, source: str, worker: str, host: str, pid: int, version: str, state: str,
-                  partitions: Sequence[str], spec_version: int | None = None) -> None: ...
+    def heartbeat(
+        self,
+        source: str,
+        worker: str,
+        host: str,
+        pid: int,
+        version: str,
+        state: str,
+        partitions: Sequence[str],
+        spec_version: int | None = None,
+    ) -> None: ...
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None: ...
     def control(self, source: str) -> SourceControl: ...
 
 
 class WorkerRegistry:
-    def __init__(self, store: RegistryStore, source: str, worker_id: str, *,
-                 changed: threading.Event | None = None, interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        store: RegistryStore,
+        source: str,
+        worker_id: str,
+        *,
+        changed: threading.Event | None = None,
+        interval_s: float | None = None,
+    ) -> None:
         self._store = store
         self._source = source
         self._worker_id = worker_id
@@ -65,23 +81,30 @@ class WorkerRegistry:
             # Cleared before the read: a change committed after it sets the flag again.
             self._changed.clear()
         try:
-            self._store.heartbeat(self._source, self._worker_id, self._host, self._pid, __version__, state,
-                                  partitions, self.spec_version)
+            self._store.heartbeat(
+                self._source, self._worker_id, self._host, self._pid, __version__, state, partitions, self.spec_version
+            )
             control = self._store.control(self._source)
         except MetastoreError as exc:
             log.warning("heartbeat_failed", source=self._source, worker=self._worker_id, error=str(exc))
             return
         previous = self.control
         if previous is None or control != previous:
-            log.info("control_changed", source=self._source, worker=self._worker_id,
-                     desired_state=control.desired_state, drain_stay=control.drain_stay,
-                     reset_generation=control.reset_generation, spec_version=control.spec_version,
-                     previous=previous.desired_state if previous else None, notified=notified)
+            log.info(
+                "control_changed",
+                source=self._source,
+                worker=self._worker_id,
+                desired_state=control.desired_state,
+                drain_stay=control.drain_stay,
+                reset_generation=control.reset_generation,
+                spec_version=control.spec_version,
+                previous=previous.desired_state if previous else None,
+                notified=notified,
+            )
         self.control = control
 
     def error(self, kind: str, message: str) -> None:
         try:
             self._store.record_error(self._source, self._worker_id, kind, message)
         except MetastoreError as exc:
-            log.warning("error_report_failed", source=self._source, worker=self._worker_id, kind=kind,
-                        error=str(exc))
+            log.warning("error_report_failed", source=self._source, worker=self._worker_id, kind=kind, error=str(exc))

@@ -41,9 +41,11 @@ def source_root(store_uri: str, source: str) -> str:
 
 
 def build_dirs(store_uri: str, source: str, build_id: uuid.UUID) -> BuildDirs:
-    return BuildDirs(staging=_join(store_uri, source, "_staging", str(build_id)),
-                     data=_join(store_uri, source, "segments", str(build_id)),
-                     rejects=_join(store_uri, source, "rejects", str(build_id)))
+    return BuildDirs(
+        staging=_join(store_uri, source, "_staging", str(build_id)),
+        data=_join(store_uri, source, "segments", str(build_id)),
+        rejects=_join(store_uri, source, "rejects", str(build_id)),
+    )
 
 
 def staging_file(staging_dir: str, split_id: uuid.UUID) -> str:
@@ -53,7 +55,7 @@ def staging_file(staging_dir: str, split_id: uuid.UUID) -> str:
 def arrow_uri(uri: str) -> str:
     """The URI pyarrow understands for a store URI: Spark's Hadoop S3A connector wants
     ``s3a://bucket/key``, pyarrow names the same objects ``s3://bucket/key``."""
-    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+    return "s3://" + uri[len("s3a://") :] if uri.startswith("s3a://") else uri
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -62,7 +64,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 def _uri_of(base_uri: str, base_path: str, path: str) -> str:
-    return base_uri.rstrip("/") + path[len(base_path.rstrip("/")):]
+    return base_uri.rstrip("/") + path[len(base_path.rstrip("/")) :]
 
 
 def ensure_parent(uri: str) -> None:

@@ -37,8 +37,17 @@ _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 _TOP_LEVEL_KEYS = {
-    "name", "topics", "start_from", "format", "schema", "event_time", "split",
-    "segment_store", "on_parse_error", "consumer_group", "on_offset_out_of_range",
+    "name",
+    "topics",
+    "start_from",
+    "format",
+    "schema",
+    "event_time",
+    "split",
+    "segment_store",
+    "on_parse_error",
+    "consumer_group",
+    "on_offset_out_of_range",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 
@@ -101,8 +110,7 @@ def validate_source_name(name: object) -> str:
     """Source names become directory names and SQL values; allow a safe subset only."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ConfigError(
-            f"name: {shown(name)} is not a valid source name "
-            "(lower-case letter first, then up to 62 of a-z 0-9 _ -)"
+            f"name: {shown(name)} is not a valid source name (lower-case letter first, then up to 62 of a-z 0-9 _ -)"
         )
     return name
 
@@ -114,13 +122,13 @@ _MAX_DURATION_S = 10.0**9  # ~31 years
 
 def parse_size(field: str, value: object) -> int:
     if isinstance(value, bool):
-        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {shown(value)}")
+        raise ConfigError(f'{field}: expected a byte size like 67108864 or "64MiB", got {shown(value)}')
     if isinstance(value, int):
         size = value
     elif isinstance(value, str) and (m := _SIZE_RE.fullmatch(value)):
         size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()])
     else:
-        raise ConfigError(f"{field}: expected a byte size like 67108864 or \"64MiB\", got {shown(value)}")
+        raise ConfigError(f'{field}: expected a byte size like 67108864 or "64MiB", got {shown(value)}')
     if size <= 0:
         raise ConfigError(f"{field}: must be positive, got {shown(value)}")
     if size > _MAX_COUNT:
@@ -130,7 +138,7 @@ def parse_size(field: str, value: object) -> int:
 
 def parse_duration(field: str, value: object) -> float:
     if isinstance(value, bool):
-        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {shown(value)}")
+        raise ConfigError(f'{field}: expected a duration like 30 or "30s", "500ms", "5m", got {shown(value)}')
     if isinstance(value, int) and abs(value) > _MAX_DURATION_S:
         raise ConfigError(f"{field}: too large, got {shown(value)}")
     if isinstance(value, int | float):
@@ -138,7 +146,7 @@ def parse_duration(field: str, value: object) -> float:
     elif isinstance(value, str) and (m := _DURATION_RE.fullmatch(value)):
         seconds = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "s").lower()]
     else:
-        raise ConfigError(f"{field}: expected a duration like 30 or \"30s\", \"500ms\", \"5m\", got {shown(value)}")
+        raise ConfigError(f'{field}: expected a duration like 30 or "30s", "500ms", "5m", got {shown(value)}')
     if not math.isfinite(seconds) or seconds > _MAX_DURATION_S:
         raise ConfigError(f"{field}: expected a finite duration of at most {_MAX_DURATION_S:.0f} s, got {shown(value)}")
     if seconds <= 0:
@@ -224,16 +232,18 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
 
     group = doc.get("consumer_group", "")
     if not isinstance(group, str) or (group and not _TOPIC_RE.fullmatch(group)):
-        raise ConfigError(f"consumer_group: expected a Kafka group id of letters, digits, '.', '_' and '-', "
-                          f"got {shown(group)}")
+        raise ConfigError(
+            f"consumer_group: expected a Kafka group id of letters, digits, '.', '_' and '-', got {shown(group)}"
+        )
 
     return SourceSpec(
         name=name,
         topics=tuple(topics),
         schema=tuple(columns),
         event_time=event_time,
-        segment_store=canonical_store_uri(doc.get("segment_store", "file:///var/lib/ingest/segments"),
-                                          base_dir=base_dir),
+        segment_store=canonical_store_uri(
+            doc.get("segment_store", "file:///var/lib/ingest/segments"), base_dir=base_dir
+        ),
         start_from=cast(StartFrom, _choice("start_from", doc.get("start_from", "earliest"), ("earliest", "latest"))),
         format=_choice("format", doc.get("format", "json"), ("json",)),
         on_parse_error=cast(
@@ -241,8 +251,10 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         ),
         split=limits,
         consumer_group=group,
-        on_offset_out_of_range=cast(OutOfRangePolicy, _choice(
-            "on_offset_out_of_range", doc.get("on_offset_out_of_range", "fail"), ("fail", "earliest"))),
+        on_offset_out_of_range=cast(
+            OutOfRangePolicy,
+            _choice("on_offset_out_of_range", doc.get("on_offset_out_of_range", "fail"), ("fail", "earliest")),
+        ),
     )
 
 

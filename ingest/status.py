@@ -13,8 +13,9 @@ from ingest.config import Settings, admin_config, kafka_client
 from metastore import Metastore
 
 
-def watermarks(settings: Settings, tps: list[tuple[str, int]],
-               timeout: float = 5.0) -> dict[tuple[str, int], tuple[int, int]]:
+def watermarks(
+    settings: Settings, tps: list[tuple[str, int]], timeout: float = 5.0
+) -> dict[tuple[str, int], tuple[int, int]]:
     """Kafka's (low, high) watermarks per partition; empty when Kafka does not answer."""
     if not tps or not settings.kafka_bootstrap:
         return {}
@@ -33,8 +34,15 @@ def watermarks(settings: Settings, tps: list[tuple[str, int]],
     return marks
 
 
-def partition_state(*, stopped_at_gap: bool, lag: int | None, last_publish_at: datetime | None,
-                    owner_started_at: datetime | None, now: datetime, stuck_after_s: float) -> str:
+def partition_state(
+    *,
+    stopped_at_gap: bool,
+    lag: int | None,
+    last_publish_at: datetime | None,
+    owner_started_at: datetime | None,
+    now: datetime,
+    stuck_after_s: float,
+) -> str:
     """OFFSET_OUT_OF_RANGE (stopped at a gap), STUCK or OK.
 
     STUCK: Kafka's watermark says there is data (lag > 0) and nothing was published for
@@ -69,24 +77,48 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
         gap = stopped_at.get((r["topic"], r["partition"], next_offset))
-        partitions.append({
-            "topic": r["topic"], "partition": r["partition"],
-            "state": partition_state(stopped_at_gap=gap is not None, lag=lag, last_publish_at=r["last_publish_at"],
-                                     owner_started_at=started.get(r["owner"]), now=now,
-                                     stuck_after_s=settings.stuck_after_s),
-            "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
-            "next_offset": next_offset,
-            "earliest_offset": low, "high_watermark": high, "lag": lag, "owner": r["owner"], "serial": r["serial"],
-            "last_publish_at": _iso(r["last_publish_at"]),
-            "last_event_time": _iso(last_event.get((r["topic"], r["partition"]))),
-            "initial_position": r["initial_position"],
-        })
-    workers = [{"worker": w["worker"], "host": w["host"], "pid": w["pid"], "version": w["version"],
-                "state": w["state"], "partitions": list(w["partitions"]), "started_at": _iso(w["started_at"]),
-                "heartbeat_at": _iso(w["heartbeat_at"]), "spec_version": w.get("spec_version")}
-               for w in live]
-    recent = [{"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
-              for e in store.recent_errors(source, errors)]
+        partitions.append(
+            {
+                "topic": r["topic"],
+                "partition": r["partition"],
+                "state": partition_state(
+                    stopped_at_gap=gap is not None,
+                    lag=lag,
+                    last_publish_at=r["last_publish_at"],
+                    owner_started_at=started.get(r["owner"]),
+                    now=now,
+                    stuck_after_s=settings.stuck_after_s,
+                ),
+                "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
+                "next_offset": next_offset,
+                "earliest_offset": low,
+                "high_watermark": high,
+                "lag": lag,
+                "owner": r["owner"],
+                "serial": r["serial"],
+                "last_publish_at": _iso(r["last_publish_at"]),
+                "last_event_time": _iso(last_event.get((r["topic"], r["partition"]))),
+                "initial_position": r["initial_position"],
+            }
+        )
+    workers = [
+        {
+            "worker": w["worker"],
+            "host": w["host"],
+            "pid": w["pid"],
+            "version": w["version"],
+            "state": w["state"],
+            "partitions": list(w["partitions"]),
+            "started_at": _iso(w["started_at"]),
+            "heartbeat_at": _iso(w["heartbeat_at"]),
+            "spec_version": w.get("spec_version"),
+        }
+        for w in live
+    ]
+    recent = [
+        {"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
+        for e in store.recent_errors(source, errors)
+    ]
     kafka_reachable = bool(marks) or not rows
     control = store.control(source)
     if control.desired_state == "suspended":
@@ -95,8 +127,17 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
             if p["state"] == "STUCK":
                 p["state"] = "SUSPENDED"
     state, detail = _state(partitions, workers, kafka_reachable, total_lag, control.desired_state)
-    resets = [{"id": r["id"], "actor": r["actor"], "reason": r["reason"], "target": r["target"], "at": _iso(r["at"]),
-               "partitions": r["partitions"]} for r in store.recent_resets(source, 5)]
+    resets = [
+        {
+            "id": r["id"],
+            "actor": r["actor"],
+            "reason": r["reason"],
+            "target": r["target"],
+            "at": _iso(r["at"]),
+            "partitions": r["partitions"],
+        }
+        for r in store.recent_resets(source, 5)
+    ]
     return {
         "source": source,
         "state": state,
@@ -115,8 +156,13 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     }
 
 
-def _state(partitions: list[dict[str, Any]], workers: list[dict[str, Any]], kafka_reachable: bool,
-           total_lag: int, desired_state: str = "running") -> tuple[str, str]:
+def _state(
+    partitions: list[dict[str, Any]],
+    workers: list[dict[str, Any]],
+    kafka_reachable: bool,
+    total_lag: int,
+    desired_state: str = "running",
+) -> tuple[str, str]:
     """The source's state and why, Druid-supervisor style. What an operator asked for
     (suspend, terminate) wins over what a running source would be judged by."""
     if desired_state in ("terminating", "terminated"):
@@ -146,27 +192,53 @@ def _state(partitions: list[dict[str, Any]], workers: list[dict[str, Any]], kafk
 
 def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
     store.latest_spec(source)  # raises SourceNotFound for an unknown source
-    return [{"id": g["id"], "topic": g["topic"], "partition": g["partition"], "from_offset": g["from_offset"],
-             "to_offset": g["to_offset"], "lost_records": g["to_offset"] - g["from_offset"],
-             "skipped": g["skipped"], "worker": g["worker"], "detected_at": _iso(g["detected_at"]),
-             "skipped_at": _iso(g["skipped_at"]), "acknowledged_at": _iso(g["acknowledged_at"]),
-             "acknowledged_by": g["acknowledged_by"]} for g in store.gaps(source)]
+    return [
+        {
+            "id": g["id"],
+            "topic": g["topic"],
+            "partition": g["partition"],
+            "from_offset": g["from_offset"],
+            "to_offset": g["to_offset"],
+            "lost_records": g["to_offset"] - g["from_offset"],
+            "skipped": g["skipped"],
+            "worker": g["worker"],
+            "detected_at": _iso(g["detected_at"]),
+            "skipped_at": _iso(g["skipped_at"]),
+            "acknowledged_at": _iso(g["acknowledged_at"]),
+            "acknowledged_by": g["acknowledged_by"],
+        }
+        for g in store.gaps(source)
+    ]
 
 
-def source_segments(store: Metastore, source: str, since: datetime | None = None,
-                    limit: int | None = None) -> list[dict[str, Any]]:
+def source_segments(
+    store: Metastore, source: str, since: datetime | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
     store.latest_spec(source)  # raises SourceNotFound for an unknown source
     out = []
     for r in store.segments(source, since, limit):
-        out.append({
-            "id": r["id"], "split_id": str(r["split_id"]), "spec_version": r["spec_version"], "worker": r["worker"],
-            "location": r["location"], "files": list(r["files"]), "rows": r["row_count"], "bytes": r["size_bytes"],
-            "rejects": r["rejects_count"], "rejects_files": list(r["rejects_files"]), "skipped": r["skipped_count"],
-            "min_event_time": _iso(r["min_event_time"]), "max_event_time": _iso(r["max_event_time"]),
-            "published_at": _iso(r["published_at"]),
-            "ranges": [{"topic": x["topic"], "partition": x["partition"], "start": x["start"], "end": x["end"]}
-                       for x in r["ranges"]],
-        })
+        out.append(
+            {
+                "id": r["id"],
+                "split_id": str(r["split_id"]),
+                "spec_version": r["spec_version"],
+                "worker": r["worker"],
+                "location": r["location"],
+                "files": list(r["files"]),
+                "rows": r["row_count"],
+                "bytes": r["size_bytes"],
+                "rejects": r["rejects_count"],
+                "rejects_files": list(r["rejects_files"]),
+                "skipped": r["skipped_count"],
+                "min_event_time": _iso(r["min_event_time"]),
+                "max_event_time": _iso(r["max_event_time"]),
+                "published_at": _iso(r["published_at"]),
+                "ranges": [
+                    {"topic": x["topic"], "partition": x["partition"], "start": x["start"], "end": x["end"]}
+                    for x in r["ranges"]
+                ],
+            }
+        )
     return out
 
 

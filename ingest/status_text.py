@@ -59,42 +59,95 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
         "",
     ]
     partitions = [
-        [p["topic"], str(p["partition"]), p["state"], dash(p["earliest_offset"]),
-         dash(p["next_offset"]) if p["next_offset"] is not None else f"({p['initial_position']})",
-         dash(p["high_watermark"]), dash(p["lag"]), str(p["serial"]), dash(p["owner"]),
-         when(p["last_publish_at"], now), when(p["last_event_time"], now)]
+        [
+            p["topic"],
+            str(p["partition"]),
+            p["state"],
+            dash(p["earliest_offset"]),
+            dash(p["next_offset"]) if p["next_offset"] is not None else f"({p['initial_position']})",
+            dash(p["high_watermark"]),
+            dash(p["lag"]),
+            str(p["serial"]),
+            dash(p["owner"]),
+            when(p["last_publish_at"], now),
+            when(p["last_event_time"], now),
+        ]
         for p in status["partitions"]
     ]
-    lines += table(["topic", "part", "state", "earliest", "next_offset", "high_wm", "lag", "serial", "owner",
-                    "last_publish", "last_event"], partitions, right=frozenset({1, 3, 4, 5, 6, 7}))
+    lines += table(
+        [
+            "topic",
+            "part",
+            "state",
+            "earliest",
+            "next_offset",
+            "high_wm",
+            "lag",
+            "serial",
+            "owner",
+            "last_publish",
+            "last_event",
+        ],
+        partitions,
+        right=frozenset({1, 3, 4, 5, 6, 7}),
+    )
     if status["workers"]:
-        workers = [[w["worker"], w["host"], str(w["pid"]), w["state"], str(len(w["partitions"])),
-                    dash(w.get("spec_version")), when(w["started_at"], now), when(w["heartbeat_at"], now)]
-                   for w in status["workers"]]
-        lines += ["", *table(["worker", "host", "pid", "state", "partitions", "spec", "started", "heartbeat"],
-                             workers, right=frozenset({2, 4, 5}))]
+        workers = [
+            [
+                w["worker"],
+                w["host"],
+                str(w["pid"]),
+                w["state"],
+                str(len(w["partitions"])),
+                dash(w.get("spec_version")),
+                when(w["started_at"], now),
+                when(w["heartbeat_at"], now),
+            ]
+            for w in status["workers"]
+        ]
+        lines += [
+            "",
+            *table(
+                ["worker", "host", "pid", "state", "partitions", "spec", "started", "heartbeat"],
+                workers,
+                right=frozenset({2, 4, 5}),
+            ),
+        ]
     problems = []
     for p in status["partitions"]:
         if p["state"] == "STUCK":
-            problems.append(f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
-                            f"{when(p['last_publish_at'], now) if p['last_publish_at'] else 'its owner started'}")
+            problems.append(
+                f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
+                f"{when(p['last_publish_at'], now) if p['last_publish_at'] else 'its owner started'}"
+            )
         if p["lost_range"] is not None:
-            problems.append(f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
-                            f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped")
+            problems.append(
+                f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
+                f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped"
+            )
     problems += [gap_line(g) for g in status["offset_gaps"] if g["acknowledged_at"] is None]
-    problems += [f"error {when(e['at'], now)} {e['worker']} {e['kind']}: {e['message']}"
-                 for e in status["recent_errors"]]
+    problems += [
+        f"error {when(e['at'], now)} {e['worker']} {e['kind']}: {e['message']}" for e in status["recent_errors"]
+    ]
     for r in status.get("recent_resets", []):
-        moves = ", ".join(f"{p['topic']}[{p['partition']}] {dash(p['old_offset'])}->{p['new_offset']}"
-                          for p in r["partitions"])
-        problems.append(f"reset #{r['id']} {when(r['at'], now)} by {r['actor']} to {r['target']}: {moves}"
-                        + (f" ({r['reason']})" if r["reason"] else ""))
+        moves = ", ".join(
+            f"{p['topic']}[{p['partition']}] {dash(p['old_offset'])}->{p['new_offset']}" for p in r["partitions"]
+        )
+        problems.append(
+            f"reset #{r['id']} {when(r['at'], now)} by {r['actor']} to {r['target']}: {moves}"
+            + (f" ({r['reason']})" if r["reason"] else "")
+        )
     return lines + (["", *problems] if problems else [])
 
 
 def gap_line(g: dict[str, Any]) -> str:
     action = f"skipped at {g['skipped_at']}" if g["skipped"] else "partition stopped there"
-    ack = (f"acknowledged by {g['acknowledged_by']} at {g['acknowledged_at']}" if g["acknowledged_at"]
-           else "unacknowledged")
-    return (f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
-            f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}")
+    ack = (
+        f"acknowledged by {g['acknowledged_by']} at {g['acknowledged_at']}"
+        if g["acknowledged_at"]
+        else "unacknowledged"
+    )
+    return (
+        f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
+        f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}"
+    )

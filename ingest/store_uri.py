@@ -23,8 +23,16 @@ from pathlib import Path
 
 from ingest.errors import ConfigError, shown
 
-_ALIASES = {"file": "file", "local": "file", "s3": "s3a", "s3a": "s3a", "s3n": "s3a", "gs": "gs",
-            "abfs": "abfs", "abfss": "abfss"}
+_ALIASES = {
+    "file": "file",
+    "local": "file",
+    "s3": "s3a",
+    "s3a": "s3a",
+    "s3n": "s3a",
+    "gs": "gs",
+    "abfs": "abfs",
+    "abfss": "abfss",
+}
 _SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(.*)", re.DOTALL)
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _ABFS_AUTHORITY_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,62}@[a-z0-9]{3,24}\.dfs\.core\.windows\.net")
@@ -47,8 +55,10 @@ def canonical_store_uri(value: object, field: str = "segment_store", base_dir: P
         return _file_uri(field, value, value, base_dir)
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme not in _ALIASES:
-        raise ConfigError(f"{field}: unknown scheme {shown(scheme)} in {shown(value)} "
-                          f"(one of: {', '.join(sorted(_ALIASES))}; plain paths are local files)")
+        raise ConfigError(
+            f"{field}: unknown scheme {shown(scheme)} in {shown(value)} "
+            f"(one of: {', '.join(sorted(_ALIASES))}; plain paths are local files)"
+        )
     scheme = _ALIASES[scheme]
     if scheme == "file":
         if rest.startswith("//"):
@@ -102,14 +112,18 @@ def _check_authority(field: str, scheme: str, authority: str, value: str) -> Non
     if scheme in ("abfs", "abfss"):
         # container@account.dfs.core.windows.net: the '@' separates container and account.
         if ":" in authority or not _ABFS_AUTHORITY_RE.fullmatch(authority):
-            raise ConfigError(f"{field}: expected {scheme}://container@account.dfs.core.windows.net/prefix "
-                              "(credentials come from the environment, never from the spec), got "
-                              f"{_without_userinfo(value)!r}")
+            raise ConfigError(
+                f"{field}: expected {scheme}://container@account.dfs.core.windows.net/prefix "
+                "(credentials come from the environment, never from the spec), got "
+                f"{_without_userinfo(value)!r}"
+            )
         return
     if "@" in authority or ":" in authority:
-        raise ConfigError(f"{field}: credentials or ports in a store URI are not allowed (they come from the "
-                          "environment and the Hadoop / AWS settings, never from the spec), got "
-                          f"{_without_userinfo(value)!r}")
+        raise ConfigError(
+            f"{field}: credentials or ports in a store URI are not allowed (they come from the "
+            "environment and the Hadoop / AWS settings, never from the spec), got "
+            f"{_without_userinfo(value)!r}"
+        )
     if not _BUCKET_RE.fullmatch(authority) or ".." in authority:
         raise ConfigError(f"{field}: {shown(authority)} is not a valid bucket name in {shown(value)}")
 

@@ -40,17 +40,20 @@ class Verification:
         def count(d: dict[Coord, list[int]]) -> int:
             return sum(len(v) for v in d.values())
 
-        return (f"segments={self.segments} rows={self.rows} rejects={self.rejects} skipped={self.skipped} "
-                f"missing={count(self.missing)} duplicated={count(self.duplicates)} "
-                f"unexpected={count(self.unexpected)} range_errors={len(self.range_errors)} "
-                f"offset_errors={len(self.offset_errors)}")
+        return (
+            f"segments={self.segments} rows={self.rows} rejects={self.rejects} skipped={self.skipped} "
+            f"missing={count(self.missing)} duplicated={count(self.duplicates)} "
+            f"unexpected={count(self.unexpected)} range_errors={len(self.range_errors)} "
+            f"offset_errors={len(self.offset_errors)}"
+        )
 
 
 def read_coordinates(uri: str) -> list[tuple[str, int, int]]:
     filesystem, path = segment_store.filesystem(uri)
     table = pq.read_table(path, columns=["_topic", "_partition", "_offset"], filesystem=filesystem)
-    return list(zip(table["_topic"].to_pylist(), table["_partition"].to_pylist(), table["_offset"].to_pylist(),
-                    strict=True))
+    return list(
+        zip(table["_topic"].to_pylist(), table["_partition"].to_pylist(), table["_offset"].to_pylist(), strict=True)
+    )
 
 
 def count_rows(uri: str) -> int:
@@ -58,8 +61,13 @@ def count_rows(uri: str) -> int:
     return int(pq.ParquetFile(path, filesystem=filesystem).metadata.num_rows)
 
 
-def verify_exactly_once(store: Metastore, source: str, expected: dict[Coord, list[int]],
-                        skipped_ok: bool = False, log_ends: Mapping[Coord, int] | None = None) -> Verification:
+def verify_exactly_once(
+    store: Metastore,
+    source: str,
+    expected: dict[Coord, list[int]],
+    skipped_ok: bool = False,
+    log_ends: Mapping[Coord, int] | None = None,
+) -> Verification:
     """``expected``: for each (topic, partition) the offsets produced (from delivery reports).
 
     Checks that every expected offset is in exactly one published file (data or rejects),
@@ -97,8 +105,9 @@ def verify_exactly_once(store: Metastore, source: str, expected: dict[Coord, lis
     stored = {(r["topic"], r["partition"]): r["next_offset"] for r in store.partitions(source)}
     # The one hole allowed between published ranges: a gap the ledger says was skipped
     # (on_offset_out_of_range = "earliest"), exactly from where one range ends to where the next starts.
-    skipped_gaps = {(g["topic"], g["partition"], g["from_offset"]): g["to_offset"]
-                    for g in store.gaps(source) if g["skipped"]}
+    skipped_gaps = {
+        (g["topic"], g["partition"], g["from_offset"]): g["to_offset"] for g in store.gaps(source) if g["skipped"]
+    }
     for coord, offsets in expected.items():
         if not offsets:
             continue
@@ -123,8 +132,9 @@ def verify_exactly_once(store: Metastore, source: str, expected: dict[Coord, lis
 ExpectedRow = Callable[[str, int, int], Mapping[str, Any] | None]
 
 
-def verify_payloads(store: Metastore, source: str, expected: ExpectedRow, columns: Sequence[str],
-                    limit: int = 20) -> tuple[int, list[str]]:
+def verify_payloads(
+    store: Metastore, source: str, expected: ExpectedRow, columns: Sequence[str], limit: int = 20
+) -> tuple[int, list[str]]:
     """Compare ``columns`` of every published data row with ``expected(topic, partition, offset)``
     (what was produced there). Returns the rows checked and the first ``limit`` mismatches;
     a row at coordinates nobody produced is a mismatch too."""
@@ -169,7 +179,8 @@ def verify_epochs(store: Metastore, source: str, ends: dict[Coord, int]) -> Veri
     for reset in reversed(store.recent_resets(source, limit=10_000)):
         for p in reset["partitions"]:
             bounds.setdefault((p["topic"], p["partition"]), []).append(
-                (p["last_segment_id"] or 0, p["new_offset"], p["old_offset"]))
+                (p["last_segment_id"] or 0, p["new_offset"], p["old_offset"])
+            )
     # Per partition and epoch: ranges and offsets seen.
     ranges: dict[tuple[Coord, int], list[tuple[int, int]]] = {}
     seen: dict[tuple[Coord, int], Counter[int]] = {}

@@ -147,18 +147,28 @@ class Worker:
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
                 log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
             registrar = Registrar(
-                register_store, worker_id,
-                on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc())
+                register_store,
+                worker_id,
+                on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
+            )
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
                 from ingest.spark import create_session_within
 
-                log.info("spark_starting", source=spec.name, spark_master=settings.spark_master,
-                         timeout_s=settings.spark_start_timeout_s)
+                log.info(
+                    "spark_starting",
+                    source=spec.name,
+                    spark_master=settings.spark_master,
+                    timeout_s=settings.spark_start_timeout_s,
+                )
                 try:
-                    spark = create_session_within(settings.spark_start_timeout_s, settings.spark_master,
-                                                  f"ingest-{spec.name}", stores=[spec.segment_store])
+                    spark = create_session_within(
+                        settings.spark_start_timeout_s,
+                        settings.spark_master,
+                        f"ingest-{spec.name}",
+                        stores=[spec.segment_store],
+                    )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
                 spark_builder = SparkSegmentBuilder(spark, registrar)
@@ -169,32 +179,63 @@ class Worker:
             with contextlib.suppress(MetastoreUnavailable):
                 publish_store.ping()
             publisher = Publisher(
-                publish_store, spec.name, worker_id,
+                publish_store,
+                spec.name,
+                worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
-            pipeline = Pipeline(builder, publisher, spec, version, build_threads=settings.build_threads,
-                                max_batch_splits=settings.build_batch_splits, batch_linger_s=settings.build_linger_s,
-                                publish_delay_s=settings.fault_publish_delay_s)
+            pipeline = Pipeline(
+                builder,
+                publisher,
+                spec,
+                version,
+                build_threads=settings.build_threads,
+                max_batch_splits=settings.build_batch_splits,
+                batch_linger_s=settings.build_linger_s,
+                publish_delay_s=settings.fault_publish_delay_s,
+            )
             incremental = incremental_assignment(conf)
             handler = RebalanceHandler(
-                source=spec.name, worker_id=worker_id, store=store, assignment=self.assignment,
-                pipeline=pipeline, metrics=self.metrics, incremental=incremental,
+                source=spec.name,
+                worker_id=worker_id,
+                store=store,
+                assignment=self.assignment,
+                pipeline=pipeline,
+                metrics=self.metrics,
+                incremental=incremental,
                 deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4),
             )
-            consumer.subscribe(list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke,
-                               on_lost=handler.on_lost)
+            consumer.subscribe(
+                list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke, on_lost=handler.on_lost
+            )
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
             registry = WorkerRegistry(store, spec.name, worker_id, changed=listener.changed)
             registry.spec_version = version
             registry.beat("starting", [], force=True)
-            self.loop = ConsumeLoop(consumer=consumer, spec=spec, worker_id=worker_id, assignment=self.assignment,
-                                    pipeline=pipeline, handler=handler, store=store, registry=registry,
-                                    metrics=self.metrics, spec_version=version,
-                                    unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits,
-                                    group_offsets=group_offsets)
-            log.info("worker_started", source=spec.name, worker=worker_id, spec_version=version,
-                     topics=list(spec.topics), group=spec.group_id, spark_master=settings.spark_master)
+            self.loop = ConsumeLoop(
+                consumer=consumer,
+                spec=spec,
+                worker_id=worker_id,
+                assignment=self.assignment,
+                pipeline=pipeline,
+                handler=handler,
+                store=store,
+                registry=registry,
+                metrics=self.metrics,
+                spec_version=version,
+                unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits,
+                group_offsets=group_offsets,
+            )
+            log.info(
+                "worker_started",
+                source=spec.name,
+                worker=worker_id,
+                spec_version=version,
+                topics=list(spec.topics),
+                group=spec.group_id,
+                spark_master=settings.spark_master,
+            )
             self.ready.set()
             self.metrics.worker_up.labels(spec.name).set(1)
             self.loop.run(stop)

@@ -48,8 +48,10 @@ class PublishConflict(MetastoreError):
 
     def __init__(self, reason: str, tp: TopicPartition, expected: int | None, actual: int | None) -> None:
         if reason in ("abandoned", "unregistered"):
-            message = (f"publish rejected for {tp}: the split was {reason} (gc gave it up after the grace period, "
-                       "or no build registered it); its records are read again")
+            message = (
+                f"publish rejected for {tp}: the split was {reason} (gc gave it up after the grace period, "
+                "or no build registered it); its records are read again"
+            )
         else:
             message = f"publish rejected for {tp}: {reason} mismatch (expected {expected}, stored {actual})"
         super().__init__(message)
@@ -77,8 +79,10 @@ class StoreOverlap(MetastoreError):
     exit_code = 2
 
     def __init__(self, name: str, root: str, other: str, other_root: str) -> None:
-        super().__init__(f"segment_store: source {name!r} would write under {root}, which overlaps {other_root} "
-                         f"of source {other!r}; give each source a store of its own")
+        super().__init__(
+            f"segment_store: source {name!r} would write under {root}, which overlaps {other_root} "
+            f"of source {other!r}; give each source a store of its own"
+        )
         self.name = name
         self.other = other
 
@@ -89,8 +93,10 @@ class GroupTaken(MetastoreError):
     exit_code = 2
 
     def __init__(self, name: str, group: str, other: str) -> None:
-        super().__init__(f"consumer_group: {group!r} is already the consumer group of source {other!r}; "
-                         f"source {name!r} needs a group of its own")
+        super().__init__(
+            f"consumer_group: {group!r} is already the consumer group of source {other!r}; "
+            f"source {name!r} needs a group of its own"
+        )
         self.name = name
         self.group = group
         self.other = other

@@ -48,8 +48,13 @@ class ControlListener:
             except (MetastoreError, psycopg.Error) as exc:
                 delay = _RECONNECT_S[min(failures, len(_RECONNECT_S) - 1)]
                 failures += 1
-                log.warning("control_listen_failed", source=self._source, url=redact_url(self._url),
-                            error=str(exc), retry_in_s=delay)
+                log.warning(
+                    "control_listen_failed",
+                    source=self._source,
+                    url=redact_url(self._url),
+                    error=str(exc),
+                    retry_in_s=delay,
+                )
                 self._stop.wait(delay)
 
     def _listen(self) -> None:

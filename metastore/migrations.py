@@ -64,9 +64,11 @@ def apply_migrations(database_url: str, *, break_lock: bool = False, lock_timeou
                 backend.apply_migrations(pending)
         except LockTimeout as exc:
             holder = str(exc).split(" (run yoyo", 1)[0]
-            raise MigrationLocked(f"the migration lock is held ({holder}) after {lock_timeout_s:g} s: another "
-                                  "`ingest migrate` is running, or one died holding it; if none is running, run "
-                                  "`ingest migrate --break-lock`") from None
+            raise MigrationLocked(
+                f"the migration lock is held ({holder}) after {lock_timeout_s:g} s: another "
+                "`ingest migrate` is running, or one died holding it; if none is running, run "
+                "`ingest migrate --break-lock`"
+            ) from None
         return [m.id for m in pending]
 
 
@@ -81,5 +83,6 @@ def require_current_schema(database_url: str) -> None:
     worker of a newer release must not start on an older schema and fail at its first publish."""
     pending = pending_migrations(database_url)
     if pending:
-        raise SchemaMissing(f"the metastore schema is out of date ({', '.join(pending)} not applied): "
-                            "run `ingest migrate` first")
+        raise SchemaMissing(
+            f"the metastore schema is out of date ({', '.join(pending)} not applied): run `ingest migrate` first"
+        )

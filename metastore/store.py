@@ -84,8 +84,9 @@ class Metastore:
 
     # -- sources ------------------------------------------------------------------
 
-    def apply_source(self, name: str, spec: dict[str, Any], spec_text: str,
-                     reactivate: bool = False) -> tuple[int, bool]:
+    def apply_source(
+        self, name: str, spec: dict[str, Any], spec_text: str, reactivate: bool = False
+    ) -> tuple[int, bool]:
         """Store a new version of the spec unless it equals the latest. Returns (version, changed).
 
         A terminated source refuses (SourceTerminated) unless ``reactivate``: then it is set
@@ -140,8 +141,12 @@ class Metastore:
         with wrap_exceptions(self.url):
             self._connection().execute(
                 query("register_partitions"),
-                {"source": source, "topic": topic, "partitions": sorted(partitions),
-                 "initial_position": initial_position},
+                {
+                    "source": source,
+                    "topic": topic,
+                    "partitions": sorted(partitions),
+                    "initial_position": initial_position,
+                },
             )
 
     def claim_partitions(
@@ -157,8 +162,12 @@ class Metastore:
             with conn.transaction():
                 rows = conn.execute(
                     query("claim_partitions"),
-                    {"source": source, "worker": worker,
-                     "topics": [tp.topic for tp in ordered], "partitions": [tp.partition for tp in ordered]},
+                    {
+                        "source": source,
+                        "worker": worker,
+                        "topics": [tp.topic for tp in ordered],
+                        "partitions": [tp.partition for tp in ordered],
+                    },
                 ).fetchall()
         claims = {}
         for row in rows:
@@ -171,8 +180,13 @@ class Metastore:
         with wrap_exceptions(self.url):
             self._connection().execute(
                 query("release_partition"),
-                {"source": source, "worker": worker, "topic": claim.tp.topic,
-                 "partition": claim.tp.partition, "serial": claim.serial},
+                {
+                    "source": source,
+                    "worker": worker,
+                    "topic": claim.tp.topic,
+                    "partition": claim.tp.partition,
+                    "serial": claim.serial,
+                },
             )
 
     def reclaim_partitions(
@@ -185,8 +199,13 @@ class Metastore:
         if not held:
             return {}
         ordered = sorted(held, key=lambda h: h[0])
-        params = {"source": source, "worker": worker, "topics": [tp.topic for tp, _ in ordered],
-                  "partitions": [tp.partition for tp, _ in ordered], "serials": [serial for _, serial in ordered]}
+        params = {
+            "source": source,
+            "worker": worker,
+            "topics": [tp.topic for tp, _ in ordered],
+            "partitions": [tp.partition for tp, _ in ordered],
+            "serials": [serial for _, serial in ordered],
+        }
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
@@ -194,7 +213,8 @@ class Metastore:
                 rows = conn.execute(query("reclaim_partitions"), params).fetchall()
         return {
             TopicPartition(r["topic"], r["partition"]): PartitionClaim(
-                TopicPartition(r["topic"], r["partition"]), int(r["serial"]), r["next_offset"], r["initial_position"])
+                TopicPartition(r["topic"], r["partition"]), int(r["serial"]), r["next_offset"], r["initial_position"]
+            )
             for r in rows
         }
 
@@ -212,14 +232,24 @@ class Metastore:
         ranges = sorted(item.ranges, key=lambda r: r.range.tp)
         seg = item.segment
         params = {
-            "source": item.source, "split_id": seg.split_id, "spec_version": item.spec_version,
-            "worker": item.worker_id, "location": seg.location, "files": list(seg.files),
-            "row_count": seg.row_count, "size_bytes": seg.size_bytes,
-            "min_event_time": seg.min_event_time, "max_event_time": seg.max_event_time,
-            "rejects_location": seg.rejects_location, "rejects_files": list(seg.rejects_files),
-            "rejects_count": seg.rejects_count, "skipped_count": seg.skipped_count,
-            "topics": [r.range.tp.topic for r in ranges], "partitions": [r.range.tp.partition for r in ranges],
-            "serials": [r.serial for r in ranges], "starts": [r.range.start for r in ranges],
+            "source": item.source,
+            "split_id": seg.split_id,
+            "spec_version": item.spec_version,
+            "worker": item.worker_id,
+            "location": seg.location,
+            "files": list(seg.files),
+            "row_count": seg.row_count,
+            "size_bytes": seg.size_bytes,
+            "min_event_time": seg.min_event_time,
+            "max_event_time": seg.max_event_time,
+            "rejects_location": seg.rejects_location,
+            "rejects_files": list(seg.rejects_files),
+            "rejects_count": seg.rejects_count,
+            "skipped_count": seg.skipped_count,
+            "topics": [r.range.tp.topic for r in ranges],
+            "partitions": [r.range.tp.partition for r in ranges],
+            "serials": [r.serial for r in ranges],
+            "starts": [r.range.start for r in ranges],
             "ends": [r.range.end for r in ranges],
         }
         with wrap_exceptions(self.url):
@@ -242,11 +272,19 @@ class Metastore:
 
     def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None:
         """The partition stopped at ``from_offset``: ``[from_offset, to_offset)`` is no longer in the log."""
-        self._fetch("record_gap", source=source, worker=worker, topic=tp.topic, partition=tp.partition,
-                    from_offset=from_offset, to_offset=to_offset)
+        self._fetch(
+            "record_gap",
+            source=source,
+            worker=worker,
+            topic=tp.topic,
+            partition=tp.partition,
+            from_offset=from_offset,
+            to_offset=to_offset,
+        )
 
-    def skip_gap(self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int,
-                 to_offset: int) -> int:
+    def skip_gap(
+        self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
+    ) -> int:
         """Move ``next_offset`` from ``from_offset`` to ``to_offset`` and write the gap to the
         ledger, in one transaction guarded like a publish: the row is locked, the serial must
         be the caller's and ``next_offset`` must still be ``from_offset`` (or unset).
@@ -255,13 +293,26 @@ class Metastore:
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
-                failed = conn.execute(query("lock_ranges"), {
-                    "source": source, "topics": [tp.topic], "partitions": [tp.partition], "serials": [serial],
-                    "starts": [from_offset]}).fetchall()
+                failed = conn.execute(
+                    query("lock_ranges"),
+                    {
+                        "source": source,
+                        "topics": [tp.topic],
+                        "partitions": [tp.partition],
+                        "serials": [serial],
+                        "starts": [from_offset],
+                    },
+                ).fetchall()
                 if failed:
                     raise _conflict(failed[0])
-                params = {"source": source, "worker": worker, "topic": tp.topic, "partition": tp.partition,
-                          "from_offset": from_offset, "to_offset": to_offset}
+                params = {
+                    "source": source,
+                    "worker": worker,
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "from_offset": from_offset,
+                    "to_offset": to_offset,
+                }
                 row = conn.execute(query("insert_skipped_gap"), params).fetchone()
                 assert row is not None
                 conn.execute(query("skip_offsets"), params)
@@ -300,14 +351,22 @@ class Metastore:
         if not rows:
             raise SourceNotFound(source)
         row = rows[0]
-        return SourceControl(str(row["desired_state"]), bool(row["drain_stay"]), int(row["reset_generation"]),
-                             int(row["version"]))
+        return SourceControl(
+            str(row["desired_state"]), bool(row["drain_stay"]), int(row["reset_generation"]), int(row["version"])
+        )
 
     # -- resets -------------------------------------------------------------------------
 
     def reset_offsets(
-        self, source: str, targets: dict[TopicPartition, int], *, actor: str, reason: str, target: str,
-        confirmed: bool, earliest: dict[TopicPartition, int] | None = None,
+        self,
+        source: str,
+        targets: dict[TopicPartition, int],
+        *,
+        actor: str,
+        reason: str,
+        target: str,
+        confirmed: bool,
+        earliest: dict[TopicPartition, int] | None = None,
     ) -> ResetResult:
         """Set stored offsets, in one transaction that also bumps each changed partition's
         serial (so every publish in flight for it is refused) and the source's reset
@@ -326,38 +385,58 @@ class Metastore:
             with conn.transaction():
                 if conn.execute(query("lock_source"), {"name": source}).fetchone() is None:
                     raise SourceNotFound(source)
-                rows = {TopicPartition(r["topic"], r["partition"]): r
-                        for r in conn.execute(query("lock_source_partitions"), {"source": source}).fetchall()}
+                rows = {
+                    TopicPartition(r["topic"], r["partition"]): r
+                    for r in conn.execute(query("lock_source_partitions"), {"source": source}).fetchall()
+                }
                 unknown = sorted(tp for tp in targets if tp not in rows)
                 if unknown:
                     known = ", ".join(str(tp) for tp in sorted(rows)) or "none yet: start a worker first"
-                    raise InvalidReset(f"source {source!r} has no partition {', '.join(map(str, unknown))} "
-                                       f"(known: {known})")
+                    raise InvalidReset(
+                        f"source {source!r} has no partition {', '.join(map(str, unknown))} (known: {known})"
+                    )
                 plan = tuple(
                     _plan_partition(tp, rows[tp], offset, (earliest or {}).get(tp))
-                    for tp, offset in sorted(targets.items()) if rows[tp]["next_offset"] != offset
+                    for tp, offset in sorted(targets.items())
+                    if rows[tp]["next_offset"] != offset
                 )
                 result = ResetResult(plan)
                 if not plan or (result.changes_data and not confirmed):
                     return result
-                head = conn.execute(query("insert_reset"), {"source": source, "actor": actor, "reason": reason,
-                                                            "target": target}).fetchone()
+                head = conn.execute(
+                    query("insert_reset"), {"source": source, "actor": actor, "reason": reason, "target": target}
+                ).fetchone()
                 assert head is not None
                 applied = []
                 for p in plan:
-                    new_serial = conn.execute(query("reset_partition"), {
-                        "source": source, "topic": p.tp.topic, "partition": p.tp.partition,
-                        "new_offset": p.new_offset}).fetchone()
+                    new_serial = conn.execute(
+                        query("reset_partition"),
+                        {
+                            "source": source,
+                            "topic": p.tp.topic,
+                            "partition": p.tp.partition,
+                            "new_offset": p.new_offset,
+                        },
+                    ).fetchone()
                     assert new_serial is not None
                     p = replace(p, new_serial=int(new_serial["serial"]))
-                    conn.execute(query("insert_reset_partition"), {
-                        "reset_id": head["id"], "topic": p.tp.topic, "partition": p.tp.partition,
-                        "old_offset": p.old_offset, "new_offset": p.new_offset, "old_serial": p.old_serial,
-                        "new_serial": p.new_serial, "last_segment_id": rows[p.tp]["last_segment_id"],
-                        "skipped_start": p.skipped[0] if p.skipped else None,
-                        "skipped_end": p.skipped[1] if p.skipped else None,
-                        "replayed_start": p.replayed[0] if p.replayed else None,
-                        "replayed_end": p.replayed[1] if p.replayed else None})
+                    conn.execute(
+                        query("insert_reset_partition"),
+                        {
+                            "reset_id": head["id"],
+                            "topic": p.tp.topic,
+                            "partition": p.tp.partition,
+                            "old_offset": p.old_offset,
+                            "new_offset": p.new_offset,
+                            "old_serial": p.old_serial,
+                            "new_serial": p.new_serial,
+                            "last_segment_id": rows[p.tp]["last_segment_id"],
+                            "skipped_start": p.skipped[0] if p.skipped else None,
+                            "skipped_end": p.skipped[1] if p.skipped else None,
+                            "replayed_start": p.replayed[0] if p.replayed else None,
+                            "replayed_end": p.replayed[1] if p.replayed else None,
+                        },
+                    )
                     applied.append(p)
                 conn.execute(query("bump_reset_generation"), {"name": source})
                 return ResetResult(tuple(applied), int(head["id"]))
@@ -367,13 +446,32 @@ class Metastore:
 
     # -- workers and errors -----------------------------------------------------------
 
-    def heartbeat(self, source: str, worker: str, host: str, pid: int, version: str, state: str,
-                  partitions: Sequence[str], spec_version: int | None = None) -> None:
+    def heartbeat(
+        self,
+        source: str,
+        worker: str,
+        host: str,
+        pid: int,
+        version: str,
+        state: str,
+        partitions: Sequence[str],
+        spec_version: int | None = None,
+    ) -> None:
         with wrap_exceptions(self.url):
             conn = self._connection()
-            conn.execute(query("heartbeat"), {"source": source, "worker": worker, "host": host, "pid": pid,
-                                              "version": version, "state": state, "partitions": list(partitions),
-                                              "spec_version": spec_version})
+            conn.execute(
+                query("heartbeat"),
+                {
+                    "source": source,
+                    "worker": worker,
+                    "host": host,
+                    "pid": pid,
+                    "version": version,
+                    "state": state,
+                    "partitions": list(partitions),
+                    "spec_version": spec_version,
+                },
+            )
             # Rows of workers dead for a day are only noise.
             conn.execute(query("expire_workers"), {"keep_s": 86_400})
 
@@ -382,9 +480,10 @@ class Metastore:
 
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None:
         with wrap_exceptions(self.url):
-            self._connection().execute(query("record_error"),
-                                       {"source": source, "worker": worker, "kind": kind,
-                                                               "message": redact(message)[:2000]})
+            self._connection().execute(
+                query("record_error"),
+                {"source": source, "worker": worker, "kind": kind, "message": redact(message)[:2000]},
+            )
 
     def recent_errors(self, source: str, limit: int = 10) -> list[Row]:
         return self._fetch("recent_errors", source=source, limit=limit)
@@ -410,9 +509,16 @@ class Metastore:
     def register_build(self, worker: str, build: BuildRegistration) -> None:
         """Register a build's locations and splits before it writes anything. Idempotent:
         after an unknown outcome, registering again is safe."""
-        self._fetch_none("register_build", build_id=build.build_id, source=build.source, worker=worker,
-                         staging=build.staging, data=build.data, rejects=build.rejects,
-                         split_ids=list(build.split_ids))
+        self._fetch_none(
+            "register_build",
+            build_id=build.build_id,
+            source=build.source,
+            worker=worker,
+            staging=build.staging,
+            data=build.data,
+            rejects=build.rejects,
+            split_ids=list(build.split_ids),
+        )
 
     def abandon_stale_splits(self, source: str, grace_s: float, dry_run: bool = False) -> list[uuid.UUID]:
         """Give up the splits still building after ``grace_s``: from the commit of this call
@@ -490,5 +596,6 @@ def _check_group_unique(conn: psycopg.Connection[Row], name: str, consumer_group
 
 def _conflict(row: Row) -> PublishConflict:
     """A failed check as returned by ``ingest_lock_ranges`` / ``ingest_publish_segment``."""
-    return PublishConflict(row["reason"], TopicPartition(row["topic"], row["partition"]), row["expected"],
-                           row["actual"])
+    return PublishConflict(
+        row["reason"], TopicPartition(row["topic"], row["partition"]), row["expected"], row["actual"]
+    )

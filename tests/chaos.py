@@ -86,10 +86,20 @@ class ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
         # each fault meets partitions with lag and the ownership bound is exercised.
-        return cls(records=20_000, duration_s=150.0, workers=2, partitions=4, seed=seed,
-                   faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc"), fault_count=8,
-                   gap_s=(6.0, 10.0), catchup_timeout_s=240.0, max_records_per_split=2_000, workdir=workdir,
-                   store=store)
+        return cls(
+            records=20_000,
+            duration_s=150.0,
+            workers=2,
+            partitions=4,
+            seed=seed,
+            faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc"),
+            fault_count=8,
+            gap_s=(6.0, 10.0),
+            catchup_timeout_s=240.0,
+            max_records_per_split=2_000,
+            workdir=workdir,
+            store=store,
+        )
 
 
 @dataclass
@@ -136,8 +146,15 @@ class ChaosResult:
 
     @property
     def ok(self) -> bool:
-        return (self.verification.ok and not self.payload_errors and self.caught_up and not self.producer_errors
-                and self.verification.rows == self.produced and self.ownership_ok and not self.final_gc_problems)
+        return (
+            self.verification.ok
+            and not self.payload_errors
+            and self.caught_up
+            and not self.producer_errors
+            and self.verification.rows == self.produced
+            and self.ownership_ok
+            and not self.final_gc_problems
+        )
 
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
@@ -148,20 +165,23 @@ class ChaosResult:
             f"  records produced {self.produced}, published rows {self.verification.rows}, "
             f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
             f"  exactly-once: {self.verification.summary()}",
-            f"  payload mismatches {len(self.payload_errors)}" + (f": {self.payload_errors[:3]}"
-                                                                 if self.payload_errors else ""),
+            f"  payload mismatches {len(self.payload_errors)}"
+            + (f": {self.payload_errors[:3]}" if self.payload_errors else ""),
             f"  broker: {self.broker}",
             f"  caught up: {self.caught_up}; producer errors: {len(self.producer_errors)}"
             + (f": {self.producer_errors[:2]}" if self.producer_errors else ""),
             f"  longest a lagging partition had no live owner: {self.unowned_worst[0]:.1f}s "
-            + (f"(partition {self.unowned_worst[1]} from t={self.unowned_worst[2]:.1f}s; "
-               if self.unowned_worst[1] >= 0 else "(")
+            + (
+                f"(partition {self.unowned_worst[1]} from t={self.unowned_worst[2]:.1f}s; "
+                if self.unowned_worst[1] >= 0
+                else "("
+            )
             + f"bound {UNOWNED_BOUND_S:.0f}s, {self.ownership_samples} samples of the group): "
             + ("ok" if self.ownership_ok else "EXCEEDED"),
             f"  final gc (no grace) could not sweep: {self.final_gc_problems or 'none'}",
             "  faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
-            "  publish conflicts rejected: " + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items()))
-                                                or "0"),
+            "  publish conflicts rejected: "
+            + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items())) or "0"),
             "  splits killed: " + (", ".join(f"{k}={n}" for k, n in sorted(self.splits_killed.items())) or "0"),
             f"  workers restarted by the supervisor: exited on their own {self.unplanned_exits}, "
             f"unhealthy {self.health_restarts}",
@@ -169,15 +189,20 @@ class ChaosResult:
         ]
         for f in self.faults:
             rec = f"{f.recovery_s:.1f}s" if f.recovery_s is not None else "not measured (no progress seen)"
-            lines.append(f"    t={f.started:6.1f}s {f.kind:<10} {f.target:<10} lasted {f.ended - f.started:5.1f}s, "
-                         f"recovered in {rec}")
+            lines.append(
+                f"    t={f.started:6.1f}s {f.kind:<10} {f.target:<10} lasted {f.ended - f.started:5.1f}s, "
+                f"recovered in {rec}"
+            )
         if not self.verification.ok:
             v = self.verification
+
             def head(d: dict[tuple[str, int], list[int]]) -> dict[str, str]:
                 return {f"{t}[{p}]": f"{len(o)} from {o[0]}" for (t, p), o in list(d.items())[:4] if o}
 
-            lines.append(f"  first problems: missing={head(v.missing)} duplicates={head(v.duplicates)} "
-                         f"{v.range_errors[:3]} {v.offset_errors[:3]}")
+            lines.append(
+                f"  first problems: missing={head(v.missing)} duplicates={head(v.duplicates)} "
+                f"{v.range_errors[:3]} {v.offset_errors[:3]}"
+            )
         return "\n".join(lines)
 
 
@@ -190,8 +215,15 @@ def _log(t0: float, message: str) -> None:
 
 def record_value(i: int) -> bytes:
     """Record ``i``'s value; :func:`expected_row` is the row it must become."""
-    return json.dumps({"id": i, "user": f"user-{i % 997}-{i * 7919 % 100_003}", "ts": _ts(i).isoformat(),
-                       "amount": i * 0.25, "tags": ["c", str(i % 11), str(i)]}).encode()
+    return json.dumps(
+        {
+            "id": i,
+            "user": f"user-{i % 997}-{i * 7919 % 100_003}",
+            "ts": _ts(i).isoformat(),
+            "amount": i * 0.25,
+            "tags": ["c", str(i % 11), str(i)],
+        }
+    ).encode()
 
 
 def _ts(i: int) -> datetime:
@@ -199,8 +231,14 @@ def _ts(i: int) -> datetime:
 
 
 def expected_row(i: int) -> dict[str, Any]:
-    return {"_key": str(i).encode(), "id": i, "user": f"user-{i % 997}-{i * 7919 % 100_003}", "ts": _ts(i),
-            "amount": i * 0.25, "tags": ["c", str(i % 11), str(i)]}
+    return {
+        "_key": str(i).encode(),
+        "id": i,
+        "user": f"user-{i % 997}-{i * 7919 % 100_003}",
+        "ts": _ts(i),
+        "amount": i * 0.25,
+        "tags": ["c", str(i % 11), str(i)],
+    }
 
 
 class ChaosProducer:
@@ -218,13 +256,19 @@ class ChaosProducer:
         self.errors: list[str] = []
         self.sent = 0
         self._lock = threading.Lock()
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20, "batch.num.messages": 2000,
-            "queue.buffering.max.messages": 200_000, "partitioner": "murmur2_random",
-            # Long enough never to give up on a record while the broker is healthy: a record
-            # reported failed might still be in the log, which the check could not explain.
-            "message.timeout.ms": 600_000,
-        })
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "linger.ms": 20,
+                "batch.num.messages": 2000,
+                "queue.buffering.max.messages": 200_000,
+                "partitioner": "murmur2_random",
+                # Long enough never to give up on a record while the broker is healthy: a record
+                # reported failed might still be in the log, which the check could not explain.
+                "message.timeout.ms": 600_000,
+            }
+        )
         self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
         self.done = threading.Event()
 
@@ -260,8 +304,13 @@ class ChaosProducer:
                 while self.sent < due:
                     i = self.sent
                     try:
-                        self._producer.produce(self.topic, value=record_value(i), key=str(i).encode(),
-                                               partition=i % self.partitions, on_delivery=self._on_delivery)
+                        self._producer.produce(
+                            self.topic,
+                            value=record_value(i),
+                            key=str(i).encode(),
+                            partition=i % self.partitions,
+                            on_delivery=self._on_delivery,
+                        )
                     except BufferError:
                         self._producer.poll(0.05)
                         continue
@@ -366,8 +415,11 @@ class Fleet:
         """Client ids of the worker processes that run and are not frozen (SIGSTOP), those
         being stopped included: a draining worker owns its partitions until it leaves."""
         with self._lock:
-            return {f"chaos-{worker.name}" for worker in self.all
-                    if worker.name not in self.frozen and worker.proc.poll() is None}
+            return {
+                f"chaos-{worker.name}"
+                for worker in self.all
+                if worker.name not in self.frozen and worker.proc.poll() is None
+            }
 
     def _healthz(self, port: int, path: str = "healthz") -> tuple[int, str] | None:
         try:
@@ -533,8 +585,12 @@ class OwnershipWatch:
             now = time.monotonic()
             live = self._fleet.live_client_ids()
             live_members = [m for m in members if m.client_id in live]
-            owned = {tp.partition for m in live_members for tp in (m.assignment.topic_partitions or [])
-                     if tp.topic == self._topic}
+            owned = {
+                tp.partition
+                for m in live_members
+                for tp in (m.assignment.topic_partitions or [])
+                if tp.topic == self._topic
+            }
             positions = self._monitor.positions
             self.samples += 1
             self._last = (now, owned & set(ends), len(ends))
@@ -555,8 +611,9 @@ def _fault_plan(config: ChaosConfig, rng: random.Random) -> list[str]:
     return plan[: config.fault_count]
 
 
-def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_workers: int,
-            t0: float) -> tuple[str, str]:
+def _inject(
+    kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_workers: int, t0: float
+) -> tuple[str, str]:
     """Inject one fault; returns what it hit and the kind actually injected."""
     if kind == "pg_restart":
         pg.restart()
@@ -567,8 +624,10 @@ def _inject(kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_
     if kind == "gc":
         with Metastore(pg.url) as store:
             swept = collect_garbage(store, fleet.source_name, grace_s=GC_FAULT_GRACE_S)
-        _log(t0, f"gc abandoned {swept.abandoned} split(s), deleted {len(swept.deleted)} file(s) of "
-                 f"{swept.swept} build(s)")
+        _log(
+            t0,
+            f"gc abandoned {swept.abandoned} split(s), deleted {len(swept.deleted)} file(s) of {swept.swept} build(s)",
+        )
         return "store", kind
     if kind == "add":
         if len(fleet.live) >= max_workers:
@@ -644,21 +703,25 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
     rng = random.Random(config.seed)
     work = config.workdir or Path(tempfile.mkdtemp(prefix="ingest-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
-    say(f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
+    say(
+        f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
         f"{config.workers} workers, {config.partitions} partitions, group protocol {config.group_protocol}, "
-        f"{config.store} store")
+        f"{config.store} store"
+    )
     with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker, _store(config, work) as (store, s3env):
         say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
         url = pg.url
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, config.partitions)
-        source, spec_path = write_spec(work, TOPIC, name="chaos", max_records=config.max_records_per_split,
-                                       max_age="2s", store=store)
+        source, spec_path = write_spec(
+            work, TOPIC, name="chaos", max_records=config.max_records_per_split, max_age="2s", store=store
+        )
         apply_spec(url, spec_path)
         # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
         # that long).
-        env = process_env(url, broker.bootstrap, config.group_protocol,
-                          INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000", **s3env)
+        env = process_env(
+            url, broker.bootstrap, config.group_protocol, INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000", **s3env
+        )
         fleet = Fleet(env, source, work, t0)
         producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
         monitor = Monitor(url, source, producer, t0)
@@ -668,8 +731,11 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             # Workers start Spark before they join the group (tens of seconds on a loaded
             # machine): produce only once the fleet consumes, so the faults hit production.
             say("waiting for the fleet to own every partition")
-            _wait(lambda: _fleet_ready(url, source, config.workers, config.partitions), 300,
-                  "the workers to join and own every partition")
+            _wait(
+                lambda: _fleet_ready(url, source, config.workers, config.partitions),
+                300,
+                "the workers to join and own every partition",
+            )
             producer.start()
             monitor.start()
             ownership.start()
@@ -685,23 +751,28 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                 while not ownership.settled(waited) and time.monotonic() - waited < config.settle_timeout_s:
                     time.sleep(0.5)
                 if not ownership.settled(waited):
-                    say(f"the fleet did not own every partition within {config.settle_timeout_s:.0f}s; "
-                        f"injecting {kind} anyway")
+                    say(
+                        f"the fleet did not own every partition within {config.settle_timeout_s:.0f}s; "
+                        f"injecting {kind} anyway"
+                    )
                 started = time.monotonic()
                 target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0)
                 fault = Fault(injected, target, started - t0, time.monotonic() - t0)
                 monitor.ended(fault)
-                say(f"fault {injected} on {target} ({fault.ended - fault.started:.1f}s); "
-                    f"delivered {producer.delivered_count()}/{config.records}")
+                say(
+                    f"fault {injected} on {target} ({fault.ended - fault.started:.1f}s); "
+                    f"delivered {producer.delivered_count()}/{config.records}"
+                )
             producer.join(config.duration_s * 2 + 200)
-            say(f"producer done: {producer.delivered_count()} delivered, {len(producer.errors)} errors; "
-                "waiting for the fleet to catch up")
+            say(
+                f"producer done: {producer.delivered_count()} delivered, {len(producer.errors)} errors; "
+                "waiting for the fleet to catch up"
+            )
             # Caught up means at Kafka's end offsets; with a single, non-transactional producer
             # they must equal what the delivery reports say was written.
             ends = end_offsets(broker.bootstrap, TOPIC)
             if {p: e for p, e in ends.items() if e} != {p: e for p, e in producer.ends().items() if e}:
-                producer.errors.append(f"Kafka's end offsets {ends} differ from the delivery reports "
-                                       f"{producer.ends()}")
+                producer.errors.append(f"Kafka's end offsets {ends} differ from the delivery reports {producer.ends()}")
             deadline = time.monotonic() + config.catchup_timeout_s
             caught_up = False
             while time.monotonic() < deadline:
@@ -720,8 +791,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         with Metastore(url) as store:
             # Every split is settled now: gc with no grace at all must leave every published file.
             final_gc = collect_garbage(store, source, grace_s=0.0)
-            say(f"caught up: {caught_up}; gc deleted {len(final_gc.deleted)} unpublished file(s) of "
-                f"{final_gc.swept} build(s); verifying every published file")
+            say(
+                f"caught up: {caught_up}; gc deleted {len(final_gc.deleted)} unpublished file(s) of "
+                f"{final_gc.swept} build(s); verifying every published file"
+            )
             verification = verify_exactly_once(store, source, expected)
             conflicts = store.conflict_counts(source)
 
@@ -729,15 +802,26 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                 i = ids.get(partition, {}).get(offset) if topic == TOPIC else None
                 return None if i is None else expected_row(i)
 
-            payload_rows, payload_errors = verify_payloads(store, source, want,
-                                                           ["_key", "id", "user", "ts", "amount", "tags"])
+            payload_rows, payload_errors = verify_payloads(
+                store, source, want, ["_key", "id", "user", "ts", "amount", "tags"]
+            )
         return ChaosResult(
-            config=config, produced=producer.delivered_count(), verification=verification,
-            payload_rows=payload_rows, payload_errors=payload_errors, caught_up=caught_up, faults=monitor.faults,
-            conflicts=conflicts, splits_killed=_count_kills(fleet.all), final_gc_problems=final_gc.unsafe,
+            config=config,
+            produced=producer.delivered_count(),
+            verification=verification,
+            payload_rows=payload_rows,
+            payload_errors=payload_errors,
+            caught_up=caught_up,
+            faults=monitor.faults,
+            conflicts=conflicts,
+            splits_killed=_count_kills(fleet.all),
+            final_gc_problems=final_gc.unsafe,
             unplanned_exits=fleet.unplanned_exits,
-            health_restarts=fleet.health_restarts, producer_errors=producer.errors,
-            elapsed_s=time.monotonic() - t0, broker=broker.describe(), unowned_worst=ownership.worst,
+            health_restarts=fleet.health_restarts,
+            producer_errors=producer.errors,
+            elapsed_s=time.monotonic() - t0,
+            broker=broker.describe(),
+            unowned_worst=ownership.worst,
             ownership_samples=ownership.samples,
         )
 
@@ -788,16 +872,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=lambda t: tuple(_iter_kinds(t)), help="comma-separated fault kinds")
     parser.add_argument("--fault-count", type=int, help="faults to inject (default 14)")
     parser.add_argument("--workdir", type=Path, help="keep logs, broker log and segments here")
-    parser.add_argument("--store", choices=("file", "s3"),
-                        help="segment store: a local directory (default) or an S3 API the run starts (moto)")
-    parser.add_argument("--group-protocol", choices=("classic", "consumer"),
-                        help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer")
+    parser.add_argument(
+        "--store",
+        choices=("file", "s3"),
+        help="segment store: a local directory (default) or an S3 API the run starts (moto)",
+    )
+    parser.add_argument(
+        "--group-protocol",
+        choices=("classic", "consumer"),
+        help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer",
+    )
     args = parser.parse_args(argv)
-    config = ChaosConfig.quick(args.seed, args.workdir) if args.quick else ChaosConfig(seed=args.seed,
-                                                                                       workdir=args.workdir)
-    overrides = {"records": args.records, "duration_s": args.duration, "workers": args.workers,
-                 "partitions": args.partitions, "faults": args.faults, "fault_count": args.fault_count,
-                 "group_protocol": args.group_protocol, "store": args.store}
+    config = (
+        ChaosConfig.quick(args.seed, args.workdir) if args.quick else ChaosConfig(seed=args.seed, workdir=args.workdir)
+    )
+    overrides = {
+        "records": args.records,
+        "duration_s": args.duration,
+        "workers": args.workers,
+        "partitions": args.partitions,
+        "faults": args.faults,
+        "fault_count": args.fault_count,
+        "group_protocol": args.group_protocol,
+        "store": args.store,
+    }
     from dataclasses import replace
 
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})

@@ -37,9 +37,20 @@ class FakeRecord:
 
 def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0) -> SealedSplit:
     records = tuple(FakeRecord(o) for o in range(start, end))
-    return SealedSplit(id=uuid.uuid4(), tp=tp, serial=serial, start=start, end=end, records=records,
-                       size_bytes=10 * len(records), first_record_at=0.0, sealed_at=0.0, seal_reason="test",
-                       kill_switch=KillSwitch(), epoch=epoch)
+    return SealedSplit(
+        id=uuid.uuid4(),
+        tp=tp,
+        serial=serial,
+        start=start,
+        end=end,
+        records=records,
+        size_bytes=10 * len(records),
+        first_record_at=0.0,
+        sealed_at=0.0,
+        seal_reason="test",
+        kill_switch=KillSwitch(),
+        epoch=epoch,
+    )
 
 
 class FakeBuilder:
@@ -64,8 +75,13 @@ class FakeBuilder:
                 self.failures[split.start] -= 1
                 raise BuildError("injected build failure")
             self.built.append(split)
-        return BuiltSegment(split_id=split.id, location=f"mem://{split.id}", files=(f"mem://{split.id}/f",),
-                            row_count=len(split), size_bytes=len(split))
+        return BuiltSegment(
+            split_id=split.id,
+            location=f"mem://{split.id}",
+            files=(f"mem://{split.id}/f",),
+            row_count=len(split),
+            size_bytes=len(split),
+        )
 
     def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuiltSegment | Exception]:
         with self.lock:

@@ -26,16 +26,24 @@ REPO = Path(__file__).resolve().parents[2]
 SCHEMA = {"id": "long", "user": "string", "ts": "timestamp", "amount": "double", "tags": "array<string>"}
 
 
-def write_spec(tmp_path: Path, topic: str, *, name: str | None = None, max_records: int = 5000,
-               max_age: str = "1s", on_parse_error: str = "reject", extra: str = "",
-               store: str | None = None) -> tuple[str, Path]:
+def write_spec(
+    tmp_path: Path,
+    topic: str,
+    *,
+    name: str | None = None,
+    max_records: int = 5000,
+    max_age: str = "1s",
+    on_parse_error: str = "reject",
+    extra: str = "",
+    store: str | None = None,
+) -> tuple[str, Path]:
     name = name or "s" + uuid.uuid4().hex[:8]
     path = tmp_path / f"{name}.toml"
     schema = "\n".join(f'{k} = "{v}"' for k, v in SCHEMA.items())
     path.write_text(
         f'name = "{name}"\ntopics = ["{topic}"]\nevent_time = "ts"\n'
         f'segment_store = "{store or tmp_path / "store"}"\non_parse_error = "{on_parse_error}"\n{extra}\n'
-        f"[schema]\n{schema}\n\n[split]\nmax_records = {max_records}\nmax_age = \"{max_age}\"\n"
+        f'[schema]\n{schema}\n\n[split]\nmax_records = {max_records}\nmax_age = "{max_age}"\n'
     )
     return name, path
 
@@ -47,8 +55,15 @@ def apply_spec(database_url: str, path: Path) -> None:
 
 
 def sample_value(i: int) -> bytes:
-    return json.dumps({"id": i, "user": f"user-{i % 97}", "ts": f"2026-11-22T10:{(i // 60) % 60:02d}:{i % 60:02d}Z",
-                       "amount": i * 0.5, "tags": ["a", str(i % 7)]}).encode()
+    return json.dumps(
+        {
+            "id": i,
+            "user": f"user-{i % 97}",
+            "ts": f"2026-11-22T10:{(i // 60) % 60:02d}:{i % 60:02d}Z",
+            "amount": i * 0.5,
+            "tags": ["a", str(i % 7)],
+        }
+    ).encode()
 
 
 class Produced:
@@ -137,15 +152,17 @@ def process_env(database_url: str, bootstrap: str, group_protocol: str = "classi
     """A worker process's environment. Under ``group_protocol="consumer"`` the session timeout
     and heartbeat are the broker's (``group.consumer.*``; the test broker uses 6 s)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
-    env.update({
-        "INGEST_DATABASE_URL": database_url,
-        "INGEST_KAFKA_BOOTSTRAP": bootstrap,
-        "INGEST_SPARK_MASTER": "local[1]",
-        "INGEST_SPARK_DRIVER_MEMORY": "512m",
-        "INGEST_BUILD_THREADS": "1",
-        "INGEST_LOG_FORMAT": "json",
-        "PYTHONPATH": str(REPO),
-    })
+    env.update(
+        {
+            "INGEST_DATABASE_URL": database_url,
+            "INGEST_KAFKA_BOOTSTRAP": bootstrap,
+            "INGEST_SPARK_MASTER": "local[1]",
+            "INGEST_SPARK_DRIVER_MEMORY": "512m",
+            "INGEST_BUILD_THREADS": "1",
+            "INGEST_LOG_FORMAT": "json",
+            "PYTHONPATH": str(REPO),
+        }
+    )
     if group_protocol == "consumer":
         env["INGEST_KAFKA_PROP_GROUP_PROTOCOL"] = "consumer"
     else:
@@ -162,8 +179,13 @@ class ProcessWorker:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "ingest", "worker", source], env=env, cwd=REPO,
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ingest", "worker", source],
+            env=env,
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
     def events(self) -> Iterator[dict[str, Any]]:
         for line in self.log_path.read_text(errors="replace").splitlines():

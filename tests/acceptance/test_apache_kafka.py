@@ -50,8 +50,9 @@ def topic_configs_setter(bootstrap: str, topic: str) -> Callable[..., None]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
 
     def set_configs(**configs: str) -> None:
-        entries = [ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
-                   for k, v in configs.items()]
+        entries = [
+            ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()
+        ]
         resource = ConfigResource("topic", topic, incremental_configs=entries)
         admin.incremental_alter_configs([resource])[resource].result(timeout=30)
 
@@ -64,7 +65,11 @@ def _counter(worker: Any, name: str, *labels: str) -> float:
 
 
 def test_published_offsets_reach_the_consumer_group_for_kafkas_own_tools(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=4)
@@ -76,8 +81,11 @@ def test_published_offsets_reach_the_consumer_group_for_kafkas_own_tools(
     with Metastore(database_url) as store:
         wait_until(lambda: produced.caught_up(store, source), 180, "the worker to catch up")
     # The group's committed offsets follow the metastore (asynchronously, within a second or so).
-    wait_until(lambda: _group_offsets(kafka_bootstrap, f"ingest-{source}") == _positions(database_url, source), 30,
-               "the group's committed offsets to equal next_offset")
+    wait_until(
+        lambda: _group_offsets(kafka_bootstrap, f"ingest-{source}") == _positions(database_url, source),
+        30,
+        "the group's committed offsets to equal next_offset",
+    )
     assert _group_offsets(kafka_bootstrap, f"ingest-{source}") == produced.ends
     worker.stop()
     assert worker.error is None
@@ -86,13 +94,21 @@ def test_published_offsets_reach_the_consumer_group_for_kafkas_own_tools(
 
 
 def test_group_commits_that_fail_never_stop_ingestion(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
-    start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every commit names a topic that does not exist: the broker refuses each one."""
     real = ingest.group_offsets.KafkaTopicPartition
-    monkeypatch.setattr(ingest.group_offsets, "KafkaTopicPartition",
-                        lambda topic, partition, offset: real(topic + "-missing", partition, offset))
+    monkeypatch.setattr(
+        ingest.group_offsets,
+        "KafkaTopicPartition",
+        lambda topic, partition, offset: real(topic + "-missing", partition, offset),
+    )
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="500ms")
     apply_spec(database_url, spec_path)
@@ -112,15 +128,25 @@ def test_group_commits_that_fail_never_stop_ingestion(
 
 
 def test_partitions_added_while_workers_run_are_read_from_earliest(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="500ms")
     apply_spec(database_url, spec_path)
-    cfg = settings(database_url, kafka_bootstrap,
-                   kafka_properties={"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
-                                     "topic.metadata.refresh.interval.ms": "1000"})
+    cfg = settings(
+        database_url,
+        kafka_bootstrap,
+        kafka_properties={
+            "session.timeout.ms": "6000",
+            "heartbeat.interval.ms": "500",
+            "topic.metadata.refresh.interval.ms": "1000",
+        },
+    )
     worker = start_worker(cfg, source, spark_builder)
     wait_until(lambda: len(worker.worker.assignment) == 2, 60, "the worker to own both partitions")
     produced = Produced(kafka_bootstrap, topic, 2)
@@ -137,8 +163,10 @@ def test_partitions_added_while_workers_run_are_read_from_earliest(
         wait_until(lambda: grown.caught_up(store, source), 120, "the new partitions to be read")
     worker.stop()
     assert worker.error is None
-    assert len(worker.worker.assignment) == 0 and worker.worker.metrics.rebalances.labels(
-        source, "assign")._value.get() >= 2  # the new partitions came by a rebalance, not a restart
+    assert (
+        len(worker.worker.assignment) == 0
+        and worker.worker.metrics.rebalances.labels(source, "assign")._value.get() >= 2
+    )  # the new partitions came by a rebalance, not a restart
     # The new partitions' rows were created by the claim (the worker registered two at start),
     # and every record was read from offset 0 (the ranges start there).
     assert_exactly_once(database_url, source, grown)
@@ -161,8 +189,13 @@ def _produce_transactions(bootstrap: str, topic: str, plan: list[tuple[bool, int
         producer.begin_transaction()
         for _ in range(n):
             for partition in (0, 1):
-                producer.produce(topic, value=sample_value(next_id), key=str(next_id).encode(), partition=partition,
-                                 on_delivery=on_delivery)
+                producer.produce(
+                    topic,
+                    value=sample_value(next_id),
+                    key=str(next_id).encode(),
+                    partition=partition,
+                    on_delivery=on_delivery,
+                )
                 next_id += 1
         assert producer.flush(30) == 0
         if commit:
@@ -175,7 +208,11 @@ def _produce_transactions(bootstrap: str, topic: str, plan: list[tuple[bool, int
 
 
 def test_transactional_input_publishes_committed_records_and_covers_markers_and_aborted_offsets(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
@@ -187,8 +224,11 @@ def test_transactional_input_publishes_committed_records_and_covers_markers_and_
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     ends = end_offsets(kafka_bootstrap, topic)
     assert all(ends[p] > max(committed[p]) + 1 for p in (0, 1)), (ends, "the log must end past the last record")
-    wait_until(lambda: _positions(database_url, source) == ends, 120,
-               "next_offset to reach Kafka's end offsets (past the last commit marker)")
+    wait_until(
+        lambda: _positions(database_url, source) == ends,
+        120,
+        "next_offset to reach Kafka's end offsets (past the last commit marker)",
+    )
     # A second round after the worker caught up: the tail is covered again.
     more = _produce_transactions(kafka_bootstrap, topic, [(False, 100), (True, 300)])
     ends = end_offsets(kafka_bootstrap, topic)
@@ -206,7 +246,10 @@ def test_transactional_input_publishes_committed_records_and_covers_markers_and_
 
 
 def test_a_compacted_topic_tiles_its_offset_holes(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = f"compacted-{tmp_path.name[-8:]}".replace("_", "-")
@@ -214,8 +257,13 @@ def test_a_compacted_topic_tiles_its_offset_holes(
     set_configs = topic_configs_setter(kafka_bootstrap, topic)
 
     # Small, quickly rolled segments that the cleaner compacts as soon as it may.
-    set_configs(cleanup_policy="compact", segment_ms="100", min_cleanable_dirty_ratio="0.001",
-                min_compaction_lag_ms="0", delete_retention_ms="0")
+    set_configs(
+        cleanup_policy="compact",
+        segment_ms="100",
+        min_cleanable_dirty_ratio="0.001",
+        min_compaction_lag_ms="0",
+        delete_retention_ms="0",
+    )
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
     for batch in range(10):  # 20 keys rewritten 30 times, in batches that roll segments
         for i in range(60):
@@ -227,8 +275,14 @@ def test_a_compacted_topic_tiles_its_offset_holes(
     def surviving() -> list[int]:
         from confluent_kafka import Consumer
 
-        consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "probe", "enable.auto.commit": False,
-                             "enable.partition.eof": True})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": kafka_bootstrap,
+                "group.id": "probe",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
         consumer.assign([KafkaTopicPartition(topic, 0, 0)])
         offsets: list[int] = []
         try:
@@ -267,7 +321,10 @@ def test_a_compacted_topic_tiles_its_offset_holes(
 
 
 def test_a_broker_restart_mid_ingest_loses_and_duplicates_nothing(
-    tmp_path: Path, database_url: str, private_kafka: LocalKafka, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    private_kafka: LocalKafka,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     bootstrap = private_kafka.bootstrap

@@ -31,14 +31,14 @@ from tests.acceptance.harness import (
 
 
 def ingest(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int | None, *needles: str) -> None:
     """``code`` None: any failure."""
-    assert result.returncode == code if code is not None else result.returncode != 0, (result.returncode,
-                                                                                      result.stderr)
+    assert result.returncode == code if code is not None else result.returncode != 0, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("ingest: error:")]
     assert len(errors) == 1, result.stderr
@@ -67,9 +67,11 @@ def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka
     assert_one_line_error(result, 7, "PostgreSQL unavailable")
     assert "waiting for PostgreSQL" in result.stderr and "s3cret" not in result.stderr
     assert_one_line_error(ingest(env, "migrate", "--wait", "soon"), 2, "--wait")
-    for bad_url, says in (("postgresql://u@127.0.0.1:99999/db", "invalid port"),
-                          ("postgresql://u@[::1:5432/db", "IPv6"),
-                          ("host=127.0.0.1 port=x dbname=db", "port")):
+    for bad_url, says in (
+        ("postgresql://u@127.0.0.1:99999/db", "invalid port"),
+        ("postgresql://u@[::1:5432/db", "IPv6"),
+        ("host=127.0.0.1 port=x dbname=db", "port"),
+    ):
         assert_one_line_error(ingest({**env, "INGEST_DATABASE_URL": bad_url}, "migrate"), None, says)
 
     unmigrated = {**env, "INGEST_DATABASE_URL": database_url.rsplit("/", 1)[0] + "/postgres"}
@@ -81,24 +83,32 @@ def test_expected_failures_are_one_line(tmp_path: Path, database_url: str, kafka
     assert_one_line_error(ingest(env, "worker", name), 5, "does not exist")
     # A store inside another source's directory, or a store URI pyarrow would cut short.
     nested = tmp_path / "nested.toml"
-    nested.write_text(spec.read_text().replace(f'name = "{name}"', 'name = "nested"')
-                      .replace(f'segment_store = "{tmp_path / "store"}"', f'segment_store = "{tmp_path}/store/{name}"'))
+    nested.write_text(
+        spec.read_text()
+        .replace(f'name = "{name}"', 'name = "nested"')
+        .replace(f'segment_store = "{tmp_path / "store"}"', f'segment_store = "{tmp_path}/store/{name}"')
+    )
     assert_one_line_error(ingest(env, "source", "apply", str(nested)), 2, "'nested'", f"'{name}'", "overlaps")
     hashed = tmp_path / "hashed.toml"
-    hashed.write_text(spec.read_text().replace(f'segment_store = "{tmp_path / "store"}"',
-                                               f'segment_store = "{tmp_path}/store#1"'))
+    hashed.write_text(
+        spec.read_text().replace(f'segment_store = "{tmp_path / "store"}"', f'segment_store = "{tmp_path}/store#1"')
+    )
     assert_one_line_error(ingest(env, "source", "apply", str(hashed)), 2, "segment_store", "'#'")
     grouped = tmp_path / "grouped.toml"
     taken_group = f'name = "grouped"\nconsumer_group = "ingest-{name}"'
-    grouped.write_text(nested.read_text().replace('name = "nested"', taken_group)
-                       .replace(f"{tmp_path}/store/{name}", f"{tmp_path}/other-store"))
+    grouped.write_text(
+        nested.read_text()
+        .replace('name = "nested"', taken_group)
+        .replace(f"{tmp_path}/store/{name}", f"{tmp_path}/other-store")
+    )
     assert_one_line_error(ingest(env, "source", "apply", str(grouped)), 2, "consumer_group", f"'{name}'")
     no_kafka = {**env, "INGEST_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}"}
     assert_one_line_error(ingest(no_kafka, "worker", name), 4, "Kafka unreachable")
 
 
-def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, database_url: str, kafka_bootstrap: str,
-                                                         make_topic: Callable[..., str]) -> None:
+def test_a_worker_that_cannot_start_says_why_in_one_line(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
     env = process_env(database_url, kafka_bootstrap)
     name, spec = write_spec(tmp_path, make_topic(partitions=1))
     apply_spec(database_url, spec)
@@ -116,8 +126,10 @@ def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, databas
     assert "spark_warmed_up" not in result.stdout + result.stderr
     # A librdkafka property it refuses, consumer-only or not: named at once, before Spark starts;
     # `ingest status` (which asks Kafka for watermarks) says the same.
-    for prop, value in (("INGEST_KAFKA_PROP_MAX_POL_INTERVAL_MS", "1000"),
-                        ("INGEST_KAFKA_PROP_SOCKET_TIMEOUT_MS", "soon")):
+    for prop, value in (
+        ("INGEST_KAFKA_PROP_MAX_POL_INTERVAL_MS", "1000"),
+        ("INGEST_KAFKA_PROP_SOCKET_TIMEOUT_MS", "soon"),
+    ):
         typo = {**env, prop: value, "INGEST_METRICS_PORT": "0"}
         result = ingest(typo, "worker", name, timeout=30)
         librdkafka_name = prop.removeprefix("INGEST_KAFKA_PROP_").lower().replace("_", ".")
@@ -133,9 +145,14 @@ def test_a_worker_that_cannot_start_says_why_in_one_line(tmp_path: Path, databas
     assert_one_line_error(ingest(env, "worker", name), 8, row[0], "ingest migrate")
 
 
-def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstrap: str,
-                                make_topic: Callable[..., str], spark_builder: BuilderFactory,
-                                start_worker: StartWorker) -> None:
+def test_segments_status_and_gc(
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=300)
     apply_spec(database_url, spec_path)
@@ -183,9 +200,14 @@ def test_segments_status_and_gc(tmp_path: Path, database_url: str, kafka_bootstr
     assert_exactly_once(database_url, source, produced)  # every published file is still there
 
 
-def test_gc_during_a_delayed_publish_loses_nothing(tmp_path: Path, database_url: str, kafka_bootstrap: str,
-                                                   make_topic: Callable[..., str], spark_builder: BuilderFactory,
-                                                   start_worker: StartWorker) -> None:
+def test_gc_during_a_delayed_publish_loses_nothing(
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+) -> None:
     """A publish held up after its build (as by a metastore outage) while gc runs with a
     grace shorter than the hold-up: gc abandons the split and deletes its files, the late
     publish is refused and counted as a conflict, the worker reads the records again and
@@ -198,13 +220,22 @@ def test_gc_during_a_delayed_publish_loses_nothing(tmp_path: Path, database_url:
     env = process_env(database_url, kafka_bootstrap)
     worker = start_worker(settings(database_url, kafka_bootstrap, fault_publish_delay_s=3.0), source, spark_builder)
     metrics = worker.worker.metrics
-    wait_until(lambda: metrics.inflight_splits.labels(source)._value.get() > 0
-               and metrics.segments_published.labels(source)._value.get() == 0, 60, "a built split held up")
+    wait_until(
+        lambda: (
+            metrics.inflight_splits.labels(source)._value.get() > 0
+            and metrics.segments_published.labels(source)._value.get() == 0
+        ),
+        60,
+        "a built split held up",
+    )
     time.sleep(1.0)  # built, waiting to publish
     result = ingest(env, "gc", source, "--grace", "0", "--force")
     assert result.returncode == 0 and "abandoned 0 " not in result.stdout, result.stdout
-    wait_until(lambda: metrics.publish_conflicts.labels(source, "abandoned")._value.get() >= 1, 30,
-               "the late publish to be refused")
+    wait_until(
+        lambda: metrics.publish_conflicts.labels(source, "abandoned")._value.get() >= 1,
+        30,
+        "the late publish to be refused",
+    )
     with Metastore(database_url) as store:
         wait_until(lambda: produced.caught_up(store, source), 120, "the worker to read the records again")
         assert store.conflict_counts(source).get("abandoned", 0) >= 1
@@ -224,7 +255,9 @@ def test_a_stale_migration_lock_is_one_line_and_break_lock_clears_it(database_ur
 
 
 def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
 ) -> None:
     env = process_env(database_url, kafka_bootstrap)
     name, spec = write_spec(tmp_path, "t-" + uuid.uuid4().hex[:6])
@@ -236,9 +269,19 @@ def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
     listed = ingest(env, "segments", name, "--since", "30m", "--limit", "5", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout)["segments"] == [], listed.stderr
     # Every command that prints has --json: one document with a schema_version on stdout.
-    for argv in (["migrate"], ["source", "apply", str(spec)], ["source", "list"], ["source", "history", name],
-                 ["suspend", name], ["resume", name], ["gc", name, "--dry-run"], ["gaps", "list", name],
-                 ["gaps", "ack", name, "--all"], ["health", name], ["status", name]):
+    for argv in (
+        ["migrate"],
+        ["source", "apply", str(spec)],
+        ["source", "list"],
+        ["source", "history", name],
+        ["suspend", name],
+        ["resume", name],
+        ["gc", name, "--dry-run"],
+        ["gaps", "list", name],
+        ["gaps", "ack", name, "--all"],
+        ["health", name],
+        ["status", name],
+    ):
         result = ingest(env, *argv, "--json")
         assert result.returncode == 0, (argv, result.stderr)
         assert json.loads(result.stdout)["schema_version"] == 1, (argv, result.stdout)
@@ -250,8 +293,14 @@ def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
     assert "waiting for 1 worker(s): w-busy (running)" in result.stdout, result.stdout
     assert_one_line_error(result, 1, "timed out after 7 s", "w-busy")
 
-    proc = subprocess.Popen([sys.executable, "-m", "ingest", "terminate", name, "--timeout", "60"], env=env,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingest", "terminate", name, "--timeout", "60"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with Metastore(database_url) as store:
             wait_until(lambda: store.control(name).desired_state == "terminating", 30, "terminate to begin")

@@ -31,8 +31,9 @@ from tests.acceptance.test_cli import assert_one_line_error, ingest
 
 
 def steady_producer(produced: Produced, batches: int, pause_s: float = 0.3) -> threading.Thread:
-    thread = threading.Thread(target=lambda: [(produced.produce(300), time.sleep(pause_s)) for _ in range(batches)],
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: [(produced.produce(300), time.sleep(pause_s)) for _ in range(batches)], daemon=True
+    )
     thread.start()
     return thread
 
@@ -43,8 +44,12 @@ def worker_states(database_url: str, source: str) -> list[str]:
 
 
 def test_suspend_publishes_what_is_held_and_resume_continues(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=3)
     source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # seals only on command
@@ -76,8 +81,12 @@ def test_suspend_publishes_what_is_held_and_resume_continues(
 
 
 def test_drain_publishes_everything_held_and_the_worker_exits(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=3)
     source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # nothing seals alone
@@ -97,8 +106,12 @@ def test_drain_publishes_everything_held_and_the_worker_exits(
 
 
 def test_drain_with_stay_holds_the_fleet_until_resume(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=4)
     source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="5s")
@@ -109,12 +122,14 @@ def test_drain_with_stay_holds_the_fleet_until_resume(
     producer = steady_producer(produced, 15)
     time.sleep(4)
     drain: dict[str, subprocess.CompletedProcess[str]] = {}
-    drainer = threading.Thread(target=lambda: drain.update(
-        result=ingest(env, "drain", source, "--stay", "--timeout", "90", timeout=120)))
+    drainer = threading.Thread(
+        target=lambda: drain.update(result=ingest(env, "drain", source, "--stay", "--timeout", "90", timeout=120))
+    )
     drainer.start()
     # A worker with little in flight passes through DRAINING within one heartbeat, so either state shows it began.
-    wait_until(lambda: bool({"draining", "drained"} & set(worker_states(database_url, source))), 15,
-               "the drain to begin")
+    wait_until(
+        lambda: bool({"draining", "drained"} & set(worker_states(database_url, source))), 15, "the drain to begin"
+    )
     # A worker started while the drain is pending takes nothing until `resume`.
     late = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     drainer.join(120)
@@ -155,8 +170,12 @@ def gauge(worker: ThreadWorker, name: str) -> float:
 
 
 def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s")
@@ -171,8 +190,11 @@ def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
         with Metastore(database_url) as store:
             return {r["partition"]: r["next_offset"] for r in store.partitions(source)}[partition]
 
-    wait_until(lambda: (stored(0) or 0) > 0 and gauge(worker, "inflight_splits") > 0, 60,
-               "a first publish and splits in flight")
+    wait_until(
+        lambda: (stored(0) or 0) > 0 and gauge(worker, "inflight_splits") > 0,
+        60,
+        "a first publish and splits in flight",
+    )
     # Replaying needs --yes: refused with one line, nothing changed.
     before = stored(0)
     refused = ingest(env, "reset", source, "--to", f"{topic}:0=0")
@@ -204,8 +226,12 @@ def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
 
 
 def test_terminate_drains_under_load_then_the_source_stays_terminated(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=3)
     source, spec_path = write_spec(tmp_path, topic, max_records=100_000, max_age="10m")  # seals only on command
@@ -236,8 +262,12 @@ def test_terminate_drains_under_load_then_the_source_stays_terminated(
 
 
 def test_a_spec_update_is_picked_up_by_a_running_worker(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=300, max_age="1s")
@@ -279,14 +309,21 @@ def test_a_spec_update_is_picked_up_by_a_running_worker(
     history = ingest(env, "source", "history", source, "--json")
     assert history.returncode == 0, history.stderr
     assert [(v["version"], v["changes"]) for v in json.loads(history.stdout)["versions"]] == [
-        (1, ["created"]), (2, ["+column amount double"])]
+        (1, ["created"]),
+        (2, ["+column amount double"]),
+    ]
     worker.stop()
     assert_exactly_once(database_url, source, produced)
 
 
 def test_a_control_applies_through_notify_long_before_the_heartbeat_poll(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Workers would poll the controls every 10 minutes: only NOTIFY can deliver them within the test.
     monkeypatch.setattr(registry_module, "HEARTBEAT_INTERVAL_S", 600.0)
@@ -300,8 +337,11 @@ def test_a_control_applies_through_notify_long_before_the_heartbeat_poll(
     wait_until(lambda: worker.consumed() > 0 and len(worker.worker.assignment) == 2, 30, "consumption")
     producer.join(60)
     assert ingest(env, "suspend", source).returncode == 0
-    wait_until(lambda: gauge(worker, "paused_partitions") == 2 and gauge(worker, "inflight_splits") == 0, 60,
-               "the worker to publish what it held and pause")
+    wait_until(
+        lambda: gauge(worker, "paused_partitions") == 2 and gauge(worker, "inflight_splits") == 0,
+        60,
+        "the worker to publish what it held and pause",
+    )
     consumed = worker.consumed()
     produced.produce(600)
     time.sleep(2)

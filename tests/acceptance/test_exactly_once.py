@@ -30,7 +30,11 @@ MakeTopic = Callable[..., str]
 
 
 def test_one_worker_publishes_every_offset_exactly_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=6)
@@ -49,7 +53,11 @@ def test_one_worker_publishes_every_offset_exactly_once(
 
 
 def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=6)
@@ -61,8 +69,11 @@ def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
     first = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     wait_until(lambda: first.consumed() == 600, 60, "the first worker to buffer everything")
     second = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
-    wait_until(lambda: 0 < len(first.worker.assignment) < 6 and len(second.worker.assignment) > 0, 90,
-               "a cooperative rebalance")
+    wait_until(
+        lambda: 0 < len(first.worker.assignment) < 6 and len(second.worker.assignment) > 0,
+        90,
+        "a cooperative rebalance",
+    )
     kept = list(first.worker.assignment)
     assert kept and all(len(owned.buffer) == 100 for owned in kept), [len(o.buffer) for o in kept]
     assert first.consumed() == 600  # nothing the first worker kept was read again
@@ -99,7 +110,11 @@ class ZombieBuilder:
 
 
 def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=2)
@@ -115,8 +130,7 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
 
     worker = start_worker(settings(database_url, kafka_bootstrap), source, zombie_builder)
     metrics = worker.worker.metrics
-    wait_until(lambda: metrics.publish_conflicts.labels(source, "serial")._value.get() >= 1, 60,
-               "the rejected publish")
+    wait_until(lambda: metrics.publish_conflicts.labels(source, "serial")._value.get() >= 1, 60, "the rejected publish")
     worker.stop()
     rejected = zombies[0].zombie_splits[0]
     with Metastore(database_url) as store:
@@ -150,15 +164,17 @@ def bad_every_tenth(i: int) -> bytes | None:
         kinds = list(BAD_VALUES)
         return BAD_VALUES[kinds[(i // 10) % len(kinds)]]
     if i % 10 == 4:  # JSON nulls in ordinary columns are valid
-        return json.dumps({"id": i, "user": None, "ts": "2026-11-22T10:00:00Z", "amount": None,
-                           "tags": None}).encode()
-    return json.dumps({"id": i, "user": f"u{i}", "ts": "2026-11-22T10:00:00Z", "amount": 1.5,
-                       "tags": ["t"]}).encode()
+        return json.dumps({"id": i, "user": None, "ts": "2026-11-22T10:00:00Z", "amount": None, "tags": None}).encode()
+    return json.dumps({"id": i, "user": f"u{i}", "ts": "2026-11-22T10:00:00Z", "amount": 1.5, "tags": ["t"]}).encode()
 
 
 @pytest.mark.parametrize("policy", ["reject", "skip"])
 def test_parse_errors_are_rejected_or_skipped_exactly_once(
-    policy: str, tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
+    policy: str,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
@@ -192,15 +208,20 @@ def test_parse_errors_are_rejected_or_skipped_exactly_once(
 
 
 def test_fail_policy_stops_the_worker_naming_the_record(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=1)
     source, spec_path = write_spec(tmp_path, topic, max_records=50, on_parse_error="fail")
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 1)
-    produced.produce(120, lambda i: b"not json" if i == 77 else json.dumps(
-        {"id": i, "ts": "2026-11-22T10:00:00Z"}).encode())
+    produced.produce(
+        120, lambda i: b"not json" if i == 77 else json.dumps({"id": i, "ts": "2026-11-22T10:00:00Z"}).encode()
+    )
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     worker.thread.join(90)
     assert isinstance(worker.error, ParseFailure)
@@ -212,8 +233,12 @@ def test_fail_policy_stops_the_worker_naming_the_record(
 
 
 def test_eager_rebalancing_is_exactly_once_too(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
-    start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=4)
     source, spec_path = write_spec(tmp_path, topic, max_records=700, max_age="1s")

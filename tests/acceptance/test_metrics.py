@@ -52,21 +52,29 @@ def partitions_with(samples: Samples, name: str) -> set[str]:
 
 
 def test_metrics_match_what_was_published_and_follow_rebalances(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     topic = make_topic(partitions=4)
     source, spec_path = write_spec(tmp_path, topic, max_records=400)
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 4)
-    produced.produce(3000, lambda i: b"{not json" if i % 100 == 0 else
-                     json.dumps({"id": i, "ts": "2026-11-22T10:00:00Z"}).encode())
+    produced.produce(
+        3000, lambda i: b"{not json" if i % 100 == 0 else json.dumps({"id": i, "ts": "2026-11-22T10:00:00Z"}).encode()
+    )
     first = start_worker(settings(database_url, kafka_bootstrap, metrics_port=0), source, spark_builder)
     with Metastore(database_url) as store:
         wait_until(lambda: produced.caught_up(store, source), 90, "the worker to catch up")
         segments = store.segments(source)
-    wait_until(lambda: value(scrape(first), "ingest_segments_published_total", source=source) == len(segments),
-               10, "the last outcome to be counted")
+    wait_until(
+        lambda: value(scrape(first), "ingest_segments_published_total", source=source) == len(segments),
+        10,
+        "the last outcome to be counted",
+    )
     m = scrape(first)
     assert value(m, "ingest_records_consumed_total", source=source) == 3000
     assert value(m, "ingest_records_published_total", source=source) == sum(s["row_count"] for s in segments) == 2970
@@ -80,32 +88,36 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
     assert value(m, "ingest_assigned_partitions", source=source) == 4
     assert value(m, "ingest_worker_up", source=source) == 1
     assert {dict(labels)["state"]: v for (n, labels), v in m.items() if n == "ingest_worker_state"} == {
-        s: float(s == "running") for s in WORKER_STATES}
+        s: float(s == "running") for s in WORKER_STATES
+    }
     assert value(m, "ingest_rebalances_total", source=source, kind="assign") == 1
     for p, end in produced.ends.items():
         assert value(m, "ingest_partition_next_offset", source=source, topic=topic, partition=str(p)) == end
+
     # Lag gauges refresh once a second (the record lag once a fetch response has told the consumer
     # the high watermark): nothing is pending, so both drop to 0 on every partition.
     def lag_is_zero() -> bool:
         now = scrape(first)
-        return all(now.get((name, tuple(sorted({"source": source, "topic": topic, "partition": str(p)}.items()))))
-                   == 0 for p in range(4)
-                   for name in ("ingest_partition_lag_seconds", "ingest_partition_lag_records"))
+        return all(
+            now.get((name, tuple(sorted({"source": source, "topic": topic, "partition": str(p)}.items())))) == 0
+            for p in range(4)
+            for name in ("ingest_partition_lag_seconds", "ingest_partition_lag_records")
+        )
 
     wait_until(lag_is_zero, 5, "record lag and lag age to drop to 0 on every partition")
     with Metastore(database_url) as store:
         status = source_status(store, first.worker.settings, source)
     assert status["state"] in ("IDLE", "RUNNING"), status["state"]
     assert [(w["worker"], w["state"], len(w["partitions"])) for w in status["workers"]] == [
-        (first.worker.settings.worker_id, "running", 4)]
+        (first.worker.settings.worker_id, "running", 4)
+    ]
     assert status["recent_errors"] == []
     for path, body in (("/healthz", "last poll"), ("/readyz", "4 partition(s) assigned")):
         with urllib.request.urlopen(f"http://127.0.0.1:{first.worker.metrics_port}{path}", timeout=5) as resp:
             assert resp.status == 200 and body in resp.read().decode()
 
     second = start_worker(settings(database_url, kafka_bootstrap, metrics_port=0), source, spark_builder)
-    wait_until(lambda: 0 < len(first.worker.assignment) < 4 and len(second.worker.assignment) > 0, 90,
-               "a rebalance")
+    wait_until(lambda: 0 < len(first.worker.assignment) < 4 and len(second.worker.assignment) > 0, 90, "a rebalance")
     owned = {str(o.tp.partition) for o in first.worker.assignment}
     m = scrape(first)
     assert value(m, "ingest_assigned_partitions", source=source) == len(owned)
@@ -119,8 +131,12 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
 
 
 def test_a_real_prometheus_scrapes_two_workers(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed (scripts/setup.sh installs Debian's prometheus package)"
@@ -128,17 +144,29 @@ def test_a_real_prometheus_scrapes_two_workers(
     source, spec_path = write_spec(tmp_path, topic, max_records=100)
     apply_spec(database_url, spec_path)
     Produced(kafka_bootstrap, topic, 2).produce(200)
-    workers = [start_worker(settings(database_url, kafka_bootstrap, metrics_port=0), source, spark_builder)
-               for _ in range(2)]
+    workers = [
+        start_worker(settings(database_url, kafka_bootstrap, metrics_port=0), source, spark_builder) for _ in range(2)
+    ]
     targets = [f"127.0.0.1:{w.worker.metrics_port}" for w in workers]
     config = tmp_path / "prometheus.yml"
-    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n"
-                      f"  - job_name: ingest\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n"
+        f"  - job_name: ingest\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+    )
     port = free_port()
     log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def instances() -> set[str]:
             url = f"http://127.0.0.1:{port}/api/v1/query?query=ingest_worker_up%3D%3D1"
             try:

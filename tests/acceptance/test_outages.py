@@ -31,8 +31,12 @@ def own_postgres() -> Iterator[LocalPostgres]:
 
 
 def test_a_postgres_outage_is_ridden_out_without_loss_or_duplicates(
-    tmp_path: Path, own_postgres: LocalPostgres, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker
+    tmp_path: Path,
+    own_postgres: LocalPostgres,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
 ) -> None:
     url = own_postgres.url
     topic = make_topic(partitions=3)

@@ -56,9 +56,9 @@ def test_rebalances_under_load_publish_every_offset_exactly_once(
         producer = background_producer(produced, batches=30, batch=2000, pause_s=1.0)
         with Metastore(database_url) as store:
             wait_until(lambda: len(store.segments(source)) >= 3, 120, "the first segments")
-            workers[0].stop(timeout=60)          # graceful: publishes what it holds, leaves the group
+            workers[0].stop(timeout=60)  # graceful: publishes what it holds, leaves the group
             time.sleep(3)
-            workers[1].kill()                    # crash: its partitions move after the session timeout
+            workers[1].kill()  # crash: its partitions move after the session timeout
             time.sleep(3)
             workers.append(ProcessWorker(env, source, tmp_path, "w3"))  # scale up again
             producer.join(120)
@@ -81,8 +81,12 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(2000)
     # The zombie pauses 4 s between building a split and publishing it: the window to freeze it in.
-    zombie = ProcessWorker(process_env(database_url, kafka_bootstrap, group_protocol, INGEST_FAULT_PUBLISH_DELAY_S="4"),
-                           source, tmp_path, "zombie")
+    zombie = ProcessWorker(
+        process_env(database_url, kafka_bootstrap, group_protocol, INGEST_FAULT_PUBLISH_DELAY_S="4"),
+        source,
+        tmp_path,
+        "zombie",
+    )
     other: ProcessWorker | None = None
     try:
         wait_until(lambda: zombie.has_event("split_sealed"), 90, "the zombie to seal a split")
@@ -93,8 +97,13 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
         published_while_frozen = sum(1 for e in zombie.events() if e.get("event") == "segment_published")
         zombie.signal(signal.SIGCONT)
         # Its in-flight split is either refused by the metastore (serial) or killed by on_lost.
-        wait_until(lambda: zombie.has_event("publish_rejected", reason="serial")
-                   or zombie.has_event("split_killed", reason="lost"), 60, "the zombie to be fenced")
+        wait_until(
+            lambda: (
+                zombie.has_event("publish_rejected", reason="serial") or zombie.has_event("split_killed", reason="lost")
+            ),
+            60,
+            "the zombie to be fenced",
+        )
         assert sum(1 for e in zombie.events() if e.get("event") == "segment_published") == published_while_frozen
         produced.produce(1000)
         with Metastore(database_url) as store:

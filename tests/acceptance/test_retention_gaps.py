@@ -62,8 +62,9 @@ def _positions(url: str, source: str) -> dict[int, int | None]:
 
 
 def _settings(url: str, bootstrap: str, **kafka: str) -> Settings:
-    return settings(url, bootstrap, kafka_properties={"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
-                                                      **kafka})
+    return settings(
+        url, bootstrap, kafka_properties={"session.timeout.ms": "6000", "heartbeat.interval.ms": "500", **kafka}
+    )
 
 
 def _delete_records(bootstrap: str, topic: str, before: int) -> None:
@@ -88,12 +89,25 @@ def _expire_by_retention(bootstrap: str, topic: str) -> None:
     set_configs(retention_ms="-1", segment_ms="604800000")  # nothing more is deleted from here on
     # A retention pass that had already started may still move the log start: wait until it holds still.
     seen = [_watermarks(bootstrap, topic, 0)[0]]
-    wait_until(lambda: seen.append(_watermarks(bootstrap, topic, 0)[0]) or seen[-1] == seen[-2], 30,
-               "partition 0's log start to hold still", interval=2.0)
+    wait_until(
+        lambda: seen.append(_watermarks(bootstrap, topic, 0)[0]) or seen[-1] == seen[-2],
+        30,
+        "partition 0's log start to hold still",
+        interval=2.0,
+    )
 
 
-def _open_a_gap(url: str, bootstrap: str, topic: str, source: str, spark_builder: BuilderFactory,
-                start_worker: StartWorker, others: int, how: str, **kafka: str) -> tuple[int, int]:
+def _open_a_gap(
+    url: str,
+    bootstrap: str,
+    topic: str,
+    source: str,
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+    others: int,
+    how: str,
+    **kafka: str,
+) -> tuple[int, int]:
     """Publish 50 records per partition (a worker runs until then) and stop the worker; then
     partition 0 gets 8000 more records and loses its start (``how``: delete_records or
     retention), and every other partition gets ``others`` more. Returns partition 0's
@@ -113,8 +127,7 @@ def _open_a_gap(url: str, bootstrap: str, topic: str, source: str, spark_builder
     return low, high
 
 
-def _assert_skipped_once_and_exactly_once(url: str, topic: str, source: str, low: int, high: int,
-                                          others: int) -> None:
+def _assert_skipped_once_and_exactly_once(url: str, topic: str, source: str, low: int, high: int, others: int) -> None:
     """The ledger holds one skipped gap, partition 0's [50, low); around it every record was
     published exactly once (partition 0 up to ``high``, the others up to ``others``). The
     ranges may jump over the gap only because the ledger says so."""
@@ -127,25 +140,30 @@ def _assert_skipped_once_and_exactly_once(url: str, topic: str, source: str, low
 
 
 def test_records_deleted_below_the_stored_offset_stop_the_partition_then_earliest_skips_them_with_a_ledger_row(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
-    spark_builder: BuilderFactory, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     url, bootstrap = database_url, kafka_bootstrap
     topic = make_topic(partitions=PARTITIONS)
     source, spec_path = write_spec(tmp_path, topic, max_records=2000, max_age="500ms")
     apply_spec(url, spec_path)
 
-    low, high = _open_a_gap(url, bootstrap, topic, source, spark_builder, start_worker, others=30,
-                            how="delete_records")
+    low, high = _open_a_gap(url, bootstrap, topic, source, spark_builder, start_worker, others=30, how="delete_records")
     assert low == 5000
 
     # Policy "fail" (the default): partition 0 stops with its exact lost range; the others go on.
     worker = start_worker(_settings(url, bootstrap), source, spark_builder)
     with Metastore(url) as store:
         wait_until(lambda: bool(store.gaps(source)), 120, "the gap ledger row")
-        wait_until(lambda: all(_positions(url, source)[p] == 80 for p in (1, 2, 3)), 120,
-                   "the other partitions to catch up")
+        wait_until(
+            lambda: all(_positions(url, source)[p] == 80 for p in (1, 2, 3)), 120, "the other partitions to catch up"
+        )
         gaps = store.gaps(source)
     assert [(g["partition"], g["from_offset"], g["to_offset"], g["skipped"]) for g in gaps] == [(0, 50, low, False)]
     assert _positions(url, source)[0] == 50  # nothing skipped
@@ -161,8 +179,9 @@ def test_records_deleted_below_the_stored_offset_stop_the_partition_then_earlies
     worker.stop()
 
     # Policy "earliest": next_offset moves past the gap in the ledger row's transaction.
-    source, spec_path = write_spec(tmp_path, topic, name=source, max_records=2000, max_age="500ms",
-                                   extra='on_offset_out_of_range = "earliest"')
+    source, spec_path = write_spec(
+        tmp_path, topic, name=source, max_records=2000, max_age="500ms", extra='on_offset_out_of_range = "earliest"'
+    )
     apply_spec(url, spec_path)
     worker = start_worker(_settings(url, bootstrap), source, spark_builder)
     wait_until(lambda: _positions(url, source)[0] == high, 180, "partition 0 to catch up past the gap")
@@ -184,25 +203,35 @@ def test_records_deleted_below_the_stored_offset_stop_the_partition_then_earlies
 
 
 def test_records_expired_by_retention_are_skipped_under_eager_assignment_without_losing_the_other_partitions(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic,
-    spark_builder: BuilderFactory, start_worker: StartWorker, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """After OFFSET_OUT_OF_RANGE librdkafka's fetcher for the partition refuses ``seek``; under
     eager assignment the worker can only re-assign everything, so the partitions that were fine
     are re-assigned at the position they reached: none of their records may be skipped or read twice."""
     url, bootstrap = database_url, kafka_bootstrap
     topic = make_topic(partitions=PARTITIONS)
-    source, spec_path = write_spec(tmp_path, topic, max_records=2000, max_age="500ms",
-                                   extra='on_offset_out_of_range = "earliest"')
+    source, spec_path = write_spec(
+        tmp_path, topic, max_records=2000, max_age="500ms", extra='on_offset_out_of_range = "earliest"'
+    )
     apply_spec(url, spec_path)
     eager = {"partition.assignment.strategy": "range"}
-    low, high = _open_a_gap(url, bootstrap, topic, source, spark_builder, start_worker, others=300,
-                            how="retention", **eager)
+    low, high = _open_a_gap(
+        url, bootstrap, topic, source, spark_builder, start_worker, others=300, how="retention", **eager
+    )
 
     capsys.readouterr()
     worker = start_worker(_settings(url, bootstrap, **eager), source, spark_builder)
-    wait_until(lambda: _positions(url, source) == {0: high, 1: 350, 2: 350, 3: 350}, 180,
-               "every partition to catch up, partition 0 past the gap")
+    wait_until(
+        lambda: _positions(url, source) == {0: high, 1: 350, 2: 350, 3: 350},
+        180,
+        "every partition to catch up, partition 0 past the gap",
+    )
     worker.stop()
     # The eager fallback of the re-seek ran (a plain seek is refused after OUT_OF_RANGE).
     assert "partition_fetch_restarted" in capsys.readouterr().out

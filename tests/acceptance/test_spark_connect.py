@@ -43,12 +43,20 @@ def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(4000, bad_every_500)
-    worker = ProcessWorker(process_env(database_url, kafka_bootstrap, INGEST_SPARK_MASTER=spark_connect),
-                           source, tmp_path, "connect")
+    worker = ProcessWorker(
+        process_env(database_url, kafka_bootstrap, INGEST_SPARK_MASTER=spark_connect), source, tmp_path, "connect"
+    )
     try:
         with Metastore(database_url) as store:
-            wait_until(lambda: produced.caught_up(store, source) or worker.proc.poll() is not None
-                       or worker.has_event("build_failed"), 240, "the worker on Spark Connect to publish everything")
+            wait_until(
+                lambda: (
+                    produced.caught_up(store, source)
+                    or worker.proc.poll() is not None
+                    or worker.has_event("build_failed")
+                ),
+                240,
+                "the worker on Spark Connect to publish everything",
+            )
     finally:
         code = worker.stop(timeout=90)
     failures = [e["error"] for e in worker.events() if e.get("event") in ("build_retry", "build_failed")]
@@ -92,8 +100,14 @@ def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_co
         print("INTERRUPTED", len(interrupted), "ALIVE", job.is_alive(), "OUTCOME", outcome)
         spark.stop()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=process_env("postgresql://unused", "unused:9092"))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=process_env("postgresql://unused", "unused:9092"),
+    )
     last = [line for line in proc.stdout.splitlines() if line.startswith("INTERRUPTED")]
     assert proc.returncode == 0 and last, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ALIVE False" in last[0] and "INTERRUPTED 0" not in last[0], last[0]

@@ -35,8 +35,13 @@ def _probe(port: int, path: str) -> tuple[int, str]:
 
 
 def test_failing_builds_make_the_worker_unhealthy_until_the_store_is_writable_again(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str],
-    spark_builder: BuilderFactory, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    database_url: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url = database_url
@@ -67,8 +72,11 @@ def test_failing_builds_make_the_worker_unhealthy_until_the_store_is_writable_ag
     assert ready[0] == 503
     with Metastore(url) as store:
         assert published_positions(store, source) == before  # nothing published, nothing skipped
-        wait_until(lambda: source_status(store, conf, source)["detailed_state"] == "SPLITS_FAILING", 30,
-                   "the registry to show the unhealthy worker")
+        wait_until(
+            lambda: source_status(store, conf, source)["detailed_state"] == "SPLITS_FAILING",
+            30,
+            "the registry to show the unhealthy worker",
+        )
         status = source_status(store, conf, source)
     assert status["state"] == "UNHEALTHY"
     assert any(e["kind"] == "BUILD_FAILED" and "Not a directory" in e["message"] for e in status["recent_errors"])

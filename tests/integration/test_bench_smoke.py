@@ -24,8 +24,13 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
 def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "bench", "--quick", "--out", str(out)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -59,7 +64,10 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
 
     rebalance = results["rebalance"]
     assert [e["event"] for e in rebalance["events"]] == [
-        "scale-up 1->2", "member joins and leaves (no partition moves)", "scale-down 2->1 (after drain)"]
+        "scale-up 1->2",
+        "member joins and leaves (no partition moves)",
+        "scale-down 2->1 (after drain)",
+    ]
     # Correctness, not speed: what the protocol promises about re-reads.
     for event in rebalance["events"]:
         assert event["reconsumed_kept"] == 0, event
@@ -75,8 +83,13 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
 
 def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
     out = tmp_path / "publish.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.publish", "--publishes", "20", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.publish", "--publishes", "20", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
     # Went through the proxy (a publish waits at least one held reply). How many round trips
@@ -89,8 +102,13 @@ def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
 
 def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "floor.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.floor", "--records", "6000", "--rounds", "2",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.floor", "--records", "6000", "--rounds", "2", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
     for key in ("pyarrow", "worker_build", "spark_copy"):
@@ -104,8 +122,13 @@ def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
 
 def test_bench_store_compares_the_file_and_s3_stores(tmp_path: Path) -> None:
     out = tmp_path / "store.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.store", "--records", "300", "--splits", "2", "--rounds", "1",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.store", "--records", "300", "--splits", "2", "--rounds", "1", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
     figures = json.loads(out.read_text())
     for kind in ("file", "s3"):

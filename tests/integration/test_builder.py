@@ -24,23 +24,39 @@ TP = TopicPartition("events", 3)
 
 
 def make_spec(tmp_path: Path, policy: str = "reject") -> SourceSpec:
-    return spec_from_dict({
-        "name": "b", "topics": ["events"], "event_time": "ts", "segment_store": str(tmp_path / "store"),
-        "on_parse_error": policy,
-        "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "d": "date"},
-    })
+    return spec_from_dict(
+        {
+            "name": "b",
+            "topics": ["events"],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / "store"),
+            "on_parse_error": policy,
+            "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "d": "date"},
+        }
+    )
 
 
 def split_of(values: list[bytes | None], start: int = 100, tp: TopicPartition = TP) -> SealedSplit:
     records = tuple(FakeRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
-    return SealedSplit(id=uuid.uuid4(), tp=tp, serial=1, start=start, end=start + len(values), records=records,
-                       size_bytes=sum(len(v or b"") for v in values), first_record_at=0.0, sealed_at=0.0,
-                       seal_reason="test", kill_switch=KillSwitch())
+    return SealedSplit(
+        id=uuid.uuid4(),
+        tp=tp,
+        serial=1,
+        start=start,
+        end=start + len(values),
+        records=records,
+        size_bytes=sum(len(v or b"") for v in values),
+        first_record_at=0.0,
+        sealed_at=0.0,
+        seal_reason="test",
+        kill_switch=KillSwitch(),
+    )
 
 
 def good(i: int) -> bytes:
-    return json.dumps({"id": i, "ok": i % 2 == 0, "ts": f"2026-11-22T10:00:{i % 60:02d}Z", "tags": ["x", str(i)],
-                       "d": "2026-11-22"}).encode()
+    return json.dumps(
+        {"id": i, "ok": i % 2 == 0, "ts": f"2026-11-22T10:00:{i % 60:02d}Z", "tags": ["x", str(i)], "d": "2026-11-22"}
+    ).encode()
 
 
 def all_files(root: Path) -> list[Path]:
@@ -55,8 +71,18 @@ def test_good_rows_round_trip_with_kafka_coordinates_and_types(spark: Any, tmp_p
     assert built.min_event_time == datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
     assert built.max_event_time == datetime(2026, 11, 22, 10, 0, 49, tzinfo=UTC)
     table = pq.read_table([f.removeprefix("file://") for f in built.files])
-    assert table.column_names == ["_topic", "_partition", "_offset", "_timestamp", "_key", "id", "ok", "ts",
-                                  "tags", "d"]
+    assert table.column_names == [
+        "_topic",
+        "_partition",
+        "_offset",
+        "_timestamp",
+        "_key",
+        "id",
+        "ok",
+        "ts",
+        "tags",
+        "d",
+    ]
     rows = sorted(table.to_pylist(), key=lambda r: r["_offset"])
     assert [r["_offset"] for r in rows] == list(range(100, 150))
     assert rows[1]["_topic"] == "events" and rows[1]["_partition"] == 3 and rows[1]["_key"] == b"k1"
@@ -177,8 +203,9 @@ def test_a_batch_builds_each_split_into_its_own_files(spark: Any, tmp_path: Path
     assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in published)
 
 
-def test_one_split_of_a_batch_fails_or_is_killed_and_the_others_build(spark: Any, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_split_of_a_batch_fails_or_is_killed_and_the_others_build(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = make_spec(tmp_path, "fail")
     ok = split_of([good(i) for i in range(50)], start=0)
     bad = split_of([good(i) if i != 7 else b"[1" for i in range(50)], start=0, tp=TopicPartition("events", 4))

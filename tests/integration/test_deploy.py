@@ -42,8 +42,13 @@ def referenced_metrics(expr: str) -> set[str]:
 def rendered_compose() -> dict[str, Any]:
     """docker-compose.yml as a compose implementation reads it (podman-compose from PyPI, which
     renders without a container engine): anchors merged, ``$$`` unescaped."""
-    proc = subprocess.run([sys.executable, "-m", "podman_compose", "--dry-run", "-f", str(REPO / "docker-compose.yml"),
-                           "config"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "podman_compose", "--dry-run", "-f", str(REPO / "docker-compose.yml"), "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     doc: dict[str, Any] = yaml.safe_load(proc.stdout)
     return doc
@@ -117,10 +122,21 @@ def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> No
     (bin_dir / "python").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
     # The image's S3 connector jars (INGEST_SPARK_JARS_DIR is set in the Dockerfile): here, the cache.
-    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "SPARK_CONNECT_MEMORY": "768m",
-                "INGEST_SPARK_JARS_DIR": str(spark_jars_dir())})
-    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env.update(
+        {
+            "PATH": f"{bin_dir}:{env['PATH']}",
+            "SPARK_CONNECT_MEMORY": "768m",
+            "INGEST_SPARK_JARS_DIR": str(spark_jars_dir()),
+        }
+    )
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 300
         while not port_open(port):
@@ -157,8 +173,11 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_prometheus_config_and_rules_check_and_their_unit_tests_pass() -> None:
-    for args in (("check", "config", "prometheus.yml"), ("check", "rules", "rules.yml"),
-                 ("test", "rules", "rules_test.yml")):
+    for args in (
+        ("check", "config", "prometheus.yml"),
+        ("check", "rules", "rules.yml"),
+        ("test", "rules", "rules_test.yml"),
+    ):
         result = promtool(*args)
         assert result.returncode == 0, result.stdout + result.stderr
 
@@ -221,8 +240,12 @@ KUBERNETES_VERSIONS = ("1.29", "1.31")
 
 
 def kubernetes_documents() -> list[tuple[str, dict[str, Any]]]:
-    return [(path.name, doc) for path in sorted(KUBERNETES.glob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        (path.name, doc)
+        for path in sorted(KUBERNETES.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def test_kubernetes_manifests_validate_offline_against_the_api_schemas() -> None:
@@ -245,7 +268,8 @@ def test_kubernetes_manifests_fit_together() -> None:
     docs = {(d["kind"], d["metadata"]["name"] if "metadata" in d else name): d for name, d in kubernetes_documents()}
     kustomization = next(d for (kind, _), d in docs.items() if kind == "Kustomization")
     assert sorted(kustomization["resources"]) == sorted(
-        p.name for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
+        p.name for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
     deployment = docs[("Deployment", "ingest-worker-clicks")]
     scaled = docs[("ScaledObject", "ingest-clicks")]
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]

@@ -19,8 +19,9 @@ from ingest.endpoints import Endpoints
 def port() -> Iterator[int]:
     registry = CollectorRegistry()
     Counter("probe_things", "things", registry=registry).inc()
-    endpoints = Endpoints(registry, lambda: (True, "alive"), lambda: (True, "ready"), read_timeout_s=1.0,
-                          max_connections=4)
+    endpoints = Endpoints(
+        registry, lambda: (True, "alive"), lambda: (True, "ready"), read_timeout_s=1.0, max_connections=4
+    )
     yield endpoints.serve("127.0.0.1", 0)
     endpoints.close()
 

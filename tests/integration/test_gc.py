@@ -31,8 +31,10 @@ class Build:
         self.id = uuid.uuid4()
         self.dirs = build_dirs(store_uri, source, self.id)
         self.split_ids = tuple(uuid.uuid4() for _ in range(splits))
-        store.register_build("w", BuildRegistration(self.id, source, self.dirs.staging, self.dirs.data,
-                                                    self.dirs.rejects, self.split_ids))
+        store.register_build(
+            "w",
+            BuildRegistration(self.id, source, self.dirs.staging, self.dirs.data, self.dirs.rejects, self.split_ids),
+        )
         self.files = {sid: self._write(f"{self.dirs.data}/part-{sid}.parquet") for sid in self.split_ids}
         self._write(f"{self.dirs.staging}/{self.split_ids[0]}.parquet")
 
@@ -46,10 +48,16 @@ class Build:
 
     def item(self, source: str, split: int, serial: int, start: int, end: int) -> SegmentToPublish:
         sid = self.split_ids[split]
-        seg = BuiltSegment(split_id=sid, location=self.dirs.data, files=(self.files[sid],), row_count=end - start,
-                           size_bytes=4)
-        return SegmentToPublish(source=source, spec_version=1, worker_id="w", segment=seg,
-                                ranges=(PublishRange(OffsetRange(T0, start, end), serial),))
+        seg = BuiltSegment(
+            split_id=sid, location=self.dirs.data, files=(self.files[sid],), row_count=end - start, size_bytes=4
+        )
+        return SegmentToPublish(
+            source=source,
+            spec_version=1,
+            worker_id="w",
+            segment=seg,
+            ranges=(PublishRange(OffsetRange(T0, start, end), serial),),
+        )
 
 
 def exists(uri: str) -> bool:
@@ -122,8 +130,10 @@ def test_gc_deletes_only_what_its_own_source_registered(store: Metastore, tmp_pa
     conn = store._connection()
     with conn.transaction():  # an overlap stored before apply refused it
         conn.execute("INSERT INTO ingest_sources (name, version) VALUES ('victim', 1)")
-        conn.execute("INSERT INTO ingest_source_versions (source, version, spec, spec_text) "
-                     "VALUES ('victim', 1, %s::jsonb, '')", (f'{{"segment_store": "{parent}/ingest"}}',))
+        conn.execute(
+            "INSERT INTO ingest_source_versions (source, version, spec, spec_text) VALUES ('victim', 1, %s::jsonb, '')",
+            (f'{{"segment_store": "{parent}/ingest"}}',),
+        )
     victim = Build(store, "victim", f"{parent}/ingest")
     stray = Path(tmp_path / "ingest" / "segments" / "not-registered" / "part-0.parquet")
     stray.parent.mkdir(parents=True)
@@ -168,8 +178,13 @@ def test_gc_never_follows_a_symbolic_link(store: Metastore, tmp_path: Path) -> N
 def test_a_respelled_store_uri_keeps_published_segments(store: Metastore, tmp_path: Path, respelled: str) -> None:
     from ingest.spec import spec_from_dict
 
-    doc = {"name": "src", "topics": ["events"], "event_time": "ts", "schema": {"ts": "timestamp"},
-           "segment_store": f"file://{tmp_path}"}
+    doc = {
+        "name": "src",
+        "topics": ["events"],
+        "event_time": "ts",
+        "schema": {"ts": "timestamp"},
+        "segment_store": f"file://{tmp_path}",
+    }
     first = spec_from_dict(doc)
     serial = source(store, "src", first.segment_store)
     build = Build(store, "src", first.segment_store)
@@ -196,18 +211,23 @@ def test_overlapping_stores_are_refused_at_apply_naming_both(store: Metastore, t
 def test_an_unregistered_split_with_files_is_refused(store: Metastore, tmp_path: Path) -> None:
     serial = source(store, "src", f"file://{tmp_path}")
     sid = uuid.uuid4()
-    seg = BuiltSegment(split_id=sid, location=f"file://{tmp_path}/x", files=(f"file://{tmp_path}/x/a",),
-                       row_count=1, size_bytes=1)
-    item = SegmentToPublish(source="src", spec_version=1, worker_id="w", segment=seg,
-                            ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),))
+    seg = BuiltSegment(
+        split_id=sid, location=f"file://{tmp_path}/x", files=(f"file://{tmp_path}/x/a",), row_count=1, size_bytes=1
+    )
+    item = SegmentToPublish(
+        source="src", spec_version=1, worker_id="w", segment=seg, ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),)
+    )
     with pytest.raises(PublishConflict) as refused:
         store.publish(item)
     assert refused.value.reason == "unregistered"
     # Offsets without records (no files) need no registration.
-    empty = SegmentToPublish(source="src", spec_version=1, worker_id="w",
-                             segment=BuiltSegment(split_id=uuid.uuid4(), location="", files=(), row_count=0,
-                                                  size_bytes=0),
-                             ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),))
+    empty = SegmentToPublish(
+        source="src",
+        spec_version=1,
+        worker_id="w",
+        segment=BuiltSegment(split_id=uuid.uuid4(), location="", files=(), row_count=0, size_bytes=0),
+        ranges=(PublishRange(OffsetRange(T0, 0, 1), serial),),
+    )
     assert store.publish(empty) > 0
 
 
@@ -223,7 +243,6 @@ def test_a_consumer_group_belongs_to_one_source(store: Metastore, tmp_path: Path
             store.apply_source(name, {**spec(name, f"file://{tmp_path}"), "consumer_group": group}, "")
         assert f"{group!r}" in str(taken.value) and f"{owner!r}" in str(taken.value)
     # A new version of the same source keeps its group; another group is fine.
-    assert store.apply_source("bar", {**spec("bar", f"file://{tmp_path}"), "consumer_group": "shared",
-                                      "x": 1}, "")[1]
+    assert store.apply_source("bar", {**spec("bar", f"file://{tmp_path}"), "consumer_group": "shared", "x": 1}, "")[1]
     store.apply_source("baz", {**spec("baz", f"file://{tmp_path}"), "consumer_group": "own"}, "")
     assert sorted(r["name"] for r in store.list_sources()) == ["bar", "baz", "foo"]

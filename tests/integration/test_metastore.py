@@ -32,20 +32,37 @@ def store(database_url: str) -> Metastore:
 def register(store: Metastore, *split_ids: uuid.UUID, source: str = "src") -> uuid.UUID:
     """Register a build of these splits, as a worker's builder does before writing."""
     build = uuid.uuid4()
-    store.register_build("w", BuildRegistration(build, source, f"file:///st/{source}/_staging/{build}",
-                                                f"file:///st/{source}/segments/{build}",
-                                                f"file:///st/{source}/rejects/{build}", split_ids))
+    store.register_build(
+        "w",
+        BuildRegistration(
+            build,
+            source,
+            f"file:///st/{source}/_staging/{build}",
+            f"file:///st/{source}/segments/{build}",
+            f"file:///st/{source}/rejects/{build}",
+            split_ids,
+        ),
+    )
     return build
 
 
 def item(store: Metastore, tp: TopicPartition, serial: int, start: int, end: int) -> SegmentToPublish:
     split_id = uuid.uuid4()
     build = register(store, split_id)
-    seg = BuiltSegment(split_id=split_id, location=f"file:///st/src/segments/{build}",
-                       files=(f"file:///st/src/segments/{build}/part-{split_id}.parquet",),
-                       row_count=end - start, size_bytes=100)
-    return SegmentToPublish(source="src", spec_version=1, worker_id="w", segment=seg,
-                            ranges=(PublishRange(OffsetRange(tp, start, end), serial),))
+    seg = BuiltSegment(
+        split_id=split_id,
+        location=f"file:///st/src/segments/{build}",
+        files=(f"file:///st/src/segments/{build}/part-{split_id}.parquet",),
+        row_count=end - start,
+        size_bytes=100,
+    )
+    return SegmentToPublish(
+        source="src",
+        spec_version=1,
+        worker_id="w",
+        segment=seg,
+        ranges=(PublishRange(OffsetRange(tp, start, end), serial),),
+    )
 
 
 def test_migrations_apply_once_then_are_a_no_op(pg_server: object, database_url: str) -> None:
@@ -110,8 +127,10 @@ def test_the_partition_status_view(store: Metastore, database_url: str) -> None:
     with pytest.raises(PublishConflict):
         store.publish(item(store, T0, claim.serial - 1, 10, 20))
     with psycopg.connect(database_url) as conn:
-        rows = conn.execute("SELECT topic, partition, next_offset, serial, owner, segments, publish_conflicts "
-                            "FROM ingest_partition_status WHERE source = 'src' ORDER BY partition").fetchall()
+        rows = conn.execute(
+            "SELECT topic, partition, next_offset, serial, owner, segments, publish_conflicts "
+            "FROM ingest_partition_status WHERE source = 'src' ORDER BY partition"
+        ).fetchall()
     assert rows == [("events", 0, 10, claim.serial, "w1", 1, 1), ("events", 1, None, 0, None, 0, 0)]
 
 
@@ -141,9 +160,14 @@ def test_a_multi_partition_publish_is_all_or_nothing(store: Metastore) -> None:
     store.claim_partitions("src", "other", [T1])
     seg = item(store, T0, claims[T0].serial, 0, 10)
     both = SegmentToPublish(
-        source="src", spec_version=1, worker_id="w", segment=seg.segment,
-        ranges=(PublishRange(OffsetRange(T0, 0, 10), claims[T0].serial),
-                PublishRange(OffsetRange(T1, 0, 10), claims[T1].serial)),
+        source="src",
+        spec_version=1,
+        worker_id="w",
+        segment=seg.segment,
+        ranges=(
+            PublishRange(OffsetRange(T0, 0, 10), claims[T0].serial),
+            PublishRange(OffsetRange(T1, 0, 10), claims[T1].serial),
+        ),
     )
     with pytest.raises(PublishConflict):
         store.publish(both)
@@ -183,8 +207,10 @@ def test_a_partition_without_a_row_is_refused_and_recorded(store: Metastore) -> 
 def row_locked(database_url: str, tp: TopicPartition) -> Iterator[None]:
     """Another session holds the partition's row lock for the duration."""
     with psycopg.connect(database_url) as other:
-        other.execute("SELECT 1 FROM ingest_partitions WHERE source = 'src' AND topic = %s AND partition = %s "
-                      "FOR UPDATE", (tp.topic, tp.partition))
+        other.execute(
+            "SELECT 1 FROM ingest_partitions WHERE source = 'src' AND topic = %s AND partition = %s FOR UPDATE",
+            (tp.topic, tp.partition),
+        )
         yield
 
 
@@ -215,8 +241,9 @@ def test_a_publish_whose_connection_dies_has_an_unknown_outcome(store: Metastore
         thread = threading.Thread(target=run)
         thread.start()
         deadline = time.monotonic() + 10
-        while not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                                (pid,)).fetchone():
+        while not admin.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
+        ).fetchone():
             assert time.monotonic() < deadline, "the publish never waited for the row lock"
             time.sleep(0.02)
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -248,12 +275,12 @@ def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store
     store.publish(item(store, T0, claim[T0].serial, 10, 20))
     before = store.control("src").reset_generation
     # Replays [5, 20): refused without confirmation, and nothing is written.
-    plan = store.reset_offsets("src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5",
-                               confirmed=False)
+    plan = store.reset_offsets(
+        "src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5", confirmed=False
+    )
     assert plan.reset_id is None and plan.changes_data and plan.partitions[0].replayed == (5, 20)
     assert store.partition_state("src", T0) == (claim[T0].serial, 20)
-    done = store.reset_offsets("src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5",
-                               confirmed=True)
+    done = store.reset_offsets("src", {T0: 5}, actor="op@host", reason="bad parse", target="events:0=5", confirmed=True)
     assert done.reset_id is not None and store.control("src").reset_generation == before + 1
     assert store.partition_state("src", T0) == (claim[T0].serial + 1, 5)
     # The split that was in flight when the reset committed presents the old serial: refused.
@@ -272,24 +299,31 @@ def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store
     assert audit["actor"] == "op@host" and audit["reason"] == "bad parse" and audit["target"] == "events:0=5"
     [p] = audit["partitions"]
     assert (p["old_offset"], p["new_offset"], p["replayed_start"], p["replayed_end"], p["skipped_start"]) == (
-        20, 5, 5, 20, None)
+        20,
+        5,
+        5,
+        20,
+        None,
+    )
     assert p["last_segment_id"] == first + 1  # segments after it belong to the new epoch
 
 
 def test_a_reset_that_skips_is_planned_from_the_stored_offsets(store: Metastore) -> None:
     claim = store.claim_partitions("src", "w1", [T0])
     store.publish(item(store, T0, claim[T0].serial, 0, 10))
-    plan = store.reset_offsets("src", {T0: 40, T1: 7}, actor="a", reason="", target="latest", confirmed=False,
-                               earliest={T1: 3})
+    plan = store.reset_offsets(
+        "src", {T0: 40, T1: 7}, actor="a", reason="", target="latest", confirmed=False, earliest={T1: 3}
+    )
     assert [(p.tp, p.old_offset, p.skipped, p.replayed) for p in plan.partitions] == [
-        (T0, 10, (10, 40), None), (T1, None, (3, 7), None)]
+        (T0, 10, (10, 40), None),
+        (T1, None, (3, 7), None),
+    ]
     # Setting an offset to what is stored changes nothing and needs no confirmation.
     assert store.reset_offsets("src", {T0: 10}, actor="a", reason="", target="x", confirmed=False).partitions == ()
     from metastore.errors import InvalidReset
 
     with pytest.raises(InvalidReset, match="no partition"):
-        store.reset_offsets("src", {TopicPartition("events", 9): 0}, actor="a", reason="", target="x",
-                            confirmed=True)
+        store.reset_offsets("src", {TopicPartition("events", 9): 0}, actor="a", reason="", target="x", confirmed=True)
 
 
 def test_terminate_and_reactivate(store: Metastore) -> None:

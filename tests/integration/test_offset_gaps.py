@@ -24,11 +24,22 @@ def store(database_url: str) -> Metastore:
 def _publish(store: Metastore, serial: int, start: int, end: int) -> None:
     split_id = uuid.uuid4()
     build = register(store, split_id)
-    seg = BuiltSegment(split_id=split_id, location=f"file:///st/src/segments/{build}",
-                       files=(f"file:///st/src/segments/{build}/part-{split_id}.parquet",),
-                       row_count=end - start, size_bytes=100)
-    store.publish(SegmentToPublish(source="src", spec_version=1, worker_id="w", segment=seg,
-                                   ranges=(PublishRange(OffsetRange(T0, start, end), serial),)))
+    seg = BuiltSegment(
+        split_id=split_id,
+        location=f"file:///st/src/segments/{build}",
+        files=(f"file:///st/src/segments/{build}/part-{split_id}.parquet",),
+        row_count=end - start,
+        size_bytes=100,
+    )
+    store.publish(
+        SegmentToPublish(
+            source="src",
+            spec_version=1,
+            worker_id="w",
+            segment=seg,
+            ranges=(PublishRange(OffsetRange(T0, start, end), serial),),
+        )
+    )
 
 
 def test_a_skip_by_a_fenced_worker_or_from_a_moved_offset_changes_nothing(store: Metastore) -> None:
@@ -49,7 +60,12 @@ def test_a_skip_by_a_fenced_worker_or_from_a_moved_offset_changes_nothing(store:
     assert store.partition_state("src", T0) == (new.serial, 3000)
     [gap] = store.gaps("src")
     assert (gap["id"], gap["from_offset"], gap["to_offset"], gap["skipped"], gap["worker"]) == (
-        gap_id, 50, 3000, True, "w2")
+        gap_id,
+        50,
+        3000,
+        True,
+        "w2",
+    )
     assert gap["skipped_at"] is not None and gap["acknowledged_at"] is None
 
 

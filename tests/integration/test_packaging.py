@@ -27,16 +27,31 @@ def run(*args: object, cwd: Path, env: dict[str, str] | None = None) -> str:
 
 
 def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path, pg_server: PostgresServer) -> None:
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", tmp_path / "dist", REPO,
-        cwd=tmp_path)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-deps",
+        "--wheel-dir",
+        tmp_path / "dist",
+        REPO,
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("ingest-*.whl")
     # The dependencies (pyspark alone is hundreds of MB) come from this interpreter's site
     # packages; the project itself only from the wheel, run from a directory without the checkout.
     venv.create(tmp_path / "venv", system_site_packages=True, with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
     run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel, cwd=tmp_path)
-    where = run(python, "-c", "import ingest, metastore.migrations as m; print(ingest.__file__); "
-                "print(m.MIGRATIONS_DIR); print(len(list(m.MIGRATIONS_DIR.glob('*.sql'))))", cwd=tmp_path).split()
+    where = run(
+        python,
+        "-c",
+        "import ingest, metastore.migrations as m; print(ingest.__file__); "
+        "print(m.MIGRATIONS_DIR); print(len(list(m.MIGRATIONS_DIR.glob('*.sql'))))",
+        cwd=tmp_path,
+    ).split()
     assert all(w.startswith(str(tmp_path / "venv")) for w in where[:2]), where
     expected = len(list((REPO / "migrations").glob("*.sql")))
     assert int(where[2]) == expected
@@ -49,8 +64,12 @@ def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path
         assert f"applied {expected} migration(s)" in out, out
         with Metastore(url) as store:
             assert store.list_sources() == []
-            tables = {r["table_name"] for r in store._connection().execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'").fetchall()}
+            tables = {
+                r["table_name"]
+                for r in store._connection()
+                .execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+                .fetchall()
+            }
         assert {"ingest_sources", "ingest_partitions", "ingest_segments", "ingest_builds", "ingest_splits"} <= tables
     finally:
         pg_server.drop_database(name)

@@ -22,8 +22,15 @@ from ingest.spec import spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
 from tests.fakes import FakeRecord, RecordingRegistrar
 
-GOOD_TS = st.sampled_from(["2026-11-22T10:00:00Z", "1970-01-01T00:00:00Z", "9999-12-31T23:59:59Z",
-                           "0001-01-01T00:00:00Z", "2026-11-22T10:00:00.123456+05:30"])
+GOOD_TS = st.sampled_from(
+    [
+        "2026-11-22T10:00:00Z",
+        "1970-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "0001-01-01T00:00:00Z",
+        "2026-11-22T10:00:00.123456+05:30",
+    ]
+)
 WRONG = {
     "id": st.sampled_from(["abc", [1], {"x": 1}, 1.5]),
     "ok": st.sampled_from(["maybe", [True], {"b": 1}]),
@@ -94,31 +101,53 @@ def _not_json_object(b: bytes) -> bool:
         return True
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(record(), min_size=1, max_size=40))
 # Blank input and a JSON `null` parse to a null struct, not a corrupt record.
 @example(records=[(b"", "invalid_json"), (b"null", "invalid_json"), (b"  ", "invalid_json"), (b"[]", "invalid_json")])
 def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
     spark: Any, tmp_path: Path, records: list[tuple[bytes | None, str | None]]
 ) -> None:
-    spec = spec_from_dict({
-        "name": "p", "topics": ["t"], "event_time": "ts", "segment_store": str(tmp_path / uuid.uuid4().hex),
-        "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "note": "string"},
-    })
+    spec = spec_from_dict(
+        {
+            "name": "p",
+            "topics": ["t"],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / uuid.uuid4().hex),
+            "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "note": "string"},
+        }
+    )
     fakes = tuple(FakeRecord(i, value) for i, (value, _) in enumerate(records))
-    split = SealedSplit(id=uuid.uuid4(), tp=TopicPartition("t", 0), serial=1, start=0, end=len(records),
-                        records=fakes, size_bytes=1, first_record_at=0.0, sealed_at=0.0, seal_reason="test",
-                        kill_switch=KillSwitch())
+    split = SealedSplit(
+        id=uuid.uuid4(),
+        tp=TopicPartition("t", 0),
+        serial=1,
+        start=0,
+        end=len(records),
+        records=fakes,
+        size_bytes=1,
+        first_record_at=0.0,
+        sealed_at=0.0,
+        seal_reason="test",
+        kill_switch=KillSwitch(),
+    )
     built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, spec)
     assert built.row_count + built.rejects_count == len(records) and built.skipped_count == 0
     good = [o for (_, t), o in zip(records, range(len(records)), strict=True) if t is None]
     rows = pq.read_table([f.removeprefix("file://") for f in built.files]).to_pylist() if built.files else []
     assert sorted(r["_offset"] for r in rows) == good
-    rejects = (pq.read_table([f.removeprefix("file://") for f in built.rejects_files]).to_pylist()
-               if built.rejects_files else [])
+    rejects = (
+        pq.read_table([f.removeprefix("file://") for f in built.rejects_files]).to_pylist()
+        if built.rejects_files
+        else []
+    )
     assert {r["_offset"]: r["_error"] for r in rejects} == {
-        o: t for (_, t), o in zip(records, range(len(records)), strict=True) if t is not None}
+        o: t for (_, t), o in zip(records, range(len(records)), strict=True) if t is not None
+    }
     # The per-reason counts (the reason label of ingest_records_rejected_total) match the rejects file.
     assert dict(built.parse_errors) == Counter(r["_error"] for r in rejects)
     for r in rejects:  # the raw bytes are kept exactly

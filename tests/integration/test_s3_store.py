@@ -22,11 +22,16 @@ from tests.integration.test_builder import good, split_of
 
 
 def s3_spec(s3: S3Server, policy: str = "reject") -> SourceSpec:
-    return spec_from_dict({
-        "name": "s3src", "topics": ["events"], "event_time": "ts", "on_parse_error": policy,
-        "segment_store": s3.uri(f"store-{uuid.uuid4().hex[:8]}"),
-        "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "d": "date"},
-    })
+    return spec_from_dict(
+        {
+            "name": "s3src",
+            "topics": ["events"],
+            "event_time": "ts",
+            "on_parse_error": policy,
+            "segment_store": s3.uri(f"store-{uuid.uuid4().hex[:8]}"),
+            "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "d": "date"},
+        }
+    )
 
 
 def read_offsets(files: tuple[str, ...]) -> list[int]:
@@ -37,8 +42,11 @@ def objects(prefix_uri: str) -> list[str]:
     fs, path = segment_store.filesystem(prefix_uri)
     from pyarrow.fs import FileSelector, FileType
 
-    return sorted(i.path for i in fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
-                  if i.type == FileType.File)
+    return sorted(
+        i.path
+        for i in fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
+        if i.type == FileType.File
+    )
 
 
 def test_a_batch_build_on_s3_writes_where_it_registered_and_copies_nothing(spark: Any, s3_server: S3Server) -> None:
@@ -83,8 +91,12 @@ def test_discard_and_gc_primitives_on_s3(spark: Any, s3_server: S3Server) -> Non
     builder = SparkSegmentBuilder(spark, RecordingRegistrar())
     built = builder.build(split_of([good(1), b"nope", good(2)]), spec)
     assert built.files and built.rejects_files
-    assert pq.read_metadata(segment_store.filesystem(built.files[0])[1],
-                            filesystem=segment_store.filesystem(built.files[0])[0]).num_rows == 2
+    assert (
+        pq.read_metadata(
+            segment_store.filesystem(built.files[0])[1], filesystem=segment_store.filesystem(built.files[0])[0]
+        ).num_rows
+        == 2
+    )
     builder.discard(built)
     assert objects(segment_store.source_root(spec.segment_store, spec.name)) == []
 
@@ -94,5 +106,6 @@ def test_bad_s3_store_uris_are_refused(s3_server: S3Server, bad: str) -> None:
     from ingest.errors import ConfigError
 
     with pytest.raises(ConfigError, match="segment_store"):
-        spec_from_dict({"name": "x", "topics": ["t"], "event_time": "ts", "schema": {"ts": "timestamp"},
-                        "segment_store": bad})
+        spec_from_dict(
+            {"name": "x", "topics": ["t"], "event_time": "ts", "schema": {"ts": "timestamp"}, "segment_store": bad}
+        )

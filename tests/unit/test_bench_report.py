@@ -9,8 +9,15 @@ from bench.report import table
 
 
 def run(rps: float) -> dict[str, Any]:
-    return {"records": 1000, "wall_s": 1000 / rps, "records_per_s": rps, "mb_per_s": 1.0,
-            "cpu_s_per_million": 5.0, "peak_rss_mb": 100.0, "workers": 1}
+    return {
+        "records": 1000,
+        "wall_s": 1000 / rps,
+        "records_per_s": rps,
+        "mb_per_s": 1.0,
+        "cpu_s_per_million": 5.0,
+        "peak_rss_mb": 100.0,
+        "workers": 1,
+    }
 
 
 def test_the_median_run_is_reported_with_every_runs_throughput() -> None:
@@ -30,8 +37,11 @@ def test_one_failed_run_makes_the_result_not_available() -> None:
 
 
 def test_the_table_lists_each_runs_throughput() -> None:
-    results = {"throughput": {"ingest_1": median_run([run(100.0), run(300.0), run(200.0)]), "raw": run(900.0)},
-               "ratios": {"ingest_1/raw": 200 / 900}, "config": {"split": {"max_age": "3s"}}}
+    results = {
+        "throughput": {"ingest_1": median_run([run(100.0), run(300.0), run(200.0)]), "raw": run(900.0)},
+        "ratios": {"ingest_1/raw": 200 / 900},
+        "config": {"split": {"max_age": "3s"}},
+    }
     text = table(results)
     assert "median of runs; records/s of each run: ingest (1 worker) 100 / 300 / 200" in text
     assert "raw baseline 900" not in text.split("median of runs")[1]

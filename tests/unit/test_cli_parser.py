@@ -37,8 +37,11 @@ def test_every_command_and_option_has_help() -> None:
 
 
 def test_every_command_but_worker_takes_json() -> None:
-    leaves = [(path, parser) for path, parser in _commands(build_parser())
-              if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)]
+    leaves = [
+        (path, parser)
+        for path, parser in _commands(build_parser())
+        if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    ]
     assert [path for path, parser in leaves if "--json" not in parser._option_string_actions] == ["ingest worker"]
 
 
@@ -66,8 +69,11 @@ def test_every_command_has_examples_that_parse() -> None:
 
     from ingest.cli import EXAMPLES
 
-    leaves = [path.removeprefix("ingest ") for path, parser in _commands(build_parser())
-              if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)]
+    leaves = [
+        path.removeprefix("ingest ")
+        for path, parser in _commands(build_parser())
+        if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    ]
     assert sorted(leaves) == sorted(EXAMPLES)
     for command, lines in EXAMPLES.items():
         for line in lines:

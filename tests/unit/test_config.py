@@ -9,14 +9,16 @@ from ingest.errors import ConfigError
 def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path) -> None:
     props = tmp_path / "client.properties"
     props.write_text("# SASL\nsasl.mechanism=PLAIN\nenable.auto.commit=true\n")
-    settings = Settings.from_env({
-        "INGEST_DATABASE_URL": "postgresql://x@h/db",
-        "INGEST_KAFKA_BOOTSTRAP": "k:9092",
-        "INGEST_KAFKA_CONFIG_FILE": str(props),
-        "INGEST_KAFKA_PROP_SECURITY_PROTOCOL": "SASL_SSL",
-        "INGEST_KAFKA_PROP_PARTITION_ASSIGNMENT_STRATEGY": "range",
-        "INGEST_KAFKA_PROP_ENABLE_AUTO_OFFSET_STORE": "true",
-    })
+    settings = Settings.from_env(
+        {
+            "INGEST_DATABASE_URL": "postgresql://x@h/db",
+            "INGEST_KAFKA_BOOTSTRAP": "k:9092",
+            "INGEST_KAFKA_CONFIG_FILE": str(props),
+            "INGEST_KAFKA_PROP_SECURITY_PROTOCOL": "SASL_SSL",
+            "INGEST_KAFKA_PROP_PARTITION_ASSIGNMENT_STRATEGY": "range",
+            "INGEST_KAFKA_PROP_ENABLE_AUTO_OFFSET_STORE": "true",
+        }
+    )
     conf = consumer_config(settings, "ingest-s")
     assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "PLAIN"
     assert conf["partition.assignment.strategy"] == "range"
@@ -61,7 +63,10 @@ def test_warm_up_records_default_and_zero() -> None:
 def test_a_kafka_config_file_that_is_not_text_is_named(tmp_path: Path) -> None:
     path = tmp_path / "client.properties"
     path.write_bytes(b"security.protocol=SSL\nsasl.password=\xff\xfe\n")
-    env = {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092",
-           "INGEST_KAFKA_CONFIG_FILE": str(path)}
+    env = {
+        "INGEST_DATABASE_URL": "postgresql://h/db",
+        "INGEST_KAFKA_BOOTSTRAP": "k:9092",
+        "INGEST_KAFKA_CONFIG_FILE": str(path),
+    }
     with pytest.raises(ConfigError, match=r"INGEST_KAFKA_CONFIG_FILE.*not UTF-8"):
         Settings.from_env(env)

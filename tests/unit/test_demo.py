@@ -25,8 +25,12 @@ def test_the_demo_says_what_it_waits_for() -> None:
     assert "worker-2 exited with code 3 (see worker-2.log)" in said
     assert "1 worker(s) starting Spark" in said and "1 worker(s) joining the consumer group" in said
     # Mid-rebalance two workers may list one partition: it is counted once.
-    running = Workers([{"state": "running", "partitions": ["clicks[0]", "clicks[1]"]},
-                       {"state": "running", "partitions": ["clicks[1]"]}])
+    running = Workers(
+        [
+            {"state": "running", "partitions": ["clicks[0]", "clicks[1]"]},
+            {"state": "running", "partitions": ["clicks[1]"]},
+        ]
+    )
     assert "own 2/6 partitions" in waiting_for(running, [Proc(None)] * 2, 0)  # type: ignore[arg-type, list-item]
     assert "building the first segments" in waiting_for(running, [Proc(None)], 0)  # type: ignore[arg-type, list-item]
     assert waiting_for(running, [Proc(None)], 10) == ""  # type: ignore[arg-type, list-item]

@@ -25,8 +25,13 @@ def sample(m: Metrics, name: str, **labels: str) -> float | None:
 
 
 def segment(**over: object) -> BuiltSegment:
-    base: dict[str, object] = {"split_id": uuid.uuid4(), "location": "file:///x", "files": (), "row_count": 1,
-                               "size_bytes": 1}
+    base: dict[str, object] = {
+        "split_id": uuid.uuid4(),
+        "location": "file:///x",
+        "files": (),
+        "row_count": 1,
+        "size_bytes": 1,
+    }
     base.update(over)
     return BuiltSegment(**base)  # type: ignore[arg-type]
 
@@ -48,10 +53,12 @@ def test_rejects_and_skips_are_counted_by_reason_and_every_reason_exists_from_th
 def test_worker_state_is_one_hot() -> None:
     m = Metrics("s")
     assert {s: sample(m, "ingest_worker_state", state=s) for s in WORKER_STATES} == {
-        s: float(s == "starting") for s in WORKER_STATES}
+        s: float(s == "starting") for s in WORKER_STATES
+    }
     m.set_worker_state("draining")
     assert {s: sample(m, "ingest_worker_state", state=s) for s in WORKER_STATES} == {
-        s: float(s == "draining") for s in WORKER_STATES}
+        s: float(s == "draining") for s in WORKER_STATES
+    }
     m.set_worker_state("resetting")  # a state this module does not know yet still shows, alone
     assert sample(m, "ingest_worker_state", state="resetting") == 1
     assert sum(sample(m, "ingest_worker_state", state=s) or 0 for s in WORKER_STATES) == 0
@@ -73,7 +80,8 @@ def test_every_counter_label_value_exists_at_zero_from_the_start() -> None:
     }
     for name, (label, values) in families.items():
         assert {v.value: sample(m, name, **{label: v.value}) for v in values} == dict.fromkeys(
-            (v.value for v in values), 0.0), name
+            (v.value for v in values), 0.0
+        ), name
 
 
 def test_conflict_reasons_are_the_ones_the_metastore_records() -> None:

@@ -18,8 +18,9 @@ from tests.fakes import FakeBuilder, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)
-SPEC = SourceSpec(name="s", topics=("t",), schema=(("ts", "timestamp"),), event_time="ts",
-                  segment_store="file:///tmp/unused")
+SPEC = SourceSpec(
+    name="s", topics=("t",), schema=(("ts", "timestamp"),), event_time="ts", segment_store="file:///tmp/unused"
+)
 
 
 @pytest.fixture
@@ -35,8 +36,7 @@ def builder() -> FakeBuilder:
 @pytest.fixture
 def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01,
-                 batch_linger_s=0.0)
+    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01, batch_linger_s=0.0)
     yield p
     p.close(timeout=5)
 
@@ -154,8 +154,9 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
     gate = threading.Event()
     builder.gates[0] = gate
     builder.failures[30] = 1
-    pipeline = Pipeline(builder, publisher, SPEC, 1, build_threads=1, build_attempts=2, build_retry_s=0.01,
-                        batch_linger_s=0.0)
+    pipeline = Pipeline(
+        builder, publisher, SPEC, 1, build_threads=1, build_attempts=2, build_retry_s=0.01, batch_linger_s=0.0
+    )
     try:
         pipeline.submit(make_split(P0, 0, 10))  # taken alone; holds the only build thread
         time.sleep(0.05)

@@ -73,8 +73,9 @@ def test_missing_required_field() -> None:
 
 def test_spec_files_relative_store_and_toml_errors(tmp_path: Path) -> None:
     good = tmp_path / "s.toml"
-    good.write_text('name = "s"\ntopics = ["t"]\nevent_time = "ts"\nsegment_store = "data/seg"\n'
-                    '[schema]\nts = "timestamp"\n')
+    good.write_text(
+        'name = "s"\ntopics = ["t"]\nevent_time = "ts"\nsegment_store = "data/seg"\n[schema]\nts = "timestamp"\n'
+    )
     spec, text = load_spec_file(good)
     assert spec.segment_store == "file://" + str(tmp_path / "data" / "seg")
     assert "[schema]" in text
@@ -86,24 +87,45 @@ def test_spec_files_relative_store_and_toml_errors(tmp_path: Path) -> None:
         load_spec_file(tmp_path / "missing.toml")
 
 
-HOSTILE_BASE = {"name": "x", "topics": ["t"], "event_time": "ts", "segment_store": "/tmp/s",
-                "schema": {"ts": "timestamp"}}
+HOSTILE_BASE = {
+    "name": "x",
+    "topics": ["t"],
+    "event_time": "ts",
+    "segment_store": "/tmp/s",
+    "schema": {"ts": "timestamp"},
+}
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("event_time", ["ts"]), ("event_time", {"column": "ts"}), ("event_time", 7),
-    ("consumer_group", 10**400), ("segment_store", 10**400), ("name", "x" * 500),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("event_time", ["ts"]),
+        ("event_time", {"column": "ts"}),
+        ("event_time", 7),
+        ("consumer_group", 10**400),
+        ("segment_store", 10**400),
+        ("name", "x" * 500),
+    ],
+)
 def test_hostile_top_level_values_are_one_short_line(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
         spec_from_dict({**HOSTILE_BASE, field: value})
     assert str(err.value).startswith(field) and len(str(err.value)) < 300
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("max_records", 10**400), ("max_bytes", 10**400), ("max_bytes", "9" * 400), ("max_in_flight_bytes", 10**16),
-    ("max_age", 10**400), ("max_age", float("inf")), ("max_age", float("nan")), ("max_age", "1e400"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_records", 10**400),
+        ("max_bytes", 10**400),
+        ("max_bytes", "9" * 400),
+        ("max_in_flight_bytes", 10**16),
+        ("max_age", 10**400),
+        ("max_age", float("inf")),
+        ("max_age", float("nan")),
+        ("max_age", "1e400"),
+    ],
+)
 def test_huge_or_non_finite_numbers_are_refused(field: str, value: object) -> None:
     with pytest.raises(ConfigError) as err:
         spec_from_dict({**HOSTILE_BASE, "split": {field: value}})

@@ -14,12 +14,21 @@ from ingest.status import _state, partition_state
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
 
-def state(lag: int | None, published_s_ago: float | None, owner_started_s_ago: float | None = None,
-          gap: bool = False, stuck_after_s: float = 300.0) -> str:
+def state(
+    lag: int | None,
+    published_s_ago: float | None,
+    owner_started_s_ago: float | None = None,
+    gap: bool = False,
+    stuck_after_s: float = 300.0,
+) -> str:
     return partition_state(
-        stopped_at_gap=gap, lag=lag, now=NOW, stuck_after_s=stuck_after_s,
+        stopped_at_gap=gap,
+        lag=lag,
+        now=NOW,
+        stuck_after_s=stuck_after_s,
         last_publish_at=None if published_s_ago is None else NOW - timedelta(seconds=published_s_ago),
-        owner_started_at=None if owner_started_s_ago is None else NOW - timedelta(seconds=owner_started_s_ago))
+        owner_started_at=None if owner_started_s_ago is None else NOW - timedelta(seconds=owner_started_s_ago),
+    )
 
 
 def test_lag_without_publish_progress_past_the_threshold_is_stuck() -> None:
@@ -56,7 +65,9 @@ def test_source_state_precedence() -> None:
     assert _state([_p("OK"), _p("STUCK")], [_w("running")], True, 10) == ("UNHEALTHY", "STUCK_PARTITIONS")
     assert _state([_p("STUCK")], [_w("unhealthy")], True, 10) == ("UNHEALTHY", "SPLITS_FAILING")
     assert _state([_p("OFFSET_OUT_OF_RANGE"), _p("STUCK")], [_w("unhealthy")], True, 10) == (
-        "UNHEALTHY", "OFFSET_OUT_OF_RANGE")
+        "UNHEALTHY",
+        "OFFSET_OUT_OF_RANGE",
+    )
     assert _state([_p("OK")], [_w("running")], True, 10) == ("RUNNING", "RUNNING")
     assert _state([_p("OK")], [_w("running")], True, 0) == ("IDLE", "CAUGHT_UP")
 
@@ -67,7 +78,9 @@ def test_what_the_operator_asked_for_wins() -> None:
     assert _state([_p("STUCK")], [_w("suspended")], True, 10, "suspended") == ("SUSPENDED", "SUSPENDED")
     assert _state([_p("OK")], [], True, 10, "suspended") == ("SUSPENDED", "SUSPENDED")
     assert _state([_p("OFFSET_OUT_OF_RANGE")], [_w("suspended")], True, 10, "suspended") == (
-        "SUSPENDED", "OFFSET_OUT_OF_RANGE")
+        "SUSPENDED",
+        "OFFSET_OUT_OF_RANGE",
+    )
     assert _state([_p("STUCK")], [], True, 10, "terminated") == ("TERMINATED", "TERMINATED")
     assert _state([_p("STUCK")], [_w("draining")], True, 10, "draining") == ("UNHEALTHY", "STUCK_PARTITIONS")
 

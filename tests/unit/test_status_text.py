@@ -13,24 +13,54 @@ LONG_POD = "ingest-worker-7d9f8c6b5-x2k4q.ingest-workers.data-platform.svc.clust
 
 
 def partition(n: int, **over: Any) -> dict[str, Any]:
-    p = {"topic": "clicks", "partition": n, "state": "OK", "lost_range": None, "next_offset": 1200 * n,
-         "earliest_offset": 0, "high_watermark": 1250 * n, "lag": 50 * n, "owner": LONG_POD if n == 1 else "w-short",
-         "serial": 3, "last_publish_at": "2026-11-25T11:59:30+00:00", "last_event_time": "2026-11-25T11:58:00+00:00",
-         "initial_position": "earliest"}
+    p = {
+        "topic": "clicks",
+        "partition": n,
+        "state": "OK",
+        "lost_range": None,
+        "next_offset": 1200 * n,
+        "earliest_offset": 0,
+        "high_watermark": 1250 * n,
+        "lag": 50 * n,
+        "owner": LONG_POD if n == 1 else "w-short",
+        "serial": 3,
+        "last_publish_at": "2026-11-25T11:59:30+00:00",
+        "last_event_time": "2026-11-25T11:58:00+00:00",
+        "initial_position": "earliest",
+    }
     p.update(over)
     return p
 
 
 def status(**over: Any) -> dict[str, Any]:
     s: dict[str, Any] = {
-        "source": "clicks", "state": "RUNNING", "detailed_state": "CATCHING_UP", "spec_version": 2,
-        "kafka_reachable": True, "total_lag": 150, "publish_conflicts": {"serial": 2, "abandoned": 1},
-        "workers": [{"worker": LONG_POD, "host": "node-1", "pid": 7, "state": "running", "partitions": [1, 2],
-                     "started_at": "2026-11-25T10:00:00+00:00", "heartbeat_at": "2026-11-25T11:59:58+00:00",
-                     "spec_version": 2}],
-        "partitions": [partition(0), partition(1), partition(2, state="OFFSET_OUT_OF_RANGE", lost_range=[10, 20],
-                                                            next_offset=None, last_event_time=None)],
-        "offset_gaps": [], "recent_errors": [], "recent_resets": [],
+        "source": "clicks",
+        "state": "RUNNING",
+        "detailed_state": "CATCHING_UP",
+        "spec_version": 2,
+        "kafka_reachable": True,
+        "total_lag": 150,
+        "publish_conflicts": {"serial": 2, "abandoned": 1},
+        "workers": [
+            {
+                "worker": LONG_POD,
+                "host": "node-1",
+                "pid": 7,
+                "state": "running",
+                "partitions": [1, 2],
+                "started_at": "2026-11-25T10:00:00+00:00",
+                "heartbeat_at": "2026-11-25T11:59:58+00:00",
+                "spec_version": 2,
+            }
+        ],
+        "partitions": [
+            partition(0),
+            partition(1),
+            partition(2, state="OFFSET_OUT_OF_RANGE", lost_range=[10, 20], next_offset=None, last_event_time=None),
+        ],
+        "offset_gaps": [],
+        "recent_errors": [],
+        "recent_resets": [],
     }
     s.update(over)
     return s
@@ -39,7 +69,7 @@ def status(**over: Any) -> dict[str, Any]:
 def test_columns_line_up_however_long_the_owner_is() -> None:
     lines = render(status(), NOW)
     header = next(i for i, line in enumerate(lines) if line.startswith("topic"))
-    rows = lines[header:header + 4]
+    rows = lines[header : header + 4]
     # Every column starts at the same index in every row (the header's column starts).
     starts = [i for i in range(1, len(rows[0])) if rows[0][i] != " " and rows[0][i - 1] == " "]
     for row in rows[1:]:

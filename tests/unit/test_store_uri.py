@@ -8,10 +8,19 @@ from ingest.store_uri import canonical_store_uri, overlap
 from tests.unit.test_spec import base
 
 
-@pytest.mark.parametrize("spelling", [
-    "/srv/ingest", "/srv/ingest/", "file:/srv/ingest", "file:///srv/ingest", "file:///srv/ingest/",
-    "local:///srv/ingest", "file://localhost/srv/ingest", "FILE:///srv/ingest",
-])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "/srv/ingest",
+        "/srv/ingest/",
+        "file:/srv/ingest",
+        "file:///srv/ingest",
+        "file:///srv/ingest/",
+        "local:///srv/ingest",
+        "file://localhost/srv/ingest",
+        "FILE:///srv/ingest",
+    ],
+)
 def test_every_spelling_of_a_local_store_is_one_uri(spelling: str) -> None:
     assert canonical_store_uri(spelling) == "file:///srv/ingest"
 
@@ -27,23 +36,26 @@ def test_relative_paths_and_symlinks_resolve_once(tmp_path: Path) -> None:
     assert canonical_store_uri("link/x", base_dir=tmp_path) == f"file://{tmp_path / 'real' / 'x'}"
 
 
-@pytest.mark.parametrize(("value", "words"), [
-    ("/srv/a#b", "'#'"),
-    ("file:///srv/a?b=1", "'?'"),
-    ("s3a://bucket/a%2Fb", "'%'"),
-    ("/srv/../etc", "'..'"),
-    ("s3a://bucket/./x", "'.'"),
-    ("s3a://bucket/a//b", "empty path segment"),
-    ("/srv/store\n", "control characters"),
-    ("hdfs://nn/x", "unknown scheme 'hdfs'"),
-    ("ftp://host/x", "unknown scheme"),
-    ("s3a://bucket", None),
-    ("s3a:bucket/x", "s3a://bucket/prefix"),
-    ("s3a://Bad_Bucket/x", "bucket name"),
-    ("file://host/srv", "no host"),
-    ("/", "root"),
-    ("", "expected a URI"),
-])
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("/srv/a#b", "'#'"),
+        ("file:///srv/a?b=1", "'?'"),
+        ("s3a://bucket/a%2Fb", "'%'"),
+        ("/srv/../etc", "'..'"),
+        ("s3a://bucket/./x", "'.'"),
+        ("s3a://bucket/a//b", "empty path segment"),
+        ("/srv/store\n", "control characters"),
+        ("hdfs://nn/x", "unknown scheme 'hdfs'"),
+        ("ftp://host/x", "unknown scheme"),
+        ("s3a://bucket", None),
+        ("s3a:bucket/x", "s3a://bucket/prefix"),
+        ("s3a://Bad_Bucket/x", "bucket name"),
+        ("file://host/srv", "no host"),
+        ("/", "root"),
+        ("", "expected a URI"),
+    ],
+)
 def test_bad_store_uris_get_one_line_naming_the_field(value: str, words: str | None) -> None:
     if words is None:  # a bucket without a prefix is a store
         assert canonical_store_uri(value) == "s3a://bucket"
@@ -54,10 +66,15 @@ def test_bad_store_uris_get_one_line_naming_the_field(value: str, words: str | N
     assert message.startswith("segment_store: ") and words in message and "\n" not in message
 
 
-@pytest.mark.parametrize("value", [
-    "s3a://AKIAEXAMPLE:wJalrXUtnFEMIsecret@bucket/x", "s3a://wJalrXUtnFEMIsecret@bucket/x",
-    "gs://user:wJalrXUtnFEMIsecret@bucket/x", "abfss://c:wJalrXUtnFEMIsecret@acct.dfs.core.windows.net/x",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "s3a://AKIAEXAMPLE:wJalrXUtnFEMIsecret@bucket/x",
+        "s3a://wJalrXUtnFEMIsecret@bucket/x",
+        "gs://user:wJalrXUtnFEMIsecret@bucket/x",
+        "abfss://c:wJalrXUtnFEMIsecret@acct.dfs.core.windows.net/x",
+    ],
+)
 def test_credentials_in_a_store_uri_are_refused_without_printing_them(value: str) -> None:
     with pytest.raises(ConfigError, match=r"^segment_store: ") as caught:
         canonical_store_uri(value)
