@@ -23,6 +23,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 # The code last, as a regular (non-editable) install: the wheel carries the SQL and the
 # migrations (metastore/schema links to migrations/), so `ingest migrate` works from it.
 COPY ingest ./ingest
+COPY ingest_common ./ingest_common
 COPY metastore ./metastore
 COPY migrations ./migrations
 RUN pip install --no-cache-dir --no-deps . && rm -rf build

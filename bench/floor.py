@@ -42,10 +42,10 @@ from bench.raw import cpu_seconds, parse_values
 from ingest.builder import META_COLUMNS, SparkSegmentBuilder, SyntheticRecord
 from ingest.config import WARM_UP_RECORDS
 from ingest.logs import configure_logging
-from ingest.model import BuildRegistration, BuiltSegment, TopicPartition
 from ingest.spark import create_session
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
+from ingest_common.model import BuildRegistration, BuiltSegment, TopicPartition
 
 
 def _children_cpu_s() -> float:

@@ -24,7 +24,14 @@ from collections.abc import Iterator
 from bench.stats import percentiles
 from ingest.cli import GIL_SWITCH_INTERVAL_S
 from ingest.embedded import LocalPostgres, free_port
-from ingest.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest_common.model import (
+    BuildRegistration,
+    BuiltSegment,
+    OffsetRange,
+    PublishRange,
+    SegmentToPublish,
+    TopicPartition,
+)
 from metastore import Metastore, apply_migrations
 
 SOURCE = "bench_publish"

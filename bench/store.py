@@ -33,11 +33,18 @@ from bench.stats import percentiles
 from ingest.builder import SparkSegmentBuilder, SyntheticRecord
 from ingest.embedded import LocalPostgres, LocalS3
 from ingest.logs import configure_logging
-from ingest.model import BuiltSegment, OffsetRange, PartitionClaim, PublishRange, SegmentToPublish, TopicPartition
 from ingest.registration import Registrar
 from ingest.spark import create_session
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
+from ingest_common.model import (
+    BuiltSegment,
+    OffsetRange,
+    PartitionClaim,
+    PublishRange,
+    SegmentToPublish,
+    TopicPartition,
+)
 from metastore import Metastore, apply_migrations
 
 TOPIC = "events"

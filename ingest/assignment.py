@@ -9,8 +9,8 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ingest.model import PartitionClaim, TopicPartition
 from ingest.split import PartitionBuffer
+from ingest_common.model import PartitionClaim, TopicPartition
 
 
 class PartitionStatus(enum.Enum):

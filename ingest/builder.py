@@ -34,10 +34,10 @@ import structlog
 
 from ingest import output_files, segment_store
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
-from ingest.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
 from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
+from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
 
 log = structlog.get_logger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Any, TextIO
 
 from ingest import __version__
 from ingest.config import Settings, non_negative_seconds, positive_int
-from ingest.errors import ConfigError, IngestError
+from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.logs import configure_logging, install_excepthooks
-from ingest.model import PartitionReset, TopicPartition
-from ingest.redact import redact, register_secrets
 from ingest.status_text import dash
-from metastore import Metastore, MetastoreError, apply_migrations, redact_url
+from ingest_common.model import PartitionReset, TopicPartition
+from ingest_common.redact import redact, register_secrets
+from metastore import Metastore, apply_migrations, redact_url
 
 # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
 # wakes it must win the GIL back from the busy consumer thread, by default only after 5 ms.
@@ -656,11 +656,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_excepthooks()
     try:
         return int(args.func(args))
-    except (IngestError, MetastoreError) as exc:
+    except IngestError as exc:
         print(f"ingest: error: {redact(str(exc))}", file=sys.stderr)
-        return exc.exit_code
+        return int(exc.exit_code)
     except KeyboardInterrupt:
-        return 130
+        return int(ExitCode.INTERRUPTED)
 
 
 def exit_process(code: int) -> None:

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException
 from psycopg.conninfo import conninfo_to_dict
 
 from ingest.errors import ConfigError
-from ingest.redact import is_secret_name
+from ingest_common.redact import is_secret_name
 
 KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
 # sc://host:15002/;token=...;user_id=... (Spark Connect's connection string)
@@ -123,7 +123,7 @@ class Settings:
         )
 
     def secret_values(self) -> list[str]:
-        """The secrets these settings carry (for ingest.redact): the metastore password, every
+        """The secrets these settings carry (for ingest_common.redact): the metastore password, every
         Kafka property that names a password or secret, a Spark Connect token."""
         values = [v for k, v in self.kafka_properties.items() if is_secret_name(k)]
         # A string libpq does not accept fails at connect, its message redacted by pattern.

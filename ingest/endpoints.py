@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ingest.errors import ConfigError
-from ingest.redact import redact
+from ingest_common.redact import redact
 
 Check = Callable[[], tuple[bool, str]]
 # Seconds a connection may stay silent, and connections served at once.
@@ -103,5 +103,5 @@ class Endpoints:
 
 def _probe(check: Check) -> tuple[int, str, bytes]:
     ok, reason = check()
-    # Like every text that leaves the process (ingest.redact): a reason may quote an error.
+    # Like every text that leaves the process (ingest_common.redact): a reason may quote an error.
     return (200 if ok else 503), "text/plain; charset=utf-8", (redact(reason) + "\n").encode()

@@ -1,34 +1,34 @@
-"""The package's exception hierarchy.
-
-Every expected failure is an :class:`IngestError`; the CLI turns it into one
-clear line and a non-zero exit code. Anything else is a bug and keeps its traceback.
-"""
+"""The worker's errors, under the project's one root (:mod:`ingest_common.errors`, which also
+holds the exit-code table). Re-exported here: the root, ConfigError and the line helpers."""
 
 from __future__ import annotations
 
+from ingest_common.errors import ConfigError, ExitCode, IngestError, first_line, shown
 
-class IngestError(Exception):
-    """Base class of every error this package raises on purpose."""
-
-    exit_code = 1
-
-
-class ConfigError(IngestError):
-    """A setting or a source spec is invalid. The message names the field."""
-
-    exit_code = 2
-
-
-class SourceNotFound(IngestError):
-    exit_code = 3
+__all__ = [
+    "BuildError",
+    "ConfigError",
+    "ExitCode",
+    "IngestError",
+    "KafkaUnavailable",
+    "ParseFailure",
+    "PublishAbandoned",
+    "ResetNotConfirmed",
+    "SparkUnavailable",
+    "SplitKilled",
+    "TopicNotFound",
+    "WorkerFailed",
+    "first_line",
+    "shown",
+]
 
 
 class KafkaUnavailable(IngestError):
-    exit_code = 4
+    exit_code = ExitCode.KAFKA_UNAVAILABLE
 
 
 class TopicNotFound(IngestError):
-    exit_code = 5
+    exit_code = ExitCode.TOPIC_NOT_FOUND
 
 
 class SplitKilled(IngestError):
@@ -51,7 +51,7 @@ class BuildError(IngestError):
 class ParseFailure(IngestError):
     """A record failed to parse under ``on_parse_error = "fail"``: the worker stops."""
 
-    exit_code = 6
+    exit_code = ExitCode.PARSE_FAILURE
 
     def __init__(self, topic: str, partition: int, offset: int, reason: str) -> None:
         super().__init__(
@@ -80,17 +80,4 @@ class SparkUnavailable(IngestError):
 class ResetNotConfirmed(IngestError):
     """``ingest reset`` would skip or replay records and ``--yes`` was not given: nothing changed."""
 
-    exit_code = 10
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (Java stack traces and Py4J errors run to
-    hundreds of lines), capped, or its type name when it has no message."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
-def shown(value: object, limit: int = 40) -> str:
-    """A value for an error line: its repr, cut short (a 400-digit number is one line, not ten)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    exit_code = ExitCode.NOT_CONFIRMED

@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.metrics import Metrics
-from ingest.model import TopicPartition
+from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)
 

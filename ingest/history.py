@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.redact import redact_value
+from ingest_common.redact import redact_value
 from metastore import Metastore
 
 

@@ -10,7 +10,7 @@ from types import TracebackType
 
 import structlog
 
-from ingest import redact
+from ingest_common import redact
 
 
 def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:

@@ -21,11 +21,11 @@ from ingest.assignment import Assignment, OwnedPartition, PartitionStatus
 from ingest.errors import WorkerFailed
 from ingest.group_offsets import GroupOffsets
 from ingest.metrics import Metrics
-from ingest.model import ConflictReason, GapAction, KillReason, PartitionClaim, TopicPartition
 from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline, Published
 from ingest.rebalance import RebalanceHandler, start_offset
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
+from ingest_common.model import ConflictReason, GapAction, KillReason, PartitionClaim, TopicPartition
 from metastore.errors import MetastoreError, PublishConflict
 
 log = structlog.get_logger(__name__)

@@ -10,7 +10,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ingest.model import (
+from ingest_common.model import (
     PARSE_ERRORS,
     BuiltSegment,
     ConflictReason,

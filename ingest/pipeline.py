@@ -28,10 +28,10 @@ import structlog
 from ingest import segment_store
 from ingest.builder import SegmentBuilder
 from ingest.errors import BuildError, ParseFailure, PublishAbandoned, SplitKilled
-from ingest.model import BuiltSegment, FailureStage, KillReason, TopicPartition
 from ingest.publisher import Publisher
 from ingest.spec import SourceSpec
 from ingest.split import SealedSplit
+from ingest_common.model import BuiltSegment, FailureStage, KillReason, TopicPartition
 from metastore.errors import PublishConflict
 
 log = structlog.get_logger(__name__)

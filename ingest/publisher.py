@@ -15,8 +15,8 @@ import structlog
 
 from ingest.backoff import METASTORE_BACKOFF, Backoff
 from ingest.errors import PublishAbandoned
-from ingest.model import BuiltSegment, PublishRange, SegmentToPublish
 from ingest.split import SealedSplit
+from ingest_common.model import BuiltSegment, PublishRange, SegmentToPublish
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 
 log = structlog.get_logger(__name__)

@@ -21,8 +21,8 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.assignment import Assignment
 from ingest.metrics import Metrics
-from ingest.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from ingest.pipeline import Pipeline
+from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)

@@ -16,8 +16,8 @@ import structlog
 
 from ingest.backoff import METASTORE_BACKOFF, Backoff
 from ingest.errors import SplitKilled
-from ingest.model import BuildRegistration
 from ingest.split import SealedSplit
+from ingest_common.model import BuildRegistration
 from metastore.errors import MetastoreUnavailable
 
 log = structlog.get_logger(__name__)

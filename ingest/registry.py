@@ -13,7 +13,7 @@ from typing import Protocol
 import structlog
 
 from ingest import __version__
-from ingest.model import SourceControl
+from ingest_common.model import SourceControl
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ingest.errors import ConfigError, shown
-from ingest.model import StartFrom
-from ingest.store_uri import canonical_store_uri
+from ingest_common.model import StartFrom
+from ingest_common.store_uri import canonical_store_uri
 
 ParseErrorPolicy = Literal["reject", "skip", "fail"]
 # What a partition does when its stored offset is no longer in the log (retention, a

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ingest.errors import SplitKilled
-from ingest.model import OffsetRange, TopicPartition
 from ingest.spec import SplitLimits
+from ingest_common.model import OffsetRange, TopicPartition
 
 
 class Record(Protocol):

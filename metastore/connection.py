@@ -10,7 +10,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from ingest.redact import redact
+from ingest_common.redact import redact
 from metastore.errors import MetastoreError, MetastoreUnavailable, SchemaMissing
 
 # Bounded waits so that no caller (least of all a rebalance callback) hangs on the metastore.

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from ingest.model import TopicPartition
+from ingest_common.errors import ExitCode, IngestError
+from ingest_common.model import TopicPartition
 
 
-class MetastoreError(Exception):
+class MetastoreError(IngestError):
     """Base class of every error the metastore raises."""
-
-    exit_code = 1
 
 
 class MetastoreUnavailable(MetastoreError):
     """PostgreSQL cannot be reached or the connection broke. Retrying later may work."""
 
-    exit_code = 7
+    exit_code = ExitCode.METASTORE_UNAVAILABLE
 
 
 class CommitOutcomeUnknown(MetastoreUnavailable):
@@ -25,11 +24,11 @@ class CommitOutcomeUnknown(MetastoreUnavailable):
 class SchemaMissing(MetastoreError):
     """The metastore's tables do not exist: run ``ingest migrate``."""
 
-    exit_code = 8
+    exit_code = ExitCode.SCHEMA_NOT_CURRENT
 
 
 class SourceNotFound(MetastoreError):
-    exit_code = 3
+    exit_code = ExitCode.UNKNOWN_SOURCE
 
     def __init__(self, name: str) -> None:
         super().__init__(f"unknown source {name!r}: apply its spec first with `ingest source apply FILE`")
@@ -65,7 +64,7 @@ class SourceTerminated(MetastoreError):
     """The source was terminated (``ingest terminate``): no worker runs it and no control
     applies until it is re-activated with ``ingest source apply FILE --reactivate``."""
 
-    exit_code = 9
+    exit_code = ExitCode.SOURCE_TERMINATED
 
     def __init__(self, name: str, state: str = "terminated") -> None:
         what = "is terminated" if state == "terminated" else "is being terminated (`ingest terminate` in progress)"
@@ -76,7 +75,7 @@ class SourceTerminated(MetastoreError):
 class StoreOverlap(MetastoreError):
     """A source's files would lie inside another source's (or the other way round)."""
 
-    exit_code = 2
+    exit_code = ExitCode.INVALID_INPUT
 
     def __init__(self, name: str, root: str, other: str, other_root: str) -> None:
         super().__init__(
@@ -90,7 +89,7 @@ class StoreOverlap(MetastoreError):
 class GroupTaken(MetastoreError):
     """Two sources in one consumer group would split its partitions between them."""
 
-    exit_code = 2
+    exit_code = ExitCode.INVALID_INPUT
 
     def __init__(self, name: str, group: str, other: str) -> None:
         super().__init__(
@@ -105,4 +104,4 @@ class GroupTaken(MetastoreError):
 class InvalidReset(MetastoreError):
     """An ``ingest reset`` named partitions the source does not have, or negative offsets."""
 
-    exit_code = 2
+    exit_code = ExitCode.INVALID_INPUT

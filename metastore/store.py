@@ -17,8 +17,8 @@ from typing import Any, cast
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ingest.errors import ConfigError
-from ingest.model import (
+from ingest_common.errors import ConfigError
+from ingest_common.model import (
     BuildRegistration,
     PartitionClaim,
     PartitionReset,
@@ -28,8 +28,8 @@ from ingest.model import (
     StartFrom,
     TopicPartition,
 )
-from ingest.redact import redact
-from ingest.store_uri import canonical_store_uri, overlap
+from ingest_common.redact import redact
+from ingest_common.store_uri import canonical_store_uri, overlap
 from metastore.connection import connect, wrap_exceptions
 from metastore.errors import (
     CommitOutcomeUnknown,

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.errors import BuildError, SplitKilled
-from ingest.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
+from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict
 
 

@@ -11,10 +11,10 @@ import pytest
 
 from ingest.builder import BuilderFactory, BuildResult, SegmentBuilder
 from ingest.errors import ParseFailure
-from ingest.model import BuiltSegment
 from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
 from ingest.split import SealedSplit
+from ingest_common.model import BuiltSegment
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.builder import BuilderFactory
 from ingest.embedded import free_port
 from ingest.metrics import WORKER_STATES
-from ingest.model import PARSE_ERRORS
 from ingest.status import source_status
+from ingest_common.model import PARSE_ERRORS
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,

@@ -15,9 +15,9 @@ import pytest
 
 from ingest.builder import SparkSegmentBuilder, warm_up_value
 from ingest.errors import ParseFailure, SplitKilled
-from ingest.model import TopicPartition
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
+from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord, RecordingRegistrar
 
 TP = TopicPartition("events", 3)

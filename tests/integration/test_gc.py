@@ -11,8 +11,15 @@ import pytest
 from pyarrow.fs import FileType
 
 from ingest.gc import collect_garbage
-from ingest.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from ingest.segment_store import build_dirs, ensure_parent, filesystem
+from ingest_common.model import (
+    BuildRegistration,
+    BuiltSegment,
+    OffsetRange,
+    PublishRange,
+    SegmentToPublish,
+    TopicPartition,
+)
 from metastore import Metastore, PublishConflict
 from metastore.errors import StoreOverlap
 from tests.fixtures.servers import S3Server

@@ -13,7 +13,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ingest.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest_common.model import (
+    BuildRegistration,
+    BuiltSegment,
+    OffsetRange,
+    PublishRange,
+    SegmentToPublish,
+    TopicPartition,
+)
 from metastore import Metastore, PublishConflict, SourceNotFound, apply_migrations
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, SchemaMissing
 

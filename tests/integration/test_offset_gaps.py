@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from ingest.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest_common.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
 from metastore import Metastore, PublishConflict
 from tests.integration.test_metastore import register
 

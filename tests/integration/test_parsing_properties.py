@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ingest.builder import SparkSegmentBuilder
-from ingest.model import TopicPartition
 from ingest.spec import spec_from_dict
 from ingest.split import KillSwitch, SealedSplit
+from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord, RecordingRegistrar
 
 GOOD_TS = st.sampled_from(

@@ -10,7 +10,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.group_offsets import GroupOffsets
 from ingest.metrics import Metrics
-from ingest.model import TopicPartition
+from ingest_common.model import TopicPartition
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)

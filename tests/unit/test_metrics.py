@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from ingest.metrics import UNKNOWN_REASON, WORKER_STATES, Metrics
-from ingest.model import (
+from ingest_common.model import (
     PARSE_ERRORS,
     BuiltSegment,
     ConflictReason,

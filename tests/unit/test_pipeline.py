@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from ingest.backoff import Backoff
-from ingest.model import TopicPartition
 from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
 from ingest.publisher import Publisher
 from ingest.spec import SourceSpec
+from ingest_common.model import TopicPartition
 from tests.fakes import FakeBuilder, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)

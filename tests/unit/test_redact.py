@@ -1,4 +1,4 @@
-"""ingest.redact: what is hidden, whole, and what stays readable."""
+"""ingest_common.redact: what is hidden, whole, and what stays readable."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ingest import redact
 from ingest.config import Settings
+from ingest_common import redact
 
 SECRET = "s3cr3t-Pa55"
 

@@ -4,8 +4,8 @@ import pytest
 
 from ingest.backoff import Backoff
 from ingest.errors import SplitKilled
-from ingest.model import BuildRegistration, TopicPartition
 from ingest.registration import Registrar
+from ingest_common.model import BuildRegistration, TopicPartition
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 from tests.fakes import make_split
 

@@ -6,9 +6,9 @@ from contextlib import contextmanager
 import pytest
 
 from ingest.errors import SplitKilled
-from ingest.model import TopicPartition
 from ingest.spec import SplitLimits
 from ingest.split import KillSwitch, PartitionBuffer
+from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord
 
 TP = TopicPartition("t", 0)

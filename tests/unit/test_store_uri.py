@@ -4,7 +4,7 @@ import pytest
 
 from ingest.errors import ConfigError
 from ingest.spec import SourceSpec, spec_from_dict
-from ingest.store_uri import canonical_store_uri, overlap
+from ingest_common.store_uri import canonical_store_uri, overlap
 from tests.unit.test_spec import base
 
 

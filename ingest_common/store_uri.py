@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ingest.errors import ConfigError, shown
+from ingest_common.errors import ConfigError, shown
 
 _ALIASES = {
     "file": "file",

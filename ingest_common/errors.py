@@ -1,0 +1,57 @@
+"""The root of the project's exception hierarchy and its one exit-code table.
+
+Every error raised on purpose, by the worker or the metastore, is an :class:`IngestError`;
+the CLI turns it into one clear line and exits with its class's :class:`ExitCode`. Anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import ClassVar
+
+
+class ExitCode(IntEnum):
+    """What the ``ingest`` command's exit status means (the README's table is checked against it)."""
+
+    OK = 0
+    # A worker stopped on an unrecoverable condition, a check found the source unhealthy, a
+    # wait timed out, gc refused an unsafe path, the migration lock is held.
+    FAILED = 1
+    # A setting, an option, a spec or a request the metastore refuses as it stands
+    # (argparse's usage errors exit with 2 as well).
+    INVALID_INPUT = 2
+    UNKNOWN_SOURCE = 3
+    KAFKA_UNAVAILABLE = 4
+    TOPIC_NOT_FOUND = 5
+    PARSE_FAILURE = 6
+    METASTORE_UNAVAILABLE = 7
+    SCHEMA_NOT_CURRENT = 8
+    SOURCE_TERMINATED = 9
+    NOT_CONFIRMED = 10
+    INTERRUPTED = 130
+
+
+class IngestError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILED
+
+
+class ConfigError(IngestError):
+    """A setting or a source spec is invalid. The message names the field."""
+
+    exit_code = ExitCode.INVALID_INPUT
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (Java stack traces and Py4J errors run to
+    hundreds of lines), capped, or its type name when it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """A value for an error line: its repr, cut short (a 400-digit number is one line, not ten)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
