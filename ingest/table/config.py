@@ -1,0 +1,45 @@
+"""The table's settings: partition transform, where rejects go, how commits are batched. No
+pyiceberg here: the CLI's parser imports this module on every command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ingest_common.errors import ConfigError
+
+DEFAULT_BATCH_SEGMENTS = 100
+DEFAULT_INTERVAL_S = 10.0
+
+
+class PartitionBy(StrEnum):
+    """The data table's partition transform of the event-time column."""
+
+    NONE = "none"
+    HOUR = "hour"
+    DAY = "day"
+    MONTH = "month"
+    YEAR = "year"
+
+
+class RejectsMode(StrEnum):
+    TABLE = "table"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitSettings:
+    # A commit appends at most this many segments, and this many pending start one at once.
+    batch_segments: int = DEFAULT_BATCH_SEGMENTS
+    # Otherwise pending segments wait at most this long for a commit.
+    interval_s: float = DEFAULT_INTERVAL_S
+    # How often the committer looks for pending segments.
+    poll_s: float = 1.0
+    # Catalog conflicts retried within one commit before it is given up (and tried next pass).
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_segments <= 1000:
+            raise ConfigError(f"--batch-segments: expected 1 to 1000, got {self.batch_segments}")
+        if not self.interval_s >= 0:
+            raise ConfigError(f"--interval: expected a non-negative number of seconds, got {self.interval_s}")
