@@ -528,6 +528,7 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
     commit_settings = CommitSettings(
         batch_segments=positive_int("--batch-segments", args.batch_segments, maximum=1000),
         interval_s=non_negative_seconds("--interval", args.interval),
+        keep_snapshots=positive_int("--keep-snapshots", args.keep_snapshots, maximum=100_000),
     )
     with TableCommitter(settings.database_url, args.source, commit_settings) as committer:
         if args.once:
@@ -590,7 +591,13 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def _add_table_commands(sub: Any) -> None:
-    from ingest.table.config import DEFAULT_BATCH_SEGMENTS, DEFAULT_INTERVAL_S, PartitionBy, RejectsMode
+    from ingest.table.config import (
+        DEFAULT_BATCH_SEGMENTS,
+        DEFAULT_INTERVAL_S,
+        DEFAULT_KEEP_SNAPSHOTS,
+        PartitionBy,
+        RejectsMode,
+    )
 
     enable = sub.add_parser("table-enable", help="append the source's published segments to an Iceberg table")
     enable.add_argument("source")
@@ -625,6 +632,11 @@ def _add_table_commands(sub: Any) -> None:
         "--interval",
         default=str(DEFAULT_INTERVAL_S),
         help="otherwise pending segments wait at most this many seconds (default: %(default)s)",
+    )
+    commit.add_argument(
+        "--keep-snapshots",
+        default=str(DEFAULT_KEEP_SNAPSHOTS),
+        help="snapshots kept for time travel; older ones are expired, no file deleted (default: %(default)s)",
     )
     commit.set_defaults(func=cmd_table_commit)
 

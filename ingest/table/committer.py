@@ -114,6 +114,8 @@ class TableCommitter:
         self.metrics = metrics or TableMetrics(source)
         self._last_commit: dict[TableKind, float] = {}
         self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
+        # (table, spec version, table schema id) whose files' schema the table already covers.
+        self._schema_checked: set[tuple[TableKind, int, int]] = set()
 
     def close(self) -> None:
         self.store.close()
@@ -241,6 +243,7 @@ class TableCommitter:
                 snapshot.snapshot_id if snapshot else None,
                 datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
             )
+            self._expire_snapshots(committed, kind)
             seconds = time.monotonic() - started
             files = sum(len(s.files) for s in batch)
             self.metrics.commit_seconds.labels(self.source, kind.value).observe(seconds)
@@ -324,10 +327,10 @@ class TableCommitter:
             if segment.spec_version in seen:
                 continue
             seen.add(segment.spec_version)
-            schema = _file_schema(segment.files[0])
-            current = txn.table_metadata.schema().as_arrow()
-            if all(f.name in current.names and current.field(f.name).type.equals(f.type) for f in schema):
+            key = (kind, segment.spec_version, txn.table_metadata.current_schema_id)
+            if key in self._schema_checked:
                 continue
+            schema = _file_schema(segment.files[0])
             try:
                 with txn.update_schema() as update:
                     update.union_by_name(schema)
@@ -336,6 +339,22 @@ class TableCommitter:
                     f"table {'.'.join(identifier(self.source, kind))}: spec version {segment.spec_version} "
                     f"changes the schema in a way Iceberg refuses: {first_line(exc)}"
                 ) from exc
+            self._schema_checked.add((kind, segment.spec_version, txn.table_metadata.current_schema_id))
+
+    def _expire_snapshots(self, table: Table, kind: TableKind) -> None:
+        """Keep the newest ``keep_snapshots`` snapshots. pyiceberg expires metadata only (and the
+        table says gc.enabled=false for every other engine): no data file is deleted. Which
+        segments the table holds is in its properties and the metastore, never in snapshots."""
+        snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+        if len(snapshots) <= self.settings.keep_snapshots:
+            return
+        oldest_kept = snapshots[-self.settings.keep_snapshots]
+        try:
+            table.maintenance.expire_snapshots().older_than(
+                datetime.fromtimestamp(oldest_kept.timestamp_ms / 1000, UTC)
+            ).commit()
+        except CommitFailedException as exc:  # the next commit expires them
+            log.info("table_expire_skipped", source=self.source, table=kind.value, error=first_line(exc))
 
     def _pause_if(self, point: FaultPoint) -> None:
         if self._fault == point.value:

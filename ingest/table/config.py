@@ -10,6 +10,10 @@ from ingest_common.errors import ConfigError
 
 DEFAULT_BATCH_SEGMENTS = 100
 DEFAULT_INTERVAL_S = 10.0
+# Snapshots a table keeps (older ones are expired after each commit): pyiceberg copies the whole
+# metadata, every snapshot included, many times per commit, so an unbounded snapshot list makes
+# each commit slower than the last (bench/table.py).
+DEFAULT_KEEP_SNAPSHOTS = 25
 
 
 class PartitionBy(StrEnum):
@@ -35,11 +39,15 @@ class CommitSettings:
     interval_s: float = DEFAULT_INTERVAL_S
     # How often the committer looks for pending segments.
     poll_s: float = 1.0
+    # Snapshots kept for time travel; older ones are expired (metadata only: no file is deleted).
+    keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS
     # Catalog conflicts retried within one commit before it is given up (and tried next pass).
     max_attempts: int = 5
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_segments <= 1000:
             raise ConfigError(f"--batch-segments: expected 1 to 1000, got {self.batch_segments}")
+        if not 1 <= self.keep_snapshots <= 100_000:
+            raise ConfigError(f"--keep-snapshots: expected 1 to 100000, got {self.keep_snapshots}")
         if not self.interval_s >= 0:
             raise ConfigError(f"--interval: expected a non-negative number of seconds, got {self.interval_s}")

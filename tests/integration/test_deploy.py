@@ -21,6 +21,7 @@ import yaml
 
 from ingest.embedded import free_port, spark_jars_dir
 from ingest.metrics import Metrics
+from ingest.table.metrics import TableMetrics
 from tests.fixtures.spark_connect import port_open
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +30,8 @@ PROMETHEUS = REPO / "deploy" / "prometheus"
 
 def exported_names() -> set[str]:
     names: set[str] = set()
-    for metric in Metrics("x").registry.collect():
+    # The workers' metrics and the table committer's (ingest table-commit).
+    for metric in [*Metrics("x").registry.collect(), *TableMetrics("x").registry.collect()]:
         for sample_suffix in ("", "_total", "_bucket", "_sum", "_count", "_created"):
             names.add(metric.name + sample_suffix)
     return names

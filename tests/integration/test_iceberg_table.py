@@ -424,3 +424,52 @@ def test_a_table_whose_rebase_setting_was_changed_still_refuses_a_stale_append(d
         table = live.load(TableKind.DATA)
         assert table is not None and table.properties["commit.retry.num-retries"] == "0"
     assert_exactly_once(database_url, src)
+
+
+def test_gc_and_table_maintenance_agree_on_what_is_garbage(database_url: str, src: Source) -> None:
+    from ingest.gc import collect_garbage
+
+    for _ in range(3):
+        src.publish(4, rejects=1)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.TABLE)
+    with committer(database_url, src.name, batch=1) as c:
+        c.commit_all()
+        # A registered build whose split was never published: garbage to gc, never in a table.
+        build, split = uuid.uuid4(), uuid.uuid4()
+        dirs = build_dirs(src.root, src.name, build)
+        src.store.register_build(
+            "w", BuildRegistration(build, src.name, dirs.staging, dirs.data, dirs.rejects, (split,))
+        )
+        stray = Source._write(f"{dirs.data}/part-stray.parquet", pa.table({"_offset": [99]}))
+        tables = [c.load(kind) for kind in TableKind]
+        # Expiring every snapshot but the current deletes no file (gc.enabled=false; pyiceberg
+        # expires metadata only).
+        for table in tables:
+            assert table is not None and table.properties["gc.enabled"] == "false"
+            table.maintenance.expire_snapshots().older_than(datetime.now(UTC) + timedelta(seconds=1)).commit()
+        held = {
+            task.file.file_path
+            for table in (c.load(kind) for kind in TableKind)
+            if table
+            for task in table.scan().plan_files()
+        }
+    result = collect_garbage(src.store, src.name, grace_s=0)
+    assert result.unsafe == []
+    published = {f for s in src.store.segments(src.name) for f in (*s["files"], *s["rejects_files"])}
+    # The tables hold exactly the published files, and every one of them survived gc.
+    assert held == published
+    assert all(Path(f.removeprefix("file://")).exists() for f in held)
+    assert not Path(stray.removeprefix("file://")).exists()
+    assert_exactly_once(database_url, src)
+
+
+def test_the_committer_keeps_a_bounded_number_of_snapshots(database_url: str, src: Source) -> None:
+    for _ in range(5):
+        src.publish(2)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    settings = CommitSettings(batch_segments=1, interval_s=0, keep_snapshots=2)
+    with TableCommitter(database_url, src.name, settings) as c:
+        assert len(c.commit_all()) == 5
+        table = c.load(TableKind.DATA)
+        assert table is not None and len(table.snapshots()) == 2 and table.properties[COMMIT_SEQ] == "5"
+    assert_exactly_once(database_url, src)
