@@ -37,7 +37,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 from sqlalchemy.exc import SQLAlchemyError
@@ -411,7 +416,7 @@ class TableCommitter:
                         self.commit_pending(kind)
                 delay = 0.5
                 stop.wait(self.settings.poll_s)
-            except (MetastoreUnavailable, SQLAlchemyError, OSError) as exc:
+            except (MetastoreUnavailable, SQLAlchemyError, CommitStateUnknownException, OSError) as exc:
                 # PostgreSQL restarting, the store briefly unreachable: nothing was recorded that
                 # the next pass's reconcile does not settle.
                 active = False

@@ -5,6 +5,7 @@ restart and a SIGKILLed committer process; spec changes evolve the schema."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,11 +27,12 @@ from pyiceberg.exceptions import CommitFailedException
 from ingest.embedded import LocalPostgres
 from ingest.segment_store import build_dirs, ensure_parent
 from ingest.spec import spec_from_dict
+from ingest.table import demo_query
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ, TableCommitter, enable_table
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.errors import FileSpansPartitions, SchemaChangeRefused
-from ingest.table.status import demo_query, run_query, table_status
+from ingest.table.status import run_query, table_status
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,
@@ -216,7 +218,9 @@ def test_every_published_segment_is_appended_once_in_batches(database_url: str, 
     columns, rows = run_query(database_url, src.name, "SELECT count(*) AS n, count(DISTINCT _offset) FROM clicks")
     assert columns[0] == "n"
     assert rows == [(29, 29)]  # 10 + 5 + 7 + 3 + 4
-    assert demo_query(database_url, src.name)[-1] == "(1 row)"
+    demo = demo_query(database_url, src.name)
+    assert demo[0] == "iceberg table ingest.clicks: 0 segment(s) committed in 0 commit(s)"  # all were already
+    assert demo[-2].split() == ["0", "29", "29", "0", "33"] and demo[-1] == "(1 row)"
 
 
 def test_a_crash_between_the_iceberg_commit_and_its_record_is_reconciled(database_url: str, src: Source) -> None:
@@ -360,6 +364,16 @@ def test_a_committer_killed_during_a_commit_loses_and_duplicates_nothing(databas
     out, _ = once.communicate(timeout=120)
     assert once.returncode == 0, out
     assert_exactly_once(database_url, src)
+    # What an operator sees: the table's state and a query, as one JSON document each.
+    shown = run_cli(database_url, "table", src.name, "--json")
+    doc = json.loads(shown.communicate(timeout=120)[0])
+    assert doc["schema_version"] == 1
+    assert [(t["table"], t["segments_behind"], t["commits"]) for t in doc["tables"]] == [("data", 0, 2)]
+    asked = run_cli(database_url, "query", src.name, "SELECT count(*) AS n FROM clicks", "--json")
+    assert json.loads(asked.communicate(timeout=120)[0])["rows"] == [[28]]
+    refused = run_cli(database_url, "table", "nosuch")
+    assert refused.communicate(timeout=120)[0].startswith("ingest: error: unknown source")
+    assert refused.returncode == 3
 
 
 def test_the_committer_rides_out_a_postgresql_restart(tmp_path: Path) -> None:
