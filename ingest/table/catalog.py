@@ -9,6 +9,8 @@ pyiceberg.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -30,7 +32,13 @@ class MetastoreCatalog(SqlCatalog):
 
     def __init__(self, database_url: str, **properties: str) -> None:
         # SqlCatalog.__init__ would build its engine from a SQLAlchemy URL; the rest is its own.
-        Catalog.__init__(self, CATALOG_NAME, uri="postgresql+psycopg://", init_catalog_tables="false", **properties)
+        Catalog.__init__(
+            self,
+            CATALOG_NAME,
+            uri="postgresql+psycopg://",
+            init_catalog_tables="false",
+            **{**s3_properties(os.environ), **properties},
+        )
 
         def connect() -> Any:
             return psycopg.connect(
@@ -45,6 +53,26 @@ class MetastoreCatalog(SqlCatalog):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def s3_properties(env: Mapping[str, str]) -> dict[str, str]:
+    """An ``s3a://`` store is reached with the usual AWS variables (as the workers reach it):
+    pyiceberg's file IO takes the endpoint and region as catalog properties, not from them."""
+    props = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        props["s3.endpoint"] = endpoint
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        props["s3.region"] = region
+    for variable, prop in (
+        ("AWS_ACCESS_KEY_ID", "s3.access-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "s3.secret-access-key"),
+        ("AWS_SESSION_TOKEN", "s3.session-token"),
+    ):
+        if env.get(variable):
+            props[prop] = env[variable]
+    return props
 
 
 def identifier(source: str, kind: TableKind) -> tuple[str, str]:

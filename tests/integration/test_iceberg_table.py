@@ -25,7 +25,7 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException
 
 from ingest.embedded import LocalPostgres
-from ingest.segment_store import build_dirs, ensure_parent
+from ingest.segment_store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
 from ingest.table import demo_query
 from ingest.table.catalog import MetastoreCatalog, identifier
@@ -43,6 +43,7 @@ from ingest_common.model import (
 )
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableKind, TableStore
+from tests.fixtures.servers import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = TopicPartition("events", 0)
@@ -153,7 +154,8 @@ class Source:
     @staticmethod
     def _write(uri: str, table: pa.Table) -> str:
         ensure_parent(uri)
-        pq.write_table(table, uri.removeprefix("file://"), compression="zstd")
+        fs, path = filesystem(uri)
+        pq.write_table(table, path, filesystem=fs, compression="zstd")
         return uri
 
     def published_offsets(self) -> list[int]:
@@ -162,7 +164,8 @@ class Source:
         offsets: list[int] = []
         for segment in self.store.segments(self.name):
             for f in segment["files"]:
-                offsets += pq.read_table(f.removeprefix("file://"), columns=["_offset"])["_offset"].to_pylist()
+                fs, path = filesystem(f)
+                offsets += pq.read_table(path, filesystem=fs, columns=["_offset"])["_offset"].to_pylist()
         return sorted(offsets)
 
 
@@ -487,3 +490,22 @@ def test_the_committer_keeps_a_bounded_number_of_snapshots(database_url: str, sr
         table = c.load(TableKind.DATA)
         assert table is not None and len(table.snapshots()) == 2 and table.properties[COMMIT_SEQ] == "5"
     assert_exactly_once(database_url, src)
+
+
+def test_a_table_over_an_s3_store(database_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments and table metadata on an S3 API (``s3a://`` store URIs, the AWS variables the
+    workers use): appended once, read back through pyiceberg."""
+    for variable, value in s3_server.env.items():
+        monkeypatch.setenv(variable, value)
+    src = Source(database_url, s3_server.uri(f"table-{uuid.uuid4().hex[:8]}"))
+    try:
+        src.publish(6, rejects=1)
+        src.publish(4)
+        enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.TABLE)
+        with committer(database_url, src.name) as c:
+            assert len(c.commit_all()) == 2
+            table = c.load(TableKind.DATA)
+            assert table is not None and table.location().startswith("s3a://")
+        assert_exactly_once(database_url, src)
+    finally:
+        src.store.close()
