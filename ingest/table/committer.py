@@ -404,6 +404,10 @@ class TableCommitter:
                     if not standby_logged:
                         log.info("table_committer_standby", source=self.source)
                         standby_logged = True
+                    # A standby reports how far behind the table is too: alerts take the maximum
+                    # over every committer, so none may keep a value from when it was active.
+                    for kind in self.kinds():
+                        self.update_behind(kind)
                     stop.wait(max(self.settings.poll_s, 2.0))
                     continue
                 if not active:

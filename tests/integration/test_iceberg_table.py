@@ -509,3 +509,50 @@ def test_a_table_over_an_s3_store(database_url: str, s3_server: S3Server, monkey
         assert_exactly_once(database_url, src)
     finally:
         src.store.close()
+
+
+def gauge(metrics: Any, name: str, **labels: str) -> float | None:
+    value = metrics.registry.get_sample_value(name, labels)
+    return None if value is None else float(value)
+
+
+def test_a_second_committer_stands_by_and_takes_over_when_the_first_stops(database_url: str, src: Source) -> None:
+    src.publish(3)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    settings = CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1)
+    first, second = TableCommitter(database_url, src.name, settings), TableCommitter(database_url, src.name, settings)
+    stops = [threading.Event(), threading.Event()]
+    runners = [threading.Thread(target=c.run, args=(stop,)) for c, stop in zip((first, second), stops, strict=True)]
+    runners[0].start()
+    try:
+        assert_eventually(
+            lambda: gauge(first.metrics, "ingest_table_commits_total", source="clicks", table="data"), runners[0]
+        )
+        runners[1].start()
+        src.publish(2)
+        assert_eventually(
+            lambda: gauge(first.metrics, "ingest_table_commits_total", source="clicks", table="data") == 2, runners[0]
+        )
+        # The standby commits nothing and reports what it sees (nothing behind), not active.
+        assert_eventually(
+            lambda: gauge(second.metrics, "ingest_table_segments_behind", source="clicks", table="data") == 0,
+            runners[1],
+        )
+        assert gauge(second.metrics, "ingest_table_committer_active", source="clicks") == 0
+        assert gauge(second.metrics, "ingest_table_commits_total", source="clicks", table="data") == 0
+        stops[0].set()
+        runners[0].join(timeout=60)
+        src.publish(4)
+        assert_eventually(
+            lambda: gauge(second.metrics, "ingest_table_commits_total", source="clicks", table="data") == 1, runners[1]
+        )
+        assert gauge(second.metrics, "ingest_table_committer_active", source="clicks") == 1
+    finally:
+        for stop in stops:
+            stop.set()
+        for runner in runners:
+            if runner.is_alive() or runner.ident is not None:
+                runner.join(timeout=60)
+        first.close()
+        second.close()
+    assert_exactly_once(database_url, src)
