@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from ingest_common.errors import IngestError
+from ingest_common.errors import ExitCode, IngestError
 from metastore.tables import TableNotEnabled
 
-__all__ = ["FileSpansPartitions", "SchemaChangeRefused", "TableDiverged", "TableError", "TableNotEnabled"]
+__all__ = [
+    "FileSpansPartitions",
+    "QueryFailed",
+    "SchemaChangeRefused",
+    "TableDiverged",
+    "TableError",
+    "TableNotEnabled",
+]
 
 
 class TableError(IngestError):
@@ -26,3 +33,9 @@ class SchemaChangeRefused(TableError):
 class FileSpansPartitions(TableError):
     """A data file holds event times of several partitions of the table's transform: a file is
     registered as written (never rewritten), so it cannot be appended to that table."""
+
+
+class QueryFailed(TableError):
+    """``ingest query``: DuckDB refused the SQL (a syntax error, an unknown column)."""
+
+    exit_code = ExitCode.INVALID_INPUT

@@ -8,6 +8,8 @@ from typing import Any
 
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ
+from ingest.table.errors import QueryFailed, TableError
+from ingest_common.errors import first_line
 from metastore.tables import TableKind, TableNotEnabled, TableStore
 
 
@@ -96,14 +98,24 @@ def run_query(database_url: str, source: str, sql: str) -> tuple[list[str], list
     catalog = MetastoreCatalog(database_url)
     try:
         conn = duckdb.connect()
+        registered = []
         for kind in kinds:
             name = view if kind is TableKind.DATA else f"{view}_rejects"
             if catalog.table_exists(identifier(source, kind)):
                 arrow = catalog.load_table(identifier(source, kind)).scan().to_arrow()
                 conn.register(name, arrow)
-        result = conn.execute(sql)
-        columns = [d[0] for d in result.description or ()]
-        return columns, [tuple(r) for r in result.fetchall()]
+                registered.append(name)
+        if not registered:
+            raise TableError(
+                f"source {source!r} has no Iceberg table yet: it is created by the first commit "
+                f"(`ingest table-commit {source}`)"
+            )
+        try:
+            result = conn.execute(sql)
+            columns = [d[0] for d in result.description or ()]
+            return columns, [tuple(r) for r in result.fetchall()]
+        except duckdb.Error as exc:
+            raise QueryFailed(f"query over {', '.join(registered)}: {first_line(exc)}") from exc
     finally:
         catalog.close()
 

@@ -374,6 +374,9 @@ def test_a_committer_killed_during_a_commit_loses_and_duplicates_nothing(databas
     assert [(t["table"], t["segments_behind"], t["commits"]) for t in doc["tables"]] == [("data", 0, 2)]
     asked = run_cli(database_url, "query", src.name, "SELECT count(*) AS n FROM clicks", "--json")
     assert json.loads(asked.communicate(timeout=120)[0])["rows"] == [[28]]
+    bad = run_cli(database_url, "query", src.name, "SELECT nosuch FROM clicks")
+    assert bad.communicate(timeout=120)[0].startswith("ingest: error: query over clicks: Binder Error")
+    assert bad.returncode == 2
     refused = run_cli(database_url, "table", "nosuch")
     assert refused.communicate(timeout=120)[0].startswith("ingest: error: unknown source")
     assert refused.returncode == 3
@@ -556,3 +559,14 @@ def test_a_second_committer_stands_by_and_takes_over_when_the_first_stops(databa
         first.close()
         second.close()
     assert_exactly_once(database_url, src)
+
+
+def test_a_query_before_the_first_commit_says_so_in_one_line(database_url: str, src: Source) -> None:
+    from ingest.table.errors import TableError
+    from metastore.tables import TableNotEnabled
+
+    with pytest.raises(TableNotEnabled):
+        run_query(database_url, src.name, "SELECT 1")
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    with pytest.raises(TableError, match="created by the first commit"):
+        run_query(database_url, src.name, "SELECT count(*) FROM clicks")
