@@ -25,7 +25,15 @@ from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Pipeline
 from ingest.rebalance import RebalanceHandler, start_offset
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
-from ingest_common.model import ConflictReason, GapAction, KillReason, PartitionClaim, TopicPartition
+from ingest_common.model import (
+    ConflictReason,
+    DesiredState,
+    GapAction,
+    KillReason,
+    PartitionClaim,
+    TopicPartition,
+    WorkerState,
+)
 from metastore.errors import MetastoreError, PublishConflict
 
 log = structlog.get_logger(__name__)
@@ -47,12 +55,6 @@ class OffsetStore(Protocol):
     def skip_gap(
         self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
     ) -> int: ...
-
-
-# Desired states in which workers publish what they hold and take nothing new; the last
-# three also end the worker once it is drained.
-_HOLDING_STATES = ("suspended", "draining", "terminating", "terminated")
-_DRAINING_STATES = ("draining", "terminating", "terminated")
 
 
 class ConsumeLoop:
@@ -117,8 +119,8 @@ class ConsumeLoop:
         what is held (bounded by the drain timeout)."""
         while not stop.is_set():
             self.step()
-            terminating = self._registry.desired_state in ("terminating", "terminated")
-            if self.state == "drained" and (terminating or (self._ran and not self._registry.drain_stay)):
+            terminating = self._registry.desired_state.terminal
+            if self.state is WorkerState.DRAINED and (terminating or (self._ran and not self._registry.drain_stay)):
                 log.info("worker_exiting_after_drain", source=self._source, worker=self._worker_id)
                 break
         self.drain()
@@ -134,17 +136,17 @@ class ConsumeLoop:
     @property
     def holding(self) -> bool:
         """Suspended or draining: publish what is held, take nothing new."""
-        return self._registry.desired_state in _HOLDING_STATES
+        return self._registry.desired_state.holding
 
     @property
-    def state(self) -> str:
+    def state(self) -> WorkerState:
         desired = self._registry.desired_state
-        if desired == "running":
-            return "unhealthy" if self.unhealthy_reason is not None else "running"
+        if desired is DesiredState.RUNNING:
+            return WorkerState.UNHEALTHY if self.unhealthy_reason is not None else WorkerState.RUNNING
         empty = self._pipeline.inflight_count == 0 and not any(len(o.buffer) for o in self._assignment)
-        if desired in _DRAINING_STATES:
-            return "drained" if empty else "draining"
-        return "suspended" if empty else "suspending"
+        if desired.ends_workers:
+            return WorkerState.DRAINED if empty else WorkerState.DRAINING
+        return WorkerState.SUSPENDED if empty else WorkerState.SUSPENDING
 
     def step(self) -> None:
         self.last_step_at = time.monotonic()
@@ -188,7 +190,7 @@ class ConsumeLoop:
             if owned.status is PartitionStatus.ACTIVE and len(owned.buffer):
                 self._seal(owned, "shutdown", now)
         self._pause(set(self._assignment.tps()))
-        self._registry.beat("draining", [str(tp) for tp in self._assignment.tps()], force=True)
+        self._registry.beat(WorkerState.DRAINING, [str(tp) for tp in self._assignment.tps()], force=True)
         deadline = now + self._drain_timeout_s
         while self._pipeline.inflight_count and time.monotonic() < deadline:
             # Paused: this returns nothing new but keeps the group session alive.

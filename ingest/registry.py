@@ -13,7 +13,7 @@ from typing import Protocol
 import structlog
 
 from ingest import __version__
-from ingest_common.model import SourceControl
+from ingest_common.model import DesiredState, SourceControl, WorkerState
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
@@ -63,14 +63,14 @@ class WorkerRegistry:
         self.spec_version: int | None = None
 
     @property
-    def desired_state(self) -> str:
-        return self.control.desired_state if self.control is not None else "running"
+    def desired_state(self) -> DesiredState:
+        return self.control.desired_state if self.control is not None else DesiredState.RUNNING
 
     @property
     def drain_stay(self) -> bool:
         return self.control.drain_stay if self.control is not None else False
 
-    def beat(self, state: str, partitions: Sequence[str], *, force: bool = False) -> None:
+    def beat(self, state: WorkerState, partitions: Sequence[str], *, force: bool = False) -> None:
         """Heartbeat (at most every interval unless forced or notified) and read the controls."""
         now = time.monotonic()
         notified = self._changed is not None and self._changed.is_set()

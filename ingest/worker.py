@@ -25,6 +25,7 @@ from ingest.rebalance import RebalanceHandler
 from ingest.registration import Registrar
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
+from ingest_common.model import WorkerState
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
 from metastore.listener import ControlListener
@@ -121,7 +122,7 @@ class Worker:
         register_store = Metastore(settings.database_url)
         consumer: Any = None
         registry: WorkerRegistry | None = None
-        final_state = "failed"
+        final_state = WorkerState.FAILED
         endpoints: Endpoints | None = None
         pipeline: Pipeline | None = None
         spark: Any = None
@@ -130,7 +131,7 @@ class Worker:
             require_current_schema(settings.database_url)
             version, spec = load_source(store, self.source)
             desired = store.control(spec.name).desired_state
-            if desired in ("terminating", "terminated"):
+            if desired.terminal:
                 raise SourceTerminated(spec.name, desired)
             counts = topic_partitions(settings, spec.topics)
             # Made now (it joins the group only when it subscribes, after Spark has started) so
@@ -212,7 +213,7 @@ class Worker:
             listener = ControlListener(settings.database_url, spec.name).start()
             registry = WorkerRegistry(store, spec.name, worker_id, changed=listener.changed)
             registry.spec_version = version
-            registry.beat("starting", [], force=True)
+            registry.beat(WorkerState.STARTING, [], force=True)
             self.loop = ConsumeLoop(
                 consumer=consumer,
                 spec=spec,
@@ -239,7 +240,7 @@ class Worker:
             self.ready.set()
             self.metrics.worker_up.labels(spec.name).set(1)
             self.loop.run(stop)
-            final_state = "stopped"
+            final_state = WorkerState.STOPPED
         except BaseException as exc:
             if registry is not None:
                 registry.error("WORKER_FAILED", f"{type(exc).__name__}: {exc}")

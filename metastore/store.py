@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from ingest_common.errors import ConfigError
 from ingest_common.model import (
     BuildRegistration,
+    DesiredState,
     PartitionClaim,
     PartitionReset,
     ResetResult,
@@ -101,7 +102,7 @@ class Metastore:
                 _check_group_unique(conn, name, str(spec.get("consumer_group") or ""))
                 current = conn.execute(query("lock_source"), {"name": name}).fetchone()
                 if current is not None:
-                    if current["desired_state"] == "terminated":
+                    if current["desired_state"] == DesiredState.TERMINATED:
                         if not reactivate:
                             raise SourceTerminated(name)
                         conn.execute(query("reactivate_source"), {"name": name})
@@ -337,7 +338,7 @@ class Metastore:
 
     # -- controls ---------------------------------------------------------------------
 
-    def set_control(self, source: str, state: str, stay: bool = False) -> None:
+    def set_control(self, source: str, state: DesiredState, stay: bool = False) -> None:
         if not self._fetch("set_control", name=source, state=state, stay=stay):
             current = self.control(source)  # SourceNotFound for an unknown source
             raise SourceTerminated(source, current.desired_state)
@@ -352,7 +353,10 @@ class Metastore:
             raise SourceNotFound(source)
         row = rows[0]
         return SourceControl(
-            str(row["desired_state"]), bool(row["drain_stay"]), int(row["reset_generation"]), int(row["version"])
+            DesiredState(row["desired_state"]),
+            bool(row["drain_stay"]),
+            int(row["reset_generation"]),
+            int(row["version"]),
         )
 
     # -- resets -------------------------------------------------------------------------
