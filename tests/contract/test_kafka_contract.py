@@ -25,7 +25,7 @@ from tests.memory_kafka import MemoryBroker, MemoryConsumer
 class Backend:
     consumer: Consumer
     tp: TopicPartition
-    produce: Callable[[int], None]
+    produce: Callable[[int], object]
     delete_before: Callable[[int], None]
 
 
