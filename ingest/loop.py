@@ -155,12 +155,15 @@ class ConsumeLoop:
 
     def step(self) -> None:
         self.last_step_at = time.monotonic()
-        batch = self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
-        self._raise_callback_error()
-        now = time.monotonic()
+        # Everything that may reposition a partition runs before the poll, never between a
+        # poll and the routing of its records: records fetched before a seek would otherwise
+        # land in the buffer that starts at the new position.
         self._background.apply_done()
         self._controls.hold_changed()
         holding = self._controls.holding
+        batch = self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
+        self._raise_callback_error()
+        now = time.monotonic()
         if not holding:
             # While holding, deliveries (fetched before the pause took effect) are not buffered:
             # the buffers were sealed at their positions, and resuming seeks back to them.
@@ -235,14 +238,17 @@ class ConsumeLoop:
         for tp, offset, text in batch.refused:
             self._m_kafka_errors.inc()
             self._gaps.refused(tp, offset, text)
+        if batch.records:
+            self._route(batch.records, now)
+        # After the records: an end of partition says every offset before it was delivered, and
+        # records of the same poll may precede it. Applied first, it would stretch a split sealed
+        # mid-batch over records that then fall before the next buffer's start and are dropped.
         for tp, offset in batch.ends:
-            # Everything before the EOF's offset was delivered: the current split may cover the
-            # offsets past its last record that carry none (transaction markers, aborted records).
+            # The current split may cover the offsets past its last record that carry none
+            # (transaction markers, aborted records).
             owned = self._assignment.get(tp)
             if owned is not None and owned.active:
                 owned.buffer.delivered_to(offset)
-        if batch.records:
-            self._route(batch.records, now)
 
     def _route(self, records: Sequence[Message], now: float) -> None:
         limits = self._spec.split

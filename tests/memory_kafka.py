@@ -123,6 +123,9 @@ class MemoryConsumer:
             take = log[position : position + max_records - len(records)]
             records.extend(take)
             self.positions[tp] = position + len(take)
+            if take and self.positions[tp] == len(log):
+                # enable.partition.eof: reported in the same poll, after the records it follows.
+                batch.ends.append((tp, len(log)))
         batch.records = records
         return batch
 

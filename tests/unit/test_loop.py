@@ -173,3 +173,17 @@ def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(
     h.step_until(lambda: h.loop.unhealthy_reason is None, what="the publish after the failures")
     assert h.published(P0) == [(0, 10)]
     assert h.metrics.split_failures.labels("src", "build")._value.get() == 5
+
+
+def test_an_end_of_partition_in_the_same_poll_never_stretches_a_split_over_records_it_lacks(h: Harness) -> None:
+    h.produce(P0, 5)
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: h.assignment.buffered_records() == 5, what="five records")
+    h.produce(P0, 10)  # one poll: records 5..14, then the end of the partition at 15; splits of 10
+    h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
+    assert len(h.assignment.get(P0).buffer) == 5  # type: ignore[union-attr]
+    assert h.loop.drain()
+    assert h.published(P0) == [(0, 10), (10, 15)]
+    with h.store.lock:
+        rows = [item.segment.row_count for item in h.store.segments.values()]
+    assert rows == [10, 5]
