@@ -23,7 +23,7 @@ import structlog
 
 from ingest.assignment import Assignment, OwnedPartition, PartitionState
 from ingest.background import Background
-from ingest.kafka import Consumer, KafkaCallFailed
+from ingest.kafka import KafkaCallFailed, Watermarks
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
 from ingest.positioning import Positioner, Reason
@@ -75,7 +75,7 @@ class GapResolver:
         *,
         source: str,
         worker_id: str,
-        consumer: Consumer,
+        watermarks: Watermarks,
         assignment: Assignment,
         pipeline: Pipeline,
         store: GapStore,
@@ -87,7 +87,7 @@ class GapResolver:
     ) -> None:
         self._source = source
         self._worker_id = worker_id
-        self._consumer = consumer
+        self._watermarks = watermarks
         self._assignment = assignment
         self._pipeline = pipeline
         self._store = store
@@ -137,7 +137,7 @@ class GapResolver:
             return GapResult(Verdict.FENCED, stored_serial=state[0] if state else None)
         stored = state[1] if state[1] is not None else refused
         try:
-            low, high = self._consumer.watermarks(tp, WATERMARK_TIMEOUT_S)
+            low, high = self._watermarks.watermarks(tp, WATERMARK_TIMEOUT_S)
         except KafkaCallFailed as exc:
             return GapResult(Verdict.RETRY, reason=str(exc))
         if stored is None or stored < 0 or low <= stored <= high:

@@ -81,9 +81,16 @@ class RebalanceListener(Protocol):
     def on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None: ...
 
 
-class Consumer(Protocol):
-    """The consumer operations the worker uses. Only the polling thread calls them, except
-    :meth:`watermarks`, which is safe from any thread."""
+class Watermarks(Protocol):
+    def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+        """(earliest, high) asked of the broker. Raises KafkaCallFailed."""
+        ...
+
+
+class Consumer(Watermarks, Protocol):
+    """The consumer operations the worker uses. Only the polling thread may call them: a
+    call from another thread while ``poll`` runs blocks (measured: it never returned), so the
+    background thread asks for watermarks through a client of its own (ConfluentWatermarks)."""
 
     @property
     def incremental(self) -> bool:
@@ -118,10 +125,6 @@ class Consumer(Protocol):
 
     def high_watermark(self, tp: TopicPartition) -> int | None:
         """The last high watermark the consumer saw (no request); None when unknown."""
-        ...
-
-    def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-        """(earliest, high) asked of the broker. Raises KafkaCallFailed."""
         ...
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
@@ -303,11 +306,7 @@ class ConfluentConsumer:
         return int(high) if high is not None and high >= 0 else None
 
     def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-        try:
-            low, high = self._consumer.get_watermark_offsets(_ktp(tp), timeout=timeout_s, cached=False)
-        except KafkaException as exc:
-            raise KafkaCallFailed(f"watermarks of {tp}: {_text(exc)}") from exc
-        return int(low), int(high)
+        return _watermarks(self._consumer, tp, timeout_s)
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         try:
@@ -317,6 +316,28 @@ class ConfluentConsumer:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _watermarks(client: Any, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    try:
+        low, high = client.get_watermark_offsets(_ktp(tp), timeout=timeout_s, cached=False)
+    except KafkaException as exc:
+        raise KafkaCallFailed(f"watermarks of {tp}: {_text(exc)}") from exc
+    return int(low), int(high)
+
+
+class ConfluentWatermarks:
+    """:class:`Watermarks` over a consumer handle of its own that never joins the group, for
+    the background thread (the worker's consumer must not be called from it)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+        return _watermarks(self._client, tp, timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def commit_callback(report: Callable[[str | None, int, int], None]) -> Callable[[Any, list[Any]], None]:

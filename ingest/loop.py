@@ -27,7 +27,7 @@ from ingest.controls import Controls, ControlStore
 from ingest.errors import WorkerFailed
 from ingest.gaps import GapResolver, GapStore
 from ingest.group_offsets import GroupOffsets
-from ingest.kafka import Batch, Consumer, Message
+from ingest.kafka import Batch, Consumer, Message, Watermarks
 from ingest.loop_metrics import LoopGauges
 from ingest.metrics import Metrics
 from ingest.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
@@ -68,6 +68,7 @@ class ConsumeLoop:
         registry: WorkerRegistry,
         background: Background,
         metrics: Metrics,
+        watermarks: Watermarks,
         group_offsets: GroupOffsets | None = None,
         options: LoopOptions = LoopOptions(),
     ) -> None:
@@ -94,7 +95,7 @@ class ConsumeLoop:
         self._gaps = GapResolver(
             source=spec.name,
             worker_id=worker_id,
-            consumer=consumer,
+            watermarks=watermarks,
             assignment=assignment,
             pipeline=pipeline,
             store=store,

@@ -19,7 +19,7 @@ from ingest.config import Settings, admin_config, consumer_config, incremental_a
 from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
 from ingest.group_offsets import GroupOffsets
-from ingest.kafka import ConfluentConsumer, commit_callback
+from ingest.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
 from ingest.loop import ConsumeLoop, LoopOptions
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
@@ -142,6 +142,7 @@ class Worker:
         task_store = Metastore(settings.database_url)
         background = Background(f"ingest-{self.source}-background")
         consumer: Any = None
+        watermarks: ConfluentWatermarks | None = None
         registry: WorkerRegistry | None = None
         final_state = WorkerState.FAILED
         endpoints: Endpoints | None = None
@@ -162,6 +163,10 @@ class Worker:
             consumer = ConfluentConsumer(
                 kafka_client(Consumer, {**conf, "on_commit": commit_callback(group_offsets.committed)}),
                 incremental=incremental_assignment(conf),
+            )
+            # Never subscribes: the background thread's client for offset gaps' watermarks.
+            watermarks = ConfluentWatermarks(
+                kafka_client(Consumer, consumer_config(settings, f"{spec.group_id}-watermarks"))
             )
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
@@ -249,6 +254,7 @@ class Worker:
                 background=background,
                 metrics=self.metrics,
                 spec_version=version,
+                watermarks=watermarks,
                 group_offsets=group_offsets,
                 options=LoopOptions(unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits),
             )
@@ -281,6 +287,8 @@ class Worker:
                 endpoints.close()
             if listener is not None:
                 listener.close()
+            if watermarks is not None:
+                watermarks.close()
             if consumer is not None:
                 # Leaves the group: the revoke callback kills whatever is still in flight.
                 consumer.close()

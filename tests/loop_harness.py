@@ -83,6 +83,7 @@ class Harness:
             registry=self.registry,
             background=self.background,
             metrics=self.metrics,
+            watermarks=self.consumer,
             options=LoopOptions(batch_size=100, poll_timeout_s=0.0, drain_timeout_s=5.0),
         )
 
