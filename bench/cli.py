@@ -29,7 +29,7 @@ from bench import peer, report
 from bench.data import Produced, produce_dataset
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
 from bench.stats import percentiles
-from ingest.embedded import LocalKafka, LocalPostgres, create_topic
+from ingest_dev.embedded import LocalKafka, LocalPostgres, create_topic
 from metastore import apply_migrations
 
 TOPIC = "bench"

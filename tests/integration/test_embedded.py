@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from ingest.embedded import LocalPostgres, create_topic, free_port, produce_records
+from ingest_dev.embedded import LocalPostgres, create_topic, free_port, produce_records
 from tests.fixtures.servers import MakeTopic
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import glob
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +36,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+
+from ingest.spark_jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
 
 log = logging.getLogger(__name__)
 _PROBE_LOG = logging.getLogger(__name__ + ".broker_probe")
@@ -464,14 +465,6 @@ KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.
 KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
 
 
-def _maven_cache(pom: Path, kind: str) -> Path:
-    """A cache directory keyed by the pom that pins the jars (``~/.cache/ingest/<kind>/<pom
-    hash>/libs``), so a changed pin never runs stale jars."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
-    return cache / "ingest" / kind / digest / "libs"
-
-
 def _maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bool], timeout: float) -> Path:
     """Copy the dependencies a pom pins from Maven Central into ``libs`` (once). Maven writes
     into a sibling temporary directory that is renamed into place, so an interrupted fetch
@@ -509,7 +502,7 @@ def kafka_libs_dir() -> Path:
     """Where the broker's jars live: ``$INGEST_KAFKA_LIBS``, else the Maven cache of
     ``scripts/kafka/pom.xml``."""
     explicit = os.environ.get(KAFKA_LIBS_ENV)
-    return Path(explicit) if explicit else _maven_cache(KAFKA_POM, "kafka")
+    return Path(explicit) if explicit else maven_cache(KAFKA_POM, "kafka")
 
 
 def fetch_kafka(timeout: float = 600.0) -> Path:
@@ -523,19 +516,6 @@ def _kafka_jar(libs: Path) -> Path | None:
 
 
 # ------------------------------------------------------------ Spark's object-store connectors
-
-SPARK_JARS_POM = Path(__file__).resolve().parent.parent / "scripts" / "spark-jars" / "pom.xml"
-
-
-SPARK_JARS_ENV = "INGEST_SPARK_JARS_DIR"
-
-
-def spark_jars_dir() -> Path:
-    """Where the S3 connector's jars live: ``$INGEST_SPARK_JARS_DIR`` (the image sets it: an
-    installed package has no scripts/ folder), else the Maven cache of
-    ``scripts/spark-jars/pom.xml``."""
-    explicit = os.environ.get(SPARK_JARS_ENV)
-    return Path(explicit) if explicit else _maven_cache(SPARK_JARS_POM, "spark-jars")
 
 
 def _has_hadoop_aws(libs: Path) -> bool:
@@ -910,7 +890,7 @@ class LocalS3:
 
         self.port = free_port()
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", f"from ingest.embedded import serve_local_s3; serve_local_s3({self.port})"],
+            [sys.executable, "-c", f"from ingest_dev.embedded import serve_local_s3; serve_local_s3({self.port})"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -1015,7 +995,7 @@ def serve_local_s3(port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ingest.embedded fetch-kafka | fetch-spark-jars``: fetch jars from Maven
+    """``python -m ingest_dev.embedded fetch-kafka | fetch-spark-jars``: fetch jars from Maven
     Central into the cache (scripts/setup.sh)."""
     import sys
 
@@ -1028,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
         jars = fetch_spark_jars()
         print(f"Spark's S3 connector ({len(list(jars.glob('*.jar')))} jars): {jars}")
         return 0
-    print("usage: python -m ingest.embedded fetch-kafka | fetch-spark-jars", file=sys.stderr)
+    print("usage: python -m ingest_dev.embedded fetch-kafka | fetch-spark-jars", file=sys.stderr)
     return 2
 
 
