@@ -26,7 +26,8 @@ from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_st
 from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time, stop_all
 from bench.stats import percentiles
 from ingest.spec import spec_from_dict
-from ingest_dev.embedded import create_topic, free_port
+from ingest_dev.kafka_clients import create_topic
+from ingest_dev.process import free_port
 from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 

@@ -31,7 +31,8 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
-from ingest_dev.embedded import LocalPostgres, free_port
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import free_port
 from metastore import Metastore, apply_migrations
 
 SOURCE = "bench_publish"

@@ -20,7 +20,10 @@ from collections import Counter
 from pathlib import Path
 
 from ingest.spec import load_spec_file
-from ingest_dev.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port, produce_records
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import free_port
 from ingest_dev.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
 

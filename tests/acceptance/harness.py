@@ -18,7 +18,7 @@ from ingest.builder import BuilderFactory
 from ingest.config import Settings
 from ingest.spec import load_spec_file
 from ingest.worker import Worker
-from ingest_dev.embedded import produce_records
+from ingest_dev.kafka_clients import produce_records
 from ingest_dev.verify import Verification, published_positions, verify_exactly_once
 from metastore import Metastore
 

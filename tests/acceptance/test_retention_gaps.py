@@ -23,7 +23,7 @@ from ingest.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.config import Settings
 from ingest.status import source_status
-from ingest_dev.embedded import produce_records
+from ingest_dev.kafka_clients import produce_records
 from ingest_dev.verify import read_coordinates, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, wait_until, write_spec

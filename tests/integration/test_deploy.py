@@ -21,7 +21,7 @@ import yaml
 
 from ingest.metrics import Metrics
 from ingest.spark_jars import spark_jars_dir
-from ingest_dev.embedded import free_port
+from ingest_dev.process import free_port
 from tests.fixtures.spark_connect import port_open
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest_dev.embedded import PostgresServer
+from ingest_dev.postgres import PostgresServer
 from metastore import Metastore
 
 REPO = Path(__file__).resolve().parents[2]
