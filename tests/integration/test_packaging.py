@@ -50,7 +50,9 @@ def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path
     # packages; the project itself only from the wheel, run from a directory without the checkout.
     venv.create(tmp_path / "venv", system_site_packages=True, with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel, cwd=tmp_path)
+    # --ignore-installed: an editable install of the checkout in the base interpreter's site
+    # packages (visible through system_site_packages) would otherwise count as this version.
+    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--ignore-installed", wheel, cwd=tmp_path)
     # Neither the checkout (PYTHONPATH) nor its settings reach the installed package.
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("INGEST_", "PYTHONPATH"))}
     where = run(
@@ -97,3 +99,14 @@ def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path
         assert {"ingest_sources", "ingest_partitions", "ingest_segments", "ingest_builds", "ingest_splits"} <= tables
     finally:
         pg_server.drop_database(name)
+
+
+def test_production_code_never_names_ingest_dev() -> None:
+    """Imports inside functions escape the import check above: no production file names it."""
+    offenders = [
+        str(path.relative_to(REPO))
+        for package in ("ingest", "ingest_common", "metastore")
+        for path in (REPO / package).rglob("*.py")
+        if "ingest_dev" in path.read_text(encoding="utf-8")
+    ]
+    assert offenders == []
