@@ -29,7 +29,9 @@ from bench import peer, report
 from bench.data import Produced, produce_dataset
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
 from bench.stats import percentiles
-from ingest.embedded import LocalKafka, LocalPostgres, create_topic
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic
+from ingest_dev.postgres import LocalPostgres
 from metastore import apply_migrations
 
 TOPIC = "bench"

@@ -25,9 +25,10 @@ from pyarrow import fs as pafs
 from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_steady
 from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time, stop_all
 from bench.stats import percentiles
-from ingest.embedded import create_topic, free_port
 from ingest.spec import spec_from_dict
-from ingest.verify import verify_exactly_once
+from ingest_dev.kafka_clients import create_topic
+from ingest_dev.process import free_port
+from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 
 REPO = Path(__file__).resolve().parent.parent

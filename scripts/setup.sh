@@ -71,7 +71,7 @@ else
     echo "$want" >"$stamp"
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
-"$py" -m ingest.embedded fetch-kafka | sed 's/^/setup: /'
+"$py" -m ingest_dev.maven fetch-kafka | sed 's/^/setup: /'
 # hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
-"$py" -m ingest.embedded fetch-spark-jars | sed 's/^/setup: /'
+"$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
 say "done"

@@ -16,9 +16,10 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 import ingest.group_offsets
 from ingest.builder import BuilderFactory
-from ingest.embedded import LocalKafka, create_topic, end_offsets
 from ingest.status import source_status
-from ingest.verify import verify_exactly_once
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic, end_offsets
+from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
