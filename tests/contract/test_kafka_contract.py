@@ -41,7 +41,7 @@ def _memory() -> Iterator[Backend]:
 
 
 def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    from ingest.embedded import produce_records
+    from ingest_dev.kafka_clients import produce_records
 
     bootstrap: str = request.getfixturevalue("kafka_bootstrap")
     topic = request.getfixturevalue("make_topic")(partitions=1)
