@@ -18,7 +18,7 @@ KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.
 KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
 
 
-def _maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bool], timeout: float) -> Path:
+def maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bool], timeout: float) -> Path:
     """Copy the dependencies a pom pins from Maven Central into ``libs`` (once). Maven writes
     into a sibling temporary directory that is renamed into place, so an interrupted fetch
     never leaves a half-filled classpath behind."""
@@ -60,7 +60,7 @@ def kafka_libs_dir() -> Path:
 
 def fetch_kafka(timeout: float = 600.0) -> Path:
     """The pinned Kafka jars, fetched from Maven Central into :func:`kafka_libs_dir` once."""
-    return _maven_fetch(KAFKA_POM, kafka_libs_dir(), "Apache Kafka", lambda d: _kafka_jar(d) is not None, timeout)
+    return maven_fetch(KAFKA_POM, kafka_libs_dir(), "Apache Kafka", lambda d: _kafka_jar(d) is not None, timeout)
 
 
 def _kafka_jar(libs: Path) -> Path | None:
@@ -78,7 +78,7 @@ def _has_hadoop_aws(libs: Path) -> bool:
 def fetch_spark_jars(timeout: float = 600.0) -> Path:
     """hadoop-aws, the AWS SDK modules it uses and the committer binding
     (``scripts/spark-jars/pom.xml``), fetched from Maven Central once."""
-    return _maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's S3 connector", _has_hadoop_aws, timeout)
+    return maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's S3 connector", _has_hadoop_aws, timeout)
 
 
 def kafka_version(libs: Path | None = None) -> str:
