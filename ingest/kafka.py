@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaExcep
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.errors import WorkerFailed
+from ingest.split import Record
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 
@@ -41,13 +42,10 @@ class KafkaCallFailed(IngestError):
     """A consumer call failed (not assigned, broker unreachable, timed out). Retrying later may work."""
 
 
-class Message(Protocol):
-    """A record as the consumer delivers it (confluent-kafka's Message, or a test double)."""
+class Message(Record, Protocol):
+    """A record as the consumer delivers it (confluent-kafka's Message, or a test double):
+    what a split keeps, plus where it came from and its size."""
 
-    def offset(self) -> int | None: ...
-    def timestamp(self) -> tuple[int, int]: ...
-    def key(self) -> bytes | None: ...
-    def value(self) -> bytes | None: ...
     def topic(self) -> str: ...
     def partition(self) -> int: ...
     def __len__(self) -> int: ...

@@ -217,10 +217,6 @@ class ConsumeLoop:
         return self._outcomes.unhealthy_reason
 
     @property
-    def holding(self) -> bool:
-        return self._controls.holding
-
-    @property
     def state(self) -> WorkerState:
         desired = self._registry.desired_state
         if desired is DesiredState.RUNNING:
