@@ -1,7 +1,9 @@
 """``python -m bench``: ingest vs. a raw ceiling vs. a peer, on one broker and one pre-produced data set.
 
-    python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--quick] [--out DIR]
-    python -m bench --setup-peer        # create the peer's own virtualenv (quixstreams)
+    python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--skip-spark]
+                    [--saturate] [--quick] [--out DIR]
+    python -m bench --setup-peer        # create the peers' own virtualenvs (quixstreams; pyspark 4.2.0
+                                        # with Spark's Kafka source from Maven Central)
 
 Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then
 runs each system against it with a fresh consumer group / source.  Prints one table, writes
@@ -25,11 +27,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import peer, report
-from bench.data import Produced, produce_dataset
+from bench import peer, report, streaming_peer
+from bench.data import Produced, produce_dataset, produce_steady
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
 from bench.stats import percentiles
-from ingest.embedded import LocalKafka, LocalPostgres, create_topic
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic
+from ingest_dev.postgres import LocalPostgres
 from metastore import apply_migrations
 
 TOPIC = "bench"
@@ -58,7 +62,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--skip-rebalance", action="store_true")
     parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
-    parser.add_argument("--setup-peer", action="store_true", help="create the peer's virtualenv and exit")
+    parser.add_argument(
+        "--skip-spark", action="store_true", help="skip the Spark Structured Streaming peer (throughput and latency)"
+    )
+    parser.add_argument(
+        "--spark-python",
+        help=f"Python with pyspark {streaming_peer.SPARK_VERSION} (default: the --setup-peer venv, made on first use)",
+    )
+    parser.add_argument(
+        "--saturate",
+        action="store_true",
+        help="run one busy-loop process per CPU during the produce-to-visible phases (both cores saturated)",
+    )
+    parser.add_argument("--setup-peer", action="store_true", help="create the peers' virtualenvs and exit")
     parser.add_argument("--split-records", type=int, default=200_000, help="split max_records (per partition)")
     parser.add_argument("--max-age", help="split max_age, also the peer's commit interval (default 3s; --quick 2s)")
     parser.add_argument("--rate", type=float, help="steady produce rate, records/s (default 2000; --quick 1000)")
@@ -251,6 +267,45 @@ def _publish_samples(fleets: list[Fleet]) -> list[float]:
     return [float(e["publish_ms"]) for f in fleets for e in f.events("segment_published") if "publish_ms" in e]
 
 
+class BusyLoops:
+    """``n`` processes spinning on a CPU each, for at most ``limit_s`` seconds (they end by
+    themselves even if the bench dies), while the block runs."""
+
+    def __init__(self, n: int, limit_s: float) -> None:
+        self.n = n
+        self.limit_s = limit_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BusyLoops:
+        code = f"import time\nend = time.monotonic() + {self.limit_s}\nwhile time.monotonic() < end: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=30)
+
+
+def _load(args: argparse.Namespace) -> BusyLoops:
+    n = (os.cpu_count() or 1) if args.saturate else 0
+    # Bound: the steady phase, plus the wait for its last split and a Spark session start.
+    return BusyLoops(n, args.steady_seconds + 180)
+
+
+def _spark_python(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The Spark peer's Python; on first use (no explicit one) the bench creates its venv."""
+    python, why = streaming_peer.find_python(args.spark_python)
+    if python is None and not args.spark_python and not os.environ.get("BENCH_SPARK_PYTHON"):
+        log(f"[spark] setting up the peer's virtualenv (pyspark {streaming_peer.SPARK_VERSION}): {why}")
+        try:
+            python = streaming_peer.setup_venv()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            return None, f"could not set up the Spark peer (run `python -m bench --setup-peer`): {e}"
+    return python, why
+
+
 def _terminate(signum: int, frame: Any) -> None:
     # SIGTERM's default kills at once; as SystemExit it unwinds through every ``finally`` below,
     # which stops the workers, the broker and PostgreSQL.
@@ -262,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     if args.setup_peer:
         print(f"peer virtualenv ready: {peer.setup_venv()}")
+        print(f"spark peer virtualenv ready: {streaming_peer.setup_venv()}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -337,6 +393,39 @@ def main(argv: list[str] | None = None) -> int:
                             break
                     throughput["peer"] = median_run(peer_runs)
 
+            spark_python: str | None = None
+            if args.skip_spark:
+                throughput["spark"] = {"status": "n/a", "reason": "skipped (--skip-spark)"}
+            else:
+                spark_python, why = _spark_python(args)
+                if spark_python is None:
+                    throughput["spark"] = {"status": "n/a", "reason": why}
+                    log(f"[spark] n/a: {why}")
+                else:
+                    log(f"[spark] structured streaming, availableNow, local[2], under {spark_python}")
+                    throughput["spark"] = median_run(
+                        [
+                            streaming_peer.run_throughput(
+                                spark_python,
+                                broker.bootstrap,
+                                TOPIC,
+                                data.ends,
+                                data.records,
+                                data.value_bytes,
+                                work / f"spark-{run}",
+                                args.timeout,
+                                args.driver_memory,
+                            )
+                            for run in range(1, args.repeat + 1)
+                        ]
+                    )
+                    spark_row = throughput["spark"]
+                    if spark_row.get("status") != "n/a":
+                        checks["spark"] = {
+                            "ok": spark_row["exactly_once"],
+                            "summary": f"{spark_row['rows_written']} rows committed for {data.records} produced",
+                        }
+
             ones: list[dict[str, Any]] = []
             for i in range(args.repeat):
                 label = "ingest_1" if args.repeat == 1 else f"ingest_1_run{i + 1}"
@@ -349,9 +438,10 @@ def main(argv: list[str] | None = None) -> int:
                     checks[f"ingest_1_run{i + 1}"] = verify(ctx, one["source"], TOPIC, data.ends)
             ends = data.ends
             if args.workers == 1:
-                steady, ends = steady_latency(
-                    ctx, fleet1, TOPIC, args.partitions, ends, args.rate, args.steady_seconds, first_id=args.records
-                )
+                with _load(args):
+                    steady, ends = steady_latency(
+                        ctx, fleet1, TOPIC, args.partitions, ends, args.rate, args.steady_seconds, first_id=args.records
+                    )
             fleet1.stop()
             checks["ingest_1"] = verify(ctx, one["source"], TOPIC, ends)
             throughput["ingest_1"] = median_run(ones)
@@ -359,20 +449,58 @@ def main(argv: list[str] | None = None) -> int:
                 n, fleet_n = run_throughput(ctx, TOPIC, data, args.workers, "local[1]", 1, split, "ingest_n")
                 fleets.append(fleet_n)
                 try:
-                    steady, ends_n = steady_latency(
-                        ctx,
-                        fleet_n,
-                        TOPIC,
-                        args.partitions,
-                        data.ends,
-                        args.rate,
-                        args.steady_seconds,
-                        first_id=args.records,
-                    )
+                    with _load(args):
+                        steady, ends_n = steady_latency(
+                            ctx,
+                            fleet_n,
+                            TOPIC,
+                            args.partitions,
+                            data.ends,
+                            args.rate,
+                            args.steady_seconds,
+                            first_id=args.records,
+                        )
                 finally:
                     fleet_n.stop()
                 checks["ingest_n"] = verify(ctx, n["source"], TOPIC, ends_n)
                 throughput["ingest_n"] = n
+                ends = ends_n
+
+            spark_latency: dict[str, Any] | None = None
+            if spark_python is not None and throughput["spark"].get("status") != "n/a":
+                log(f"[spark] produce-to-visible, processingTime {max_age_s:g} s")
+                latency_ends = dict(ends)
+
+                def produce_for_spark() -> int:
+                    produced = produce_steady(
+                        broker.bootstrap,
+                        TOPIC,
+                        args.partitions,
+                        args.rate,
+                        args.steady_seconds,
+                        first_id=args.records + 10_000_000,
+                    )
+                    return produced.records
+
+                with _load(args):
+                    spark_latency = streaming_peer.run_latency(
+                        spark_python,
+                        broker.bootstrap,
+                        TOPIC,
+                        latency_ends,
+                        work / "spark-latency",
+                        args.timeout,
+                        args.driver_memory,
+                        max_age_s,
+                        produce_for_spark,
+                    )
+                if spark_latency.get("status") == "n/a":
+                    log(f"[spark] produce-to-visible n/a: {spark_latency['reason']}")
+                else:
+                    checks["spark_latency"] = {
+                        "ok": spark_latency["exactly_once"],
+                        "summary": f"{spark_latency['records']} steady records committed exactly once",
+                    }
 
             publish = _publish_samples(fleets)
             results["latency"] = {
@@ -380,7 +508,10 @@ def main(argv: list[str] | None = None) -> int:
                 "publish_ms_samples": sorted(publish),
                 "produce_to_visible_s": steady["produce_to_visible_s"],
                 "steady": steady,
+                "saturated": (os.cpu_count() or 1) if args.saturate else 0,
             }
+            if spark_latency is not None:
+                results["latency"]["spark"] = spark_latency
             if not args.skip_rebalance:
                 results["rebalance"] = run_rebalance(ctx, REBALANCE_TOPIC, args.rebalance_records, "local[1]")
                 checks["rebalance"] = results["rebalance"]["exactly_once"]
@@ -407,6 +538,13 @@ def main(argv: list[str] | None = None) -> int:
             "value_bytes": data.value_bytes,
             "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
             "peer_commit_interval_s": max_age_s,
+            "spark_peer": {
+                "pyspark": streaming_peer.SPARK_VERSION,
+                "connector": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{streaming_peer.SPARK_VERSION}",
+                "master": "local[2]",
+                "why_not_the_pinned_pyspark": "spark-sql-kafka-0-10_2.13 4.3.0 is not on Maven Central",
+            },
+            "saturate": args.saturate,
             "steady_rate_per_s": args.rate,
             "steady_seconds": args.steady_seconds,
             "rebalance_records": args.rebalance_records,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ingest.embedded import end_offsets, produce_records
+from ingest_dev.kafka_clients import end_offsets, produce_records
 
 # One schema for every system: the ingest spec's [schema], the raw baseline's explicit pyarrow
 # schema (bench/raw.py) and what Quix infers all describe these fields.

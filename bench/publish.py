@@ -23,7 +23,6 @@ from collections.abc import Iterator
 
 from bench.stats import percentiles
 from ingest.cli import GIL_SWITCH_INTERVAL_S
-from ingest.embedded import LocalPostgres, free_port
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,
@@ -32,6 +31,8 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import free_port
 from metastore import Metastore, apply_migrations
 
 SOURCE = "bench_publish"

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SYSTEMS = ("ingest_1", "ingest_n", "raw", "peer")
+SYSTEMS = ("ingest_1", "ingest_n", "raw", "peer", "spark")
+# The systems each ingest run is compared with, in the table's ratio columns.
+OTHERS = ("raw", "peer", "spark")
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -21,15 +23,19 @@ def _fmt(value: Any, digits: int = 1) -> str:
 def label(key: str, row: dict[str, Any]) -> str:
     if key.startswith("ingest"):
         return f"ingest ({row.get('workers', '?')} worker{'s' if row.get('workers') != 1 else ''})"
-    return {"raw": "raw baseline", "peer": "peer: quixstreams"}.get(key, key)
+    return {
+        "raw": "raw baseline",
+        "peer": "peer: quixstreams",
+        "spark": "peer: spark structured streaming",
+    }.get(key, key)
 
 
 def ratios(throughput: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """records/s of each ingest run over the raw baseline and over the peer (None where one is missing)."""
+    """records/s of each ingest run over the raw baseline and over each peer (None where one is missing)."""
     out: dict[str, float | None] = {}
     for key in ("ingest_1", "ingest_n"):
         mine = throughput.get(key, {}).get("records_per_s")
-        for other in ("raw", "peer"):
+        for other in OTHERS:
             theirs = throughput.get(other, {}).get("records_per_s")
             out[f"{key}/{other}"] = mine / theirs if mine and theirs else None
     return out
@@ -38,7 +44,18 @@ def ratios(throughput: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 def table(results: dict[str, Any]) -> str:
     tp: dict[str, dict[str, Any]] = results["throughput"]
     r = results["ratios"]
-    head = ["system", "records", "wall s", "records/s", "MB/s", "CPU s/M rec", "peak RSS MB", "/ raw", "/ peer"]
+    head = [
+        "system",
+        "records",
+        "wall s",
+        "records/s",
+        "MB/s",
+        "CPU s/M rec",
+        "peak RSS MB",
+        "/ raw",
+        "/ quix",
+        "/ spark",
+    ]
     rows: list[list[str]] = []
     missing: list[str] = []
     for key in SYSTEMS:
@@ -46,7 +63,7 @@ def table(results: dict[str, Any]) -> str:
         if row is None:
             continue
         if row.get("status") == "n/a":
-            rows.append([label(key, row), "n/a", "", "", "", "", "", "", ""])
+            rows.append([label(key, row), "n/a", *([""] * (len(head) - 2))])
             missing.append(f"{label(key, row)}: n/a, {row.get('reason', 'no reason given')}")
             continue
         rows.append(
@@ -58,8 +75,7 @@ def table(results: dict[str, Any]) -> str:
                 _fmt(row["mb_per_s"], 2),
                 _fmt(row["cpu_s_per_million"], 1),
                 _fmt(row["peak_rss_mb"], 0),
-                _fmt(r.get(f"{key}/raw"), 3) if key.startswith("ingest") else "",
-                _fmt(r.get(f"{key}/peer"), 3) if key.startswith("ingest") else "",
+                *(_fmt(r.get(f"{key}/{other}"), 3) if key.startswith("ingest") else "" for other in OTHERS),
             ]
         )
     widths = [max(len(head[i]), *(len(x[i]) for x in rows)) for i in range(len(head))]
@@ -93,6 +109,28 @@ def table(results: dict[str, Any]) -> str:
         f"p99 {_fmt(vis.get('p99'), 2)} s "
         f"({vis.get('n', 0)} segments; split max_age {results['config']['split']['max_age']})"
     )
+    spark_lat = lat.get("spark")
+    if spark_lat:
+        sv = spark_lat["produce_to_visible_s"]
+        out.append(
+            f"spark structured streaming produce-to-visible, processingTime "
+            f"{_fmt(spark_lat['trigger_processing_time_s'], 1)} s: p50 {_fmt(sv.get('p50'), 2)} s, "
+            f"p99 {_fmt(sv.get('p99'), 2)} s ({sv.get('n', 0)} batches; exactly-once: {spark_lat['exactly_once']})"
+        )
+    if lat.get("saturated"):
+        out.append(f"latency phases ran with {lat['saturated']} busy-loop processes saturating the cores")
+    one = tp.get("ingest_1", {})
+    if one.get("first_segment_after_start_s") is not None:
+        out.append(
+            f"cold start (one fresh worker): first segment published {_fmt(one['first_segment_after_start_s'], 2)} s "
+            f"after the worker started; first {_fmt(one['first_million_records'], 0)} records at "
+            f"{_fmt(one['first_million_records_per_s'], 0)} records/s"
+            + (
+                f" ({_fmt(one['first_million_records_per_s'] / tp['raw']['records_per_s'], 3)}x raw)"
+                if tp.get("raw", {}).get("records_per_s")
+                else ""
+            )
+        )
     rb = results.get("rebalance")
     if rb:
         for ev in rb["events"]:
@@ -141,7 +179,8 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
     keys = [k for k in SYSTEMS if k in tp and tp[k].get("status") != "n/a"]
     names = [label(k, tp[k]) for k in keys]
     values = [float(tp[k]["records_per_s"]) for k in keys]
-    colors = ["#1f77b4" if k.startswith("ingest") else "#7f7f7f" if k == "raw" else "#ff7f0e" for k in keys]
+    palette = {"raw": "#7f7f7f", "peer": "#ff7f0e", "spark": "#2ca02c"}
+    colors = ["#1f77b4" if k.startswith("ingest") else palette.get(k, "#9467bd") for k in keys]
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     ax = axes[0]

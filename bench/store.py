@@ -4,7 +4,7 @@ and on an S3 store, side by side in one process.
 Both stores are written by the worker's own path: ``SparkSegmentBuilder.build_batch`` (the
 build registered in the metastore first, Spark writing through the file system or S3A and its
 magic committer) and ``Metastore.publish`` (one transaction). The S3 API is a local one (moto's
-server mode, ``ingest.embedded.LocalS3``) on loopback: it shows the protocol's cost (requests
+server mode, ``ingest_dev.s3.LocalS3``) on loopback: it shows the protocol's cost (requests
 per build, multipart uploads, listing, no copies), not a network's latency. Rounds alternate
 between the stores so that drift of the machine hits both alike; a warm-up on each store comes
 first. Prints per store: build seconds per batch and per split, records/s, publish p50/p99, and
@@ -31,7 +31,6 @@ from typing import Any
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.stats import percentiles
 from ingest.builder import SparkSegmentBuilder, SyntheticRecord
-from ingest.embedded import LocalPostgres, LocalS3
 from ingest.logs import configure_logging
 from ingest.registration import Registrar
 from ingest.spark import create_session
@@ -45,6 +44,8 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.s3 import LocalS3
 from metastore import Metastore, apply_migrations
 
 TOPIC = "events"

@@ -20,7 +20,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.embedded import LocalPostgres
 from ingest.segment_store import build_dirs, ensure_parent
 from ingest.spec import spec_from_dict
 from ingest.table.committer import CommitResult, TableCommitter, enable_table
@@ -33,6 +32,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.postgres import LocalPostgres
 from metastore import Metastore, apply_migrations
 
 TP = TopicPartition("events", 0)

@@ -1,5 +1,16 @@
-"""The partitions this worker owns right now, with their claim and open buffer.
+"""The partitions this worker owns right now: each one's claim, open buffer and lifecycle.
 
+A partition's lifecycle is one state machine. Its methods are the only writers of its state,
+and each refuses a transition the protocol does not have (IllegalTransition: a bug)::
+
+    ACTIVE ──refused──▶ OUT_OF_RANGE ──(gap measured)──▶ REWINDING / FENCED / ACTIVE
+      │  ▲                                                 │
+      │  └──────────────── repositioned ◀──────────────────┘
+      ├──rewind──▶ REWINDING ──(stored offset read)──▶ ACTIVE (repositioned) / FENCED
+      └──fence──▶ FENCED (until revoked, lost or re-claimed by a reset)
+
+Every way back to ACTIVE is :meth:`OwnedPartition.repositioned` (the loop's one
+repositioning path, ingest.positioning); a new claim (``ingest reset``) may leave any state.
 Only the polling thread touches this table (rebalance callbacks run on it too).
 """
 
@@ -10,18 +21,25 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ingest.split import PartitionBuffer
+from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 
+# Seconds before the n-th consecutive rewind of a partition re-reads its stored offset.
+REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
-class PartitionStatus(enum.Enum):
+
+class IllegalTransition(IngestError):
+    """A partition was asked to change state in a way its lifecycle does not allow (a bug)."""
+
+
+class PartitionState(enum.Enum):
     ACTIVE = "active"
     # A split failed or was refused for an offset mismatch: waiting to re-seek to the stored offset.
     REWINDING = "rewinding"
     # Refused for a serial mismatch: another worker owns it now; paused until revoked or lost.
     FENCED = "fenced"
-    # The stored offset is no longer in the log (retention, topic re-created): stopped,
-    # never silently skipped. With on_offset_out_of_range = "earliest" the loop moves it past
-    # the gap (recorded in the gap ledger) and it becomes ACTIVE again; otherwise it stays.
+    # The stored offset is no longer in the log (retention, topic re-created): stopped, never
+    # silently skipped, until the gap is measured against the stored offset and acted on.
     OUT_OF_RANGE = "out_of_range"
 
 
@@ -29,19 +47,18 @@ class PartitionStatus(enum.Enum):
 class OwnedPartition:
     claim: PartitionClaim
     buffer: PartitionBuffer
-    status: PartitionStatus = PartitionStatus.ACTIVE
+    state: PartitionState = PartitionState.ACTIVE
     # End of the last split published in this assignment (None: nothing published yet).
     published_end: int | None = None
-    # While REWINDING: when to try the re-seek, and how many failures led here (backoff).
+    # REWINDING / OUT_OF_RANGE: when to try again, and failures in a row (the rewind's backoff).
     retry_at: float = 0.0
     failures: int = 0
-    # While OUT_OF_RANGE: the offset Kafka refused, and whether the gap is still to be
-    # measured and recorded (retried while Kafka or the metastore does not answer).
+    # OUT_OF_RANGE: the offset Kafka refused, and whether the gap is still to be measured.
     refused_offset: int | None = None
     gap_pending: bool = False
-    # Whether the consumer has this partition paused. A new assignment starts unpaused, as
-    # the consumer does, so the flag lives and dies with the assignment.
-    paused: bool = False
+    # A metastore read or write for this partition runs in the background (ingest.background):
+    # nothing else is started for it until its result is applied.
+    busy: bool = False
 
     @property
     def tp(self) -> TopicPartition:
@@ -51,13 +68,77 @@ class OwnedPartition:
     def epoch(self) -> int:
         return self.buffer.epoch
 
-    def reset_buffer(self, position: int | None) -> None:
-        """Drop buffered records and start a new epoch at ``position``."""
+    @property
+    def active(self) -> bool:
+        return self.state is PartitionState.ACTIVE
+
+    def _drop_buffer(self, position: int | None) -> None:
+        """Drop buffered records and start a new epoch at ``position`` (splits of older
+        epochs are never acted on again)."""
         self.buffer = PartitionBuffer(self.tp, self.claim.serial, position, epoch=self.buffer.epoch + 1)
+
+    def _require(self, *states: PartitionState) -> None:
+        if self.state not in states:
+            raise IllegalTransition(f"{self.tp}: {self.state.value} -> not allowed from here (needs {states})")
+
+    # -- transitions ---------------------------------------------------------------
+
+    def rewind(self, now: float) -> float:
+        """Stop taking records; re-read the stored offset after a backoff. Returns the backoff."""
+        self._require(PartitionState.ACTIVE, PartitionState.OUT_OF_RANGE, PartitionState.REWINDING)
+        backoff = REWIND_BACKOFF_S[min(self.failures, len(REWIND_BACKOFF_S) - 1)]
+        self.failures += 1
+        self.state = PartitionState.REWINDING
+        self.retry_at = now + backoff
+        self.gap_pending = False
+        self._drop_buffer(None)
+        return backoff
+
+    def fence(self) -> None:
+        """Another worker owns the partition: take nothing more until it is revoked."""
+        self.state = PartitionState.FENCED
+        self.gap_pending = False
+        self._drop_buffer(None)
+
+    def refuse(self, offset: int | None) -> None:
+        """Kafka refused the fetch offset: stop until the gap is measured (at once)."""
+        self._require(PartitionState.ACTIVE)
+        self.state = PartitionState.OUT_OF_RANGE
+        self.refused_offset = offset
+        self.gap_pending = True
+        self.retry_at = 0.0
+        self._drop_buffer(None)
+
+    def gap_settled(self) -> None:
+        """The gap was recorded and the partition stays stopped (policy ``fail``, or past the log end)."""
+        self._require(PartitionState.OUT_OF_RANGE)
+        self.gap_pending = False
+
+    def repositioned(self, offset: int | None) -> None:
+        """The consumer now fetches from ``offset``: records are taken again from there."""
+        self._require(PartitionState.ACTIVE, PartitionState.REWINDING, PartitionState.OUT_OF_RANGE)
+        self.state = PartitionState.ACTIVE
+        self.gap_pending = False
+        self._drop_buffer(offset)
+
+    def reclaimed(self, claim: PartitionClaim) -> None:
+        """``ingest reset`` moved the serial: a new claim, whatever the state (the caller repositions)."""
+        self.claim = claim
+        self.failures = 0
+        self.published_end = None
+        self.state = PartitionState.ACTIVE
+        self.gap_pending = False
+        self._drop_buffer(claim.next_offset)
+
+    def published(self, end: int) -> None:
+        self.published_end = end
+        self.failures = 0
 
 
 class Assignment:
     def __init__(self) -> None:
+        # Keyed by (topic, partition): the routing of every record looks partitions up by the
+        # message's topic and partition, without making a TopicPartition per record.
         self._owned: dict[tuple[str, int], OwnedPartition] = {}
 
     def add(self, claim: PartitionClaim) -> OwnedPartition:
@@ -73,7 +154,10 @@ class Assignment:
                 removed.append(owned)
         return removed
 
-    def get(self, topic: str, partition: int) -> OwnedPartition | None:
+    def get(self, tp: TopicPartition) -> OwnedPartition | None:
+        return self._owned.get((tp.topic, tp.partition))
+
+    def lookup(self, topic: str, partition: int) -> OwnedPartition | None:
         return self._owned.get((topic, partition))
 
     def __iter__(self) -> Iterator[OwnedPartition]:
@@ -87,3 +171,6 @@ class Assignment:
 
     def buffered_bytes(self) -> int:
         return sum(owned.buffer.size_bytes for owned in self._owned.values())
+
+    def buffered_records(self) -> int:
+        return sum(len(owned.buffer) for owned in self._owned.values())

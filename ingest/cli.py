@@ -20,7 +20,7 @@ from ingest.config import Settings, non_negative_seconds, positive_int
 from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.logs import configure_logging, install_excepthooks
 from ingest.status_text import dash
-from ingest_common.model import PartitionReset, TopicPartition
+from ingest_common.model import DesiredState, PartitionReset, TopicPartition, WorkerState
 from ingest_common.redact import redact, register_secrets
 from metastore import Metastore, apply_migrations, redact_url
 
@@ -222,13 +222,15 @@ def _timeout(args: argparse.Namespace) -> float:
     return seconds
 
 
-def _wait_drained(store: Metastore, source: str, timeout_s: float, what: str, progress: TextIO) -> list[str]:
+def _wait_drained(store: Metastore, source: str, timeout_s: float, what: DesiredState, progress: TextIO) -> list[str]:
     """Wait until every live worker of ``source`` reports drained, saying every few seconds
     which are not; returns those still not drained at the timeout (empty: all drained)."""
     deadline = time.monotonic() + timeout_s
     next_progress = time.monotonic() + PROGRESS_EVERY_S
     while True:
-        pending = [f"{w['worker']} ({w['state']})" for w in store.live_workers(source) if w["state"] != "drained"]
+        pending = [
+            f"{w['worker']} ({w['state']})" for w in store.live_workers(source) if w["state"] != WorkerState.DRAINED
+        ]
         now = time.monotonic()
         if not pending or now >= deadline:
             return pending
@@ -250,7 +252,9 @@ def _progress(args: argparse.Namespace) -> TextIO:
 
 def cmd_control(args: argparse.Namespace) -> int:
     """suspend / resume / drain: set the source's desired state; workers act within seconds."""
-    state = {"suspend": "suspended", "resume": "running", "drain": "draining"}[args.command]
+    state = {"suspend": DesiredState.SUSPENDED, "resume": DesiredState.RUNNING, "drain": DesiredState.DRAINING}[
+        args.command
+    ]
     timeout_s = _timeout(args) if args.command == "drain" else 0.0
     settings = _settings()
     with Metastore(settings.database_url) as store:
@@ -259,7 +263,7 @@ def cmd_control(args: argparse.Namespace) -> int:
         if args.command != "drain":
             _emit(args, {"source": args.source, "desired_state": state})
             return 0
-        pending = _wait_drained(store, args.source, timeout_s, "draining", _progress(args))
+        pending = _wait_drained(store, args.source, timeout_s, DesiredState.DRAINING, _progress(args))
     _emit(
         args,
         {"source": args.source, "desired_state": state, "drained": not pending, "pending": pending},
@@ -453,13 +457,13 @@ def cmd_terminate(args: argparse.Namespace) -> int:
                 [f"source {args.source}: already terminated"],
             )
             return 0
-        store.set_control(args.source, "terminating")
+        store.set_control(args.source, DesiredState.TERMINATING)
         print(
             f"source {args.source}: terminating (workers publish what they hold and exit)",
             file=_progress(args),
             flush=True,
         )
-        pending = _wait_drained(store, args.source, timeout_s, "terminating", _progress(args))
+        pending = _wait_drained(store, args.source, timeout_s, DesiredState.TERMINATING, _progress(args))
         if pending:
             _emit(args, {"source": args.source, "state": "terminating", "pending": pending})
             print(
@@ -473,7 +477,7 @@ def cmd_terminate(args: argparse.Namespace) -> int:
             # Another terminate finished first (fine), or the state was changed under us (by a
             # release that let other controls override terminating): never claim what is not so.
             state = store.control(args.source).desired_state
-            if state != "terminated":
+            if state is not DesiredState.TERMINATED:
                 _emit(args, {"source": args.source, "state": state, "pending": []})
                 print(
                     f"ingest: error: source {args.source} was not terminated: its state changed to {state} "

@@ -18,12 +18,10 @@ librdkafka reports the outcome through ``on_commit`` from inside ``consume()``.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from ingest.kafka import Consumer, KafkaCallFailed
 from ingest.metrics import Metrics
 from ingest_common.model import TopicPartition
 
@@ -48,31 +46,26 @@ class GroupOffsets:
         if next_offset > self._pending.get(tp, -1):
             self._pending[tp] = next_offset
 
-    def commit_due(self, consumer: Any, owned: set[TopicPartition], now: float | None = None) -> None:
+    def commit_due(self, consumer: Consumer, owned: set[TopicPartition], now: float | None = None) -> None:
         """Commit, asynchronously, what was published since the last commit (at most once per interval)."""
         now = time.monotonic() if now is None else now
         if not self._pending or now < self._due:
             return
         self._due = now + self._interval_s
-        offsets = [
-            KafkaTopicPartition(tp.topic, tp.partition, offset)
-            for tp, offset in sorted(self._pending.items())
-            if tp in owned
-        ]
+        offsets = {tp: offset for tp, offset in self._pending.items() if tp in owned}
         self._pending.clear()
         if not offsets:
             return
         try:
-            consumer.commit(offsets=offsets, asynchronous=True)
-        except KafkaException as exc:  # not in a group right now, a closed consumer: advice lost, nothing else
-            self._failed(str(exc.args[0]) if exc.args else str(exc), len(offsets))
+            consumer.commit(offsets)
+        except KafkaCallFailed as exc:  # not in a group right now, a closed consumer: advice lost, nothing else
+            self._failed(str(exc), len(offsets))
 
-    def on_commit(self, error: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
-        """librdkafka's commit callback (config ``on_commit``), called from inside ``consume()``."""
-        failed = [p for p in partitions if p.error is not None]
-        if error is not None or failed:
-            reason = str(error) if error is not None else str(failed[0].error)
-            self._failed(reason, len(failed) or len(partitions))
+    def committed(self, error: str | None, failed: int, partitions: int) -> None:
+        """The outcome librdkafka reported for a commit (``ingest.kafka.commit_callback`` adapts
+        its ``on_commit``), from inside ``poll``."""
+        if error is not None:
+            self._failed(error, failed or partitions)
             return
         self._metrics.group_commits.labels(self._source, "ok").inc()
 

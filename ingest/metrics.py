@@ -19,6 +19,7 @@ from ingest_common.model import (
     KillReason,
     RebalanceKind,
     TopicPartition,
+    WorkerState,
 )
 
 _BUILD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -26,9 +27,6 @@ _PUBLISH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 5
 _ROWS_BUCKETS = (100, 1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000)
 _BYTES_BUCKETS = tuple(float(2**n) for n in range(16, 34, 2))
 _LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600)
-# Values of ingest_worker_state's `state` label (one-hot: exactly one is 1). The loop's
-# states (running, suspending, suspended, draining, drained) plus the process's own.
-WORKER_STATES = ("starting", "running", "suspending", "suspended", "draining", "drained", "stopped", "failed")
 # Counted when a builder reports rejects or skips without saying why.
 UNKNOWN_REASON = "unknown"
 
@@ -169,14 +167,12 @@ class Metrics:
         ):
             for value in values:
                 counter.labels(source, value.value)
-        self._states = list(WORKER_STATES)
-        self.set_worker_state("starting")
+        self.set_worker_state(WorkerState.STARTING)
 
-    def set_worker_state(self, state: str) -> None:
-        if state not in self._states:  # a state added elsewhere still shows up, one-hot
-            self._states.append(state)
-        for known in self._states:
-            self.worker_state.labels(self.source, known).set(1 if known == state else 0)
+    def set_worker_state(self, state: WorkerState) -> None:
+        """One-hot: the state's series is 1, every other WorkerState's is 0."""
+        for known in WorkerState:
+            self.worker_state.labels(self.source, known.value).set(1 if known is state else 0)
 
     def count_parse_errors(self, segment: BuiltSegment) -> None:
         """Rejected and skipped records of a published segment, by reason."""

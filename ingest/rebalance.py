@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.assignment import Assignment
+from ingest.kafka import Consumer, start_offset
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
@@ -35,10 +34,22 @@ class ClaimStore(Protocol):
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None: ...
 
 
-def start_offset(claim: PartitionClaim) -> int:
-    if claim.next_offset is not None:
-        return claim.next_offset
-    return OFFSET_BEGINNING if claim.initial_position == "earliest" else OFFSET_END
+class Deadline:
+    """The one time budget of everything a rebalance callback does (claims and their retries,
+    kill switches, releases), well under max.poll.interval.ms."""
+
+    def __init__(self, seconds: float) -> None:
+        self._at = time.monotonic() + seconds
+
+    @property
+    def at(self) -> float:
+        return self._at
+
+    def left(self) -> float:
+        return max(0.0, self._at - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self._at
 
 
 class RebalanceHandler:
@@ -51,7 +62,6 @@ class RebalanceHandler:
         assignment: Assignment,
         pipeline: Pipeline,
         metrics: Metrics,
-        incremental: bool,
         deadline_s: float = 30.0,
         claim_retry_s: float = 0.5,
     ) -> None:
@@ -61,32 +71,24 @@ class RebalanceHandler:
         self._assignment = assignment
         self._pipeline = pipeline
         self._metrics = metrics
-        self._incremental = incremental
         self._deadline_s = deadline_s
         self._claim_retry_s = claim_retry_s
         # Set when a callback could not do its job; the loop raises it after consume() returns
         # (exceptions raised inside librdkafka callbacks are easy to lose).
         self.error: Exception | None = None
 
-    @property
-    def incremental(self) -> bool:
-        """Cooperative (incremental) assignment, or eager."""
-        return self._incremental
-
     # -- callbacks -----------------------------------------------------------------
 
-    def on_assign(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
+    def on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         started = time.monotonic()
-        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        claims = self._claim(tps, started + self._deadline_s) if tps else {}
+        deadline = Deadline(self._deadline_s)
+        claims = self._claim(tps, deadline) if tps else {}
         if claims is None:
             # Without a claim the stored offset is unknown: consuming would risk re-reading or
             # skipping, so the worker stops (its partitions move to the others).
-            self._assign(consumer, [])
+            consumer.assign({})
             return
-        for p in partitions:
-            p.offset = start_offset(claims[TopicPartition(p.topic, p.partition)])
-        self._assign(consumer, partitions)
+        consumer.assign({tp: start_offset(claims[tp]) for tp in tps})
         for claim in claims.values():
             self._assignment.add(claim)
         self._observe(RebalanceKind.ASSIGN, started)
@@ -101,49 +103,40 @@ class RebalanceHandler:
             assigned=len(self._assignment),
         )
 
-    def on_revoke(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
-        self._drop(consumer, partitions, RebalanceKind.REVOKE)
+    def on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        self._drop(consumer, tps, RebalanceKind.REVOKE)
 
-    def on_lost(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
-        self._drop(consumer, partitions, RebalanceKind.LOST)
+    def on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        self._drop(consumer, tps, RebalanceKind.LOST)
 
     # -- internals -----------------------------------------------------------------
 
-    def _claim(self, tps: list[TopicPartition], deadline: float) -> dict[TopicPartition, PartitionClaim] | None:
+    def _claim(self, tps: list[TopicPartition], deadline: Deadline) -> dict[TopicPartition, PartitionClaim] | None:
         while True:
             try:
                 return self._store.claim_partitions(self._source, self._worker_id, tps)
             except MetastoreError as exc:
                 self._metrics.metastore_errors.labels(self._source).inc()
-                if time.monotonic() + self._claim_retry_s >= deadline:
+                if deadline.left() <= self._claim_retry_s:
                     self.error = exc
                     log.error("claim_failed", source=self._source, worker=self._worker_id, error=str(exc))
                     return None
                 log.warning("claim_retry", source=self._source, worker=self._worker_id, error=str(exc))
                 time.sleep(self._claim_retry_s)
 
-    def _assign(self, consumer: Any, partitions: list[KafkaTopicPartition]) -> None:
-        if self._incremental:
-            consumer.incremental_assign(partitions)
-        else:
-            consumer.assign(partitions)
-        if partitions:
-            # librdkafka keeps a partition's pause flag across an eager unassign/assign; the
-            # loop's invariant is that a new assignment starts unpaused, so make it true.
-            consumer.resume(partitions)
-
-    def _drop(self, consumer: Any, partitions: list[KafkaTopicPartition], kind: RebalanceKind) -> None:
+    def _drop(self, consumer: Consumer, tps: list[TopicPartition], kind: RebalanceKind) -> None:
+        """Kill what is in flight for the partitions and drop what is buffered; ``on_lost``
+        does nothing else (the partitions may already be someone else's)."""
         started = time.monotonic()
-        deadline = started + self._deadline_s
-        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        killed = self._pipeline.kill(tps, KillReason(kind.value), deadline=deadline)
+        deadline = Deadline(self._deadline_s)
+        killed = self._pipeline.kill(tps, KillReason(kind.value), deadline=deadline.at)
         removed = self._assignment.remove(tps)
         dropped_records = sum(len(owned.buffer) for owned in removed)
         for owned in removed:
             self._metrics.forget_partition(owned.tp)
         if kind == RebalanceKind.REVOKE:
             for owned in removed:
-                if time.monotonic() >= deadline:
+                if deadline.expired():
                     break
                 try:
                     self._store.release_partition(self._source, self._worker_id, owned.claim)
@@ -151,10 +144,7 @@ class RebalanceHandler:
                     # Only the owner column (status) is stale; fencing does not depend on it.
                     log.warning("release_failed", source=self._source, partition=str(owned.tp), error=str(exc))
                     break
-        if self._incremental:
-            consumer.incremental_unassign(partitions)
-        else:
-            consumer.unassign()
+        consumer.unassign(tps)
         self._observe(kind, started)
         event = "partitions_revoked" if kind == RebalanceKind.REVOKE else "partitions_lost"
         log.info(

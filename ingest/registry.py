@@ -1,5 +1,9 @@
-"""The worker's entry in the metastore's registry (heartbeat, state, partitions) and its
-error reports. Best effort: a metastore outage must never stop the loop."""
+"""The worker's entry in the metastore's registry (heartbeat, state, partitions), the controls
+operators set (read with every heartbeat), and its error reports.
+
+Best effort, and never on the polling thread: the calls run on the background thread
+(ingest.background); a metastore outage delays them and never stops the loop.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ from typing import Protocol
 import structlog
 
 from ingest import __version__
-from ingest_common.model import SourceControl
+from ingest.background import Background
+from ingest_common.model import DesiredState, SourceControl, WorkerState
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
@@ -43,6 +48,7 @@ class WorkerRegistry:
         store: RegistryStore,
         source: str,
         worker_id: str,
+        background: Background,
         *,
         changed: threading.Event | None = None,
         interval_s: float | None = None,
@@ -50,9 +56,11 @@ class WorkerRegistry:
         self._store = store
         self._source = source
         self._worker_id = worker_id
+        self._background = background
         self._host = socket.gethostname()
         self._pid = os.getpid()
         self._due = 0.0
+        self._in_flight = False
         # Read at construction (not as a default argument) so tests can lengthen the poll.
         self._interval_s = HEARTBEAT_INTERVAL_S if interval_s is None else interval_s
         # Set by the LISTEN thread when the source's controls changed: beat at once.
@@ -63,31 +71,38 @@ class WorkerRegistry:
         self.spec_version: int | None = None
 
     @property
-    def desired_state(self) -> str:
-        return self.control.desired_state if self.control is not None else "running"
+    def desired_state(self) -> DesiredState:
+        return self.control.desired_state if self.control is not None else DesiredState.RUNNING
 
     @property
     def drain_stay(self) -> bool:
         return self.control.drain_stay if self.control is not None else False
 
-    def beat(self, state: str, partitions: Sequence[str], *, force: bool = False) -> None:
-        """Heartbeat (at most every interval unless forced or notified) and read the controls."""
+    def beat(self, state: WorkerState, partitions: Sequence[str], *, force: bool = False) -> None:
+        """Heartbeat (at most every interval unless forced or notified) and read the controls,
+        in the background; the controls read apply in a later ``Background.apply_done``.
+        One heartbeat at a time: a slow metastore delays the next, it never queues them."""
         now = time.monotonic()
         notified = self._changed is not None and self._changed.is_set()
-        if not force and not notified and now < self._due:
+        if self._in_flight or (not force and not notified and now < self._due):
             return
         self._due = now + self._interval_s
         if self._changed is not None:
             # Cleared before the read: a change committed after it sets the flag again.
             self._changed.clear()
-        try:
+        self._in_flight = True
+        snapshot = (str(state), list(partitions), self.spec_version)
+
+        def call() -> SourceControl:
             self._store.heartbeat(
-                self._source, self._worker_id, self._host, self._pid, __version__, state, partitions, self.spec_version
+                self._source, self._worker_id, self._host, self._pid, __version__, snapshot[0], snapshot[1], snapshot[2]
             )
-            control = self._store.control(self._source)
-        except MetastoreError as exc:
-            log.warning("heartbeat_failed", source=self._source, worker=self._worker_id, error=str(exc))
-            return
+            return self._store.control(self._source)
+
+        self._background.submit(call, lambda control: self._controls_read(control, notified), self._beat_failed)
+
+    def _controls_read(self, control: SourceControl, notified: bool) -> None:
+        self._in_flight = False
         previous = self.control
         if previous is None or control != previous:
             log.info(
@@ -103,8 +118,20 @@ class WorkerRegistry:
             )
         self.control = control
 
+    def _beat_failed(self, exc: Exception) -> None:
+        self._in_flight = False
+        if not isinstance(exc, MetastoreError):
+            raise exc
+        log.warning("heartbeat_failed", source=self._source, worker=self._worker_id, error=str(exc))
+
     def error(self, kind: str, message: str) -> None:
-        try:
-            self._store.record_error(self._source, self._worker_id, kind, message)
-        except MetastoreError as exc:
+        """Report an error (``ingest status`` lists the recent ones), in the background."""
+
+        def failed(exc: Exception) -> None:
+            if not isinstance(exc, MetastoreError):
+                raise exc
             log.warning("error_report_failed", source=self._source, worker=self._worker_id, kind=kind, error=str(exc))
+
+        self._background.submit(
+            lambda: self._store.record_error(self._source, self._worker_id, kind, message), None, failed
+        )

@@ -10,6 +10,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.config import Settings, admin_config, kafka_client
+from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
 
@@ -121,7 +122,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     ]
     kafka_reachable = bool(marks) or not rows
     control = store.control(source)
-    if control.desired_state == "suspended":
+    if control.desired_state is DesiredState.SUSPENDED:
         # Paused on purpose: lag that does not shrink is what suspend means, not a stall.
         for p in partitions:
             if p["state"] == "STUCK":
@@ -161,13 +162,13 @@ def _state(
     workers: list[dict[str, Any]],
     kafka_reachable: bool,
     total_lag: int,
-    desired_state: str = "running",
+    desired_state: DesiredState = DesiredState.RUNNING,
 ) -> tuple[str, str]:
     """The source's state and why, Druid-supervisor style. What an operator asked for
     (suspend, terminate) wins over what a running source would be judged by."""
-    if desired_state in ("terminating", "terminated"):
+    if desired_state.terminal:
         return desired_state.upper(), desired_state.upper()
-    if desired_state == "suspended":
+    if desired_state is DesiredState.SUSPENDED:
         if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
             return "SUSPENDED", "OFFSET_OUT_OF_RANGE"
         return "SUSPENDED", "SUSPENDED"
@@ -179,11 +180,11 @@ def _state(
         return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
     if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
         return "UNHEALTHY", "OFFSET_OUT_OF_RANGE"
-    if any(w["state"] == "unhealthy" for w in workers):
+    if any(w["state"] == WorkerState.UNHEALTHY for w in workers):
         return "UNHEALTHY", "SPLITS_FAILING"
     if any(p["state"] == "STUCK" for p in partitions):
         return "UNHEALTHY", "STUCK_PARTITIONS"
-    if all(w["state"] == "draining" for w in workers):
+    if all(w["state"] == WorkerState.DRAINING for w in workers):
         return "DRAINING", "DRAINING"
     if total_lag == 0:
         return "IDLE", "CAUGHT_UP"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -12,12 +13,14 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from ingest.assignment import Assignment
+from ingest.background import Background
 from ingest.builder import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
 from ingest.endpoints import Endpoints
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
 from ingest.group_offsets import GroupOffsets
-from ingest.loop import ConsumeLoop
+from ingest.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
+from ingest.loop import ConsumeLoop, LoopOptions
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
 from ingest.publisher import Publisher
@@ -25,12 +28,18 @@ from ingest.rebalance import RebalanceHandler
 from ingest.registration import Registrar
 from ingest.registry import WorkerRegistry
 from ingest.spec import SourceSpec
+from ingest_common.model import WorkerState
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
 from metastore.listener import ControlListener
 from metastore.migrations import require_current_schema
 
 log = structlog.get_logger(__name__)
+
+# How long a starting worker waits for its first heartbeat to read the source's controls,
+# and a stopping one for its last heartbeat to be written.
+_STARTUP_CONTROLS_WAIT_S = 10.0
+_SHUTDOWN_WAIT_S = 5.0
 
 
 def load_source(store: Metastore, name: str) -> tuple[int, SourceSpec]:
@@ -112,6 +121,16 @@ class Worker:
         else:
             log.info("spark_warmed_up", source=spec.name, records=records, seconds=round(seconds, 2))
 
+    @staticmethod
+    def _flush(background: Background, last: Callable[[], None]) -> None:
+        try:
+            background.wait(_SHUTDOWN_WAIT_S)
+            last()
+            if not background.wait(_SHUTDOWN_WAIT_S):
+                log.warning("final_heartbeat_not_written", timeout_s=_SHUTDOWN_WAIT_S)
+        except Exception as exc:  # the worker is stopping either way: report, do not mask the cause
+            log.warning("final_heartbeat_failed", error=str(exc))
+
     def run(self, stop: threading.Event) -> None:
         settings = self.settings
         worker_id = settings.worker_id
@@ -119,9 +138,13 @@ class Worker:
         publish_store = Metastore(settings.database_url)
         # Build threads register builds on a connection of their own (ingest.registration).
         register_store = Metastore(settings.database_url)
+        # The background thread's (ingest.background): heartbeats, controls, rewinds, gaps.
+        task_store = Metastore(settings.database_url)
+        background = Background(f"ingest-{self.source}-background")
         consumer: Any = None
+        watermarks: ConfluentWatermarks | None = None
         registry: WorkerRegistry | None = None
-        final_state = "failed"
+        final_state = WorkerState.FAILED
         endpoints: Endpoints | None = None
         pipeline: Pipeline | None = None
         spark: Any = None
@@ -130,14 +153,21 @@ class Worker:
             require_current_schema(settings.database_url)
             version, spec = load_source(store, self.source)
             desired = store.control(spec.name).desired_state
-            if desired in ("terminating", "terminated"):
+            if desired.terminal:
                 raise SourceTerminated(spec.name, desired)
             counts = topic_partitions(settings, spec.topics)
             # Made now (it joins the group only when it subscribes, after Spark has started) so
             # that a property librdkafka refuses fails at once, not a minute later.
             conf = consumer_config(settings, spec.group_id)
             group_offsets = GroupOffsets(spec.name, self.metrics)
-            consumer = kafka_client(Consumer, {**conf, "on_commit": group_offsets.on_commit})
+            consumer = ConfluentConsumer(
+                kafka_client(Consumer, {**conf, "on_commit": commit_callback(group_offsets.committed)}),
+                incremental=incremental_assignment(conf),
+            )
+            # Never subscribes: the background thread's client for offset gaps' watermarks.
+            watermarks = ConfluentWatermarks(
+                kafka_client(Consumer, consumer_config(settings, f"{spec.group_id}-watermarks"))
+            )
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -194,7 +224,6 @@ class Worker:
                 batch_linger_s=settings.build_linger_s,
                 publish_delay_s=settings.fault_publish_delay_s,
             )
-            incremental = incremental_assignment(conf)
             handler = RebalanceHandler(
                 source=spec.name,
                 worker_id=worker_id,
@@ -202,17 +231,17 @@ class Worker:
                 assignment=self.assignment,
                 pipeline=pipeline,
                 metrics=self.metrics,
-                incremental=incremental,
                 deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4),
             )
-            consumer.subscribe(
-                list(spec.topics), on_assign=handler.on_assign, on_revoke=handler.on_revoke, on_lost=handler.on_lost
-            )
+            consumer.subscribe(spec.topics, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
-            registry = WorkerRegistry(store, spec.name, worker_id, changed=listener.changed)
+            registry = WorkerRegistry(task_store, spec.name, worker_id, background, changed=listener.changed)
             registry.spec_version = version
-            registry.beat("starting", [], force=True)
+            # The controls are known before the first poll (a worker started during a drain
+            # takes nothing); the loop itself never waits for the metastore.
+            registry.beat(WorkerState.STARTING, [], force=True)
+            background.wait(_STARTUP_CONTROLS_WAIT_S)
             self.loop = ConsumeLoop(
                 consumer=consumer,
                 spec=spec,
@@ -220,12 +249,14 @@ class Worker:
                 assignment=self.assignment,
                 pipeline=pipeline,
                 handler=handler,
-                store=store,
+                store=task_store,
                 registry=registry,
+                background=background,
                 metrics=self.metrics,
                 spec_version=version,
-                unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits,
+                watermarks=watermarks,
                 group_offsets=group_offsets,
+                options=LoopOptions(unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits),
             )
             log.info(
                 "worker_started",
@@ -239,20 +270,25 @@ class Worker:
             self.ready.set()
             self.metrics.worker_up.labels(spec.name).set(1)
             self.loop.run(stop)
-            final_state = "stopped"
+            final_state = WorkerState.STOPPED
         except BaseException as exc:
             if registry is not None:
                 registry.error("WORKER_FAILED", f"{type(exc).__name__}: {exc}")
             raise
         finally:
             if registry is not None:
-                registry.beat(final_state, [], force=True)
+                # The last heartbeat (and error report) reach the metastore before the
+                # connection closes, within a bound: a dead metastore must not hold the exit.
+                self._flush(background, lambda: registry.beat(final_state, [], force=True))
+            background.close()
             self.metrics.worker_up.labels(self.source).set(0)
             self.metrics.set_worker_state(final_state)
             if endpoints is not None:
                 endpoints.close()
             if listener is not None:
                 listener.close()
+            if watermarks is not None:
+                watermarks.close()
             if consumer is not None:
                 # Leaves the group: the revoke callback kills whatever is still in flight.
                 consumer.close()
@@ -261,6 +297,7 @@ class Worker:
             store.close()
             publish_store.close()
             register_store.close()
+            task_store.close()
             if spark is not None:
                 spark.stop()
             log.info("worker_stopped", source=self.source, worker=worker_id)

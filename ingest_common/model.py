@@ -56,6 +56,46 @@ class RebalanceKind(StrEnum):
     LOST = "lost"
 
 
+class DesiredState(StrEnum):
+    """What operators asked of a source (ingest_sources.desired_state; its CHECK in the migrations)."""
+
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    DRAINING = "draining"
+    TERMINATING = "terminating"
+    TERMINATED = "terminated"
+
+    @property
+    def holding(self) -> bool:
+        """Workers publish what they hold and take nothing new."""
+        return self is not DesiredState.RUNNING
+
+    @property
+    def ends_workers(self) -> bool:
+        """Workers exit once drained (a drain with ``--stay`` excepted, see SourceControl)."""
+        return self in (DesiredState.DRAINING, DesiredState.TERMINATING, DesiredState.TERMINATED)
+
+    @property
+    def terminal(self) -> bool:
+        """Terminating or terminated: no worker starts, nothing overrides it but re-activation."""
+        return self in (DesiredState.TERMINATING, DesiredState.TERMINATED)
+
+
+class WorkerState(StrEnum):
+    """What a worker reports in the registry and in ingest_worker_state (one-hot)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    # Running, but splits keep failing (see ConsumeLoop.unhealthy_reason).
+    UNHEALTHY = "unhealthy"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
 class GapAction(StrEnum):
     """What happened at an offset gap (ingest_offset_gap_records_total)."""
 
@@ -152,7 +192,7 @@ class SegmentToPublish:
 class SourceControl:
     """What operators asked of a source, as workers read it with their heartbeat."""
 
-    desired_state: str
+    desired_state: DesiredState
     drain_stay: bool
     # Bumped by every `ingest reset`; a worker that sees it change re-claims reset partitions.
     reset_generation: int
@@ -161,7 +201,7 @@ class SourceControl:
 
     @property
     def terminated(self) -> bool:
-        return self.desired_state == "terminated"
+        return self.desired_state is DesiredState.TERMINATED
 
 
 @dataclass(frozen=True, slots=True)

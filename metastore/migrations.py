@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
@@ -15,16 +15,22 @@ from yoyo.exceptions import LockTimeout
 from metastore.connection import wrap_exceptions
 from metastore.errors import MetastoreError, MigrationLocked, SchemaMissing
 
-# A link to the top-level migrations/ folder in a checkout; a folder of copies in an installed
-# wheel (package data).
-MIGRATIONS_DIR = Path(__file__).parent / "schema"
+# The package's schema/ resource: a link to the top-level migrations/ folder in a checkout, a
+# folder of copies in an installed wheel (package data), loaded like the named queries.
+MIGRATIONS = resources.files("metastore") / "schema"
 
 
 def _read_migrations() -> Any:
-    migrations = read_migrations(str(MIGRATIONS_DIR))
-    if not migrations:
-        # An incomplete installation must not report "up to date" on an empty database.
-        raise MetastoreError(f"no migrations found in {MIGRATIONS_DIR}: the installation is incomplete")
+    # yoyo reads a directory: as_file gives one for any resource (a temporary copy when the
+    # package is not on a file system, e.g. a zip), alive while the migrations are read.
+    with resources.as_file(MIGRATIONS) as directory:
+        migrations = read_migrations(str(directory))
+        if not migrations:
+            # An incomplete installation must not report "up to date" on an empty database.
+            raise MetastoreError(f"no migrations found in {directory}: the installation is incomplete")
+        # yoyo reads each file's SQL while it builds the list, so it outlives the directory.
+        for migration in migrations:
+            migration.load()
     return migrations
 
 

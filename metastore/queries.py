@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from pathlib import Path
+from importlib import resources
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
 def queries() -> dict[str, str]:
-    text = (Path(__file__).parent / "queries.sql").read_text(encoding="utf-8")
+    text = (resources.files("metastore") / "queries.sql").read_text(encoding="utf-8")
     parts = _HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     named: dict[str, str] = {}

@@ -4,7 +4,7 @@
 # package with its test extras (into .venv/ when python3 is Debian's own, see scripts/python),
 # and from Maven Central (pinned by scripts/kafka/pom.xml and
 # scripts/spark-jars/pom.xml, cached outside the repository) Apache Kafka's jars and Spark's
-# S3 connector.  Nothing is installed that is
+# S3 connector; the bench's peers in their own virtualenvs.  Nothing is installed that is
 # already there, and apt's index is only refreshed when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +71,12 @@ else
     echo "$want" >"$stamp"
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
-"$py" -m ingest.embedded fetch-kafka | sed 's/^/setup: /'
+"$py" -m ingest_dev.maven fetch-kafka | sed 's/^/setup: /'
 # hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
-"$py" -m ingest.embedded fetch-spark-jars | sed 's/^/setup: /'
+"$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
+# The bench's peers, each in its own virtualenv outside the repository (bench/peer.py,
+# bench/streaming_peer.py): Quix Streams, and pyspark 4.2.0 with Spark's Kafka source 4.2.0
+# from Maven Central (scripts/spark-kafka-jars/pom.xml; not published for Spark 4.3.0).
+# pip and Maven skip what is already installed.
+"$py" -m bench --setup-peer | sed 's/^/setup: /'
 say "done"

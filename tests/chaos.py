@@ -43,9 +43,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.embedded import LocalKafka, LocalPostgres, LocalS3, create_topic, end_offsets, free_port
 from ingest.gc import collect_garbage
-from ingest.verify import Verification, verify_exactly_once, verify_payloads
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic, end_offsets
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import free_port
+from ingest_dev.s3 import LocalS3
+from ingest_dev.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
 from tests.chaos_table import Committers, verify_table

@@ -16,10 +16,10 @@ from typing import Any
 
 from ingest.builder import BuilderFactory
 from ingest.config import Settings
-from ingest.embedded import produce_records
 from ingest.spec import load_spec_file
-from ingest.verify import Verification, published_positions, verify_exactly_once
 from ingest.worker import Worker
+from ingest_dev.kafka_clients import produce_records
+from ingest_dev.verify import Verification, published_positions, verify_exactly_once
 from metastore import Metastore
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ Every test checks exactly-once from the published Parquet files."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,13 @@ from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
-import ingest.group_offsets
 from ingest.builder import BuilderFactory
-from ingest.embedded import LocalKafka, create_topic, end_offsets
+from ingest.kafka import ConfluentConsumer
 from ingest.status import source_status
-from ingest.verify import verify_exactly_once
+from ingest_common.model import TopicPartition
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic, end_offsets
+from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
@@ -103,12 +105,12 @@ def test_group_commits_that_fail_never_stop_ingestion(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every commit names a topic that does not exist: the broker refuses each one."""
-    real = ingest.group_offsets.KafkaTopicPartition
-    monkeypatch.setattr(
-        ingest.group_offsets,
-        "KafkaTopicPartition",
-        lambda topic, partition, offset: real(topic + "-missing", partition, offset),
-    )
+    real = ConfluentConsumer.commit
+
+    def commit_to_a_missing_topic(self: ConfluentConsumer, offsets: Mapping[TopicPartition, int]) -> None:
+        real(self, {TopicPartition(tp.topic + "-missing", tp.partition): o for tp, o in offsets.items()})
+
+    monkeypatch.setattr(ConfluentConsumer, "commit", commit_to_a_missing_topic)
     topic = make_topic(partitions=2)
     source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="500ms")
     apply_spec(database_url, spec_path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 
 from ingest.builder import BuilderFactory
-from ingest.embedded import free_port
+from ingest_dev.process import free_port
 from metastore import Metastore
 from tests.acceptance.harness import (
     REPO,

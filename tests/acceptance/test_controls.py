@@ -14,7 +14,7 @@ import pytest
 
 from ingest import registry as registry_module
 from ingest.builder import BuilderFactory
-from ingest.verify import Verification, verify_epochs, verify_exactly_once
+from ingest_dev.verify import Verification, verify_epochs, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,

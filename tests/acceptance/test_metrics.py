@@ -13,10 +13,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.builder import BuilderFactory
-from ingest.embedded import free_port
-from ingest.metrics import WORKER_STATES
 from ingest.status import source_status
-from ingest_common.model import PARSE_ERRORS
+from ingest_common.model import PARSE_ERRORS, WorkerState
+from ingest_dev.process import free_port
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
@@ -27,6 +26,8 @@ from tests.acceptance.harness import (
     wait_until,
     write_spec,
 )
+
+WORKER_STATES = [s.value for s in WorkerState]
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ingest.builder import BuilderFactory
-from ingest.embedded import LocalPostgres
+from ingest_dev.postgres import LocalPostgres
 from metastore import Metastore, apply_migrations
 from tests.acceptance.harness import (
     Produced,

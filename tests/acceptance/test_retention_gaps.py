@@ -22,9 +22,9 @@ from confluent_kafka.admin import AdminClient
 from ingest.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.config import Settings
-from ingest.embedded import produce_records
 from ingest.status import source_status
-from ingest.verify import read_coordinates, verify_exactly_once
+from ingest_dev.kafka_clients import produce_records
+from ingest_dev.verify import read_coordinates, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, wait_until, write_spec
 from tests.acceptance.test_apache_kafka import topic_configs_setter

@@ -13,7 +13,7 @@ import pytest
 from ingest.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.status import source_status
-from ingest.verify import published_positions
+from ingest_dev.verify import published_positions
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,

@@ -12,7 +12,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from ingest.embedded import LocalPostgres, create_topic, free_port, produce_records
+from ingest_dev.kafka_clients import create_topic, produce_records
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import free_port
 from tests.fixtures.servers import MakeTopic
 
 pytestmark = pytest.mark.timeout(60)

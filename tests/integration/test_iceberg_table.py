@@ -24,7 +24,6 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from ingest.embedded import LocalPostgres
 from ingest.segment_store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
 from ingest.table import demo_query
@@ -41,6 +40,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.postgres import LocalPostgres
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableKind, TableStore
 from tests.fixtures.servers import S3Server

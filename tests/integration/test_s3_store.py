@@ -14,8 +14,8 @@ import pytest
 from ingest import segment_store
 from ingest.builder import SparkSegmentBuilder
 from ingest.spec import SourceSpec, spec_from_dict
-from ingest.verify import read_coordinates
 from ingest_common.model import BuiltSegment, TopicPartition
+from ingest_dev.verify import read_coordinates
 from tests.fakes import RecordingRegistrar
 from tests.fixtures.servers import S3Server
 from tests.integration.test_builder import good, split_of

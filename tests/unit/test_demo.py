@@ -1,6 +1,6 @@
 from typing import Any
 
-from ingest.demo import waiting_for
+from ingest_dev.demo import waiting_for
 
 
 class Workers:

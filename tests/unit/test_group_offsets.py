@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.group_offsets import GroupOffsets
+from ingest.kafka import KafkaCallFailed, commit_callback
 from ingest.metrics import Metrics
 from ingest_common.model import TopicPartition
 
@@ -21,11 +23,10 @@ class FakeConsumer:
         self.commits: list[list[tuple[str, int, int]]] = []
         self.fail = fail
 
-    def commit(self, *, offsets: list[KafkaTopicPartition], asynchronous: bool) -> None:
-        assert asynchronous, "a commit must never wait on the broker"
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         if self.fail:
-            raise KafkaException(KafkaError(KafkaError._NO_OFFSET))
-        self.commits.append([(p.topic, p.partition, p.offset) for p in offsets])
+            raise KafkaCallFailed("Local: No offset stored")
+        self.commits.append([(tp.topic, tp.partition, o) for tp, o in sorted(offsets.items())])
 
 
 def count(metrics: Metrics, result: str) -> float:
@@ -66,7 +67,8 @@ def test_a_commit_that_fails_is_counted_and_never_raised() -> None:
     offsets.commit_due(FakeConsumer(fail=True), {P0}, now=1.0)  # refused at once
     # librdkafka's per-partition result (its TopicPartition's error is read-only from Python).
     failed = SimpleNamespace(topic="t", partition=0, offset=10, error=KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-    offsets.on_commit(None, [failed])  # type: ignore[list-item]  # refused by the broker, reported from consume()
-    offsets.on_commit(KafkaError(KafkaError._TRANSPORT), [KafkaTopicPartition("t", 0, 10)])
-    offsets.on_commit(None, [KafkaTopicPartition("t", 0, 10)])
+    on_commit = commit_callback(offsets.committed)  # what the consumer's config registers
+    on_commit(None, [failed])  # refused by the broker, reported from poll()
+    on_commit(KafkaError(KafkaError._TRANSPORT), [KafkaTopicPartition("t", 0, 10)])
+    on_commit(None, [KafkaTopicPartition("t", 0, 10)])
     assert (count(metrics, "failed"), count(metrics, "ok")) == (3.0, 1.0)

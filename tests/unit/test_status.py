@@ -10,6 +10,7 @@ import pytest
 from ingest.config import Settings
 from ingest.errors import ConfigError
 from ingest.status import _state, partition_state
+from ingest_common.model import DesiredState
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
@@ -75,14 +76,14 @@ def test_source_state_precedence() -> None:
 def test_what_the_operator_asked_for_wins() -> None:
     """A suspended source lags by design: it is SUSPENDED, never UNHEALTHY (STUCK_PARTITIONS),
     whose `ingest health` would exit 1 and page someone."""
-    assert _state([_p("STUCK")], [_w("suspended")], True, 10, "suspended") == ("SUSPENDED", "SUSPENDED")
-    assert _state([_p("OK")], [], True, 10, "suspended") == ("SUSPENDED", "SUSPENDED")
-    assert _state([_p("OFFSET_OUT_OF_RANGE")], [_w("suspended")], True, 10, "suspended") == (
+    assert _state([_p("STUCK")], [_w("suspended")], True, 10, DesiredState.SUSPENDED) == ("SUSPENDED", "SUSPENDED")
+    assert _state([_p("OK")], [], True, 10, DesiredState.SUSPENDED) == ("SUSPENDED", "SUSPENDED")
+    assert _state([_p("OFFSET_OUT_OF_RANGE")], [_w("suspended")], True, 10, DesiredState.SUSPENDED) == (
         "SUSPENDED",
         "OFFSET_OUT_OF_RANGE",
     )
-    assert _state([_p("STUCK")], [], True, 10, "terminated") == ("TERMINATED", "TERMINATED")
-    assert _state([_p("STUCK")], [_w("draining")], True, 10, "draining") == ("UNHEALTHY", "STUCK_PARTITIONS")
+    assert _state([_p("STUCK")], [], True, 10, DesiredState.TERMINATED) == ("TERMINATED", "TERMINATED")
+    assert _state([_p("STUCK")], [_w("draining")], True, 10, DesiredState.DRAINING) == ("UNHEALTHY", "STUCK_PARTITIONS")
 
 
 def test_thresholds_come_from_the_environment() -> None:

@@ -1,7 +1,7 @@
 """The embedded demo: local PostgreSQL, Apache Kafka (one KRaft node), Spark in local mode, sample data
 and several worker processes, with live progress, the exactly-once check and where to look.
 
-    python -m ingest.demo [--workers 3] [--records 60000] [--keep]
+    python -m ingest_dev.demo [--workers 3] [--records 60000] [--keep]
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from ingest.embedded import LocalKafka, LocalPostgres, create_topic, end_offsets, free_port, produce_records
 from ingest.spec import load_spec_file
-from ingest.verify import published_positions, verify_exactly_once
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
+from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import free_port
+from ingest_dev.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
 
 TOPIC = "clicks"
@@ -107,7 +110,7 @@ def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], publis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ingest.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ingest_dev.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--records", type=int, default=60_000)
     parser.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")

@@ -1,0 +1,174 @@
+"""What operators ask of a running source, applied by each worker: suspend and drain
+(hold: publish what is held, take nothing new), resume, ``ingest reset`` (re-claim the reset
+partitions) and a new spec version. The controls come with the registry's heartbeat (or a
+NOTIFY that triggered one); the metastore calls they need run in the background.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Protocol
+
+import structlog
+
+from ingest.assignment import Assignment
+from ingest.background import Background
+from ingest.metrics import Metrics
+from ingest.pipeline import Pipeline
+from ingest.positioning import Positioner, Reason
+from ingest.registry import WorkerRegistry
+from ingest.spec import SourceSpec
+from ingest_common.model import KillReason, PartitionClaim, TopicPartition
+from metastore.errors import MetastoreError
+
+log = structlog.get_logger(__name__)
+
+
+class ControlStore(Protocol):
+    def reclaim_partitions(
+        self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
+    ) -> dict[TopicPartition, PartitionClaim]: ...
+    def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
+
+
+class Controls:
+    def __init__(
+        self,
+        *,
+        source: str,
+        worker_id: str,
+        assignment: Assignment,
+        pipeline: Pipeline,
+        positioner: Positioner,
+        registry: WorkerRegistry,
+        store: ControlStore,
+        background: Background,
+        metrics: Metrics,
+        spec: SourceSpec,
+        spec_version: int,
+        on_spec: Callable[[SourceSpec, int], None],
+    ) -> None:
+        self._source = source
+        self._worker_id = worker_id
+        self._assignment = assignment
+        self._pipeline = pipeline
+        self._positioner = positioner
+        self._registry = registry
+        self._store = store
+        self._background = background
+        self._metrics = metrics
+        self._spec = spec
+        self._spec_version = spec_version
+        self._on_spec = on_spec
+        # The reset generation already acted on (None: not known yet; the first one seen
+        # triggers a harmless re-claim check).
+        self._reset_generation: int | None = None
+        self._busy = False
+        self._retry_at = 0.0
+        self._was_holding = False
+
+    @property
+    def holding(self) -> bool:
+        """Suspended or draining: publish what is held, take nothing new."""
+        return self._registry.desired_state.holding
+
+    def hold_changed(self) -> bool | None:
+        """True when a hold began, False when it ended (every partition is then repositioned
+        right after its last sealed split), None when nothing changed."""
+        holding = self.holding
+        if holding == self._was_holding:
+            return None
+        self._was_holding = holding
+        if not holding:
+            for owned in self._assignment:
+                if owned.active:
+                    # The buffer is empty (sealed while holding) and starts at that position.
+                    self._positioner.reposition(owned, owned.buffer.position, Reason.RESUME)
+            log.info("consumption_resumed", source=self._source, worker=self._worker_id)
+        return holding
+
+    def apply(self, now: float) -> None:
+        """Start acting on a reset (the reset generation moved) or a new spec version. One
+        metastore call at a time, in the background; retried a second after an error."""
+        control = self._registry.control
+        if control is None or self._busy or now < self._retry_at:
+            return
+        if control.reset_generation != self._reset_generation:
+            held = [(owned.tp, owned.claim.serial) for owned in self._assignment]
+            self._submit(
+                partial(self._store.reclaim_partitions, self._source, self._worker_id, held),
+                partial(self._reclaimed, control.reset_generation),
+            )
+        elif control.spec_version != self._spec_version:
+            self._submit(partial(self._store.latest_spec, self._source), self._spec_loaded)
+
+    def _submit(self, call: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        self._busy = True
+        self._background.submit(call, done, self._failed)
+
+    def _failed(self, exc: Exception) -> None:
+        self._busy = False
+        if not isinstance(exc, MetastoreError):
+            raise exc
+        self._metrics.metastore_errors.labels(self._source).inc()
+        self._retry_at = time.monotonic() + 1.0
+        log.warning("control_apply_failed", source=self._source, worker=self._worker_id, error=str(exc))
+
+    def _reclaimed(self, generation: int, claims: dict[TopicPartition, PartitionClaim]) -> None:
+        """An ``ingest reset`` bumped the serials of some partitions: everything held for them
+        (buffers, in-flight splits) belongs to the old epoch and could only be refused. They
+        were claimed again (their serial moved once more, fencing anything of ours still in
+        flight): drop what is held and reposition at the offset the reset stored. Partitions
+        whose serial moved because another worker claimed them are not touched (the metastore
+        checks the owner)."""
+        self._busy = False
+        self._reset_generation = generation
+        if not claims:
+            log.info("reset_seen", source=self._source, worker=self._worker_id, reclaimed=0)
+            return
+        killed = self._pipeline.kill(claims, KillReason.RESET)
+        for tp, claim in claims.items():
+            owned = self._assignment.get(tp)
+            if owned is None or owned.claim.serial > claim.serial:
+                # Revoked meanwhile (the next owner's claim reads the reset offset), or claimed
+                # again by an assign after this re-claim (that claim is the newer one).
+                continue
+            owned.reclaimed(claim)
+            self._positioner.reposition(owned, claim.next_offset, Reason.RESET)
+        log.info(
+            "partitions_reset",
+            source=self._source,
+            worker=self._worker_id,
+            splits_killed=killed,
+            partitions=[f"{c.tp}@{c.next_offset}#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)],
+        )
+
+    def _spec_loaded(self, latest: tuple[int, dict[str, Any]]) -> None:
+        """A new spec version: splits sealed from now on are built and published with it (split
+        limits apply to the open buffers at once). Consumption does not stop. Topics and the
+        consumer group are fixed for the life of a worker: changing them needs a restart."""
+        self._busy = False
+        version, doc = latest
+        spec = SourceSpec.from_json(doc)
+        if (spec.topics, spec.group_id) != (self._spec.topics, self._spec.group_id):
+            log.warning(
+                "spec_change_needs_restart",
+                source=self._source,
+                worker=self._worker_id,
+                spec_version=version,
+                topics=list(spec.topics),
+                group=spec.group_id,
+            )
+        self._spec = spec
+        self._registry.spec_version = version
+        log.info(
+            "spec_version_applied",
+            source=self._source,
+            worker=self._worker_id,
+            spec_version=version,
+            previous=self._spec_version,
+        )
+        self._spec_version = version
+        self._on_spec(spec, version)

@@ -1,0 +1,231 @@
+"""Offsets no longer in the log: measure the gap against the *stored* offset and act on the
+source's ``on_offset_out_of_range`` policy.
+
+The partition's in-flight splits are dead (killed when Kafka refused the offset), so the stored
+next_offset is final: the lost range is ``[next_offset, earliest)``. ``fail`` records the gap
+and leaves the partition stopped; ``earliest`` moves next_offset past the gap in the same
+transaction that records it (serial-guarded like a publish), then consumes from ``earliest``.
+Kafka or the metastore not answering: retried a few seconds later, never skipped.
+
+The measurement and the record run in the background (:meth:`GapResolver._measure`); the
+verdict is applied on the polling thread (:meth:`GapResolver._apply`).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+import structlog
+
+from ingest.assignment import Assignment, OwnedPartition, PartitionState
+from ingest.background import Background
+from ingest.kafka import KafkaCallFailed, Watermarks
+from ingest.metrics import Metrics
+from ingest.pipeline import Pipeline
+from ingest.positioning import Positioner, Reason
+from ingest.registry import WorkerRegistry
+from ingest.spec import SourceSpec
+from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
+from metastore.errors import MetastoreError, PublishConflict
+
+log = structlog.get_logger(__name__)
+
+# Seconds before a gap that could not be measured or recorded is tried again.
+RETRY_S = 5.0
+# Bound of the broker's answer for the partition's watermarks.
+WATERMARK_TIMEOUT_S = 5.0
+
+
+class GapStore(Protocol):
+    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
+    def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None: ...
+    def skip_gap(
+        self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
+    ) -> int: ...
+
+
+class Verdict(enum.Enum):
+    FENCED = "fenced"  # the stored serial moved: another worker owns the partition
+    IN_RANGE = "in_range"  # the stored offset is in the log: only a later position was refused
+    PAST_END = "past_end"  # the stored offset is past the log end (topic re-created?)
+    STOPPED = "stopped"  # recorded, partition stays stopped (policy fail)
+    SKIPPED = "skipped"  # recorded and skipped (policy earliest): consume from `low`
+    CONFLICT = "conflict"  # the record/skip was refused (serial or offset moved)
+    RETRY = "retry"  # Kafka did not answer
+
+
+@dataclass(frozen=True, slots=True)
+class GapResult:
+    verdict: Verdict
+    stored: int | None = None
+    low: int = 0
+    high: int = 0
+    stored_serial: int | None = None
+    gap_id: int | None = None
+    reason: str = ""
+
+
+class GapResolver:
+    def __init__(
+        self,
+        *,
+        source: str,
+        worker_id: str,
+        watermarks: Watermarks,
+        assignment: Assignment,
+        pipeline: Pipeline,
+        store: GapStore,
+        background: Background,
+        positioner: Positioner,
+        registry: WorkerRegistry,
+        metrics: Metrics,
+        spec: SourceSpec,
+    ) -> None:
+        self._source = source
+        self._worker_id = worker_id
+        self._watermarks = watermarks
+        self._assignment = assignment
+        self._pipeline = pipeline
+        self._store = store
+        self._background = background
+        self._positioner = positioner
+        self._registry = registry
+        self._metrics = metrics
+        self.spec = spec
+
+    def refused(self, tp: TopicPartition, offset: int | None, error: str) -> None:
+        """Kafka refused ``tp``'s fetch offset: stop the partition first (nothing of it is
+        buffered or published until the gap is measured and recorded), then measure it."""
+        owned = self._assignment.get(tp)
+        if owned is None or not owned.active:
+            return
+        owned.refuse(offset)
+        self._pipeline.kill([tp], KillReason.OUT_OF_RANGE)
+        log.warning(
+            "offset_refused",
+            source=self._source,
+            worker=self._worker_id,
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=offset,
+            error=error,
+        )
+        self.due(time.monotonic())
+
+    def due(self, now: float) -> None:
+        for owned in self._assignment:
+            waiting = owned.state is PartitionState.OUT_OF_RANGE and owned.gap_pending and not owned.busy
+            if waiting and owned.retry_at <= now:
+                owned.busy = True
+                owned.retry_at = now + RETRY_S
+                skip = self.spec.on_offset_out_of_range == "earliest"
+                self._background.submit(
+                    partial(self._measure, owned.tp, owned.claim.serial, owned.refused_offset, skip),
+                    partial(self._apply, owned),
+                    partial(self._failed, owned),
+                )
+
+    # -- background thread ---------------------------------------------------------
+
+    def _measure(self, tp: TopicPartition, serial: int, refused: int | None, skip: bool) -> GapResult:
+        state = self._store.partition_state(self._source, tp)
+        if state is None or state[0] != serial:
+            return GapResult(Verdict.FENCED, stored_serial=state[0] if state else None)
+        stored = state[1] if state[1] is not None else refused
+        try:
+            low, high = self._watermarks.watermarks(tp, WATERMARK_TIMEOUT_S)
+        except KafkaCallFailed as exc:
+            return GapResult(Verdict.RETRY, reason=str(exc))
+        if stored is None or stored < 0 or low <= stored <= high:
+            return GapResult(Verdict.IN_RANGE, stored, low, high)
+        if stored > high:
+            return GapResult(Verdict.PAST_END, stored, low, high)
+        try:
+            if skip:
+                gap_id = self._store.skip_gap(self._source, self._worker_id, tp, serial, stored, low)
+                return GapResult(Verdict.SKIPPED, stored, low, high, gap_id=gap_id)
+            self._store.record_gap(self._source, self._worker_id, tp, stored, low)
+        except PublishConflict as exc:
+            return GapResult(Verdict.CONFLICT, stored, low, high, reason=exc.reason)
+        return GapResult(Verdict.STOPPED, stored, low, high)
+
+    # -- polling thread ------------------------------------------------------------
+
+    def _fields(self, tp: TopicPartition) -> dict[str, Any]:
+        return {"source": self._source, "worker": self._worker_id, "topic": tp.topic, "partition": tp.partition}
+
+    def _failed(self, owned: OwnedPartition, exc: Exception) -> None:
+        owned.busy = False
+        if not isinstance(exc, MetastoreError):
+            raise exc
+        self._metrics.metastore_errors.labels(self._source).inc()
+        log.warning("offset_gap_check_failed", error=str(exc), **self._fields(owned.tp))
+
+    def _apply(self, owned: OwnedPartition, result: GapResult) -> None:
+        owned.busy = False
+        if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.OUT_OF_RANGE:
+            return  # revoked or re-claimed meanwhile
+        tp, fields = owned.tp, self._fields(owned.tp)
+        marks = {"stored": result.stored, "earliest": result.low, "high_watermark": result.high}
+        lost = {
+            "from_offset": result.stored,
+            "to_offset": result.low,
+            "lost_records": result.low - (result.stored or 0),
+        }
+        verdict = result.verdict
+        if verdict is Verdict.RETRY:
+            log.warning("offset_gap_check_failed", error=result.reason, **fields)
+        elif verdict is Verdict.FENCED:
+            owned.fence()
+            log.warning("partition_fenced", serial=owned.claim.serial, stored_serial=result.stored_serial, **fields)
+        elif verdict is Verdict.IN_RANGE:
+            # Only the position the consumer had reached was refused (e.g. records buffered
+            # past a split that was then killed): re-read from the stored offset.
+            log.info("offset_in_range_again", **marks, **fields)
+            self._positioner.rewind(owned)
+        elif verdict is Verdict.PAST_END:
+            owned.gap_settled()
+            log.error(
+                "offset_out_of_range",
+                **marks,
+                action="partition stopped; the stored offset is past the log end",
+                **fields,
+            )
+            self._registry.error(
+                "OFFSET_OUT_OF_RANGE",
+                f"{tp}: stored offset {result.stored} is past the log end "
+                f"{result.high} (topic re-created?); partition stopped, nothing skipped",
+            )
+        elif verdict is Verdict.CONFLICT:
+            log.warning("offset_gap_conflict", reason=result.reason, **lost, **fields)
+            if result.reason == ConflictReason.SERIAL:
+                owned.fence()
+            else:
+                self._positioner.rewind(owned)
+        elif verdict is Verdict.STOPPED:
+            owned.gap_settled()
+            self._metrics.offset_gap_records.labels(self._source, GapAction.STOPPED).inc(
+                result.low - (result.stored or 0)
+            )
+            log.error("offset_out_of_range", **lost, action="partition stopped; nothing skipped", **fields)
+            self._registry.error(
+                "OFFSET_OUT_OF_RANGE",
+                f"{tp}: offsets [{result.stored}, {result.low}) are no longer"
+                ' in the log; partition stopped, nothing skipped (on_offset_out_of_range = "fail")',
+            )
+        else:
+            self._metrics.offset_gap_records.labels(self._source, GapAction.SKIPPED).inc(
+                result.low - (result.stored or 0)
+            )
+            log.error("offset_gap_skipped", gap_id=result.gap_id, **lost, policy="earliest", **fields)
+            self._registry.error(
+                "OFFSET_GAP_SKIPPED",
+                f"{tp}: offsets [{result.stored}, {result.low}) were no longer in"
+                f" the log and were skipped (gap {result.gap_id}; acknowledge with `ingest gaps ack`)",
+            )
+            # next_offset already moved past the gap: if the seek fails, the rewind re-reads it.
+            self._positioner.reposition(owned, result.low, Reason.GAP_SKIPPED)

@@ -1,0 +1,126 @@
+"""The one repositioning path: every reason to move a partition's fetch position (a rewind
+after a failed or refused split, an ``ingest reset``, a skipped offset gap, resuming after a
+suspend or drain) ends in :meth:`Positioner.reposition`: seek, drop what is buffered, take
+records again from there; a seek that fails becomes a rewind, retried with backoff.
+
+A rewind (kafka-delta-ingest's ``reset_state``) kills the partition's in-flight splits, drops
+its buffer and, after a backoff, reads the stored offset (in the background) to reposition
+there, unless the stored serial moved (another worker owns it: fenced).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from functools import partial
+from typing import Protocol
+
+import structlog
+
+from ingest.assignment import Assignment, OwnedPartition, PartitionState
+from ingest.background import Background
+from ingest.kafka import Consumer, KafkaCallFailed, start_offset
+from ingest.metrics import Metrics
+from ingest.pipeline import Pipeline
+from ingest_common.model import KillReason, TopicPartition
+from metastore.errors import MetastoreError
+
+log = structlog.get_logger(__name__)
+
+
+class Reason(enum.StrEnum):
+    """Why a partition was repositioned (the ``reason`` of partition_repositioned events)."""
+
+    REWIND = "rewind"
+    RESET = "reset"
+    GAP_SKIPPED = "gap_skipped"
+    RESUME = "resume"
+
+
+class StateStore(Protocol):
+    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
+
+
+class Positioner:
+    def __init__(
+        self,
+        *,
+        source: str,
+        consumer: Consumer,
+        assignment: Assignment,
+        pipeline: Pipeline,
+        store: StateStore,
+        background: Background,
+        metrics: Metrics,
+    ) -> None:
+        self._source = source
+        self._consumer = consumer
+        self._assignment = assignment
+        self._pipeline = pipeline
+        self._store = store
+        self._background = background
+        self._metrics = metrics
+
+    def reposition(self, owned: OwnedPartition, offset: int | None, reason: Reason) -> bool:
+        """Fetch ``owned`` from ``offset`` (None: the claim's start position) and take records
+        from there. False if the consumer refused: the partition is rewinding then."""
+        target = offset if offset is not None else start_offset(owned.claim)
+        try:
+            self._consumer.seek(owned.tp, target, self._positions())
+        except KafkaCallFailed as exc:
+            log.warning(
+                "reposition_failed", source=self._source, partition=str(owned.tp), reason=reason, error=str(exc)
+            )
+            self.rewind(owned)
+            return False
+        owned.repositioned(offset)
+        log.info("partition_repositioned", source=self._source, partition=str(owned.tp), offset=offset, reason=reason)
+        return True
+
+    def rewind(self, owned: OwnedPartition) -> None:
+        """Stop taking records for the partition, kill its in-flight splits (a later split can
+        never publish once an earlier one did not), and re-read the stored offset after a backoff."""
+        backoff = owned.rewind(time.monotonic())
+        self._pipeline.kill([owned.tp], KillReason.REWIND)
+        log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
+
+    def rewinds_due(self, now: float) -> None:
+        for owned in self._assignment:
+            if owned.state is PartitionState.REWINDING and not owned.busy and owned.retry_at <= now:
+                owned.busy = True
+                self._background.submit(
+                    partial(self._store.partition_state, self._source, owned.tp),
+                    partial(self._stored_offset_read, owned),
+                    partial(self._stored_offset_failed, owned),
+                )
+
+    def _stored_offset_read(self, owned: OwnedPartition, state: tuple[int, int | None] | None) -> None:
+        owned.busy = False
+        if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.REWINDING:
+            return  # revoked, re-claimed or fenced meanwhile
+        if state is None or state[0] != owned.claim.serial:
+            owned.fence()
+            log.warning(
+                "partition_fenced",
+                source=self._source,
+                partition=str(owned.tp),
+                serial=owned.claim.serial,
+                stored_serial=state[0] if state else None,
+            )
+            return
+        self.reposition(owned, state[1], Reason.REWIND)
+
+    def _stored_offset_failed(self, owned: OwnedPartition, exc: Exception) -> None:
+        owned.busy = False
+        if not isinstance(exc, MetastoreError):
+            raise exc
+        self._metrics.metastore_errors.labels(self._source).inc()
+        owned.retry_at = time.monotonic() + 1.0
+        log.warning("rewind_read_failed", source=self._source, partition=str(owned.tp), error=str(exc))
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        """Where each owned partition's next record is expected (for an eager re-assignment)."""
+        return {
+            o.tp: o.buffer.position if o.buffer.position is not None else start_offset(o.claim)
+            for o in self._assignment
+        }

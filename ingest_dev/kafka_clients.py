@@ -1,0 +1,173 @@
+"""Small, time-bounded Kafka admin and producer helpers that work against any cluster (the
+local broker, a container, a real one): create and delete topics, read end offsets, produce
+records and learn where each partition's log ends."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ingest_dev.kafka import PROBE_LOG
+
+
+def create_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30) -> None:
+    """Create ``name`` with ``partitions`` partitions (replication 1) and wait until usable.
+
+    Returns once the broker's metadata lists every partition with a leader.  An existing
+    topic with the same partition count is accepted (idempotent); a different count raises.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    deadline = time.monotonic() + timeout
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    try:
+        futures[name].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"topic {name!r}: not all {partitions} partitions had leaders within {timeout:.1f} s")
+        # All-topics metadata: asking for one topic by name could auto-create it.
+        metadata = admin.list_topics(timeout=max(0.1, min(remaining, 5.0)))
+        topic = metadata.topics.get(name)
+        if topic is not None and topic.error is None:
+            if len(topic.partitions) not in (0, partitions):
+                raise ValueError(f"topic {name!r} exists with {len(topic.partitions)} partitions, wanted {partitions}")
+            if len(topic.partitions) == partitions and all(
+                p.leader >= 0 and p.error is None for p in topic.partitions.values()
+            ):
+                return
+        time.sleep(0.05)
+
+
+def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 10) -> None:
+    """Delete topics (best effort for cleanup: raises on the first failure after trying all)."""
+    from confluent_kafka.admin import AdminClient
+
+    names = list(names)
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout)
+    errors: list[str] = []
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+        except Exception as exc:
+            errors.append(f"{topic}: {exc}")
+    if errors:
+        raise RuntimeError("delete_topics failed: " + "; ".join(errors))
+
+
+def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """Every partition's log end offset (high watermark) as the broker reports it now."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "ingest-end-offsets", "enable.auto.commit": False},
+        logger=PROBE_LOG,
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout)
+        partitions = sorted(metadata.topics[topic].partitions)
+        return {
+            p: int(consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=timeout)[1])
+            for p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def produce_records(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[int | None, bytes | None, bytes | None]],
+    timeout: float = 60,
+    config: Mapping[str, Any] | None = None,
+) -> dict[int, int]:
+    """Produce ``(partition, key, value)`` records and return each partition's log end offset.
+
+    ``partition=None`` lets the partitioner choose from the key (``murmur2_random``, the
+    Java client's scheme).  The log end of a partition is its highest delivered offset + 1,
+    taken from the delivery reports: the ground truth of what this call wrote (with a
+    transactional or idempotent producer the broker's high watermark may lie beyond it,
+    past control records).  Raises on any
+    delivery error, or ``TimeoutError`` if not everything is delivered within ``timeout``.
+    ``config`` overrides producer settings (e.g. ``{"batch.num.messages": 1}``).
+    """
+    from confluent_kafka import KafkaError, Message, Producer
+
+    deadline = time.monotonic() + timeout
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "client.id": f"produce-records-{uuid.uuid4().hex[:8]}",
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "batch.size": 4 * 1024 * 1024,
+        "queue.buffering.max.messages": 500000,
+        "queue.buffering.max.kbytes": 512 * 1024,
+        "partitioner": "murmur2_random",
+        # Every record must be delivered (or fail) before our own deadline.
+        "message.timeout.ms": max(1000, int(timeout * 1000)),
+    }
+    if config:
+        conf.update(config)
+    producer = Producer(conf)
+    log_end: dict[int, int] = {}
+    failures: list[str] = []
+    produced = 0
+    delivered = 0
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal delivered
+        delivered += 1
+        if err is not None:
+            failures.append(f"partition {msg.partition()}: {err}")
+            return
+        partition = msg.partition()
+        offset = msg.offset()
+        # A delivered message always carries both; the stubs say Optional.
+        assert partition is not None and offset is not None
+        if offset + 1 > log_end.get(partition, 0):
+            log_end[partition] = offset + 1
+
+    for partition, key, value in records:
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"produce_records: local queue still full after {timeout:.1f} s")
+            try:
+                if partition is None:
+                    producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                else:
+                    producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+                break
+            except BufferError:
+                # Local queue full: serve delivery reports to make room.
+                producer.poll(0.05)
+        produced += 1
+        if failures:
+            break
+        if produced % 10000 == 0:
+            producer.poll(0)
+    remaining_msgs = producer.flush(max(0.0, deadline - time.monotonic()))
+    if failures:
+        raise RuntimeError(f"produce_records to {topic!r}: {len(failures)} delivery error(s), first: {failures[0]}")
+    if remaining_msgs > 0 or delivered != produced:
+        raise TimeoutError(
+            f"produce_records to {topic!r}: {produced - delivered} of {produced} records undelivered"
+            f" after {timeout:.1f} s"
+        )
+    return log_end

@@ -1,0 +1,109 @@
+"""The jars the local servers and s3a:// stores need, pinned by poms under scripts/ and
+fetched once from Maven Central into a cache keyed by the pom (scripts/setup.sh runs
+``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ingest.spark_jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
+
+KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.xml"
+KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
+
+
+def maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bool], timeout: float) -> Path:
+    """Copy the dependencies a pom pins from Maven Central into ``libs`` (once). Maven writes
+    into a sibling temporary directory that is renamed into place, so an interrupted fetch
+    never leaves a half-filled classpath behind."""
+    if complete(libs):
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise FileNotFoundError(
+            f"{what} jars are not fetched and Maven is not installed; "
+            "run scripts/setup.sh (Debian packages 'maven' and 'openjdk-17-jre-headless')"
+        )
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
+    try:
+        result = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0 or not complete(staging):
+            raise RuntimeError(
+                f"mvn could not fetch {what} (exit {result.returncode}):\n"
+                + result.stdout.decode("utf-8", errors="replace")[-4000:]
+            )
+        staging.rename(libs)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def kafka_libs_dir() -> Path:
+    """Where the broker's jars live: ``$INGEST_KAFKA_LIBS``, else the Maven cache of
+    ``scripts/kafka/pom.xml``."""
+    explicit = os.environ.get(KAFKA_LIBS_ENV)
+    return Path(explicit) if explicit else maven_cache(KAFKA_POM, "kafka")
+
+
+def fetch_kafka(timeout: float = 600.0) -> Path:
+    """The pinned Kafka jars, fetched from Maven Central into :func:`kafka_libs_dir` once."""
+    return maven_fetch(KAFKA_POM, kafka_libs_dir(), "Apache Kafka", lambda d: _kafka_jar(d) is not None, timeout)
+
+
+def _kafka_jar(libs: Path) -> Path | None:
+    jars = sorted(libs.glob("kafka_2.13-*.jar")) if libs.is_dir() else []
+    return jars[0] if jars else None
+
+
+# ------------------------------------------------------------ Spark's object-store connectors
+
+
+def _has_hadoop_aws(libs: Path) -> bool:
+    return libs.is_dir() and any(libs.glob("hadoop-aws-*.jar"))
+
+
+def fetch_spark_jars(timeout: float = 600.0) -> Path:
+    """hadoop-aws, the AWS SDK modules it uses and the committer binding
+    (``scripts/spark-jars/pom.xml``), fetched from Maven Central once."""
+    return maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's S3 connector", _has_hadoop_aws, timeout)
+
+
+def kafka_version(libs: Path | None = None) -> str:
+    """The version of the fetched broker, from its jar's name (``kafka_2.13-4.4.0.jar``)."""
+    jar = _kafka_jar(libs or kafka_libs_dir())
+    if jar is None:
+        raise FileNotFoundError(f"no kafka_2.13 jar in {libs or kafka_libs_dir()}; run scripts/setup.sh")
+    return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars``: fetch jars from Maven
+    Central into the cache (scripts/setup.sh)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["fetch-kafka"]:
+        libs = fetch_kafka()
+        print(f"Apache Kafka {kafka_version(libs)}: {libs}")
+        return 0
+    if args == ["fetch-spark-jars"]:
+        jars = fetch_spark_jars()
+        print(f"Spark's S3 connector ({len(list(jars.glob('*.jar')))} jars): {jars}")
+        return 0
+    print("usage: python -m ingest_dev.maven fetch-kafka | fetch-spark-jars", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,262 @@
+"""One managed local server process: what LocalPostgres, LocalKafka and LocalS3 share.
+
+:class:`ManagedProcess` owns the lifecycle: a base directory (a temporary one removed on
+stop, or the caller's, kept), the server's output appended to a log file in it, launch in
+a process group of its own, a readiness probe polled until a deadline (an early exit or an
+"address in use" is reported with the log's tail), a clean stop (a signal, then SIGKILL of
+the whole group) or a crash (SIGKILL at once), and retries on a fresh port when another
+process took the port between :func:`free_port` and the server's bind.
+
+Subclasses say how to prepare and launch (:meth:`ManagedProcess._launch`, calling
+:meth:`ManagedProcess._spawn`) and how to tell that the server is ready
+(:meth:`ManagedProcess._ready_probe`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, ClassVar, Self
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it).
+
+    There is a small race between closing the probe socket and a server binding the port;
+    the servers retry on a fresh port when the bind fails (:class:`PortInUse`).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def log_tail(path: Path, max_bytes: int = 4000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"<no log: {exc}>"
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> None:
+    """Send ``sig`` to the process, wait up to ``timeout``, then SIGKILL its process group."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d ignored signal %d for %.1f s; killing its process group", proc.pid, sig, timeout)
+        kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # Every server is started in its own process group (process_group=0), so the group
+    # id is the pid.  Killing the whole group matters for PostgreSQL: orphaned backends
+    # would keep the shared memory segment attached and block the next start.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+class PortInUse(RuntimeError):
+    """The server exited at startup because its port was taken: retry on a fresh one."""
+
+
+class ManagedProcess:
+    """A server process in its own process group, its output in ``base_dir / log_name``.
+
+    Invariants: ``_proc`` is None or a process started by :meth:`_spawn`; ``_log_fh`` is open
+    exactly while a process may write to it; a directory this object created (``base_dir``
+    None at construction) is removed by :meth:`_cleanup`, a caller's directory never is.
+    """
+
+    #: What the server is called in errors ("postgres", "kafka").
+    kind: ClassVar[str]
+    #: The log file's name in ``base_dir``.
+    log_name: ClassVar[str]
+    #: The prefix of a temporary ``base_dir``.
+    dir_prefix: ClassVar[str]
+    #: The signal of a clean stop.
+    stop_signal: ClassVar[int] = signal.SIGTERM
+    #: Errors of the readiness probe that mean "not ready yet".
+    probe_errors: ClassVar[tuple[type[Exception], ...]] = (OSError,)
+    #: Seconds between readiness probes.
+    probe_interval_s: ClassVar[float] = 0.05
+
+    def __init__(self, base_dir: Path | None = None) -> None:
+        self._base_dir = base_dir
+        self._owns_dir = base_dir is None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_fh: IO[bytes] | None = None
+
+    # -- public API
+
+    @property
+    def base_dir(self) -> Path:
+        if self._base_dir is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._base_dir
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / self.log_name
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- for subclasses
+
+    def _ready_probe(self) -> Callable[[], bool]:
+        """A call that answers True once the server serves; it may raise :attr:`probe_errors`."""
+        raise NotImplementedError
+
+    def _port_in_use(self, tail: str) -> bool:
+        """Whether the log's tail says the server could not bind its port."""
+        return "Address already in use" in tail
+
+    def _not_ready(self) -> str:
+        """What the server did not do in time, for the TimeoutError ("accept connections on ...")."""
+        return "become ready"
+
+    def _run_start(self, launch: Callable[[], None]) -> None:
+        """Create the base directory if needed and run ``launch``; on failure close the log and
+        remove a directory this object owns."""
+        if self._base_dir is None:
+            # Short path under /tmp: a Unix socket path in it must stay below ~107 bytes.
+            self._base_dir = Path(tempfile.mkdtemp(prefix=self.dir_prefix))
+        self._base_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            launch()
+        except BaseException:
+            self._close_log()
+            if self._owns_dir:
+                self._remove_dir()
+            raise
+
+    def _retry_on_free_ports(self, launch: Callable[[], None], pick: Callable[[], str], attempts: int = 5) -> None:
+        """Call ``pick`` (choose fresh ports, return them for the log) then ``launch``, again
+        while the launch fails with :class:`PortInUse`."""
+        for attempt in range(attempts):
+            ports = pick()
+            try:
+                launch()
+                return
+            except PortInUse:
+                # Lost the race between free_port() and bind: another process took it.
+                log.info("port %s taken before %s bound it (attempt %d); retrying", ports, self.kind, attempt + 1)
+        raise RuntimeError(f"could not find a free port for {self.kind} after {attempts} attempts")
+
+    def _spawn(self, cmd: list[str], ready_timeout: float, **popen_kwargs: Any) -> None:
+        """Start ``cmd`` in ``base_dir`` with its output appended to the log, then wait until
+        ready; a server that is not ready by then is killed with its group."""
+        self._close_log()
+        self._log_fh = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            cmd,
+            cwd=self.base_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            # Own process group: a terminal Ctrl-C does not reach the server directly, and
+            # a crash kills the server and its children together.
+            process_group=0,
+            **popen_kwargs,
+        )
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            kill_group(self._proc)
+            self._proc = None
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._proc is not None
+        probe = self._ready_probe()
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = log_tail(self.log_path)
+                if self._port_in_use(tail):
+                    raise PortInUse(tail)
+                raise RuntimeError(
+                    f"{self.kind} exited with code {self._proc.returncode} during startup;"
+                    f" log tail ({self.log_path}):\n{tail}"
+                )
+            try:
+                if probe():
+                    return
+            except self.probe_errors as exc:
+                last_error = exc
+            time.sleep(self.probe_interval_s)
+        raise TimeoutError(
+            f"{self.kind} did not {self._not_ready()} within {timeout:.1f} s"
+            f" (last error: {last_error}); log tail ({self.log_path}):\n{log_tail(self.log_path)}"
+        )
+
+    def _halt(self, crash: bool, timeout: float) -> None:
+        """Stop the process (``stop_signal``, SIGKILL of the group after ``timeout``; at once
+        with ``crash``) and close the log; the directory stays."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if crash:
+                kill_group(proc)
+            else:
+                stop_process(proc, self.stop_signal, timeout)
+        self._close_log()
+
+    def _cleanup(self) -> bool:
+        """Remove the base directory if this object created it; True if it did."""
+        if self._owns_dir:
+            self._remove_dir()
+            return True
+        return False
+
+    def _close_log(self) -> None:
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def _remove_dir(self) -> None:
+        if self._base_dir is not None:
+            shutil.rmtree(self._base_dir, ignore_errors=True)
+            self._base_dir = None

@@ -1,0 +1,109 @@
+"""Partition claims: the rows a source's partitions have, who owns each, with which serial."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ingest_common.model import PartitionClaim, StartFrom, TopicPartition
+from metastore.base import Row, StoreBase
+from metastore.connection import wrap_exceptions
+from metastore.queries import query
+
+
+class ClaimsMixin(StoreBase):
+    """Register, claim, release and re-claim partitions (each claim bumps the serial that fences
+    the previous owner's publishes), and read their state."""
+
+    def register_partitions(
+        self, source: str, topic: str, partitions: Iterable[int], initial_position: StartFrom
+    ) -> None:
+        with wrap_exceptions(self.url):
+            self._connection().execute(
+                query("register_partitions"),
+                {
+                    "source": source,
+                    "topic": topic,
+                    "partitions": sorted(partitions),
+                    "initial_position": initial_position,
+                },
+            )
+
+    def claim_partitions(
+        self, source: str, worker: str, tps: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionClaim]:
+        """In one transaction: bump the serial of each partition, record the owner, read
+        the stored offset. A partition without a row is created (starting from earliest)."""
+        if not tps:
+            return {}
+        ordered = sorted(set(tps))
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                rows = conn.execute(
+                    query("claim_partitions"),
+                    {
+                        "source": source,
+                        "worker": worker,
+                        "topics": [tp.topic for tp in ordered],
+                        "partitions": [tp.partition for tp in ordered],
+                    },
+                ).fetchall()
+        claims = {}
+        for row in rows:
+            tp = TopicPartition(row["topic"], row["partition"])
+            claims[tp] = PartitionClaim(tp, int(row["serial"]), row["next_offset"], row["initial_position"])
+        return claims
+
+    def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None:
+        """Clear the owner if this worker's claim is still the current one (status only)."""
+        with wrap_exceptions(self.url):
+            self._connection().execute(
+                query("release_partition"),
+                {
+                    "source": source,
+                    "worker": worker,
+                    "topic": claim.tp.topic,
+                    "partition": claim.tp.partition,
+                    "serial": claim.serial,
+                },
+            )
+
+    def reclaim_partitions(
+        self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
+    ) -> dict[TopicPartition, PartitionClaim]:
+        """For partitions this worker holds with the given serials: those whose stored serial
+        moved while this worker is still the recorded owner were reset. Claim them again
+        (serial bumped once more) and return the new claims with the offsets the reset stored.
+        Partitions another worker claimed (owner changed) are not touched: they are fenced."""
+        if not held:
+            return {}
+        ordered = sorted(held, key=lambda h: h[0])
+        params = {
+            "source": source,
+            "worker": worker,
+            "topics": [tp.topic for tp, _ in ordered],
+            "partitions": [tp.partition for tp, _ in ordered],
+            "serials": [serial for _, serial in ordered],
+        }
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                conn.execute(query("lock_partitions"), params)
+                rows = conn.execute(query("reclaim_partitions"), params).fetchall()
+        return {
+            TopicPartition(r["topic"], r["partition"]): PartitionClaim(
+                TopicPartition(r["topic"], r["partition"]), int(r["serial"]), r["next_offset"], r["initial_position"]
+            )
+            for r in rows
+        }
+
+    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None:
+        """(serial, next_offset) of one partition, or None if it has no row."""
+        rows = self._fetch("partition_state", source=source, topic=tp.topic, partition=tp.partition)
+        return (int(rows[0]["serial"]), rows[0]["next_offset"]) if rows else None
+
+    def partitions(self, source: str) -> list[Row]:
+        return self._fetch("list_partitions", source=source)
+
+    def partition_status(self, source: str) -> list[Row]:
+        return self._fetch("partition_status", source=source)

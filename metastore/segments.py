@@ -1,0 +1,112 @@
+"""Segments: the serial-guarded publish, the split registry (builds registered before they
+write, abandoned and swept by gc) and reading what was published."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import psycopg
+
+from ingest_common.model import BuildRegistration, SegmentToPublish
+from metastore.base import Row, StoreBase, conflict_from_row
+from metastore.connection import wrap_exceptions
+from metastore.errors import CommitOutcomeUnknown
+from metastore.queries import query
+
+
+class SegmentsMixin(StoreBase):
+    """Publish segments, register and sweep builds (migrations/0008), list segments and conflicts."""
+
+    def publish(self, item: SegmentToPublish) -> int:
+        """The serial-guarded publish, as one statement (one transaction, one round trip):
+        locks the partition rows in a fixed order, checks for each that the serial is the
+        one seen at assign and that the range starts at the stored next offset, then inserts
+        the segment and advances the offsets (``ingest_publish_segment``, migration 0007).
+
+        Raises PublishConflict (nothing of the segment written, conflict recorded) or
+        CommitOutcomeUnknown (the connection broke before the reply came back).
+        """
+        ranges = sorted(item.ranges, key=lambda r: r.range.tp)
+        seg = item.segment
+        params = {
+            "source": item.source,
+            "split_id": seg.split_id,
+            "spec_version": item.spec_version,
+            "worker": item.worker_id,
+            "location": seg.location,
+            "files": list(seg.files),
+            "row_count": seg.row_count,
+            "size_bytes": seg.size_bytes,
+            "min_event_time": seg.min_event_time,
+            "max_event_time": seg.max_event_time,
+            "rejects_location": seg.rejects_location,
+            "rejects_files": list(seg.rejects_files),
+            "rejects_count": seg.rejects_count,
+            "skipped_count": seg.skipped_count,
+            "topics": [r.range.tp.topic for r in ranges],
+            "partitions": [r.range.tp.partition for r in ranges],
+            "serials": [r.serial for r in ranges],
+            "starts": [r.range.start for r in ranges],
+            "ends": [r.range.end for r in ranges],
+        }
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            try:
+                row = conn.execute(query("publish_segment"), params).fetchone()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                # An error the server replied with ended the statement, and with it the
+                # transaction, without a commit. No reply: it may have committed.
+                if conn.closed or conn.broken:
+                    self._conn = None
+                    raise CommitOutcomeUnknown(f"connection lost while publishing split {seg.split_id}") from exc
+                raise
+        assert row is not None
+        if row["segment_id"] is None:
+            raise conflict_from_row(row)
+        return int(row["segment_id"])
+
+    def segment_for_split(self, split_id: uuid.UUID) -> int | None:
+        rows = self._fetch("segment_for_split", split_id=split_id)
+        return int(rows[0]["id"]) if rows else None
+
+    def segments(self, source: str, since: datetime | None = None, limit: int | None = None) -> list[Row]:
+        """The source's segments, oldest first; with ``since`` / ``limit``: only those published
+        at or after ``since``, and only the newest ``limit`` of them."""
+        return self._fetch("list_segments", source=source, since=since, limit=limit)
+
+    def conflict_counts(self, source: str) -> dict[str, int]:
+        return {row["reason"]: int(row["n"]) for row in self._fetch("conflict_counts", source=source)}
+
+    def register_build(self, worker: str, build: BuildRegistration) -> None:
+        """Register a build's locations and splits before it writes anything. Idempotent:
+        after an unknown outcome, registering again is safe."""
+        self._fetch_none(
+            "register_build",
+            build_id=build.build_id,
+            source=build.source,
+            worker=worker,
+            staging=build.staging,
+            data=build.data,
+            rejects=build.rejects,
+            split_ids=list(build.split_ids),
+        )
+
+    def abandon_stale_splits(self, source: str, grace_s: float, dry_run: bool = False) -> list[uuid.UUID]:
+        """Give up the splits still building after ``grace_s``: from the commit of this call
+        on, their publish is refused. ``dry_run``: only say which."""
+        rows = self._fetch("stale_splits" if dry_run else "abandon_splits", source=source, grace_s=grace_s)
+        return [r["split_id"] for r in rows]
+
+    def builds_to_sweep(self, source: str) -> list[Row]:
+        """Builds of the source with no split still building and not swept yet, each with
+        ``keep``: the files its published segments list."""
+        return self._fetch("builds_to_sweep", source=source)
+
+    def mark_swept(self, source: str, build_id: uuid.UUID) -> None:
+        self._fetch_none("mark_swept", source=source, build_id=build_id)
+
+    def build_counts(self, source: str) -> tuple[int, int]:
+        """(unswept, total) registered builds of the source."""
+        row = self._fetch("build_counts", source=source)[0]
+        return int(row["unswept"]), int(row["total"])

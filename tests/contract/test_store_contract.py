@@ -1,0 +1,137 @@
+"""One contract for the metastore calls a worker makes, run against the in-memory fake
+(tests.fakes.MemoryMetastore, which the unit tests use) and the real PostgreSQL Metastore:
+where they disagree, the unit tests would prove nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ingest_common.model import (
+    BuildRegistration,
+    BuiltSegment,
+    DesiredState,
+    OffsetRange,
+    PartitionClaim,
+    PublishRange,
+    SegmentToPublish,
+    TopicPartition,
+)
+from metastore import Metastore, PublishConflict, SourceNotFound
+from tests.fakes import MemoryMetastore
+
+P0 = TopicPartition("t", 0)
+P1 = TopicPartition("t", 1)
+NEW = TopicPartition("t", 9)
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        s: Any = MemoryMetastore("src")
+        s.require_registration = True
+    else:
+        s = Metastore(request.getfixturevalue("database_url"))
+        s.apply_source("src", {"name": "src"}, "name = 'src'")
+    s.register_partitions("src", "t", [0, 1], "latest")
+    yield s
+    if isinstance(s, Metastore):
+        s.close()
+
+
+def publish(store: Any, *ranges: tuple[TopicPartition, int, int, int]) -> int:
+    """Register a build of one split (as the builder does first), then publish it."""
+    split_id, build = uuid.uuid4(), uuid.uuid4()
+    root = f"file:///st/src/{{}}/{build}"
+    store.register_build(
+        "w1",
+        BuildRegistration(
+            build, "src", root.format("_staging"), root.format("segments"), root.format("rejects"), (split_id,)
+        ),
+    )
+    seg = BuiltSegment(split_id, root.format("segments"), (root.format("segments") + "/f.parquet",), 1, 1)
+    item = SegmentToPublish(
+        "src", 1, "w1", seg, tuple(PublishRange(OffsetRange(tp, lo, hi), serial) for tp, serial, lo, hi in ranges)
+    )
+    return int(store.publish(item))
+
+
+def test_every_claim_bumps_the_serial_and_reads_the_stored_offset(store: Any) -> None:
+    first = store.claim_partitions("src", "w1", [P1, P0])
+    assert first == {P0: PartitionClaim(P0, 1, None, "latest"), P1: PartitionClaim(P1, 1, None, "latest")}
+    publish(store, (P0, 1, 0, 10))
+    assert store.claim_partitions("src", "w2", [P0]) == {P0: PartitionClaim(P0, 2, 10, "latest")}
+    assert store.partition_state("src", P0) == (2, 10)
+
+
+def test_a_partition_without_a_row_is_created_at_claim_starting_from_earliest(store: Any) -> None:
+    assert store.partition_state("src", NEW) is None
+    assert store.claim_partitions("src", "w1", [NEW]) == {NEW: PartitionClaim(NEW, 1, None, "earliest")}
+
+
+def test_a_publish_advances_each_offset_to_the_split_end(store: Any) -> None:
+    store.claim_partitions("src", "w1", [P0, P1])
+    publish(store, (P0, 1, 0, 10), (P1, 1, 5, 6))
+    publish(store, (P0, 1, 10, 25))
+    assert (store.partition_state("src", P0), store.partition_state("src", P1)) == ((1, 25), (1, 6))
+    assert store.segment_for_split(uuid.uuid4()) is None
+
+
+@pytest.mark.parametrize(
+    ("ranges", "reason", "expected", "actual"),
+    [
+        (((P0, 1, 10, 20),), "serial", 1, 2),  # a zombie: another worker claimed after it
+        (((P0, 2, 15, 20),), "offset", 15, 10),  # a gap after the stored offset
+        (((P0, 2, 10, 20), (NEW, 1, 0, 10)), "missing", 1, None),  # no row: nothing written for P0 either
+    ],
+)
+def test_a_refused_publish_writes_nothing_and_names_the_reason(
+    store: Any, ranges: tuple[tuple[TopicPartition, int, int, int], ...], reason: str, expected: int, actual: int | None
+) -> None:
+    store.claim_partitions("src", "w1", [P0])
+    store.claim_partitions("src", "w2", [P0])
+    publish(store, (P0, 2, 0, 10))
+    with pytest.raises(PublishConflict) as refused:
+        publish(store, *ranges)
+    assert (refused.value.reason, refused.value.expected, refused.value.actual) == (reason, expected, actual)
+    assert store.partition_state("src", P0) == (2, 10)
+
+
+def test_skipping_a_gap_is_guarded_like_a_publish(store: Any) -> None:
+    store.claim_partitions("src", "w1", [P0])
+    publish(store, (P0, 1, 0, 10))
+    with pytest.raises(PublishConflict) as offset:
+        store.skip_gap("src", "w1", P0, 1, 5, 50)
+    with pytest.raises(PublishConflict) as serial:
+        store.skip_gap("src", "w1", P0, 7, 10, 50)
+    assert (offset.value.reason, serial.value.reason) == ("offset", "serial")
+    assert isinstance(store.skip_gap("src", "w1", P0, 1, 10, 50), int)
+    assert store.partition_state("src", P0) == (1, 50)
+    store.record_gap("src", "w1", P0, 50, 60)  # recorded only: the offset stays
+    assert store.partition_state("src", P0) == (1, 50)
+
+
+def test_release_clears_the_owner_only_for_the_current_claim(store: Any) -> None:
+    old = store.claim_partitions("src", "w1", [P0])[P0]
+    store.claim_partitions("src", "w2", [P0])
+    store.release_partition("src", "w1", old)  # stale: must not clear w2
+    held = store.reclaim_partitions("src", "w2", [(P0, 1)])  # w2 owns it: its serial moved since 1
+    assert held == {P0: PartitionClaim(P0, 3, None, "latest")}
+    assert store.reclaim_partitions("src", "w1", [(P0, 1)]) == {}  # not the owner: fenced, not reclaimed
+    assert store.reclaim_partitions("src", "w2", [(P0, 3)]) == {}  # nothing moved
+
+
+def test_heartbeats_controls_errors_and_specs(store: Any) -> None:
+    store.heartbeat("src", "w1", "host", 1, "0", "running", ["t[0]"], 1)
+    store.record_error("src", "w1", "BUILD_FAILED", "t[0]: boom")
+    control = store.control("src")
+    assert (control.desired_state, control.drain_stay) == (DesiredState.RUNNING, False)
+    store.set_control("src", DesiredState.SUSPENDED)
+    assert store.control("src").desired_state is DesiredState.SUSPENDED
+    version, doc = store.latest_spec("src")
+    assert version == 1 and doc["name"] == "src"
+    with pytest.raises(SourceNotFound):
+        store.control("nope")

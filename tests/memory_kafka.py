@@ -1,0 +1,180 @@
+"""An in-memory implementation of the worker's Kafka boundary (ingest.kafka.Consumer), for
+unit tests: partitions are lists, the test decides when the group assigns, revokes or loses
+partitions (the callbacks run inside the next ``poll``, as librdkafka runs them), and
+retention can drop a partition's head (a position before it is refused, as with
+``auto.offset.reset=error``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
+
+from ingest.kafka import Batch, KafkaCallFailed, RebalanceListener
+from ingest_common.model import TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryMessage:
+    _topic: str
+    _partition: int
+    _offset: int
+    _value: bytes | None
+    _key: bytes | None = None
+    _ts: int = 1_700_000_000_000
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._ts)
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def __len__(self) -> int:
+        return len(self._value or b"") + len(self._key or b"")
+
+
+@dataclass
+class MemoryBroker:
+    logs: dict[TopicPartition, list[MemoryMessage]] = field(default_factory=dict)
+    # The first offset still in each partition's log (retention moved it past what was deleted).
+    earliest: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def produce(self, tp: TopicPartition, *values: bytes) -> None:
+        log = self.logs.setdefault(tp, [])
+        for value in values:
+            log.append(MemoryMessage(tp.topic, tp.partition, len(log), value))
+
+    def delete_before(self, tp: TopicPartition, offset: int) -> None:
+        self.earliest[tp] = offset
+
+    def high(self, tp: TopicPartition) -> int:
+        return len(self.logs.get(tp, []))
+
+    def low(self, tp: TopicPartition) -> int:
+        return self.earliest.get(tp, 0)
+
+
+class MemoryConsumer:
+    def __init__(self, broker: MemoryBroker, *, incremental: bool = True) -> None:
+        self.broker = broker
+        self._incremental = incremental
+        self._listener: RebalanceListener | None = None
+        self.positions: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._refused: set[TopicPartition] = set()
+        self._events: list[tuple[str, list[TopicPartition]]] = []
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.seeks: list[tuple[TopicPartition, int]] = []
+        self.fail_seeks = 0
+        self.closed = False
+
+    # -- what the test drives --------------------------------------------------------
+
+    def group_assigns(self, *tps: TopicPartition) -> None:
+        self._events.append(("assign", list(tps)))
+
+    def group_revokes(self, *tps: TopicPartition) -> None:
+        self._events.append(("revoke", list(tps)))
+
+    def group_loses(self, *tps: TopicPartition) -> None:
+        self._events.append(("lost", list(tps)))
+
+    # -- ingest.kafka.Consumer --------------------------------------------------------
+
+    @property
+    def incremental(self) -> bool:
+        return self._incremental
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        self._listener = listener
+
+    def poll(self, max_records: int, timeout_s: float) -> Batch:
+        while self._events and self._listener is not None:
+            kind, tps = self._events.pop(0)
+            callback = {
+                "assign": self._listener.on_assign,
+                "revoke": self._listener.on_revoke,
+                "lost": self._listener.on_lost,
+            }[kind]
+            callback(self, tps)
+        batch = Batch(records=[])
+        records: list[MemoryMessage] = []
+        for tp, position in sorted(self.positions.items()):
+            if tp in self._paused or tp in self._refused:
+                continue
+            if position < self.broker.low(tp):
+                self._refused.add(tp)
+                batch.refused.append((tp, position, "Broker: Offset out of range"))
+                continue
+            log = self.broker.logs.get(tp, [])
+            take = log[position : position + max_records - len(records)]
+            records.extend(take)
+            self.positions[tp] = position + len(take)
+            if take and self.positions[tp] == len(log):
+                # enable.partition.eof: reported in the same poll, after the records it follows.
+                batch.ends.append((tp, len(log)))
+        batch.records = records
+        return batch
+
+    def _resolve(self, tp: TopicPartition, offset: int) -> int:
+        if offset == OFFSET_BEGINNING:
+            return self.broker.low(tp)
+        if offset == OFFSET_END:
+            return self.broker.high(tp)
+        return offset
+
+    def assign(self, offsets: Mapping[TopicPartition, int]) -> None:
+        if not self._incremental:
+            self.positions.clear()
+            self._paused.clear()
+        for tp, offset in offsets.items():
+            self.positions[tp] = self._resolve(tp, offset)
+            self._paused.discard(tp)
+            self._refused.discard(tp)
+
+    def unassign(self, tps: Sequence[TopicPartition]) -> None:
+        for tp in list(self.positions) if not self._incremental else tps:
+            self.positions.pop(tp, None)
+            self._paused.discard(tp)
+            self._refused.discard(tp)
+
+    def seek(self, tp: TopicPartition, offset: int, others: Mapping[TopicPartition, int]) -> None:
+        if self.fail_seeks > 0:
+            self.fail_seeks -= 1
+            raise KafkaCallFailed(f"seek {tp}: injected")
+        if tp not in self.positions:
+            raise KafkaCallFailed(f"seek {tp}: not assigned")
+        self.seeks.append((tp, offset))
+        self.positions[tp] = self._resolve(tp, offset)
+        self._refused.discard(tp)
+
+    def set_paused(self, wanted: Iterable[TopicPartition]) -> None:
+        self._paused = set(wanted) & set(self.positions)
+
+    def paused(self) -> frozenset[TopicPartition]:
+        return frozenset(self._paused)
+
+    def high_watermark(self, tp: TopicPartition) -> int | None:
+        return self.broker.high(tp) if tp in self.broker.logs else None
+
+    def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+        return self.broker.low(tp), self.broker.high(tp)
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    def close(self) -> None:
+        self.closed = True

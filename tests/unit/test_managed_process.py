@@ -1,0 +1,84 @@
+"""ManagedProcess, the base of the local servers: readiness deadline, log capture, port retries, cleanup."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self
+
+import pytest
+
+from ingest_dev.process import ManagedProcess
+
+
+class Script(ManagedProcess):
+    """A Python one-liner as the server; ready once ``ready`` exists in its directory."""
+
+    kind = "script"
+    log_name = "script.log"
+    dir_prefix = "ingest-test-proc-"
+    probe_interval_s = 0.01
+
+    def __init__(self, code: str, base_dir: Path | None = None, ready_timeout: float = 5.0) -> None:
+        super().__init__(base_dir)
+        self.code = code
+        self.ready_timeout = ready_timeout
+        self.launches = 0
+
+    def start(self) -> Self:
+        def launch() -> None:
+            self.launches += 1
+            self._spawn([sys.executable, "-c", self.code], self.ready_timeout)
+
+        self._run_start(lambda: self._retry_on_free_ports(launch, lambda: "-", attempts=3))
+        return self
+
+    def stop(self) -> None:
+        self._halt(crash=False, timeout=5.0)
+        self._cleanup()
+
+    def _ready_probe(self) -> Callable[[], bool]:
+        return lambda: (self.base_dir / "ready").exists()
+
+
+SERVE = "import pathlib, time; print('serving', flush=True); pathlib.Path('ready').touch(); time.sleep(60)"
+
+
+def test_start_waits_until_ready_logs_output_and_stop_removes_its_directory() -> None:
+    with Script(SERVE) as proc:
+        assert proc.is_running() and proc.pid is not None
+        base = proc.base_dir
+        assert "serving" in proc.log_path.read_text()
+    assert not proc.is_running()
+    assert not base.exists()
+
+
+def test_a_given_directory_is_kept(tmp_path: Path) -> None:
+    with Script(SERVE, base_dir=tmp_path) as proc:
+        pass
+    assert not proc.is_running()
+    assert (tmp_path / "script.log").is_file()
+
+
+def test_an_early_exit_reports_the_log_tail_and_cleans_up() -> None:
+    proc = Script("print('bad config'); raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match=r"script exited with code 3 during startup(.|\n)*bad config"):
+        proc.start()
+    assert proc.launches == 1
+    assert proc._base_dir is None  # its own temporary directory is gone
+
+
+def test_address_in_use_is_retried_on_fresh_ports() -> None:
+    proc = Script("print('Address already in use'); raise SystemExit(1)")
+    with pytest.raises(RuntimeError, match="could not find a free port for script after 3 attempts"):
+        proc.start()
+    assert proc.launches == 3
+
+
+def test_a_server_not_ready_by_the_deadline_is_killed() -> None:
+    proc = Script("import time; print('slow', flush=True); time.sleep(60)", ready_timeout=0.5)
+    with pytest.raises(TimeoutError, match=r"script did not become ready within 0.5 s(.|\n)*slow"):
+        proc.start()
+    assert not proc.is_running()
+    assert proc._base_dir is None

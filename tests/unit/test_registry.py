@@ -1,0 +1,74 @@
+"""The registry: heartbeats and control reads in the background, applied on the polling thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ingest.background import Background
+from ingest.registry import WorkerRegistry
+from ingest_common.model import DesiredState, WorkerState
+from tests.fakes import MemoryMetastore
+
+
+@pytest.fixture
+def parts() -> Iterator[tuple[MemoryMetastore, Background, WorkerRegistry]]:
+    store = MemoryMetastore()
+    background = Background("test-registry")
+    yield store, background, WorkerRegistry(store, "src", "w1", background, interval_s=60.0)
+    store.released.set()
+    background.close()
+
+
+def until(done: Callable[[], bool], background: Background) -> None:
+    deadline = time.monotonic() + 5
+    while not done():
+        assert time.monotonic() < deadline
+        background.apply_done()
+        time.sleep(0.002)
+
+
+def test_controls_change_only_when_the_polling_thread_applies_the_result(
+    parts: tuple[MemoryMetastore, Background, WorkerRegistry],
+) -> None:
+    store, background, registry = parts
+    store.set_control("src", DesiredState.SUSPENDED)
+    registry.beat(WorkerState.RUNNING, ["t[0]"], force=True)
+    until(lambda: bool(store.heartbeats), background)
+    time.sleep(0.05)
+    assert registry.desired_state is DesiredState.RUNNING  # read, not applied yet
+    background.apply_done()
+    assert registry.control is not None and registry.control.desired_state is DesiredState.SUSPENDED
+    assert store.heartbeats == [("w1", "running", ("t[0]",))]
+
+
+def test_one_heartbeat_at_a_time_and_a_hung_metastore_never_blocks_the_caller(
+    parts: tuple[MemoryMetastore, Background, WorkerRegistry],
+) -> None:
+    store, background, registry = parts
+    store.hang.set()
+    store.released.clear()
+    started = time.monotonic()
+    for _ in range(100):
+        registry.beat(WorkerState.RUNNING, [], force=True)
+        registry.error("SOME_ERROR", "message")
+    assert time.monotonic() - started < 1.0
+    store.hang.clear()
+    store.released.set()
+    until(lambda: registry.control is not None and len(store.errors) == 100, background)
+    assert len(store.heartbeats) == 1
+
+
+def test_a_failed_heartbeat_is_logged_and_the_next_one_goes_out(
+    parts: tuple[MemoryMetastore, Background, WorkerRegistry],
+) -> None:
+    store, background, registry = parts
+    store.unavailable_for = 1
+    registry.beat(WorkerState.RUNNING, [], force=True)
+    until(lambda: background.pending == 0, background)
+    assert registry.control is None and store.heartbeats == []
+    registry.beat(WorkerState.RUNNING, [], force=True)
+    until(lambda: registry.control is not None, background)
+    assert len(store.heartbeats) == 1
