@@ -500,9 +500,8 @@ def cmd_table_enable(args: argparse.Namespace) -> int:
     from ingest.table.committer import enable_table
     from ingest.table.config import PartitionBy, RejectsMode
 
-    done = enable_table(
-        _settings().database_url, args.source, PartitionBy(args.partition_by), RejectsMode(args.rejects)
-    )
+    partition_by = None if args.partition_by is None else PartitionBy(args.partition_by)
+    done = enable_table(_settings().database_url, args.source, partition_by, RejectsMode(args.rejects))
     _emit(
         args,
         {"source": args.source, "tables": [{"table": kind.value, "enabled": new} for kind, new in done]},
@@ -608,9 +607,9 @@ def _add_table_commands(sub: Any) -> None:
     enable.add_argument(
         "--partition-by",
         choices=[p.value for p in PartitionBy],
-        default=PartitionBy.NONE.value,
-        help="partition transform of the event-time column (default: %(default)s; a file spanning several "
-        "partitions is refused, see the README)",
+        default=None,
+        help="partition transform of the event-time column (default: the spec's file_partition; the "
+        "spec must cut files by it or a finer transform, see the README)",
     )
     enable.add_argument(
         "--rejects",

@@ -5,11 +5,3 @@ the committer (:mod:`ingest.table.committer`); ``ingest table SOURCE`` and ``ing
 SOURCE 'SQL'`` look at it (:mod:`ingest.table.status`). Importing this package imports no
 pyiceberg: the CLI imports the modules it needs.
 """
-
-
-def demo_query(database_url: str, source: str) -> list[str]:
-    """For the demo (``scripts/demo``): commit the source's published segments to its table
-    (enabling it if needed) and return a query over the table as printable lines."""
-    from ingest.table.status import demo_query as run
-
-    return run(database_url, source)

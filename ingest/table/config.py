@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ingest_common.errors import ConfigError
+from ingest_common.model import PartitionBy
+
+__all__ = ["CommitSettings", "PartitionBy", "RejectsMode"]
 
 DEFAULT_BATCH_SEGMENTS = 100
 DEFAULT_INTERVAL_S = 10.0
@@ -14,16 +17,6 @@ DEFAULT_INTERVAL_S = 10.0
 # metadata, every snapshot included, many times per commit, so an unbounded snapshot list makes
 # each commit slower than the last (bench/table.py).
 DEFAULT_KEEP_SNAPSHOTS = 25
-
-
-class PartitionBy(StrEnum):
-    """The data table's partition transform of the event-time column."""
-
-    NONE = "none"
-    HOUR = "hour"
-    DAY = "day"
-    MONTH = "month"
-    YEAR = "year"
 
 
 class RejectsMode(StrEnum):

@@ -120,31 +120,6 @@ def run_query(database_url: str, source: str, sql: str) -> tuple[list[str], list
         catalog.close()
 
 
-def demo_query(database_url: str, source: str) -> list[str]:
-    """The demo's last step, as printable lines: the source's table enabled (if it was not),
-    every published segment committed to it once, and a query over the committed table that
-    shows each partition's records, each offset once."""
-    from ingest.table.committer import TableCommitter, enable_table
-    from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
-
-    enable_table(database_url, source, PartitionBy.NONE, RejectsMode.TABLE)
-    with TableCommitter(database_url, source, CommitSettings(interval_s=0)) as committer:
-        results = committer.commit_all()
-    view = source.replace("-", "_")
-    lines = [
-        f"iceberg table ingest.{source}: {sum(len(r.segment_ids) for r in results)} segment(s) committed "
-        f"in {len(results)} commit(s)",
-        f"ingest query {source} 'SELECT _partition, count(*) AS records, count(DISTINCT _offset) AS offsets ...'",
-    ]
-    columns, rows = run_query(
-        database_url,
-        source,
-        f"SELECT _partition, count(*) AS records, count(DISTINCT _offset) AS offsets, "
-        f"min(_offset) AS first, max(_offset) AS last FROM {view} GROUP BY _partition ORDER BY _partition",
-    )
-    return lines + format_rows(columns, rows)
-
-
 def format_rows(columns: list[str], rows: list[tuple[Any, ...]]) -> list[str]:
     cells = [columns, *[["NULL" if v is None else str(v) for v in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
