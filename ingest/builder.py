@@ -37,7 +37,7 @@ from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
 from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
 from ingest.split import KillSwitch, SealedSplit
-from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
+from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, PartitionBy, TopicPartition
 
 log = structlog.get_logger(__name__)
 
@@ -126,6 +126,19 @@ class _Plan:
     total: Any
     good: Any
     output_columns: tuple[Any, ...]
+    # The spec's file_partition as a string column (None: files are not cut by event time).
+    file_partition: Any | None
+
+
+# A name no schema column can have (columns are letters, digits and "_"): the column exists only
+# while Spark writes, as the directory level ``ingest-part=<value>``; files do not hold it.
+FILE_PARTITION_COLUMN = "ingest-part"
+_FILE_PARTITION_FORMATS = {
+    PartitionBy.HOUR: "yyyy-MM-dd-HH",
+    PartitionBy.DAY: "yyyy-MM-dd",
+    PartitionBy.MONTH: "yyyy-MM",
+    PartitionBy.YEAR: "yyyy",
+}
 
 
 def _make_plan(spec: SourceSpec) -> _Plan:
@@ -160,6 +173,12 @@ def _make_plan(spec: SourceSpec) -> _Plan:
         output_columns=(
             *(F.col(c) for c in META_COLUMNS),
             *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
+        ),
+        file_partition=(
+            None
+            if spec.file_partition is PartitionBy.NONE
+            # The session's time zone is UTC (ingest.spark), as are Iceberg's transforms.
+            else F.date_format(F.col("_p").getField(spec.event_time), _FILE_PARTITION_FORMATS[spec.file_partition])
         ),
     )
 
@@ -370,7 +389,7 @@ class SparkSegmentBuilder:
         """The column expressions of a build, made once per (schema, event time): building
         them costs hundreds of Py4J round trips, which would otherwise be paid per batch and
         contend for the GIL with the consumer thread."""
-        key = (spec.schema, spec.event_time)
+        key = (spec.schema, spec.event_time, spec.file_partition)
         with self._plans_lock:
             plan = self._plans.get(key)
             if plan is None:
@@ -390,14 +409,15 @@ class SparkSegmentBuilder:
             .withColumn("_error", plan.error)
         )
         observation = Observation(f"build-{uuid.uuid4().hex}")
-        (
-            df.observe(observation, plan.total)
-            .filter(plan.good if good else ~plan.good)
-            .select(*columns)
-            .write.mode(WRITE_MODE)
-            .option("compression", "zstd")
-            .parquet(out_dir)
-        )
+        rows = df.observe(observation, plan.total).filter(plan.good if good else ~plan.good)
+        if good and plan.file_partition is not None:
+            # One file per (task, value): a task still reads one staged file, so a file stays
+            # within one split (ingest.output_files), and now within one partition value too.
+            rows = rows.select(*columns, plan.file_partition.alias(FILE_PARTITION_COLUMN))
+            writer = rows.write.partitionBy(FILE_PARTITION_COLUMN)
+        else:
+            writer = rows.select(*columns).write
+        writer.mode(WRITE_MODE).option("compression", "zstd").parquet(out_dir)
         return int(observation.get["total"])
 
     def _run(

@@ -73,13 +73,17 @@ def ensure_parent(uri: str) -> None:
 
 
 def list_files(dir_uri: str) -> list[tuple[str, int]]:
-    """Data files directly in a directory (hidden ``_``/``.`` files excluded), with sizes."""
+    """Data files in a directory and its subdirectories (the ``name=value`` levels Spark writes
+    for a partitioned write), with sizes. A file with a hidden (``_``/``.``) name, or under a
+    hidden directory (Spark's ``_temporary``), is not a data file."""
     fs, path = filesystem(dir_uri)
-    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
+    root = path.rstrip("/") + "/"
     return sorted(
         (_uri_of(dir_uri, path, info.path), int(info.size or 0))
         for info in infos
-        if info.type == pafs.FileType.File and not info.base_name.startswith(("_", "."))
+        if info.type == pafs.FileType.File
+        and not any(part.startswith(("_", ".")) for part in info.path[len(root) :].split("/"))
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ingest.errors import ConfigError, shown
-from ingest_common.model import StartFrom
+from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
 ParseErrorPolicy = Literal["reject", "skip", "fail"]
@@ -48,6 +48,7 @@ _TOP_LEVEL_KEYS = {
     "on_parse_error",
     "consumer_group",
     "on_offset_out_of_range",
+    "file_partition",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 
@@ -75,6 +76,10 @@ class SourceSpec:
     split: SplitLimits = SplitLimits()
     consumer_group: str = ""
     on_offset_out_of_range: OutOfRangePolicy = "fail"
+    # Data files are cut by this transform of the event time (one directory per value under the
+    # build): every file then lies in one partition of an Iceberg table partitioned by it or
+    # by a coarser transform (Iceberg registers a file only whole).
+    file_partition: PartitionBy = PartitionBy.NONE
 
     @property
     def group_id(self) -> str:
@@ -103,6 +108,7 @@ class SourceSpec:
             consumer_group=doc.get("consumer_group", ""),
             # Specs stored before the option existed had the "fail" behaviour.
             on_offset_out_of_range=doc.get("on_offset_out_of_range", "fail"),
+            file_partition=PartitionBy(doc.get("file_partition", PartitionBy.NONE)),
         )
 
 
@@ -254,6 +260,9 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         on_offset_out_of_range=cast(
             OutOfRangePolicy,
             _choice("on_offset_out_of_range", doc.get("on_offset_out_of_range", "fail"), ("fail", "earliest")),
+        ),
+        file_partition=PartitionBy(
+            _choice("file_partition", doc.get("file_partition", "none"), tuple(p.value for p in PartitionBy))
         ),
     )
 

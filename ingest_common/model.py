@@ -103,6 +103,27 @@ class GapAction(StrEnum):
     SKIPPED = "skipped"
 
 
+class PartitionBy(StrEnum):
+    """A transform of the event-time column that cuts data files (the spec's ``file_partition``)
+    and partitions an Iceberg table (``ingest table-enable --partition-by``). Files cut by a
+    transform lie in one partition of any table partitioned by it or a coarser one."""
+
+    NONE = "none"
+    HOUR = "hour"
+    DAY = "day"
+    MONTH = "month"
+    YEAR = "year"
+
+    def covers(self, table: PartitionBy) -> bool:
+        """Whether files cut by this transform each lie in one partition of ``table``'s."""
+        if table is PartitionBy.NONE:
+            return True
+        if self is PartitionBy.NONE:
+            return False
+        order = (PartitionBy.HOUR, PartitionBy.DAY, PartitionBy.MONTH, PartitionBy.YEAR)
+        return order.index(self) <= order.index(table)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class TopicPartition:
     topic: str

@@ -2,6 +2,9 @@
 and several worker processes, with live progress, the exactly-once check and where to look.
 
     python -m ingest_dev.demo [--workers 3] [--records 60000] [--keep]
+
+A table committer runs beside the workers: the demo ends with a query over the source's Iceberg
+table.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ingest_dev.postgres import LocalPostgres
 from ingest_dev.process import free_port
 from ingest_dev.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
+from metastore.tables import TableStore
 
 TOPIC = "clicks"
 PARTITIONS = 6
@@ -36,6 +40,8 @@ start_from = "earliest"
 event_time = "ts"
 segment_store = "{store}"
 on_parse_error = "reject"
+# Data files cut by day of `ts`: the Iceberg table is partitioned by day.
+file_partition = "day"
 
 [schema]
 id = "long"
@@ -109,6 +115,46 @@ def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], publis
     return "; ".join(parts)
 
 
+QUERY = (
+    "SELECT _partition, count(*) AS records, count(DISTINCT _offset) AS offsets, "
+    "min(_offset) AS first, max(_offset) AS last FROM clicks GROUP BY _partition ORDER BY _partition"
+)
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", *args], env=env, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def table_caught_up(url: str, deadline: float) -> bool:
+    """Whether the committer appended every published segment (data and rejects) before ``deadline``."""
+    with TableStore(url) as tables:
+        while True:
+            behind = sum(tables.behind("clicks", row.kind)[0] for row in tables.tables("clicks"))
+            if behind == 0:
+                return True
+            if time.monotonic() > deadline:
+                print(f"the table is still {behind} segment(s) behind", file=sys.stderr)
+                return False
+            time.sleep(1)
+
+
+def table_matches(query_output: str, ends: dict[int, int]) -> bool:
+    """The query's rows (partition, records, offsets, ...) against what was produced: every record
+    but the unparseable ones (every 500th, in the rejects table), each offset once."""
+    produced = dict.fromkeys(ends, 0)
+    for i in range(sum(ends.values())):
+        if i % 500 != 499:
+            produced[i % PARTITIONS] += 1
+    seen = {}
+    for line in query_output.splitlines()[1:]:
+        cells = line.split()
+        if len(cells) == 5 and cells[0].isdigit():
+            seen[int(cells[0])] = (int(cells[1]), int(cells[2]))
+    return seen == {p: (n, n) for p, n in produced.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ingest_dev.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3)
@@ -147,6 +193,19 @@ def main(argv: list[str] | None = None) -> int:
             "INGEST_LOG_FORMAT": "json",
             "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
         }
+        enabled = cli(env, "table-enable", "clicks")
+        print(enabled.stdout.strip())
+        committer_port = free_port()
+        committer = subprocess.Popen(
+            [sys.executable, "-m", "ingest", "table-commit", "clicks", "--interval", "2"],
+            stdout=(work / "committer.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**env, "INGEST_METRICS_PORT": str(committer_port)},
+        )
+        print(
+            f"started the Iceberg table committer; log: {work}/committer.log; metrics: "
+            f"http://127.0.0.1:{committer_port}/metrics"
+        )
         ports = [free_port() for _ in range(args.workers)]
         workers = []
         for n, port in enumerate(ports):
@@ -191,6 +250,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"partition owners: {', '.join(owners)}")
 
         subprocess.run([sys.executable, "-m", "ingest", "status", "clicks"], env=env, check=False)
+        table_ok = table_caught_up(url, time.monotonic() + 120)
+        print(cli(env, "table", "clicks").stdout.rstrip())
+        print(f"ingest query clicks '{QUERY}'")
+        queried = cli(env, "query", "clicks", QUERY)
+        print(queried.stdout.rstrip())
+        table_ok = table_ok and queried.returncode == 0 and table_matches(queried.stdout, ends)
+        print(
+            ("TABLE EXACTLY ONCE: " if table_ok else "TABLE CHECK FAILED: ") + "every produced record that parsed, once"
+        )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5) as resp:
                 lines = [
@@ -218,14 +286,14 @@ def main(argv: list[str] | None = None) -> int:
             print("\neverything keeps running; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
-        for proc in workers:
+        for proc in [*workers, committer]:
             proc.send_signal(signal.SIGTERM)
-        for proc in workers:
+        for proc in [*workers, committer]:
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        return 0 if ok and result.ok else 1
+        return 0 if ok and result.ok and table_ok else 1
 
 
 if __name__ == "__main__":

@@ -307,3 +307,63 @@ SELECT DISTINCT ON (v.source) v.source, coalesce(v.spec->>'consumer_group', '') 
 FROM ingest_source_versions v
 WHERE v.source <> %(name)s
 ORDER BY v.source, v.version DESC;
+
+-- name: table_enable
+-- ingest table enable: a table of this kind for the source; enabling again changes nothing
+-- (the partition transform of an existing table is the table's own).
+INSERT INTO ingest_tables (source, kind, partition_by) VALUES (%(source)s, %(kind)s, %(partition_by)s)
+ON CONFLICT (source, kind) DO NOTHING
+RETURNING kind;
+
+-- name: table_rows
+SELECT source, kind, partition_by, enabled_at, committed_seq, last_snapshot_id, last_commit_at
+FROM ingest_tables WHERE source = %(source)s ORDER BY kind;
+
+-- name: table_lock
+-- One committer per source: a session lock held by the committer's own connection for as
+-- long as it runs (released when the connection ends, e.g. the process dies).
+SELECT pg_try_advisory_lock(hashtext('ingest_table_commit'), hashtext(%(source)s)) AS locked;
+
+-- name: table_lock_row
+-- Serializes recording a commit against another committer (a zombie) recording the same one.
+SELECT committed_seq FROM ingest_tables WHERE source = %(source)s AND kind = %(kind)s FOR UPDATE;
+
+-- name: table_pending
+-- Published segments the table does not hold yet, in publish order, with the files of the
+-- table's kind (data files, or rejects files); after_id pages through them.
+SELECT s.id, s.spec_version, s.published_at,
+       CASE WHEN %(kind)s = 'data' THEN s.files ELSE s.rejects_files END AS files
+FROM ingest_segments s
+WHERE s.source = %(source)s AND s.id > %(after_id)s
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t
+                  WHERE t.source = s.source AND t.kind = %(kind)s AND t.segment_id = s.id)
+ORDER BY s.id
+LIMIT %(limit)s;
+
+-- name: table_behind
+-- How far the table is behind the published segments: count and the oldest publish time.
+SELECT count(*) AS segments, min(s.published_at) AS oldest
+FROM ingest_segments s
+WHERE s.source = %(source)s
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t
+                  WHERE t.source = s.source AND t.kind = %(kind)s AND t.segment_id = s.id);
+
+-- name: table_record_segments
+-- seq NULL: segments with no file of this kind (nothing to append, nothing to duplicate).
+INSERT INTO ingest_table_segments (source, kind, segment_id, seq)
+SELECT %(source)s, %(kind)s, u.id, %(seq)s FROM unnest(%(segment_ids)s::bigint[]) AS u(id)
+ON CONFLICT (source, kind, segment_id) DO NOTHING;
+
+-- name: table_advance
+UPDATE ingest_tables
+SET committed_seq = %(seq)s, last_snapshot_id = %(snapshot_id)s, last_commit_at = %(committed_at)s
+WHERE source = %(source)s AND kind = %(kind)s AND committed_seq = %(seq)s - 1;
+
+-- name: table_last_segment
+SELECT max(segment_id) AS segment_id, count(*) AS segments
+FROM ingest_table_segments WHERE source = %(source)s AND kind = %(kind)s AND seq IS NOT NULL;
+
+-- name: table_published_files
+-- Every data and rejects file of the source's published segments (table maintenance must
+-- never delete one of them).
+SELECT f FROM ingest_segments s, unnest(s.files || s.rejects_files) AS f WHERE s.source = %(source)s;

@@ -10,6 +10,9 @@ Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replac
 worker), ``term`` (SIGTERM: a graceful stop, then a replacement), ``pg_restart``,
 ``pg_outage`` (PostgreSQL unreachable for 20 s), ``spark`` (SIGKILL a worker's Spark JVM:
 its builds fail until its /healthz reports it unhealthy and the supervisor restarts it).
+With ``--table`` (tests/chaos_table.py) two ``ingest table-commit`` processes run beside the
+workers, ``table_kill`` SIGKILLs one of them, and the Iceberg table must hold every record
+exactly once too.
 
 A supervisor plays the orchestrator: it restarts workers that exit on their own or whose
 ``/healthz`` keeps failing, and counts both. Recovery after a fault is the time from the
@@ -49,8 +52,10 @@ from ingest_dev.s3 import LocalS3
 from ingest_dev.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
+from tests.chaos_table import Committers, verify_table
+from tests.chaos_table import enable as enable_table
 
-FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark", "gc")
+FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark", "gc", "table_kill")
 SESSION_TIMEOUT_S = 6.0
 PG_OUTAGE_S = 20.0
 # The "gc" fault runs gc with no grace at all: it abandons every split
@@ -84,9 +89,16 @@ class ChaosConfig:
     group_protocol: str = "classic"
     # The segment store: "file" (a local directory) or "s3" (an S3 API the run starts, moto).
     store: str = "file"
+    # The Iceberg table on: committers beside the workers, checked at the end (tests/chaos_table.py).
+    table: bool = False
+
+    def __post_init__(self) -> None:
+        # Without committers there is nothing for table_kill to hit (the default kinds include it).
+        if "table_kill" in self.faults and not self.table:
+            object.__setattr__(self, "faults", tuple(f for f in self.faults if f != "table_kill"))
 
     @classmethod
-    def quick(cls, seed: int = 1, workdir: Path | None = None, store: str = "file") -> ChaosConfig:
+    def quick(cls, seed: int = 1, workdir: Path | None = None, store: str = "file", table: bool = False) -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
         # each fault meets partitions with lag and the ownership bound is exercised.
@@ -96,13 +108,15 @@ class ChaosConfig:
             workers=2,
             partitions=4,
             seed=seed,
-            faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc"),
-            fault_count=8,
+            faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc")
+            + (("table_kill",) if table else ()),
+            fault_count=9 if table else 8,
             gap_s=(6.0, 10.0),
             catchup_timeout_s=240.0,
             max_records_per_split=2_000,
             workdir=workdir,
             store=store,
+            table=table,
         )
 
 
@@ -143,6 +157,9 @@ class ChaosResult:
     # (seconds, partition, seconds since the start when it began).
     unowned_worst: tuple[float, int, float] = (0.0, -1, 0.0)
     ownership_samples: int = 0
+    # With the table on: rows the tables hold and what is wrong with them (nothing, when exactly once).
+    table_rows: int = 0
+    table_errors: list[str] = field(default_factory=list)
 
     @property
     def ownership_ok(self) -> bool:
@@ -158,6 +175,7 @@ class ChaosResult:
             and self.verification.rows == self.produced
             and self.ownership_ok
             and not self.final_gc_problems
+            and not self.table_errors
         )
 
     def summary(self) -> str:
@@ -183,6 +201,11 @@ class ChaosResult:
             + f"bound {UNOWNED_BOUND_S:.0f}s, {self.ownership_samples} samples of the group): "
             + ("ok" if self.ownership_ok else "EXCEEDED"),
             f"  final gc (no grace) could not sweep: {self.final_gc_problems or 'none'}",
+            *(
+                [f"  iceberg table: {self.table_rows} rows; " + ("; ".join(self.table_errors) or "exactly once")]
+                if self.config.table
+                else []
+            ),
             "  faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
             "  publish conflicts rejected: "
             + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items())) or "0"),
@@ -727,6 +750,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             url, broker.bootstrap, config.group_protocol, INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000", **s3env
         )
         fleet = Fleet(env, source, work, t0)
+        committers = Committers(env, source, work) if config.table else None
+        if committers is not None:
+            enable_table(url, source)
+            committers.start()
         producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
         monitor = Monitor(url, source, producer, t0)
         ownership = OwnershipWatch(broker.bootstrap, f"ingest-{source}", TOPIC, fleet, monitor, t0)
@@ -760,7 +787,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                         f"injecting {kind} anyway"
                     )
                 started = time.monotonic()
-                target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0)
+                if kind == "table_kill" and committers is not None:
+                    target, injected = committers.kill_one(), kind
+                else:
+                    target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0)
                 fault = Fault(injected, target, started - t0, time.monotonic() - t0)
                 monitor.ended(fault)
                 say(
@@ -790,6 +820,9 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             ownership.stop()
             monitor.stop()
             fleet.shutdown()
+            committer_exits = committers.exited() if committers is not None else []
+            if committers is not None:
+                committers.stop()
         expected = {(TOPIC, p): sorted(d) for p, d in producer.delivered.items()}
         ids = producer.delivered
         with Metastore(url) as store:
@@ -809,6 +842,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             payload_rows, payload_errors = verify_payloads(
                 store, source, want, ["_key", "id", "user", "ts", "amount", "tags"]
             )
+        table_rows, table_errors = verify_table(url, source, expected) if config.table else (0, [])
+        table_errors += [f"a committer exited on its own (exit {rc})" for rc in committer_exits]
+        if config.table:
+            say(f"iceberg table: {table_rows} rows; {'; '.join(table_errors) or 'exactly once'}")
         return ChaosResult(
             config=config,
             produced=producer.delivered_count(),
@@ -820,6 +857,8 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             conflicts=conflicts,
             splits_killed=_count_kills(fleet.all),
             final_gc_problems=final_gc.unsafe,
+            table_rows=table_rows,
+            table_errors=table_errors,
             unplanned_exits=fleet.unplanned_exits,
             health_restarts=fleet.health_restarts,
             producer_errors=producer.errors,
@@ -882,13 +921,20 @@ def main(argv: list[str] | None = None) -> int:
         help="segment store: a local directory (default) or an S3 API the run starts (moto)",
     )
     parser.add_argument(
+        "--table",
+        action="store_true",
+        help="run table committers beside the workers (fault table_kill) and check the Iceberg table",
+    )
+    parser.add_argument(
         "--group-protocol",
         choices=("classic", "consumer"),
         help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer",
     )
     args = parser.parse_args(argv)
     config = (
-        ChaosConfig.quick(args.seed, args.workdir) if args.quick else ChaosConfig(seed=args.seed, workdir=args.workdir)
+        ChaosConfig.quick(args.seed, args.workdir, table=args.table)
+        if args.quick
+        else ChaosConfig(seed=args.seed, workdir=args.workdir, table=args.table)
     )
     overrides = {
         "records": args.records,

@@ -1,5 +1,7 @@
 """The CI variant of the chaos run (``python -m tests.chaos --quick``): a seeded short schedule
-of faults against worker processes, then every published Parquet file is checked."""
+of faults against worker processes, then every published Parquet file is checked. On a local
+directory the Iceberg table is on (``--table``): two committers beside the workers through
+every fault and a SIGKILLed committer, and the table must hold every record exactly once."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import pytest
 from tests.chaos import ChaosConfig, run
 
 
-@pytest.mark.parametrize("store", ["file", "s3"])
-def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, store: str) -> None:
+@pytest.mark.parametrize(("store", "table"), [("file", True), ("s3", False)], ids=["file-table", "s3"])
+def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, store: str, table: bool) -> None:
     """On a local directory and on an S3 API (Spark through S3A and its magic committer)."""
-    config = ChaosConfig.quick(seed=7, workdir=tmp_path, store=store)
+    config = ChaosConfig.quick(seed=7, workdir=tmp_path, store=store, table=table)
     result = run(config, log=print)
     print(result.summary())
     assert len(result.faults) == config.fault_count
@@ -22,4 +24,8 @@ def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, store: str
     # live owner longer than the session timeout plus one rebalance (tests.chaos.UNOWNED_BOUND_S).
     assert result.ownership_samples > 0
     assert result.ownership_ok, result.summary()
+    if table:
+        assert "table_kill" in config.faults
+        assert result.table_errors == [], result.summary()
+        assert result.table_rows == result.produced
     assert result.ok, result.summary()

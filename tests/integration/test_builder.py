@@ -23,10 +23,11 @@ from tests.fakes import FakeRecord, RecordingRegistrar
 TP = TopicPartition("events", 3)
 
 
-def make_spec(tmp_path: Path, policy: str = "reject") -> SourceSpec:
+def make_spec(tmp_path: Path, policy: str = "reject", file_partition: str = "none") -> SourceSpec:
     return spec_from_dict(
         {
             "name": "b",
+            "file_partition": file_partition,
             "topics": ["events"],
             "event_time": "ts",
             "segment_store": str(tmp_path / "store"),
@@ -201,6 +202,30 @@ def test_a_batch_builds_each_split_into_its_own_files(spark: Any, tmp_path: Path
     published = [f for r in (ra, rb, rc, rd) for f in (*r.files, *r.rejects_files)]
     assert all(registrar.registered(f) for f in published)
     assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in published)
+
+
+def test_file_partition_cuts_each_splits_files_by_hour_of_event_time(spark: Any, tmp_path: Path) -> None:
+    """Every file holds one split's rows of one hour (what an hour-partitioned Iceberg table needs),
+    and the rows are all there, each once; rejects are not cut."""
+
+    def at(i: int) -> bytes:  # 3 hours of event time across each split, in offset order
+        return json.dumps({"id": i, "ts": f"2026-11-22T{10 + i // 100:02d}:{i % 60:02d}:00Z"}).encode()
+
+    spec = make_spec(tmp_path, file_partition="hour")
+    a = split_of([at(i) for i in range(300)], start=0)
+    b = split_of([at(i) if i % 50 else b"{" for i in range(300)], start=300)
+    ra, rb = SparkSegmentBuilder(spark, RecordingRegistrar()).build_batch([a, b], spec)
+    assert not isinstance(ra, Exception) and not isinstance(rb, Exception)
+    assert offsets_in(ra.files) == list(range(300))
+    assert offsets_in(rb.files) == [300 + i for i in range(300) if i % 50] and rb.rejects_count == 6
+    for result in (ra, rb):
+        assert len(result.files) == 3 and all(f.startswith(result.location + "/ingest-part=") for f in result.files)
+        for f in result.files:
+            table = pq.read_table(f.removeprefix("file://"))
+            assert "ingest-part" not in table.column_names
+            hours = {ts.hour for ts in table["ts"].to_pylist()}
+            assert len(hours) == 1 and f"ingest-part=2026-11-22-{hours.pop()}/" in f
+    assert all(f.startswith(rb.rejects_location + "/part-") for f in rb.rejects_files)
 
 
 def test_one_split_of_a_batch_fails_or_is_killed_and_the_others_build(

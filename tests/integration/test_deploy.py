@@ -21,6 +21,7 @@ import yaml
 
 from ingest.metrics import Metrics
 from ingest.spark_jars import spark_jars_dir
+from ingest.table.metrics import TableMetrics
 from ingest_dev.process import free_port
 from tests.fixtures.spark_connect import port_open
 
@@ -30,7 +31,8 @@ PROMETHEUS = REPO / "deploy" / "prometheus"
 
 def exported_names() -> set[str]:
     names: set[str] = set()
-    for metric in Metrics("x").registry.collect():
+    # The workers' metrics and the table committer's (ingest table-commit).
+    for metric in [*Metrics("x").registry.collect(), *TableMetrics("x").registry.collect()]:
         for sample_suffix in ("", "_total", "_bucket", "_sum", "_count", "_created"):
             names.add(metric.name + sample_suffix)
     return names
@@ -88,6 +90,13 @@ def test_compose_file_structure() -> None:
             else:
                 assert source in doc["volumes"], f"{name}: volume {source} is not declared"
     assert "segments:/data/segments" in services["spark-connect"]["volumes"]  # Spark writes where workers list
+    # The Iceberg table: enabled once the source exists, a committer and a standby that read the store.
+    committer = services["table-committer"]
+    assert services["table-enable"]["command"] == ["table-enable", "clicks"]
+    assert services["table-enable"]["depends_on"]["source"]["condition"] == "service_completed_successfully"
+    assert committer["command"] == ["table-commit", "clicks"] and committer["deploy"]["replicas"] >= 2
+    assert committer["depends_on"]["table-enable"]["condition"] == "service_completed_successfully"
+    assert "segments:/data/segments" in committer["volumes"] and committer["restart"] == "unless-stopped"
 
 
 def shell_commands(services: dict[str, Any]) -> list[tuple[str, str]]:
@@ -292,3 +301,17 @@ def test_kubernetes_manifests_fit_together() -> None:
     spec_text = docs[("ConfigMap", "ingest-source-clicks")]["data"]["clicks.toml"]
     assert spec_text == (REPO / "deploy" / "clicks.toml").read_text()
     assert container["args"] == ["worker", tomllib.loads(spec_text)["name"]]
+    # The table committers run the same source, read the same store and are scraped like workers.
+    committers = docs[("Deployment", "ingest-table-committer-clicks")]
+    assert committers["spec"]["replicas"] >= 2
+    (committer,) = committers["spec"]["template"]["spec"]["containers"]
+    assert committer["args"] == ["table-commit", tomllib.loads(spec_text)["name"]]
+    assert docs[("Job", "ingest-table-enable-clicks")]["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "table-enable",
+        tomllib.loads(spec_text)["name"],
+    ]
+    assert {m["mountPath"] for m in committer["volumeMounts"]} == {
+        m["mountPath"] for m in container["volumeMounts"]
+    } - {"/tmp"}
+    service = docs[("Service", "ingest-table-committer-clicks")]
+    assert service["spec"]["selector"].items() <= committers["spec"]["template"]["metadata"]["labels"].items()

@@ -58,7 +58,8 @@ def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path
     where = run(
         python,
         "-c",
-        "import ingest, metastore.migrations as m; print(ingest.__file__); "
+        # ingest.table is a subpackage: the wheel must list it (pyproject's packages).
+        "import ingest, ingest.table.committer, metastore.migrations as m; print(ingest.__file__); "
         "print(m.MIGRATIONS); print(sum(1 for f in m.MIGRATIONS.iterdir() if f.name.endswith('.sql')))",
         cwd=tmp_path,
         env=clean_env,
@@ -97,6 +98,7 @@ def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path
                 .fetchall()
             }
         assert {"ingest_sources", "ingest_partitions", "ingest_segments", "ingest_builds", "ingest_splits"} <= tables
+        assert {"ingest_tables", "ingest_table_segments", "iceberg_tables", "iceberg_namespace_properties"} <= tables
     finally:
         pg_server.drop_database(name)
 

@@ -1,0 +1,476 @@
+"""The table committer: every published segment's files appended to the source's Iceberg
+table exactly once, without rewriting them (``add_files`` registers the Parquet files Spark
+wrote; Iceberg field ids come from the table's name mapping, since Spark writes none).
+
+Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
+
+- Every Iceberg commit this module makes sets the table property ``ingest.commit-seq`` to the
+  previous value plus one and ``ingest.commit-segments`` to the segment ids it appended, in the
+  same atomic catalog swap as the files. Table properties live in the table's current metadata:
+  expiring snapshots cannot remove them (snapshot summaries carry the same values for audits
+  only).
+- The metastore records commit ``seq`` (its segment ids in ``ingest_table_segments``,
+  ``ingest_tables.committed_seq``) after the Iceberg commit. Before appending anything the
+  committer reconciles: table at ``seq + 1`` and metastore at ``seq`` is a crash between the
+  two writes, and the metastore is advanced from the table's properties; any other difference
+  stops the committer (:class:`TableDiverged`). So a segment is never appended twice (what the
+  table holds is recorded before the next batch is chosen) and never skipped (a batch is every
+  published segment the metastore does not list as held, whatever order ids became visible in).
+- The catalog swap is a compare-and-swap on the metadata location, and every commit appends a
+  snapshot whose parent must still be the branch head: of two committers that chose a batch from
+  the same table state, one fails and re-reconciles. The PostgreSQL advisory lock (one committer
+  per source) only saves that wasted work; correctness does not depend on it, so a committer
+  that lost its lock connection (a PostgreSQL restart) cannot duplicate anything.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.table import Table, Transaction
+from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
+from sqlalchemy.exc import SQLAlchemyError
+
+from ingest.segment_store import filesystem
+from ingest.spec import SourceSpec
+from ingest.table.catalog import MetastoreCatalog, identifier, table_location
+from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
+from ingest.table.errors import FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.metrics import TableMetrics
+from ingest_common.errors import ConfigError, first_line
+from metastore.errors import MetastoreUnavailable
+from metastore.tables import PendingSegment, TableKind, TableRow, TableStore
+
+log = structlog.get_logger(__name__)
+
+COMMIT_SEQ = "ingest.commit-seq"
+# pyiceberg retries a conflicting append by rebasing it onto the new head (4 times by default):
+# a batch chosen from the old head would then be appended on top of a commit that already holds
+# it. Our tables never retry inside pyiceberg; the committer re-reconciles and re-chooses.
+NO_REBASE = {"commit.retry.num-retries": "0"}
+COMMIT_SEGMENTS = "ingest.commit-segments"
+# Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
+# until it is killed.
+FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
+
+
+_TRANSFORMS: dict[PartitionBy, Transform[Any, Any]] = {
+    PartitionBy.HOUR: HourTransform(),
+    PartitionBy.DAY: DayTransform(),
+    PartitionBy.MONTH: MonthTransform(),
+    PartitionBy.YEAR: YearTransform(),
+}
+
+
+class FaultPoint(StrEnum):
+    ICEBERG_COMMITTED = "iceberg_committed"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    kind: TableKind
+    seq: int
+    segment_ids: tuple[int, ...]
+    files: int
+    seconds: float
+    conflicts: int
+
+
+def enable_table(
+    database_url: str, source: str, partition_by: PartitionBy | None, rejects: RejectsMode
+) -> list[tuple[TableKind, bool]]:
+    """Record that the source feeds a data table (and a rejects table): [(kind, newly enabled)].
+    The tables themselves are created by the committer with its first commit. The partition
+    transform defaults to the spec's ``file_partition``; one the spec's files do not lie within
+    is refused, since every file they hold would be refused at commit."""
+    with TableStore(database_url) as store:
+        cut = SourceSpec.from_json(store.latest_spec(source)).file_partition
+        partition_by = cut if partition_by is None else partition_by
+        if not cut.covers(partition_by):
+            raise ConfigError(
+                f"--partition-by {partition_by.value}: source {source!r} cuts its data files by "
+                f"{cut.value} (file_partition in its spec), so a file can span several {partition_by.value} "
+                f'partitions; apply the spec with file_partition = "{partition_by.value}" (or finer) first'
+            )
+        done = [(TableKind.DATA, store.enable(source, TableKind.DATA, partition_by.value))]
+        if rejects is RejectsMode.TABLE:
+            done.append((TableKind.REJECTS, store.enable(source, TableKind.REJECTS, PartitionBy.NONE.value)))
+        return done
+
+
+class TableCommitter:
+    def __init__(
+        self,
+        database_url: str,
+        source: str,
+        settings: CommitSettings | None = None,
+        metrics: TableMetrics | None = None,
+    ) -> None:
+        self.source = source
+        self.settings = settings or CommitSettings()
+        self.store = TableStore(database_url)
+        self.catalog = MetastoreCatalog(database_url)
+        self.metrics = metrics or TableMetrics(source)
+        self._last_commit: dict[TableKind, float] = {}
+        self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
+        # (table, spec version, table schema id) whose files' schema the table already covers.
+        self._schema_checked: set[tuple[TableKind, int, int]] = set()
+
+    def close(self) -> None:
+        self.store.close()
+        self.catalog.close()
+
+    def __enter__(self) -> TableCommitter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the table ------------------------------------------------------------------
+
+    def kinds(self) -> list[TableKind]:
+        kinds = [row.kind for row in self.store.tables(self.source)]
+        if not kinds:
+            raise TableError(
+                f"source {self.source!r} has no Iceberg table: enable one with `ingest table-enable {self.source}`"
+            )
+        return kinds
+
+    def _spec(self) -> SourceSpec:
+        return SourceSpec.from_json(self.store.latest_spec(self.source))
+
+    def load(self, kind: TableKind) -> Table | None:
+        try:
+            return self.catalog.load_table(identifier(self.source, kind))
+        except NoSuchTableError:
+            return None
+
+    def _create(self, row: TableRow, first_file: str) -> Table:
+        """The table, created from the schema of the first file it will hold."""
+        spec = self._spec()
+        ident = identifier(self.source, row.kind)
+        self.catalog.create_namespace_if_not_exists(ident[0])
+        # gc.enabled=false: the table does not own its data files (the metastore does), so
+        # Iceberg maintenance must never delete one (see README, "Iceberg tables").
+        properties = {
+            "gc.enabled": "false",
+            COMMIT_SEQ: "0",
+            "ingest.source": self.source,
+            "ingest.table": row.kind,
+            **NO_REBASE,
+        }
+        try:
+            txn = self.catalog.create_table_transaction(
+                ident,
+                schema=_file_schema(first_file),
+                location=table_location(spec.segment_store, self.source, row.kind),
+                properties=properties,
+            )
+            transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
+            if row.kind is TableKind.DATA and transform is not None:
+                with txn.update_spec() as update:
+                    update.add_field(spec.event_time, transform, f"{spec.event_time}_{row.partition_by}")
+            table = txn.commit_transaction()
+        except TableAlreadyExistsError:
+            table = self.catalog.load_table(ident)
+        log.info("table_created", source=self.source, table=row.kind.value, location=table.location())
+        return table
+
+    def reconcile(self, kind: TableKind, table: Table | None) -> int:
+        """Bring the metastore's record up to what the table holds; returns the commit seq both
+        agree on. A crash between an Iceberg commit and its record leaves the table one commit
+        ahead: that commit is recorded now, from the table's own properties."""
+        row = self.store.table(self.source, kind)
+        if table is None:
+            if row.committed_seq:
+                raise TableDiverged(
+                    f"table {'.'.join(identifier(self.source, kind))} is gone from the catalog but the metastore "
+                    f"recorded {row.committed_seq} commit(s) to it; nothing is appended until it is restored"
+                )
+            return 0
+        held = int(table.properties.get(COMMIT_SEQ, "0"))
+        if held == row.committed_seq:
+            return held
+        if held != row.committed_seq + 1:
+            raise TableDiverged(
+                f"table {'.'.join(identifier(self.source, kind))} holds commit {held} but the metastore recorded "
+                f"{row.committed_seq}: the table was changed outside the committer; nothing is appended"
+            )
+        ids = _segment_ids(table.properties.get(COMMIT_SEGMENTS, ""))
+        snapshot = table.current_snapshot()
+        ours = snapshot is not None and snapshot.summary is not None and snapshot.summary.get(COMMIT_SEQ) == str(held)
+        at = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if ours and snapshot else datetime.now(UTC)
+        self.store.record_commit(self.source, kind, held, ids, snapshot.snapshot_id if ours and snapshot else None, at)
+        log.warning("table_commit_reconciled", source=self.source, table=kind.value, seq=held, segments=len(ids))
+        return held
+
+    # -- committing -----------------------------------------------------------------
+
+    def commit_batch(self, kind: TableKind) -> CommitResult | None:
+        """One Iceberg commit of up to ``batch_segments`` pending segments (None: none pending).
+        Catalog conflicts are retried from the reconcile step, at most ``max_attempts`` times."""
+        conflicts = 0
+        delay = 0.1
+        for _attempt in range(self.settings.max_attempts):
+            started = time.monotonic()
+            table = self.load(kind)
+            seq = self.reconcile(kind, table) + 1
+            batch = self._next_batch(kind)
+            if not batch:
+                return None
+            if table is None:
+                table = self._create(self.store.table(self.source, kind), batch[0].files[0])
+            try:
+                committed = self._append(table, kind, seq, batch)
+            except (CommitFailedException, TableAlreadyExistsError) as exc:
+                conflicts += 1
+                self.metrics.commit_conflicts.labels(self.source, kind.value).inc()
+                log.warning(
+                    "table_commit_conflict", source=self.source, table=kind.value, seq=seq, error=first_line(exc)
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self._pause_if(FaultPoint.ICEBERG_COMMITTED)
+            snapshot = committed.current_snapshot()
+            ids = tuple(s.id for s in batch)
+            self.store.record_commit(
+                self.source,
+                kind,
+                seq,
+                ids,
+                snapshot.snapshot_id if snapshot else None,
+                datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
+            )
+            self._expire_snapshots(committed, kind)
+            seconds = time.monotonic() - started
+            files = sum(len(s.files) for s in batch)
+            self.metrics.commit_seconds.labels(self.source, kind.value).observe(seconds)
+            self.metrics.commits.labels(self.source, kind.value).inc()
+            self.metrics.segments_committed.labels(self.source, kind.value).inc(len(batch))
+            log.info(
+                "table_committed",
+                source=self.source,
+                table=kind.value,
+                seq=seq,
+                segments=len(batch),
+                first_segment=ids[0],
+                last_segment=ids[-1],
+                files=files,
+                seconds=round(seconds, 4),
+            )
+            return CommitResult(kind, seq, ids, files, seconds, conflicts)
+        raise TableError(
+            f"table {'.'.join(identifier(self.source, kind))}: {conflicts} commit conflicts in a row; "
+            "another process keeps changing the table"
+        )
+
+    def _next_batch(self, kind: TableKind) -> list[PendingSegment]:
+        """Up to ``batch_segments`` pending segments with files of this kind. Segments without
+        any (offsets without records, or no rejects) are recorded as held on the way: there is
+        nothing of them to append, so nothing to append twice."""
+        limit = self.settings.batch_segments
+        batch: list[PendingSegment] = []
+        after = 0
+        while len(batch) < limit:
+            pending = self.store.pending(self.source, kind, limit, after_id=after)
+            self.store.record_empty(self.source, kind, [s.id for s in pending if not s.files])
+            batch += [s for s in pending if s.files][: limit - len(batch)]
+            if len(pending) < limit:
+                break
+            after = pending[-1].id
+        return batch
+
+    def _append(self, table: Table, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
+        if any(table.properties.get(k) != v for k, v in NO_REBASE.items()):
+            # Someone changed it (or an older table): restore it first, in a commit of its own
+            # (a properties-only commit is never rebased), then append on what that returns.
+            table = table.transaction().set_properties(NO_REBASE).commit_transaction()
+            if table.properties.get(COMMIT_SEQ) != str(seq - 1):
+                # It landed on a head newer than the one the batch was chosen from.
+                raise CommitFailedException(f"table moved to commit {table.properties.get(COMMIT_SEQ)}")
+        txn = table.transaction()
+        self._evolve(txn, kind, batch)
+        files = [f for s in batch for f in s.files]
+        ids = [s.id for s in batch]
+        try:
+            txn.add_files(
+                files,
+                snapshot_properties={
+                    COMMIT_SEQ: str(seq),
+                    "ingest.first-segment": str(ids[0]),
+                    "ingest.last-segment": str(ids[-1]),
+                    "ingest.segments": str(len(ids)),
+                },
+                # The metastore says which segments the table holds; scanning every manifest for
+                # duplicates would make each commit cost as much as the whole table.
+                check_duplicate_files=False,
+            )
+        except ValueError as exc:
+            if "partition" in str(exc).lower():
+                raise FileSpansPartitions(
+                    f"table {'.'.join(identifier(self.source, kind))}: a file of segments {ids[0]}..{ids[-1]} "
+                    f"spans several partitions of its transform ({first_line(exc)}); it was built before "
+                    "the spec's file_partition cut files this finely"
+                ) from exc
+            raise TableError(f"table {'.'.join(identifier(self.source, kind))}: {first_line(exc)}") from exc
+        txn.set_properties({COMMIT_SEQ: str(seq), COMMIT_SEGMENTS: ",".join(map(str, ids))})
+        return txn.commit_transaction()
+
+    def _evolve(self, txn: Transaction, kind: TableKind, batch: Sequence[PendingSegment]) -> None:
+        """Columns added by a spec version are added to the table (and to its name mapping);
+        widening Iceberg allows (int -> long, float -> double) is applied; anything else stops
+        the committer with one line rather than skip the segments."""
+        seen: set[int] = set()
+        for segment in batch:
+            if segment.spec_version in seen:
+                continue
+            seen.add(segment.spec_version)
+            key = (kind, segment.spec_version, txn.table_metadata.current_schema_id)
+            if key in self._schema_checked:
+                continue
+            schema = _file_schema(segment.files[0])
+            try:
+                with txn.update_schema() as update:
+                    update.union_by_name(schema)
+            except Exception as exc:  # pyiceberg raises ValidationError, ValueError or ResolveError
+                raise SchemaChangeRefused(
+                    f"table {'.'.join(identifier(self.source, kind))}: spec version {segment.spec_version} "
+                    f"changes the schema in a way Iceberg refuses: {first_line(exc)}"
+                ) from exc
+            self._schema_checked.add((kind, segment.spec_version, txn.table_metadata.current_schema_id))
+
+    def _expire_snapshots(self, table: Table, kind: TableKind) -> None:
+        """Keep the newest ``keep_snapshots`` snapshots. pyiceberg expires metadata only (and the
+        table says gc.enabled=false for every other engine): no data file is deleted. Which
+        segments the table holds is in its properties and the metastore, never in snapshots."""
+        snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+        if len(snapshots) <= self.settings.keep_snapshots:
+            return
+        oldest_kept = snapshots[-self.settings.keep_snapshots]
+        try:
+            table.maintenance.expire_snapshots().older_than(
+                datetime.fromtimestamp(oldest_kept.timestamp_ms / 1000, UTC)
+            ).commit()
+        except CommitFailedException as exc:  # the next commit expires them
+            log.info("table_expire_skipped", source=self.source, table=kind.value, error=first_line(exc))
+
+    def _pause_if(self, point: FaultPoint) -> None:
+        if self._fault == point.value:
+            log.warning("table_fault_pause", source=self.source, point=point.value)
+            while True:
+                time.sleep(1)
+
+    def commit_pending(self, kind: TableKind) -> list[CommitResult]:
+        """Commit until no segment is pending (each commit at most ``batch_segments``)."""
+        results: list[CommitResult] = []
+        while (result := self.commit_batch(kind)) is not None:
+            results.append(result)
+        self._last_commit[kind] = time.monotonic()
+        self.update_behind(kind)
+        return results
+
+    def update_behind(self, kind: TableKind) -> tuple[int, datetime | None]:
+        behind, oldest = self.store.behind(self.source, kind)
+        self.metrics.segments_behind.labels(self.source, kind.value).set(behind)
+        age = (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
+        self.metrics.lag_seconds.labels(self.source, kind.value).set(max(age, 0.0))
+        return behind, oldest
+
+    def _due(self, kind: TableKind) -> bool:
+        behind, _oldest = self.update_behind(kind)
+        if behind == 0:
+            return False
+        if behind >= self.settings.batch_segments:
+            return True
+        return time.monotonic() - self._last_commit.get(kind, 0.0) >= self.settings.interval_s
+
+    def run(self, stop: threading.Event) -> None:
+        """Commit until ``stop`` is set, while holding the source's committer lock; without it,
+        stand by (another committer runs) and try again."""
+        standby_logged = active = False
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                if not self.store.try_lock(self.source):
+                    active = False
+                    self.metrics.committer_active.labels(self.source).set(0)
+                    if not standby_logged:
+                        log.info("table_committer_standby", source=self.source)
+                        standby_logged = True
+                    # A standby reports how far behind the table is too: alerts take the maximum
+                    # over every committer, so none may keep a value from when it was active.
+                    for kind in self.kinds():
+                        self.update_behind(kind)
+                    stop.wait(max(self.settings.poll_s, 2.0))
+                    continue
+                if not active:
+                    log.info("table_committer_active", source=self.source)
+                standby_logged = False
+                active = True
+                self.metrics.committer_active.labels(self.source).set(1)
+                for kind in self.kinds():
+                    if self._due(kind):
+                        self.commit_pending(kind)
+                delay = 0.5
+                stop.wait(self.settings.poll_s)
+            except (MetastoreUnavailable, SQLAlchemyError, CommitStateUnknownException, OSError) as exc:
+                # PostgreSQL restarting, the store briefly unreachable: nothing was recorded that
+                # the next pass's reconcile does not settle.
+                active = False
+                self.metrics.committer_active.labels(self.source).set(0)
+                log.warning("table_commit_retry", source=self.source, error=first_line(exc), retry_in_s=delay)
+                stop.wait(delay)
+                delay = min(delay * 2, 10.0)
+        self.store.unlock()
+        self.metrics.committer_active.labels(self.source).set(0)
+
+    def commit_all(self) -> list[CommitResult]:
+        """Commit every pending segment of every table of the source once (``--once``), under the
+        committer lock; refuses while another committer holds it."""
+        if not self.store.try_lock(self.source):
+            raise TableError(f"another committer holds the table lock of source {self.source!r}")
+        try:
+            return [r for kind in self.kinds() for r in self.commit_pending(kind)]
+        finally:
+            self.store.unlock()
+
+
+def _file_schema(uri: str) -> pa.Schema:
+    fs, path = filesystem(uri)
+    return pq.read_schema(path, filesystem=fs).remove_metadata()
+
+
+def _segment_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError as exc:
+        raise TableDiverged(f"table property {COMMIT_SEGMENTS} is not a list of segment ids: {text[:80]!r}") from exc
+
+
+__all__ = [
+    "COMMIT_SEGMENTS",
+    "COMMIT_SEQ",
+    "CommitResult",
+    "CommitSettings",
+    "PartitionBy",
+    "RejectsMode",
+    "TableCommitter",
+    "enable_table",
+]

@@ -1,0 +1,46 @@
+"""The table's settings: partition transform, where rejects go, how commits are batched. No
+pyiceberg here: the CLI's parser imports this module on every command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ingest_common.errors import ConfigError
+from ingest_common.model import PartitionBy
+
+__all__ = ["CommitSettings", "PartitionBy", "RejectsMode"]
+
+DEFAULT_BATCH_SEGMENTS = 100
+DEFAULT_INTERVAL_S = 10.0
+# Snapshots a table keeps (older ones are expired after each commit): pyiceberg copies the whole
+# metadata, every snapshot included, many times per commit, so an unbounded snapshot list makes
+# each commit slower than the last (bench/table.py).
+DEFAULT_KEEP_SNAPSHOTS = 25
+
+
+class RejectsMode(StrEnum):
+    TABLE = "table"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitSettings:
+    # A commit appends at most this many segments, and this many pending start one at once.
+    batch_segments: int = DEFAULT_BATCH_SEGMENTS
+    # Otherwise pending segments wait at most this long for a commit.
+    interval_s: float = DEFAULT_INTERVAL_S
+    # How often the committer looks for pending segments.
+    poll_s: float = 1.0
+    # Snapshots kept for time travel; older ones are expired (metadata only: no file is deleted).
+    keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS
+    # Catalog conflicts retried within one commit before it is given up (and tried next pass).
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_segments <= 1000:
+            raise ConfigError(f"--batch-segments: expected 1 to 1000, got {self.batch_segments}")
+        if not 1 <= self.keep_snapshots <= 100_000:
+            raise ConfigError(f"--keep-snapshots: expected 1 to 100000, got {self.keep_snapshots}")
+        if not self.interval_s >= 0:
+            raise ConfigError(f"--interval: expected a non-negative number of seconds, got {self.interval_s}")

@@ -1,0 +1,41 @@
+"""Errors of the Iceberg tables, under the project's one root (each is one line, exit 1)."""
+
+from __future__ import annotations
+
+from ingest_common.errors import ExitCode, IngestError
+from metastore.tables import TableNotEnabled
+
+__all__ = [
+    "FileSpansPartitions",
+    "QueryFailed",
+    "SchemaChangeRefused",
+    "TableDiverged",
+    "TableError",
+    "TableNotEnabled",
+]
+
+
+class TableError(IngestError):
+    """Base class of the table committer's own errors."""
+
+
+class TableDiverged(TableError):
+    """The table's last commit and the metastore's record of it disagree by more than the one
+    commit a crash can leave unrecorded: the table was changed by something else (restored,
+    re-created). The committer appends nothing until an operator looks."""
+
+
+class SchemaChangeRefused(TableError):
+    """A spec version changed a column in a way Iceberg refuses (e.g. long -> string). The
+    committer stops rather than skip the segments built with it."""
+
+
+class FileSpansPartitions(TableError):
+    """A data file holds event times of several partitions of the table's transform: a file is
+    registered as written (never rewritten), so it cannot be appended to that table."""
+
+
+class QueryFailed(TableError):
+    """``ingest query``: DuckDB refused the SQL (a syntax error, an unknown column)."""
+
+    exit_code = ExitCode.INVALID_INPUT
