@@ -436,12 +436,20 @@ def main(argv: list[str] | None = None) -> int:
                     # Every run is checked; the last one's fleet goes on to the latency phase.
                     fleet1.stop()
                     checks[f"ingest_1_run{i + 1}"] = verify(ctx, one["source"], TOPIC, data.ends)
-            ends = data.ends
-            if args.workers == 1:
-                with _load(args):
-                    steady, ends = steady_latency(
-                        ctx, fleet1, TOPIC, args.partitions, ends, args.rate, args.steady_seconds, first_id=args.records
-                    )
+            # Produce-to-visible on one worker (local[2]: the peer's deployment, one process and one
+            # JVM), then on the N-worker fleet (N JVMs sharing the cores).
+            with _load(args):
+                steady, ends = steady_latency(
+                    ctx,
+                    fleet1,
+                    TOPIC,
+                    args.partitions,
+                    data.ends,
+                    args.rate,
+                    args.steady_seconds,
+                    first_id=args.records,
+                )
+            steady_n: dict[str, Any] | None = None
             fleet1.stop()
             checks["ingest_1"] = verify(ctx, one["source"], TOPIC, ends)
             throughput["ingest_1"] = median_run(ones)
@@ -450,15 +458,17 @@ def main(argv: list[str] | None = None) -> int:
                 fleets.append(fleet_n)
                 try:
                     with _load(args):
-                        steady, ends_n = steady_latency(
+                        # Its bulk phase also read the first steady phase's records: only the
+                        # segments after them are this fleet's steady ones.
+                        steady_n, ends_n = steady_latency(
                             ctx,
                             fleet_n,
                             TOPIC,
                             args.partitions,
-                            data.ends,
+                            ends,
                             args.rate,
                             args.steady_seconds,
-                            first_id=args.records,
+                            first_id=args.records + steady["records"],
                         )
                 finally:
                     fleet_n.stop()
@@ -507,9 +517,11 @@ def main(argv: list[str] | None = None) -> int:
                 "publish_transaction_ms": percentiles(publish),
                 "publish_ms_samples": sorted(publish),
                 "produce_to_visible_s": steady["produce_to_visible_s"],
-                "steady": steady,
+                "steady": {**steady, "workers": 1},
                 "saturated": (os.cpu_count() or 1) if args.saturate else 0,
             }
+            if steady_n is not None:
+                results["latency"]["steady_n"] = {**steady_n, "workers": args.workers}
             if spark_latency is not None:
                 results["latency"]["spark"] = spark_latency
             if not args.skip_rebalance:

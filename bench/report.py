@@ -96,19 +96,24 @@ def table(results: dict[str, Any]) -> str:
         )
     lat = results.get("latency", {})
     pub = lat.get("publish_transaction_ms", {})
-    vis = lat.get("produce_to_visible_s", {})
     out.append("")
     out.append(
         f"publish transaction: p50 {_fmt(pub.get('p50'), 2)} ms, p99 {_fmt(pub.get('p99'), 2)} ms "
         f"({pub.get('n', 0)} publishes)"
     )
-    steady = lat.get("steady", {})
-    out.append(
-        f"produce-to-visible at {_fmt(steady.get('rate_per_s'), 0)} records/s for "
-        f"{_fmt(steady.get('duration_s'), 0)} s: p50 {_fmt(vis.get('p50'), 2)} s, "
-        f"p99 {_fmt(vis.get('p99'), 2)} s "
-        f"({vis.get('n', 0)} segments; split max_age {results['config']['split']['max_age']})"
-    )
+    for key in ("steady", "steady_n"):
+        steady = lat.get(key)
+        if not steady:
+            continue
+        vis = steady.get("produce_to_visible_s", {})
+        pub_steady = steady.get("publish_ms_steady", {})
+        out.append(
+            f"produce-to-visible, {steady.get('workers', 1)} worker(s), {_fmt(steady.get('rate_per_s'), 0)} records/s "
+            f"for {_fmt(steady.get('duration_s'), 0)} s: p50 {_fmt(vis.get('p50'), 2)} s, "
+            f"p99 {_fmt(vis.get('p99'), 2)} s ({vis.get('n', 0)} segments; split max_age "
+            f"{results['config']['split']['max_age']}); publish p50 {_fmt(pub_steady.get('p50'), 2)} ms, "
+            f"p99 {_fmt(pub_steady.get('p99'), 2)} ms"
+        )
     spark_lat = lat.get("spark")
     if spark_lat:
         sv = spark_lat["produce_to_visible_s"]

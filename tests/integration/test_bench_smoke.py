@@ -82,6 +82,9 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     assert latency["publish_transaction_ms"]["p50"] > 0
     assert latency["produce_to_visible_s"]["n"] > 0
     assert latency["produce_to_visible_s"]["p99"] >= latency["produce_to_visible_s"]["p50"] > 0
+    # One worker (the peer's deployment) and the N-worker fleet, each on its own steady records.
+    assert latency["steady"]["workers"] == 1 and latency["steady_n"]["workers"] == results["config"]["workers"] > 1
+    assert latency["steady_n"]["produce_to_visible_s"]["n"] > 0
 
     rebalance = results["rebalance"]
     assert [e["event"] for e in rebalance["events"]] == [
