@@ -236,7 +236,7 @@ class SparkSegmentBuilder:
     def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
         self._spark = spark
         self._registrar = registrar
-        self._plans: dict[tuple[tuple[tuple[str, str], ...], str], _Plan] = {}
+        self._plans: dict[tuple[tuple[tuple[str, str], ...], str, PartitionBy], _Plan] = {}
         self._plans_lock = threading.Lock()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:

@@ -17,11 +17,10 @@ from typing import Any
 
 import psycopg
 
+from metastore.base import Row, StoreBase
 from metastore.connection import connect, wrap_exceptions
 from metastore.errors import MetastoreError, SourceNotFound
 from metastore.queries import query
-
-Row = dict[str, Any]
 
 
 class TableKind(StrEnum):
@@ -58,34 +57,17 @@ class PendingSegment:
     files: tuple[str, ...]
 
 
-class TableStore:
+class TableStore(StoreBase):
+    """The metastore's tables for the Iceberg committer, over :class:`StoreBase`'s connection;
+    the committer's advisory lock is held on a second connection of its own."""
+
     def __init__(self, url: str) -> None:
-        self.url = url
-        self._conn: psycopg.Connection[Row] | None = None
+        super().__init__(url)
         self._lock_conn: psycopg.Connection[Row] | None = None
 
-    def _connection(self) -> psycopg.Connection[Row]:
-        if self._conn is not None and (self._conn.closed or self._conn.broken):
-            self._conn = None
-        if self._conn is None:
-            self._conn = connect(self.url)
-        return self._conn
-
     def close(self) -> None:
-        for conn in (self._conn, self._lock_conn):
-            if conn is not None:
-                conn.close()
-        self._conn = self._lock_conn = None
-
-    def __enter__(self) -> TableStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _fetch(self, query_name: str, **params: Any) -> list[Row]:
-        with wrap_exceptions(self.url):
-            return self._connection().execute(query(query_name), params).fetchall()
+        self.unlock()
+        super().close()
 
     # -- tables -------------------------------------------------------------------
 
@@ -196,10 +178,6 @@ class TableStore:
                     },
                 )
                 return True
-
-    def _fetch_none(self, query_name: str, **params: Any) -> None:
-        with wrap_exceptions(self.url):
-            self._connection().execute(query(query_name), params)
 
     # -- the committer's lock -------------------------------------------------------
 
