@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
@@ -37,6 +38,8 @@ class RegistryStore(Protocol):
         state: str,
         partitions: Sequence[str],
         spec_version: int | None = None,
+        *,
+        started_at: datetime | None = None,
     ) -> None: ...
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None: ...
     def control(self, source: str) -> SourceControl: ...
@@ -59,6 +62,8 @@ class WorkerRegistry:
         self._background = background
         self._host = socket.gethostname()
         self._pid = os.getpid()
+        # This process's start, reported with every beat (the worker id may be a previous process's).
+        self._started_at = datetime.now(UTC)
         self._due = 0.0
         self._in_flight = False
         # Read at construction (not as a default argument) so tests can lengthen the poll.
@@ -95,7 +100,15 @@ class WorkerRegistry:
 
         def call() -> SourceControl:
             self._store.heartbeat(
-                self._source, self._worker_id, self._host, self._pid, __version__, snapshot[0], snapshot[1], snapshot[2]
+                self._source,
+                self._worker_id,
+                self._host,
+                self._pid,
+                __version__,
+                snapshot[0],
+                snapshot[1],
+                snapshot[2],
+                started_at=self._started_at,
             )
             return self._store.control(self._source)
 

@@ -121,10 +121,16 @@ SELECT serial, next_offset FROM ingest_partitions
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: heartbeat
-INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions, spec_version)
-VALUES (%(worker)s, %(source)s, %(host)s, %(pid)s, %(version)s, %(state)s, %(partitions)s, %(spec_version)s)
+-- A worker id is reused by the next process (a Kubernetes pod's container restart keeps the pod
+-- name, the host name and pid 1): the row describes the process that beats now, so its host,
+-- pid, version and start time are replaced too (started_at NULL: the first beat's time, kept).
+INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions, spec_version, started_at)
+VALUES (%(worker)s, %(source)s, %(host)s, %(pid)s, %(version)s, %(state)s, %(partitions)s, %(spec_version)s,
+        coalesce(%(started_at)s::timestamptz, now()))
 ON CONFLICT (worker) DO UPDATE
-SET state = EXCLUDED.state, partitions = EXCLUDED.partitions, spec_version = EXCLUDED.spec_version,
+SET source = EXCLUDED.source, host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
+    started_at = coalesce(%(started_at)s::timestamptz, ingest_workers.started_at),
+    state = EXCLUDED.state, partitions = EXCLUDED.partitions, spec_version = EXCLUDED.spec_version,
     heartbeat_at = now();
 
 -- name: live_workers

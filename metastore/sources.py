@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, cast
 
 import psycopg
@@ -108,6 +109,8 @@ class SourcesMixin(StoreBase):
         state: str,
         partitions: Sequence[str],
         spec_version: int | None = None,
+        *,
+        started_at: datetime | None = None,
     ) -> None:
         with wrap_exceptions(self.url):
             conn = self._connection()
@@ -122,6 +125,7 @@ class SourcesMixin(StoreBase):
                     "state": state,
                     "partitions": list(partitions),
                     "spec_version": spec_version,
+                    "started_at": started_at,
                 },
             )
             # Rows of workers dead for a day are only noise.

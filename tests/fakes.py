@@ -6,6 +6,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,8 @@ class MemoryMetastore(FakeStore):
         state: str,
         partitions: Sequence[str],
         spec_version: int | None = None,
+        *,
+        started_at: datetime | None = None,
     ) -> None:
         with self.lock:
             self._call(source)

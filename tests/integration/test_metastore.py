@@ -360,3 +360,18 @@ def test_every_control_change_notifies_listeners(store: Metastore, database_url:
         assert listener.changed.wait(10)
     finally:
         listener.close()
+
+
+def test_a_restarted_worker_with_the_same_id_is_shown_as_the_new_process(store: Metastore) -> None:
+    """A pod's container restart keeps the worker id, the host name and pid 1: the row must show
+    the new process's version and start time (the STUCK check counts from the start)."""
+    first = datetime(2026, 11, 25, 8, 0, tzinfo=UTC)
+    store.heartbeat("src", "pod-0", "pod-0", 1, "0.1.0", "running", ["events[0]"], 1, started_at=first)
+    store.heartbeat("src", "pod-0", "pod-0", 1, "0.1.0", "running", ["events[0]"], 1, started_at=first)
+    restarted = first + timedelta(hours=2)
+    store.heartbeat("src", "pod-0", "pod-0", 1, "0.2.0", "starting", [], 1, started_at=restarted)
+    [row] = store.live_workers("src")
+    assert (row["version"], row["state"], row["started_at"]) == ("0.2.0", "starting", restarted)
+    store.heartbeat("src", "pod-0", "pod-0", 1, "0.2.0", "running", ["events[1]"], 1)  # no start given: kept
+    [row] = store.live_workers("src")
+    assert (row["started_at"], row["partitions"]) == (restarted, ["events[1]"])
