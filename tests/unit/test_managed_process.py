@@ -77,8 +77,9 @@ def test_address_in_use_is_retried_on_fresh_ports() -> None:
 
 
 def test_a_server_not_ready_by_the_deadline_is_killed() -> None:
-    proc = Script("import time; print('slow', flush=True); time.sleep(60)", ready_timeout=0.5)
-    with pytest.raises(TimeoutError, match=r"script did not become ready within 0.5 s(.|\n)*slow"):
+    # The deadline leaves a loaded machine time to start Python and print (the message quotes it).
+    proc = Script("import time; print('slow', flush=True); time.sleep(60)", ready_timeout=5.0)
+    with pytest.raises(TimeoutError, match=r"script did not become ready within 5.0 s(.|\n)*slow"):
         proc.start()
     assert not proc.is_running()
     assert proc._base_dir is None
