@@ -87,11 +87,12 @@ def setup_venv(venv: Path = DEFAULT_VENV) -> str:
     if _pyspark_version(str(python)) != SPARK_VERSION:
         if not python.exists():
             venv.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_clean_env())
         subprocess.run(
             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"pyspark=={SPARK_VERSION}"],
             check=True,
             timeout=1800,
+            env=_clean_env(),  # the checkout on PYTHONPATH would show pip the project's own metadata
         )
     fetch_jars()
     return str(python)
