@@ -4,8 +4,9 @@
 # package with its test extras (into .venv/ when python3 is Debian's own, see scripts/python),
 # and from Maven Central (pinned by scripts/kafka/pom.xml and
 # scripts/spark-jars/pom.xml, cached outside the repository) Apache Kafka's jars and Spark's
-# S3 connector; the bench's peers in their own virtualenvs.  Nothing is installed that is
-# already there, and apt's index is only refreshed when something is missing.
+# S3 connector; the bench's peers and the Iceberg tables' Spark reader in their own
+# virtualenvs.  Nothing is installed that is already there, and apt's index is only refreshed
+# when something is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -79,4 +80,8 @@ fi
 # from Maven Central (scripts/spark-kafka-jars/pom.xml; not published for Spark 4.3.0).
 # pip and Maven skip what is already installed.
 "$py" -m bench --setup-peer | sed 's/^/setup: /'
+# Spark as a reader of the Iceberg tables (tests/integration/test_iceberg_table.py): pyspark
+# 4.1.4 in its own virtualenv, Iceberg's runtime for Spark 4.1 and PostgreSQL's JDBC driver from
+# Maven Central (scripts/iceberg-spark-jars/pom.xml; no Iceberg runtime for Spark 4.3 or 4.2).
+"$py" -m ingest_dev.iceberg_spark setup | sed 's/^/setup: /'
 say "done"

@@ -1,7 +1,8 @@
 """The Iceberg table committer against a real PostgreSQL (the catalog and the metastore) and a
 local store: the table holds every published segment's rows exactly once, through crashes
 between the Iceberg commit and its record, zombie committers, snapshot expiry, a PostgreSQL
-restart and a SIGKILLed committer process; spec changes evolve the schema."""
+restart and a SIGKILLed committer process; spec changes evolve the schema; Spark (4.1, in its
+own virtualenv) reads exactly the committed rows through Iceberg's JdbcCatalog."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.iceberg_spark import SPARK_VERSION, read_tables, setup_venv, spark_table
 from ingest_dev.postgres import LocalPostgres
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableKind, TableStore
@@ -70,16 +72,18 @@ class Source:
     """A source whose segments are published as a worker publishes them (registered build,
     Parquet files written, one publish transaction), without Kafka or Spark."""
 
-    def __init__(self, database_url: str, root: str, name: str = "clicks") -> None:
+    def __init__(self, database_url: str, root: str, name: str = "clicks", partitions: int = 1) -> None:
         self.name = name
         self.root = root
         self.store = Metastore(database_url)
         self.columns = dict(COLUMNS)
         self.file_partition = "none"
         self.apply()
-        self.store.register_partitions(name, T0.topic, [0], "earliest")
-        self.serial = self.store.claim_partitions(name, "w", [T0])[T0].serial
-        self.next = 0
+        self.store.register_partitions(name, T0.topic, list(range(partitions)), "earliest")
+        tps = [TopicPartition(T0.topic, p) for p in range(partitions)]
+        claims = self.store.claim_partitions(name, "w", tps)
+        self.serials = {tp: claims[tp].serial for tp in tps}
+        self.next = dict.fromkeys(tps, 0)
         self.version = 1
 
     def apply(self) -> None:
@@ -93,23 +97,26 @@ class Source:
         }
         self.version, _ = self.store.apply_source(self.name, spec_from_dict(doc).to_json(), "")
 
-    def publish(self, records: int, rejects: int = 0, day_span: bool = False, holes: int = 0) -> int:
-        """One segment of ``records`` rows (and ``rejects`` rejected records) at the next offsets;
-        ``holes``: offsets after them with no record (aborted transactions, compaction)."""
+    def publish(
+        self, records: int, rejects: int = 0, day_span: bool = False, holes: int = 0, partition: int = 0
+    ) -> int:
+        """One segment of ``records`` rows (and ``rejects`` rejected records) at the partition's
+        next offsets; ``holes``: offsets after them with no record (aborted transactions, compaction)."""
+        tp = TopicPartition(T0.topic, partition)
         build = uuid.uuid4()
         split = uuid.uuid4()
         dirs = build_dirs(self.root, self.name, build)
         self.store.register_build(
             "w", BuildRegistration(build, self.name, dirs.staging, dirs.data, dirs.rejects, (split,))
         )
-        start, end = self.next, self.next + records + rejects + holes
+        start, end = self.next[tp], self.next[tp] + records + rejects + holes
         files: tuple[str, ...] = ()
         if records:
             offsets = list(range(start, start + records))
             step = timedelta(hours=20) if day_span else timedelta(seconds=1)
             data: dict[str, list[Any]] = {
                 "_topic": [T0.topic] * records,
-                "_partition": [0] * records,
+                "_partition": [partition] * records,
                 "_offset": offsets,
                 "_timestamp": [DAY0] * records,
                 "_key": [None] * records,
@@ -128,7 +135,7 @@ class Source:
             table = pa.table(
                 {
                     "_topic": [T0.topic] * rejects,
-                    "_partition": [0] * rejects,
+                    "_partition": [partition] * rejects,
                     "_offset": bad,
                     "_value": [b"{"] * rejects,
                     "_error": ["invalid_json"] * rejects,
@@ -147,10 +154,10 @@ class Source:
         )
         segment_id = self.store.publish(
             SegmentToPublish(
-                self.name, self.version, "w", segment, (PublishRange(OffsetRange(T0, start, end), self.serial),)
+                self.name, self.version, "w", segment, (PublishRange(OffsetRange(tp, start, end), self.serials[tp]),)
             )
         )
-        self.next = end
+        self.next[tp] = end
         return segment_id
 
     @staticmethod
@@ -577,3 +584,80 @@ def test_a_query_before_the_first_commit_says_so_in_one_line(database_url: str, 
     enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
     with pytest.raises(TableError, match="created by the first commit"):
         run_query(database_url, src.name, "SELECT count(*) FROM clicks")
+
+
+def table_coordinates(database_url: str, source: str, kind: TableKind) -> list[tuple[str, int, int]]:
+    """Every row's (_topic, _partition, _offset) as pyiceberg's scan reads them, sorted."""
+    catalog = MetastoreCatalog(database_url)
+    try:
+        rows = (
+            catalog.load_table(identifier(source, kind))
+            .scan(selected_fields=("_topic", "_partition", "_offset"))
+            .to_arrow()
+            .to_pylist()
+        )
+    finally:
+        catalog.close()
+    return sorted((r["_topic"], r["_partition"], r["_offset"]) for r in rows)
+
+
+def file_rows(files: list[str]) -> list[tuple[str, str, int, int]]:
+    """(file, _topic, _partition, _offset) of every row in the files, read with pyarrow, sorted."""
+    rows = []
+    for f in files:
+        fs, path = filesystem(f)
+        table = pq.read_table(path, filesystem=fs, columns=["_topic", "_partition", "_offset"])
+        rows += [(f, r["_topic"], r["_partition"], r["_offset"]) for r in table.to_pylist()]
+    return sorted(rows)
+
+
+def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(database_url: str, tmp_path: Path) -> None:
+    """Spark (Iceberg's runtime for Spark 4.1 under its own virtualenv, ingest_dev/iceberg_spark.py)
+    reads both tables through Iceberg's JdbcCatalog on the metastore's PostgreSQL: it sees exactly
+    the rows of the committed segments' files, each once, the same rows pyiceberg's scan reads,
+    and nothing of a segment published after the commit.
+
+    Spark cannot select the column ``_partition`` (Iceberg reserves the name for its metadata
+    column and refuses the scan), so it identifies each row by ``_file`` (Iceberg's metadata
+    column: the data file it was read from), ``_topic`` and ``_offset``; the Kafka partition of
+    each row is then that file's."""
+    setup_venv()  # a no-op once made (scripts/setup.sh makes it); without a network this fails loudly
+    src = Source(database_url, f"file://{tmp_path}/store", partitions=2)
+    try:
+        src.publish(10)
+        src.publish(6, rejects=2, partition=1)
+        src.publish(0, holes=3)
+        src.publish(7, partition=1)
+        src.publish(5, rejects=1)
+        enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.TABLE)
+        with committer(database_url, src.name, batch=2) as c:
+            assert c.commit_all()
+        committed = src.store.segments(src.name)
+        late = src.publish(4, partition=1)  # published, not committed: no reader of the table sees it yet
+        late_files = {f for s in src.store.segments(src.name) if s["id"] == late for f in s["files"]}
+        tables = {kind: spark_table(src.name, kind) for kind in TableKind}
+        seen = read_tables(database_url, list(tables.values()), coordinates=True)
+    finally:
+        src.store.close()
+    assert seen["spark_version"] == SPARK_VERSION
+    for kind, files_key, count_key, partitions in (
+        (TableKind.DATA, "files", "row_count", {("events", 0): 15, ("events", 1): 13}),
+        (TableKind.REJECTS, "rejects_files", "rejects_count", {("events", 0): 1, ("events", 1): 2}),
+    ):
+        spark = seen["tables"][tables[kind]]
+        assert set(spark["refused_columns"]) == {"_partition"}, spark["refused_columns"]
+        assert spark["key"] == ["_topic", "_offset"]
+        expected = file_rows([f for s in committed for f in s[files_key]])
+        assert spark["rows"] == len(expected) == sum(s[count_key] for s in committed) == sum(partitions.values())
+        assert spark["distinct_file_keys"] == spark["rows"]  # no row twice
+        assert spark["files"] == len({f for f, *_ in expected})
+        # Row for row the committed files' rows, each once: a row of another file (the late
+        # segment's), a missing row or a row read twice would differ here.
+        partition_of = {(f, t, o): p for f, t, p, o in expected}
+        spark_rows = sorted((f, t, partition_of[(f, t, o)], o) for f, t, o in spark["coordinates"])
+        assert spark_rows == expected
+        assert not {f for f, *_ in spark_rows} & late_files
+        coordinates = sorted((t, p, o) for _, t, p, o in spark_rows)
+        assert coordinates == table_coordinates(database_url, src.name, kind)
+        assert len(set(coordinates)) == len(coordinates)
+        assert Counter((t, p) for t, p, _ in coordinates) == partitions
