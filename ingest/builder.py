@@ -78,15 +78,13 @@ BuilderFactory = Callable[[BuildRegistrar], SegmentBuilder]
 
 def stage_records(split: SealedSplit) -> pa.Table:
     records = split.records
-    timestamps = []
-    for r in records:
-        kind, ms = r.timestamp()
-        timestamps.append(ms if kind != 0 else None)  # 0: TIMESTAMP_NOT_AVAILABLE
     n = len(records)
+    # Kind 0 is TIMESTAMP_NOT_AVAILABLE.
+    timestamps = [ms if kind else None for kind, ms in (r.timestamp() for r in records)]
     return pa.table(
         [
-            pa.array([split.tp.topic] * n, pa.string()),
-            pa.array([split.tp.partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(split.tp.topic, pa.string()), n),
+            pa.repeat(pa.scalar(split.tp.partition, pa.int32()), n),
             pa.array([r.offset() for r in records], pa.int64()),
             pa.array(timestamps, pa.timestamp("ms", tz="UTC")),
             pa.array([r.key() for r in records], pa.binary()),
@@ -224,6 +222,9 @@ class SyntheticRecord:
 
     def value(self) -> bytes:
         return self._value
+
+    def __len__(self) -> int:
+        return len(self._value)
 
 
 def _utc(micros: int | None) -> datetime | None:
@@ -383,7 +384,16 @@ class SparkSegmentBuilder:
     def _stage(split: SealedSplit, uri: str) -> None:
         segment_store.ensure_parent(uri)
         fs, path = segment_store.filesystem(uri)
-        pq.write_table(stage_records(split), path, filesystem=fs, compression="none")
+        # Read once, by one Spark task: no compression, no statistics, and dictionaries only
+        # for the columns that repeat one value (the values and keys rarely repeat).
+        pq.write_table(
+            stage_records(split),
+            path,
+            filesystem=fs,
+            compression="none",
+            use_dictionary=["_topic", "_partition"],
+            write_statistics=False,
+        )
 
     def _plan(self, spec: SourceSpec) -> _Plan:
         """The column expressions of a build, made once per (schema, event time): building

@@ -252,17 +252,25 @@ class ConsumeLoop:
         lookup = self._assignment.lookup
         consumed = 0
         consumed_bytes = 0
-        for msg in records:
-            owned = lookup(msg.topic(), msg.partition())
+        i, n = 0, len(records)
+        while i < n:
+            # A run: the records of one partition that follow each other in the batch
+            # (librdkafka hands out each fetched partition's records together).
+            first = records[i]
+            topic, partition = first.topic(), first.partition()
+            end = i + 1
+            while end < n and records[end].partition() == partition and records[end].topic() == topic:
+                end += 1
+            owned = lookup(topic, partition)
             if owned is None or not owned.active:
+                i = end
                 continue  # fetched before a revoke, fence or rewind: never buffered
-            size = len(msg)
-            buffer = owned.buffer
-            if buffer.append(msg, size, now):
-                consumed += 1
-                consumed_bytes += size
-                if len(buffer) >= limits.max_records or buffer.size_bytes >= limits.max_bytes:
-                    self._seal(owned, "records" if len(buffer) >= limits.max_records else "bytes", now)
+            while i < end:
+                i, added, added_bytes = owned.buffer.take(records, i, end, now, limits)
+                consumed += added
+                consumed_bytes += added_bytes
+                if reason := owned.buffer.full(limits):
+                    self._seal(owned, reason, now)
         self._m_consumed.inc(consumed)
         self._m_bytes.inc(consumed_bytes)
 

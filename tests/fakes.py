@@ -45,6 +45,9 @@ class FakeRecord:
     def value(self) -> bytes | None:
         return self._value
 
+    def __len__(self) -> int:
+        return len(self._value or b"") + len(self._key or b"")
+
 
 def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0) -> SealedSplit:
     records = tuple(FakeRecord(o) for o in range(start, end))

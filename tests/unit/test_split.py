@@ -39,6 +39,37 @@ def test_logical_start_takes_the_first_record_offset() -> None:
     assert buf.seal("age").start == 42
 
 
+def test_take_stops_at_the_record_that_fills_the_buffer_and_the_rest_starts_the_next_split() -> None:
+    limits = SplitLimits(max_records=3, max_bytes=10_000, max_age_s=60.0)
+    run = [FakeRecord(o) for o in range(10, 15)]
+    buf = PartitionBuffer(TP, serial=1, position=10)
+    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (3, 3, 6)
+    assert buf.full(limits) == "records"
+    first = buf.seal("records")
+    assert (first.start, first.end, [r.offset() for r in first.records]) == (10, 13, [10, 11, 12])
+    assert buf.take(run, 3, len(run), now=1.0, limits=limits) == (5, 2, 4)
+    assert buf.full(limits) is None
+    assert (buf.seal("age").start, buf.end) == (13, None)
+
+
+def test_take_drops_records_before_the_position_or_repeated_and_counts_only_what_it_kept() -> None:
+    limits = SplitLimits(max_records=100, max_bytes=10_000, max_age_s=60.0)
+    run = [FakeRecord(o) for o in (98, 99, 100, 100, 101)]
+    buf = PartitionBuffer(TP, serial=1, position=100)
+    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (5, 2, 4)
+    split = buf.seal("age")
+    assert [r.offset() for r in split.records] == [100, 101] and split.size_bytes == 4
+
+
+def test_take_stops_on_bytes_and_a_logical_start_takes_the_first_offset() -> None:
+    limits = SplitLimits(max_records=100, max_bytes=5, max_age_s=60.0)
+    run = [FakeRecord(o, b"abc") for o in (42, 43, 44)]
+    buf = PartitionBuffer(TP, serial=1, position=None)
+    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (2, 2, 6)
+    assert buf.full(limits) == "bytes"
+    assert (buf.seal("bytes").start, buf.position) == (42, 44)
+
+
 def test_seal_reasons() -> None:
     limits = SplitLimits(max_records=3, max_bytes=100, max_age_s=5.0)
     buf = PartitionBuffer(TP, serial=1, position=0)
