@@ -112,12 +112,29 @@ def test_a_killed_split_raises_and_leaves_no_files(spark: Any, tmp_path: Path) -
     assert all_files(tmp_path / "store") == []
 
 
+def trip_once_a_job_runs(spark: Any, switch: KillSwitch, timeout_s: float = 60.0) -> threading.Thread:
+    """Trip ``switch`` as soon as Spark reports an active job (the build's), not after a fixed
+    delay: how long a build takes depends on the machine."""
+
+    def watch() -> None:
+        tracker = spark.sparkContext.statusTracker()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not tracker.getActiveJobsIds():
+            time.sleep(0.005)
+        switch.trip("revoke")
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
 def test_a_split_killed_while_building_raises_and_leaves_no_files(spark: Any, tmp_path: Path) -> None:
-    split = split_of([good(i) for i in range(20_000)])
-    threading.Timer(0.3, split.kill_switch.trip, args=("revoke",)).start()
+    split = split_of([good(i) for i in range(200_000)])
+    watcher = trip_once_a_job_runs(spark, split.kill_switch)
     started = time.monotonic()
     with pytest.raises(SplitKilled):
         SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, make_spec(tmp_path))
+    watcher.join(5)
     assert time.monotonic() - started < 30
     assert all_files(tmp_path / "store") == []
 
