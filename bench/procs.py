@@ -32,6 +32,7 @@ class ProcStat:
     ppid: int
     cpu_s: float
     rss_bytes: int
+    comm: str = ""
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -44,7 +45,21 @@ def read_stat(pid: int) -> ProcStat | None:
     rest = raw[raw.rfind(")") + 2 :].split()
     # rest[0] is field 3 (state): ppid is field 4, utime 14, stime 15, rss 24 (in pages).
     return ProcStat(
-        ppid=int(rest[1]), cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK, rss_bytes=int(rest[21]) * _PAGE
+        ppid=int(rest[1]),
+        cpu_s=(int(rest[11]) + int(rest[12])) / _CLK_TCK,
+        rss_bytes=int(rest[21]) * _PAGE,
+        comm=raw[raw.find("(") + 1 : raw.rfind(")")],
+    )
+
+
+def tree_rss_bytes(tree: dict[int, ProcStat], root: int) -> int:
+    """RSS of a process tree, without the children that have not yet exec'd (same command name
+    as their parent). The JVM starts programs (Hadoop's local file system runs chmod) through a
+    child that shares its address space until exec: /proc reports that child's RSS as the
+    whole JVM's, and a sample that caught one counted the JVM twice (a 10M-record run's worker
+    showed 5.1 GB for 3.2 GB)."""
+    return sum(
+        st.rss_bytes for pid, st in tree.items() if pid == root or st.ppid not in tree or tree[st.ppid].comm != st.comm
     )
 
 
@@ -113,10 +128,9 @@ class TreeSampler:
             total_rss = 0
             for root in roots:
                 tree = process_tree([root])
-                rss = 0
                 for pid, st in tree.items():
                     self._last_cpu[pid] = st.cpu_s
-                    rss += st.rss_bytes
+                rss = tree_rss_bytes(tree, root)
                 rss_by_root[root] = rss
                 total_rss += rss
             s = Sample(at=time.time(), cpu_s=sum(self._last_cpu.values()), rss_bytes=total_rss, rss_by_root=rss_by_root)
