@@ -152,33 +152,15 @@ class PartitionBuffer:
     def first_timestamp_ms(self) -> int | None:
         return self._records[0].timestamp()[1] if self._records else None
 
-    def append(self, record: Record, size: int, now: float) -> bool:
-        """Add a record; returns False (and drops it) if it lies before the position,
-        which happens only for messages fetched before a seek."""
-        offset = record.offset()
-        assert offset is not None
-        if self.position is None:
-            self.position = offset
-        if self._records:
-            if offset <= self._last:
-                return False
-        elif offset < self.position:
-            return False
-        else:
-            self._first_at = now
-        self._records.append(record)
-        self._last = offset
-        self._size += size
-        return True
-
     def take(
         self, records: Sequence[Record], lo: int, hi: int, now: float, limits: SplitLimits
     ) -> tuple[int, int, int]:
         """Append ``records[lo:hi]`` (one partition's, as the consumer delivered them) until
-        the buffer reaches ``max_records`` or ``max_bytes``; records before the position or
-        repeated are dropped, as by ``append``. Returns the index after the last record looked
-        at, and the records and bytes appended. The consumer loop's hot path: one call per run
-        of a partition's records instead of several per record."""
+        the buffer reaches ``max_records`` or ``max_bytes``. A record before the position or at
+        or below the last one appended is dropped: that happens only for messages fetched
+        before a seek. Returns the index after the last record looked at, and the records and
+        bytes appended. The consumer loop's hot path: one call per run of a partition's records
+        instead of several per record."""
         kept = self._records
         last = self._last
         size = self._size

@@ -12,30 +12,37 @@ from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord
 
 TP = TopicPartition("t", 0)
+UNBOUNDED = SplitLimits(max_records=10**9, max_bytes=10**18, max_age_s=3600.0)
+
+
+def add(buf: PartitionBuffer, offset: int, size: int) -> bool:
+    """One record of ``size`` bytes through the consumer loop's path (``take``); True if kept."""
+    _, added, _ = buf.take([FakeRecord(offset, b"x" * size)], 0, 1, 0.0, UNBOUNDED)
+    return added == 1
 
 
 def test_consecutive_splits_tile_offsets_even_across_gaps() -> None:
     buf = PartitionBuffer(TP, serial=3, position=10)
     for offset in (10, 11, 14):  # 12 and 13 do not exist (e.g. transaction markers)
-        assert buf.append(FakeRecord(offset), 1, now=0.0)
+        assert add(buf, offset, 1)
     first = buf.seal("records")
     assert (first.start, first.end, first.serial, len(first)) == (10, 15, 3, 3)
-    assert buf.append(FakeRecord(17), 1, now=0.0)
+    assert add(buf, 17, 1)
     second = buf.seal("records")
     assert (second.start, second.end) == (15, 18)
 
 
 def test_records_before_the_position_or_repeated_are_dropped() -> None:
     buf = PartitionBuffer(TP, serial=1, position=100)
-    assert not buf.append(FakeRecord(99), 1, now=0.0)
-    assert buf.append(FakeRecord(100), 1, now=0.0)
-    assert not buf.append(FakeRecord(100), 1, now=0.0)
+    assert not add(buf, 99, 1)
+    assert add(buf, 100, 1)
+    assert not add(buf, 100, 1)
     assert len(buf) == 1
 
 
 def test_logical_start_takes_the_first_record_offset() -> None:
     buf = PartitionBuffer(TP, serial=1, position=None)
-    buf.append(FakeRecord(42), 1, now=0.0)
+    add(buf, 42, 1)
     assert buf.seal("age").start == 42
 
 
@@ -74,12 +81,12 @@ def test_seal_reasons() -> None:
     limits = SplitLimits(max_records=3, max_bytes=100, max_age_s=5.0)
     buf = PartitionBuffer(TP, serial=1, position=0)
     assert buf.should_seal(limits, now=100.0) is None  # empty never seals
-    buf.append(FakeRecord(0), 10, now=0.0)
+    add(buf, 0, 10)
     assert buf.should_seal(limits, now=1.0) is None
     assert buf.should_seal(limits, now=5.0) == "age"
-    buf.append(FakeRecord(1), 95, now=0.0)
+    add(buf, 1, 95)
     assert buf.should_seal(limits, now=1.0) == "bytes"
-    buf.append(FakeRecord(2), 1, now=0.0)
+    add(buf, 2, 1)
     assert buf.should_seal(limits, now=1.0) == "records"
 
 
@@ -140,8 +147,8 @@ def test_the_end_of_partition_extends_a_split_over_offsets_without_records() -> 
     # Offsets 12 and 13 are a transaction's commit marker and an aborted record: a
     # read_committed consumer never receives them, and the EOF says it read through 14.
     buf = PartitionBuffer(TP, serial=1, position=10)
-    buf.append(FakeRecord(10), 1, now=0.0)
-    buf.append(FakeRecord(11), 1, now=0.0)
+    add(buf, 10, 1)
+    add(buf, 11, 1)
     buf.delivered_to(14)
     split = buf.seal("age")
     assert (split.start, split.end, len(split)) == (10, 14, 2)
@@ -150,8 +157,8 @@ def test_the_end_of_partition_extends_a_split_over_offsets_without_records() -> 
 
 def test_an_end_of_partition_at_or_below_the_last_record_changes_nothing() -> None:
     buf = PartitionBuffer(TP, serial=1, position=0)
-    buf.append(FakeRecord(0), 1, now=0.0)
-    buf.append(FakeRecord(5), 1, now=0.0)
+    add(buf, 0, 1)
+    add(buf, 5, 1)
     buf.delivered_to(6)  # the plain log end: right after the last record
     buf.delivered_to(3)  # stale
     assert buf.seal("age").end == 6
@@ -163,8 +170,8 @@ def test_an_end_of_partition_at_or_below_the_last_record_changes_nothing() -> No
 def test_offsets_past_a_seal_that_carry_no_record_become_a_split_of_their_own_at_once() -> None:
     limits = SplitLimits(max_records=2, max_bytes=100, max_age_s=60.0)
     buf = PartitionBuffer(TP, serial=1, position=0)
-    buf.append(FakeRecord(0), 1, now=0.0)
-    buf.append(FakeRecord(1), 1, now=0.0)
+    add(buf, 0, 1)
+    add(buf, 1, 1)
     assert buf.seal("records").end == 2
     buf.delivered_to(3)  # offset 2 is the transaction's commit marker, the last in the log
     assert buf.should_seal(limits, now=0.0) == "no_records"
