@@ -82,7 +82,7 @@ class _Partitions:
         store.apply_source(SOURCE, {"name": SOURCE}, f"name = '{SOURCE}'")
         store.register_partitions(SOURCE, TOPIC, list(range(PARTITIONS)), "earliest")
         tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
-        self._claims = store.claim_partitions(SOURCE, "bench", tps)
+        self._claims = store.claim_from(SOURCE, "bench", tps, start=0)
         self._next = dict.fromkeys(tps, 0)
         self._tps = tps
         self._count = 0

@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 spec = _spec(f"bench_{kind}", uri)
                 version, _ = store.apply_source(spec.name, spec.to_json(), f"# bench.store {kind}")
                 store.register_partitions(spec.name, TOPIC, range(args.splits), "earliest")
-                claims = store.claim_partitions(
-                    spec.name, "bench", [TopicPartition(TOPIC, p) for p in range(args.splits)]
+                claims = store.claim_from(
+                    spec.name, "bench", [TopicPartition(TOPIC, p) for p in range(args.splits)], start=0
                 )
                 builder = SparkSegmentBuilder(spark, Registrar(register_store, "bench"))
                 builder.warm_up(spec, 2 * args.records, splits=args.splits)

@@ -54,7 +54,7 @@ def publish_segments(store: Metastore, source: str, root: str, count: int, rows:
         "",
     )
     store.register_partitions(source, TP.topic, [0], "earliest")
-    serial = store.claim_partitions(source, "bench", [TP])[TP].serial
+    serial = store.claim_from(source, "bench", [TP], start=0)[TP].serial
     for n in range(count):
         build, split = uuid.uuid4(), uuid.uuid4()
         dirs = build_dirs(root, source, build)

@@ -65,7 +65,9 @@ class Batch:
 
 
 def start_offset(claim: PartitionClaim) -> int:
-    """Where a claimed partition is read from: the stored offset, or the source's start position."""
+    """Where a claimed partition is read from: the stored offset, pinned at its first claim
+    (ingest.rebalance). A claim with nothing stored was superseded before it could pin: it is
+    fenced and takes nothing, so the start position here only gives the consumer an offset."""
     if claim.next_offset is not None:
         return claim.next_offset
     return OFFSET_BEGINNING if claim.initial_position == "earliest" else OFFSET_END

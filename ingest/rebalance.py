@@ -1,8 +1,12 @@
 """Rebalance callbacks: claim on assign, kill on revoke and lost.
 
 - assign: one metastore transaction bumps the serial of every newly assigned partition
-  and reads its stored offset; the partition is then assigned at exactly that offset
-  (no stored offset: the source's start position).
+  and reads its stored offset; the partition is then assigned at exactly that offset.
+  A partition with nothing stored (never read from) first has its start position resolved
+  from the log (earliest: the low watermark, latest: the high watermark) and stored under the
+  claim: the start is resolved once per partition, never again, so repositioning before the
+  first publish (a failed split, a re-assignment, a resume) can never skip what was produced
+  since.
 - revoke / lost: trip the kill switch of every in-flight split of those partitions and
   drop their buffers. Partitions that stay assigned keep everything. ``on_lost`` does
   nothing else; ``on_revoke`` also clears the owner in the metastore (status only).
@@ -12,13 +16,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import structlog
 
 from ingest.assignment import Assignment
-from ingest.kafka import Consumer, start_offset
+from ingest.kafka import Consumer, KafkaCallFailed, start_offset
 from ingest.metrics import Metrics
 from ingest.pipeline import Pipeline
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
@@ -26,10 +30,18 @@ from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
+# Longest a single watermark request may take inside a callback (the deadline bounds them all).
+WATERMARK_TIMEOUT_S = 5.0
+
 
 class ClaimStore(Protocol):
     def claim_partitions(
         self, source: str, worker: str, tps: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionClaim]: ...
+    def pin_start_offsets(
+        self, source: str, pins: Sequence[tuple[PartitionClaim, int]]
     ) -> dict[TopicPartition, PartitionClaim]: ...
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None: ...
 
@@ -82,7 +94,13 @@ class RebalanceHandler:
     def on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         started = time.monotonic()
         deadline = Deadline(self._deadline_s)
-        claims = self._claim(tps, deadline) if tps else {}
+        claims: dict[TopicPartition, PartitionClaim] | None = {}
+        if tps:
+            claims = self._retrying(
+                "claim", deadline, lambda: self._store.claim_partitions(self._source, self._worker_id, tps)
+            )
+        if claims is not None:
+            claims = self._pin_starts(consumer, claims, deadline)
         if claims is None:
             # Without a claim the stored offset is unknown: consuming would risk re-reading or
             # skipping, so the worker stops (its partitions move to the others).
@@ -90,16 +108,17 @@ class RebalanceHandler:
             return
         consumer.assign({tp: start_offset(claims[tp]) for tp in tps})
         for claim in claims.values():
-            self._assignment.add(claim)
+            owned = self._assignment.add(claim)
+            if claim.next_offset is None:
+                # Claimed again by another worker before its start was stored: fenced, it
+                # takes nothing until the group moves it.
+                owned.fence()
         self._observe(RebalanceKind.ASSIGN, started)
         log.info(
             "partitions_assigned",
             source=self._source,
             worker=self._worker_id,
-            partitions=[
-                f"{c.tp}@{c.next_offset if c.next_offset is not None else c.initial_position}#{c.serial}"
-                for c in sorted(claims.values(), key=lambda c: c.tp)
-            ],
+            partitions=[f"{c.tp}@{c.next_offset}#{c.serial}" for c in sorted(claims.values(), key=lambda c: c.tp)],
             assigned=len(self._assignment),
         )
 
@@ -111,17 +130,51 @@ class RebalanceHandler:
 
     # -- internals -----------------------------------------------------------------
 
-    def _claim(self, tps: list[TopicPartition], deadline: Deadline) -> dict[TopicPartition, PartitionClaim] | None:
+    def _pin_starts(
+        self, consumer: Consumer, claims: dict[TopicPartition, PartitionClaim], deadline: Deadline
+    ) -> dict[TopicPartition, PartitionClaim] | None:
+        """Resolve and store the start offset of every claim with nothing stored (None: it
+        could not be done within the deadline)."""
+        unpinned = [c for c in claims.values() if c.next_offset is None]
+        if not unpinned:
+            return claims
+
+        def pin() -> dict[TopicPartition, PartitionClaim]:
+            pins = []
+            for claim in unpinned:
+                timeout = max(0.1, min(deadline.left(), WATERMARK_TIMEOUT_S))
+                low, high = consumer.watermarks(claim.tp, timeout)
+                pins.append((claim, low if claim.initial_position == "earliest" else high))
+            return self._store.pin_start_offsets(self._source, pins)
+
+        pinned = self._retrying("pin_start", deadline, pin)
+        if pinned is None:
+            return None
+        for claim in unpinned:
+            if claim.tp in pinned:
+                log.info(
+                    "start_offset_pinned",
+                    source=self._source,
+                    partition=str(claim.tp),
+                    start_from=claim.initial_position,
+                    offset=pinned[claim.tp].next_offset,
+                )
+        return claims | pinned
+
+    def _retrying(self, what: str, deadline: Deadline, call: Callable[[], T]) -> T | None:
+        """``call`` until it succeeds, retried on metastore and Kafka call failures while the
+        deadline allows; None (and ``self.error`` set) once it does not."""
         while True:
             try:
-                return self._store.claim_partitions(self._source, self._worker_id, tps)
-            except MetastoreError as exc:
-                self._metrics.metastore_errors.labels(self._source).inc()
+                return call()
+            except (MetastoreError, KafkaCallFailed) as exc:
+                if isinstance(exc, MetastoreError):
+                    self._metrics.metastore_errors.labels(self._source).inc()
                 if deadline.left() <= self._claim_retry_s:
                     self.error = exc
-                    log.error("claim_failed", source=self._source, worker=self._worker_id, error=str(exc))
+                    log.error("assign_failed", step=what, source=self._source, worker=self._worker_id, error=str(exc))
                     return None
-                log.warning("claim_retry", source=self._source, worker=self._worker_id, error=str(exc))
+                log.warning("assign_retry", step=what, source=self._source, worker=self._worker_id, error=str(exc))
                 time.sleep(self._claim_retry_s)
 
     def _drop(self, consumer: Consumer, tps: list[TopicPartition], kind: RebalanceKind) -> None:

@@ -138,8 +138,9 @@ class PartitionClaim:
     """What the assign transaction returns for one newly assigned partition.
 
     ``serial`` is the value after this worker's bump: a publish for the partition is
-    accepted only while the stored serial still equals it. ``next_offset`` is None
-    when nothing was ever published; the consumer then starts at ``initial_position``.
+    accepted only while the stored serial still equals it. ``next_offset`` is None only
+    in the answer of the claim that finds nothing stored yet: the claimer resolves
+    ``initial_position`` from the log once and stores it (pin_start_offsets) before it reads.
     """
 
     tp: TopicPartition

@@ -32,7 +32,8 @@ class ClaimsMixin(StoreBase):
         self, source: str, worker: str, tps: Sequence[TopicPartition]
     ) -> dict[TopicPartition, PartitionClaim]:
         """In one transaction: bump the serial of each partition, record the owner, read
-        the stored offset. A partition without a row is created (starting from earliest)."""
+        the stored offset. A partition without a row is created (starting from earliest).
+        A claim with no stored offset is pinned by :meth:`pin_start_offsets` before it is read."""
         if not tps:
             return {}
         ordered = sorted(set(tps))
@@ -48,11 +49,39 @@ class ClaimsMixin(StoreBase):
                         "partitions": [tp.partition for tp in ordered],
                     },
                 ).fetchall()
-        claims = {}
-        for row in rows:
-            tp = TopicPartition(row["topic"], row["partition"])
-            claims[tp] = PartitionClaim(tp, int(row["serial"]), row["next_offset"], row["initial_position"])
-        return claims
+        return _claims(rows)
+
+    def pin_start_offsets(
+        self, source: str, pins: Sequence[tuple[PartitionClaim, int]]
+    ) -> dict[TopicPartition, PartitionClaim]:
+        """Store each claimed partition's start offset (resolved from the log by the claimer)
+        where nothing is stored yet, while the claim's serial is still the current one. Returns
+        the claims that hold, with the offset now stored (another claimer's, if it pinned
+        first); a claim missing from the answer was superseded."""
+        if not pins:
+            return {}
+        ordered = sorted(pins, key=lambda p: p[0].tp)
+        params = {
+            "source": source,
+            "topics": [c.tp.topic for c, _ in ordered],
+            "partitions": [c.tp.partition for c, _ in ordered],
+            "serials": [c.serial for c, _ in ordered],
+            "offsets": [offset for _, offset in ordered],
+        }
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                conn.execute(query("lock_partitions"), params)
+                rows = conn.execute(query("pin_start_offsets"), params).fetchall()
+        return _claims(rows)
+
+    def claim_from(
+        self, source: str, worker: str, tps: Sequence[TopicPartition], start: int
+    ) -> dict[TopicPartition, PartitionClaim]:
+        """Claim, and pin ``start`` where nothing is stored: for callers that know where the
+        partitions start without asking Kafka (the bench, tests). Workers pin what the log says."""
+        claims = self.claim_partitions(source, worker, tps)
+        return claims | self.pin_start_offsets(source, [(c, start) for c in claims.values() if c.next_offset is None])
 
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None:
         """Clear the owner if this worker's claim is still the current one (status only)."""
@@ -90,12 +119,7 @@ class ClaimsMixin(StoreBase):
             with conn.transaction():
                 conn.execute(query("lock_partitions"), params)
                 rows = conn.execute(query("reclaim_partitions"), params).fetchall()
-        return {
-            TopicPartition(r["topic"], r["partition"]): PartitionClaim(
-                TopicPartition(r["topic"], r["partition"]), int(r["serial"]), r["next_offset"], r["initial_position"]
-            )
-            for r in rows
-        }
+        return _claims(rows)
 
     def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None:
         """(serial, next_offset) of one partition, or None if it has no row."""
@@ -107,3 +131,11 @@ class ClaimsMixin(StoreBase):
 
     def partition_status(self, source: str) -> list[Row]:
         return self._fetch("partition_status", source=source)
+
+
+def _claims(rows: Iterable[Row]) -> dict[TopicPartition, PartitionClaim]:
+    claims = {}
+    for row in rows:
+        tp = TopicPartition(row["topic"], row["partition"])
+        claims[tp] = PartitionClaim(tp, int(row["serial"]), row["next_offset"], row["initial_position"])
+    return claims

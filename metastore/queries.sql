@@ -54,6 +54,16 @@ ON CONFLICT (source, topic, partition) DO UPDATE
 SET serial = ingest_partitions.serial + 1, owner = EXCLUDED.owner, assigned_at = now()
 RETURNING topic, partition, serial, next_offset, initial_position;
 
+-- name: pin_start_offsets
+-- A claimed partition with nothing stored gets the start offset its claim resolved from the
+-- log (start_from's earliest or latest, asked of Kafka once), only while that claim is the
+-- current one; a stored offset is never replaced. Rows are locked first (lock_partitions,
+-- fixed order) in the same transaction.
+UPDATE ingest_partitions p SET next_offset = coalesce(p.next_offset, u.o)
+FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[], %(offsets)s::bigint[]) AS u(t, part, s, o)
+WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part AND p.serial = u.s
+RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
+
 -- name: release_partition
 UPDATE ingest_partitions SET owner = NULL
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s

@@ -45,7 +45,7 @@ from typing import Any
 
 from ingest.gc import collect_garbage
 from ingest_dev.kafka import LocalKafka
-from ingest_dev.kafka_clients import create_topic, end_offsets
+from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.process import free_port
 from ingest_dev.s3 import LocalS3
@@ -91,6 +91,9 @@ class ChaosConfig:
     store: str = "file"
     # The Iceberg table on: committers beside the workers, checked at the end (tests/chaos_table.py).
     table: bool = False
+    # The source's start_from. "latest": records produced before the fleet starts must never be
+    # published, and everything produced after the first claim must be, exactly once.
+    start_from: str = "earliest"
 
     def __post_init__(self) -> None:
         # Without committers there is nothing for table_kill to hit (the default kinds include it).
@@ -98,7 +101,14 @@ class ChaosConfig:
             object.__setattr__(self, "faults", tuple(f for f in self.faults if f != "table_kill"))
 
     @classmethod
-    def quick(cls, seed: int = 1, workdir: Path | None = None, store: str = "file", table: bool = False) -> ChaosConfig:
+    def quick(
+        cls,
+        seed: int = 1,
+        workdir: Path | None = None,
+        store: str = "file",
+        table: bool = False,
+        start_from: str = "earliest",
+    ) -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
         # each fault meets partitions with lag and the ownership bound is exercised.
@@ -117,6 +127,7 @@ class ChaosConfig:
             workdir=workdir,
             store=store,
             table=table,
+            start_from=start_from,
         )
 
 
@@ -741,8 +752,20 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, config.partitions)
         source, spec_path = write_spec(
-            work, TOPIC, name="chaos", max_records=config.max_records_per_split, max_age="2s", store=store
+            work,
+            TOPIC,
+            name="chaos",
+            max_records=config.max_records_per_split,
+            max_age="2s",
+            store=store,
+            extra=f'start_from = "{config.start_from}"',
         )
+        if config.start_from == "latest":
+            # Before the source reads: none of these may ever be published (verify's "unexpected").
+            before = produce_records(
+                broker.bootstrap, TOPIC, ((p % config.partitions, None, b'{"before": true}') for p in range(500))
+            )
+            say(f"start_from latest: {sum(before.values())} records produced before the fleet starts")
         apply_spec(url, spec_path)
         # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
         # that long).
@@ -926,6 +949,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run table committers beside the workers (fault table_kill) and check the Iceberg table",
     )
     parser.add_argument(
+        "--start-from",
+        choices=("earliest", "latest"),
+        help="the source's start_from (latest: records produced before the fleet starts must stay out)",
+    )
+    parser.add_argument(
         "--group-protocol",
         choices=("classic", "consumer"),
         help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer",
@@ -945,6 +973,7 @@ def main(argv: list[str] | None = None) -> int:
         "fault_count": args.fault_count,
         "group_protocol": args.group_protocol,
         "store": args.store,
+        "start_from": args.start_from,
     }
     from dataclasses import replace
 

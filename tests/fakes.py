@@ -136,7 +136,7 @@ class FakeStore:
                 if self.serials[tp] != r.serial:
                     raise PublishConflict("serial", tp, r.serial, self.serials.get(tp))
                 stored = self.next_offsets.get(tp)
-                if stored is not None and stored != r.range.start:
+                if stored != r.range.start:  # NULL (never pinned) refuses too (migration 0010)
                     raise PublishConflict("offset", tp, r.range.start, stored)
             for r in item.ranges:
                 self.next_offsets[r.range.tp] = r.range.end
@@ -237,6 +237,21 @@ class MemoryMetastore(FakeStore):
                 self.owners[tp] = worker
                 claims[tp] = PartitionClaim(tp, self.serials[tp], self.next_offsets[tp], self.initial[tp])
             return claims
+
+    def pin_start_offsets(
+        self, source: str, pins: Sequence[tuple[PartitionClaim, int]]
+    ) -> dict[TopicPartition, PartitionClaim]:
+        with self.lock:
+            self._call(source)
+            pinned = {}
+            for claim, offset in pins:
+                tp = claim.tp
+                if self.serials.get(tp) != claim.serial:
+                    continue
+                if self.next_offsets[tp] is None:
+                    self.next_offsets[tp] = offset
+                pinned[tp] = PartitionClaim(tp, claim.serial, self.next_offsets[tp], self.initial[tp])
+            return pinned
 
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None:
         with self.lock:

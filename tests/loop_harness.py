@@ -28,16 +28,15 @@ P1 = TopicPartition(TOPIC, 1)
 
 
 def spec(**overrides: object) -> SourceSpec:
-    limits = SplitLimits(max_records=10, max_age_s=60.0)
-    return SourceSpec(
-        name="src",
-        topics=(TOPIC,),
-        schema=(("ts", "timestamp"),),
-        event_time="ts",
-        segment_store="file:///tmp/unused",
-        split=limits,
-        **overrides,  # type: ignore[arg-type]
-    )
+    fields: dict[str, object] = {
+        "name": "src",
+        "topics": (TOPIC,),
+        "schema": (("ts", "timestamp"),),
+        "event_time": "ts",
+        "segment_store": "file:///tmp/unused",
+        "split": SplitLimits(max_records=10, max_age_s=60.0),
+    }
+    return SourceSpec(**(fields | overrides))  # type: ignore[arg-type]
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
     GROUP_PROTOCOLS,
@@ -139,3 +140,46 @@ def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
             for w in second:
                 w.stop(timeout=60)
     assert_exactly_once(database_url, source, produced)
+
+
+def test_a_latest_source_loses_nothing_produced_after_its_first_claim(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    """The first worker claims every partition of a ``latest`` source, reads, and dies before
+    its first publish; the next one must start where the first claim started, not at the log
+    end of its own claim."""
+    topic = make_topic(partitions=6)
+    source, spec_path = write_spec(tmp_path, topic, max_records=5000, max_age="1s", extra='start_from = "latest"')
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 6)
+    produced.produce(600)  # before the source reads: "latest" leaves these out
+    before = dict(produced.ends)
+    env = process_env(database_url, kafka_bootstrap)
+    # Builds, then waits 600 s before each publish: it dies with everything it read unpublished.
+    first = ProcessWorker({**env, "INGEST_FAULT_PUBLISH_DELAY_S": "600"}, source, tmp_path, "first")
+    second: ProcessWorker | None = None
+    try:
+        with Metastore(database_url) as store:
+
+            def claimed() -> bool:
+                rows = store.partitions(source)
+                return len(rows) == 6 and all(r["next_offset"] is not None for r in rows)
+
+            wait_until(claimed, 90, "the first worker's claim")
+            assert {r["partition"]: r["next_offset"] for r in store.partitions(source)} == before
+            produced.produce(1200)
+            wait_until(lambda: first.has_event("split_sealed"), 90, "the first worker to read and seal")
+            first.kill()
+            assert store.segments(source) == []
+            produced.produce(1200)
+            second = ProcessWorker(env, source, tmp_path, "second")
+            wait_until(lambda: produced.caught_up(store, source), 120, "the second worker to publish everything")
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop(timeout=60)
+    expected = {(topic, p): list(range(before[p], end)) for p, end in produced.ends.items()}
+    with Metastore(database_url) as store:
+        result = verify_exactly_once(store, source, expected)
+    assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"
+    assert result.rows == 2400

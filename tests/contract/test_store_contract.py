@@ -59,9 +59,17 @@ def publish(store: Any, *ranges: tuple[TopicPartition, int, int, int]) -> int:
     return int(store.publish(item))
 
 
+def claim(store: Any, worker: str, tps: list[TopicPartition], start: int = 0) -> dict[TopicPartition, PartitionClaim]:
+    """Claim as the rebalance handler does: a claim that finds nothing stored pins ``start``."""
+    claims = store.claim_partitions("src", worker, tps)
+    pins = [(c, start) for c in claims.values() if c.next_offset is None]
+    return {**claims, **store.pin_start_offsets("src", pins)}
+
+
 def test_every_claim_bumps_the_serial_and_reads_the_stored_offset(store: Any) -> None:
     first = store.claim_partitions("src", "w1", [P1, P0])
     assert first == {P0: PartitionClaim(P0, 1, None, "latest"), P1: PartitionClaim(P1, 1, None, "latest")}
+    store.pin_start_offsets("src", [(first[P0], 0)])
     publish(store, (P0, 1, 0, 10))
     assert store.claim_partitions("src", "w2", [P0]) == {P0: PartitionClaim(P0, 2, 10, "latest")}
     assert store.partition_state("src", P0) == (2, 10)
@@ -72,8 +80,27 @@ def test_a_partition_without_a_row_is_created_at_claim_starting_from_earliest(st
     assert store.claim_partitions("src", "w1", [NEW]) == {NEW: PartitionClaim(NEW, 1, None, "earliest")}
 
 
+def test_a_start_is_pinned_once_under_the_current_claim_and_never_replaced(store: Any) -> None:
+    first = store.claim_partitions("src", "w1", [P0])[P0]
+    assert store.pin_start_offsets("src", [(first, 5)]) == {P0: PartitionClaim(P0, 1, 5, "latest")}
+    second = store.claim_partitions("src", "w2", [P0])[P0]
+    assert second == PartitionClaim(P0, 2, 5, "latest")  # the next claim reads it: never resolved again
+    assert store.pin_start_offsets("src", [(second, 9)]) == {P0: PartitionClaim(P0, 2, 5, "latest")}
+    assert store.pin_start_offsets("src", [(first, 7)]) == {}  # a superseded claim pins nothing
+    assert store.partition_state("src", P0) == (2, 5)
+
+
+def test_a_publish_before_the_start_is_pinned_is_refused(store: Any) -> None:
+    store.claim_partitions("src", "w1", [P0])
+    with pytest.raises(PublishConflict) as refused:
+        publish(store, (P0, 1, 3, 10))
+    assert (refused.value.reason, refused.value.expected, refused.value.actual) == ("offset", 3, None)
+    assert store.partition_state("src", P0) == (1, None)
+
+
 def test_a_publish_advances_each_offset_to_the_split_end(store: Any) -> None:
-    store.claim_partitions("src", "w1", [P0, P1])
+    claim(store, "w1", [P0])
+    claim(store, "w1", [P1], start=5)
     publish(store, (P0, 1, 0, 10), (P1, 1, 5, 6))
     publish(store, (P0, 1, 10, 25))
     assert (store.partition_state("src", P0), store.partition_state("src", P1)) == ((1, 25), (1, 6))
@@ -91,8 +118,8 @@ def test_a_publish_advances_each_offset_to_the_split_end(store: Any) -> None:
 def test_a_refused_publish_writes_nothing_and_names_the_reason(
     store: Any, ranges: tuple[tuple[TopicPartition, int, int, int], ...], reason: str, expected: int, actual: int | None
 ) -> None:
-    store.claim_partitions("src", "w1", [P0])
-    store.claim_partitions("src", "w2", [P0])
+    claim(store, "w1", [P0])
+    claim(store, "w2", [P0])
     publish(store, (P0, 2, 0, 10))
     with pytest.raises(PublishConflict) as refused:
         publish(store, *ranges)
@@ -101,7 +128,7 @@ def test_a_refused_publish_writes_nothing_and_names_the_reason(
 
 
 def test_skipping_a_gap_is_guarded_like_a_publish(store: Any) -> None:
-    store.claim_partitions("src", "w1", [P0])
+    claim(store, "w1", [P0])
     publish(store, (P0, 1, 0, 10))
     with pytest.raises(PublishConflict) as offset:
         store.skip_gap("src", "w1", P0, 1, 5, 50)

@@ -90,7 +90,7 @@ def store(database_url: str) -> Metastore:
 def source(store: Metastore, name: str, store_uri: str) -> int:
     store.apply_source(name, spec(name, store_uri), "")
     store.register_partitions(name, "events", [0], "earliest")
-    return store.claim_partitions(name, "w", [T0])[T0].serial
+    return store.claim_from(name, "w", [T0], start=0)[T0].serial
 
 
 def test_a_publish_delayed_past_gc_is_refused_and_nothing_is_lost(store: Metastore, root: str) -> None:
@@ -103,7 +103,7 @@ def test_a_publish_delayed_past_gc_is_refused_and_nothing_is_lost(store: Metasto
     with pytest.raises(PublishConflict) as refused:
         store.publish(late.item("src", 0, serial, 0, 10))
     assert refused.value.reason == "abandoned" and "read again" in str(refused.value)
-    assert store.segments("src") == [] and store.partition_state("src", T0) == (serial, None)
+    assert store.segments("src") == [] and store.partition_state("src", T0) == (serial, 0)
     assert store.conflict_counts("src") == {"abandoned": 1}
     # The records are read again: a new build of them publishes.
     again = Build(store, "src", uri)

@@ -81,7 +81,7 @@ class Source:
         self.apply()
         self.store.register_partitions(name, T0.topic, list(range(partitions)), "earliest")
         tps = [TopicPartition(T0.topic, p) for p in range(partitions)]
-        claims = self.store.claim_partitions(name, "w", tps)
+        claims = self.store.claim_from(name, "w", tps, start=0)
         self.serials = {tp: claims[tp].serial for tp in tps}
         self.next = dict.fromkeys(tps, 0)
         self.version = 1

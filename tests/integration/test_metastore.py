@@ -90,8 +90,9 @@ def test_an_empty_database_gets_the_whole_schema(pg_server: object, database_url
 def test_claim_bumps_serial_and_returns_the_stored_offset(store: Metastore) -> None:
     first = store.claim_partitions("src", "w1", [T0, T1])
     assert first[T0].serial == 1 and first[T0].next_offset is None and first[T0].initial_position == "earliest"
+    store.pin_start_offsets("src", [(first[T0], 0)])
     store.publish(item(store, T0, 1, 0, 10))
-    second = store.claim_partitions("src", "w2", [T0])
+    second = store.claim_from("src", "w2", [T0], start=0)
     assert second[T0].serial == 2 and second[T0].next_offset == 10
     owners = {(r["topic"], r["partition"]): r["owner"] for r in store.partitions("src")}
     assert owners[("events", 0)] == "w2"
@@ -106,7 +107,7 @@ def test_a_partition_that_appears_later_starts_from_earliest(store: Metastore) -
 
 
 def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     seg_id = store.publish(item(store, T0, claim.serial, 0, 10))
     store.publish(item(store, T0, claim.serial, 10, 25))
     segments = store.segments("src")
@@ -119,7 +120,7 @@ def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> N
 
 
 def test_segments_since_and_limit_keep_the_newest_oldest_first(store: Metastore) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     ids = [store.publish(item(store, T0, claim.serial, start, start + 10)) for start in (0, 10, 20, 30)]
     assert [s["id"] for s in store.segments("src", limit=2)] == ids[2:]
     published = {s["id"]: s["published_at"] for s in store.segments("src")}
@@ -129,7 +130,7 @@ def test_segments_since_and_limit_keep_the_newest_oldest_first(store: Metastore)
 
 
 def test_the_partition_status_view(store: Metastore, database_url: str) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     store.publish(item(store, T0, claim.serial, 0, 10))
     with pytest.raises(PublishConflict):
         store.publish(item(store, T0, claim.serial - 1, 10, 20))
@@ -142,18 +143,18 @@ def test_the_partition_status_view(store: Metastore, database_url: str) -> None:
 
 
 def test_a_zombie_cannot_publish_after_another_worker_claimed(store: Metastore) -> None:
-    zombie = store.claim_partitions("src", "zombie", [T0])[T0]
-    store.claim_partitions("src", "new-owner", [T0])
+    zombie = store.claim_from("src", "zombie", [T0], start=0)[T0]
+    store.claim_from("src", "new-owner", [T0], start=0)
     with pytest.raises(PublishConflict) as info:
         store.publish(item(store, T0, zombie.serial, 0, 10))
     assert info.value.reason == "serial"
     assert store.segments("src") == []
-    assert store.partition_state("src", T0) == (zombie.serial + 1, None)
+    assert store.partition_state("src", T0) == (zombie.serial + 1, 0)  # still the pinned start
     assert store.conflict_counts("src") == {"serial": 1}
 
 
 def test_a_gap_or_an_overlap_is_refused(store: Metastore) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     store.publish(item(store, T0, claim.serial, 0, 10))
     for start, end in ((11, 20), (5, 20), (0, 10)):
         with pytest.raises(PublishConflict) as info:
@@ -163,8 +164,8 @@ def test_a_gap_or_an_overlap_is_refused(store: Metastore) -> None:
 
 
 def test_a_multi_partition_publish_is_all_or_nothing(store: Metastore) -> None:
-    claims = store.claim_partitions("src", "w1", [T0, T1])
-    store.claim_partitions("src", "other", [T1])
+    claims = store.claim_from("src", "w1", [T0, T1], start=0)
+    store.claim_from("src", "other", [T1], start=0)
     seg = item(store, T0, claims[T0].serial, 0, 10)
     both = SegmentToPublish(
         source="src",
@@ -178,14 +179,14 @@ def test_a_multi_partition_publish_is_all_or_nothing(store: Metastore) -> None:
     )
     with pytest.raises(PublishConflict):
         store.publish(both)
-    assert store.partition_state("src", T0) == (claims[T0].serial, None)
+    assert store.partition_state("src", T0) == (claims[T0].serial, 0)  # still the pinned start
     assert store.segments("src") == []
 
 
 def test_a_publish_is_one_statement_and_one_round_trip(store: Metastore, tmp_path: Path) -> None:
     """The whole transaction (lock, checks, inserts, offsets) is one call: the publishing
     thread waits for one reply, not one per step (see ``python -m bench.publish``)."""
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     trace = tmp_path / "libpq.trace"
     conn = store._connection()
     registered = item(store, T0, claim.serial, 0, 10)  # registering is the build's round trip
@@ -222,7 +223,7 @@ def row_locked(database_url: str, tp: TopicPartition) -> Iterator[None]:
 
 
 def test_a_publish_the_server_refused_is_known_not_to_have_committed(store: Metastore, database_url: str) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     store._connection().execute("SET lock_timeout = 200")
     publish = item(store, T0, claim.serial, 0, 10)
     with row_locked(database_url, T0), pytest.raises(MetastoreUnavailable) as info:
@@ -233,7 +234,7 @@ def test_a_publish_the_server_refused_is_known_not_to_have_committed(store: Meta
 
 
 def test_a_publish_whose_connection_dies_has_an_unknown_outcome(store: Metastore, database_url: str) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     pid = store._connection().info.backend_pid
     publish = item(store, T0, claim.serial, 0, 10)
     outcome: list[BaseException] = []
@@ -277,7 +278,7 @@ def test_unreachable_postgres_is_one_clear_error() -> None:
 
 
 def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store: Metastore) -> None:
-    claim = store.claim_partitions("src", "w1", [T0, T1])
+    claim = store.claim_from("src", "w1", [T0, T1], start=0)
     first = store.publish(item(store, T0, claim[T0].serial, 0, 10))
     store.publish(item(store, T0, claim[T0].serial, 10, 20))
     before = store.control("src").reset_generation
@@ -316,7 +317,7 @@ def test_a_reset_fences_a_publish_with_the_pre_reset_serial_and_is_audited(store
 
 
 def test_a_reset_that_skips_is_planned_from_the_stored_offsets(store: Metastore) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])
+    claim = store.claim_from("src", "w1", [T0], start=0)
     store.publish(item(store, T0, claim[T0].serial, 0, 10))
     plan = store.reset_offsets(
         "src", {T0: 40, T1: 7}, actor="a", reason="", target="latest", confirmed=False, earliest={T1: 3}

@@ -43,9 +43,9 @@ def _publish(store: Metastore, serial: int, start: int, end: int) -> None:
 
 
 def test_a_skip_by_a_fenced_worker_or_from_a_moved_offset_changes_nothing(store: Metastore) -> None:
-    old = store.claim_partitions("src", "w1", [T0])[T0]
+    old = store.claim_from("src", "w1", [T0], start=0)[T0]
     _publish(store, old.serial, 0, 50)
-    new = store.claim_partitions("src", "w2", [T0])[T0]  # w1 is a zombie now
+    new = store.claim_from("src", "w2", [T0], start=0)[T0]  # w1 is a zombie now
 
     with pytest.raises(PublishConflict) as stale:
         store.skip_gap("src", "w1", T0, old.serial, 50, 3000)
@@ -70,7 +70,7 @@ def test_a_skip_by_a_fenced_worker_or_from_a_moved_offset_changes_nothing(store:
 
 
 def test_a_stopped_gap_grows_with_retention_and_a_skipped_one_is_never_reopened(store: Metastore) -> None:
-    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     _publish(store, claim.serial, 0, 50)
     store.record_gap("src", "w1", T0, 50, 1000)
     store.record_gap("src", "w2", T0, 50, 4000)  # seen again later (a restart): retention moved on

@@ -25,7 +25,8 @@ SPEC = SourceSpec(
 
 @pytest.fixture
 def store() -> FakeStore:
-    return FakeStore(serials={P0: 1, P1: 1}, next_offsets={P0: None, P1: None})
+    # Both partitions claimed, their start pinned at 0 (as a claim stores it before any read).
+    return FakeStore(serials={P0: 1, P1: 1}, next_offsets={P0: 0, P1: 0})
 
 
 @pytest.fixture
@@ -74,6 +75,7 @@ def test_killing_one_partition_leaves_the_others_untouched(
     gate = threading.Event()
     builder.gates[0] = gate
     builder.gates[100] = gate
+    store.next_offsets[P1] = 100
     pipeline.submit(make_split(P0, 0, 10))
     pipeline.submit(make_split(P1, 100, 110))
     assert pipeline.kill([P0], "revoke") == 1
@@ -81,7 +83,7 @@ def test_killing_one_partition_leaves_the_others_untouched(
     outcomes = {o.split.tp: o for o in drain(pipeline, 2)}
     assert isinstance(outcomes[P0], Killed) and outcomes[P0].reason == "revoke"
     assert isinstance(outcomes[P1], Published)
-    assert store.next_offsets == {P0: None, P1: 110}
+    assert store.next_offsets == {P0: 0, P1: 110}
 
 
 def test_a_zombie_split_is_refused_and_its_successors_are_killed(
@@ -198,7 +200,7 @@ def test_a_split_without_records_is_published_in_its_place_without_a_build(
     pipeline.submit(records)
     pipeline.submit(markers)
     time.sleep(0.1)
-    assert store.next_offsets[P0] is None  # the empty split did not jump the queue
+    assert store.next_offsets[P0] == 0  # the empty split did not jump the queue
     gate.set()
     outcomes = drain(pipeline, 2)
     assert [type(o) for o in outcomes] == [Published, Published]
