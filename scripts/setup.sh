@@ -7,10 +7,27 @@
 # S3 connector; the bench's peers and the Iceberg tables' Spark reader in their own
 # virtualenvs.  Nothing is installed that is already there, and apt's index is only refreshed
 # when something is missing.
+#
+#   scripts/setup.sh             everything the tests, the chaos run and the bench need
+#   scripts/setup.sh --for demo  only what scripts/demo needs: PostgreSQL, Java, Maven, Kafka's
+#                                jars and this package (no test extras, no S3 connector, no
+#                                bench peers, no Iceberg reader)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { echo "setup: $*"; }
+
+profile=test
+if [[ "${1:-}" == "--for" ]]; then
+    profile="${2:-}"
+fi
+case "$profile" in
+    test | demo) ;;
+    *)
+        echo "usage: scripts/setup.sh [--for test|demo]" >&2
+        exit 2
+        ;;
+esac
 
 missing=()
 if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
@@ -24,7 +41,7 @@ fi
 if ! command -v mvn >/dev/null 2>&1; then
     missing+=(maven)
 fi
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+if [[ "$profile" == test ]] && { ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; }; then
     missing+=(prometheus)
 fi
 if ! command -v ps >/dev/null 2>&1; then
@@ -60,19 +77,28 @@ fi
 # imports from here.  The stamp lives outside the repository.
 stamp_dir="${XDG_CACHE_HOME:-$HOME/.cache}/ingest-setup"
 stamp="$stamp_dir/$(pwd | sha256sum | cut -c1-16)"
+# The demo installs the package alone; the tests with their extras (a demo install is
+# upgraded by the next test setup, and a test install serves the demo as it is).
+extras='[test]'
+[[ "$profile" == demo ]] && extras=''
 want="$("$py" --version 2>&1) $py $(sha256sum pyproject.toml | cut -d' ' -f1)"
 here="$(pwd)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
+have="$(cat "$stamp" 2>/dev/null || true)"
+if [[ ("$have" == "$want [test]" || ("$profile" == demo && "$have" == "$want ")) ]] \
     && "$py" -c "import ingest, sys; sys.exit(not ingest.__file__.startswith(sys.argv[1] + '/'))" "$here" 2>/dev/null; then
     say "python package up to date"
 else
-    say "installing python package (editable, test extras)"
-    "$py" -m pip install -q --root-user-action=ignore -e '.[test]'
+    say "installing python package (editable${extras:+, test extras})"
+    "$py" -m pip install -q --root-user-action=ignore -e ".$extras"
     mkdir -p "$stamp_dir"
-    echo "$want" >"$stamp"
+    echo "$want $extras" >"$stamp"
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
 "$py" -m ingest_dev.maven fetch-kafka | sed 's/^/setup: /'
+if [[ "$profile" == demo ]]; then
+    say "done (demo)"
+    exit 0
+fi
 # hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
 "$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
 # The bench's peers, each in its own virtualenv outside the repository (bench/peer.py,
