@@ -115,7 +115,8 @@ class FakeBuilder:
 
 @dataclass
 class FakeStore:
-    """An in-memory metastore with the same publish checks as the real one."""
+    """An in-memory metastore with the same publish checks as the real one, idempotent by
+    split id like it (migration 0011): a split already published answers with its id."""
 
     serials: dict[TopicPartition, int] = field(default_factory=dict)
     next_offsets: dict[TopicPartition, int | None] = field(default_factory=dict)
@@ -129,6 +130,8 @@ class FakeStore:
             if self.unavailable_for > 0:
                 self.unavailable_for -= 1
                 raise MetastoreUnavailable("injected outage")
+            if item.segment.split_id in self.segments:
+                return self._segment_id(item.segment.split_id)
             for r in item.ranges:
                 tp = r.range.tp
                 if tp not in self.serials:
@@ -146,9 +149,12 @@ class FakeStore:
                 raise CommitOutcomeUnknown("injected: connection lost during COMMIT (it did commit)")
             return len(self.segments)
 
+    def _segment_id(self, split_id: uuid.UUID) -> int:
+        return list(self.segments).index(split_id) + 1
+
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         with self.lock:
-            return 1 if split_id in self.segments else None
+            return self._segment_id(split_id) if split_id in self.segments else None
 
 
 class RecordingRegistrar:
