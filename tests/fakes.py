@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -123,6 +124,15 @@ class FakeStore:
     segments: dict[uuid.UUID, SegmentToPublish] = field(default_factory=dict)
     unavailable_for: int = 0
     lose_commit_ack: int = 0
+    # Publishes whose reply is lost while they wait on the server: they raise
+    # CommitOutcomeUnknown having written nothing, and their sessions go on (``orphans``)
+    # until ``commit_orphans``.
+    lose_reply: int = 0
+    orphans: list[SegmentToPublish] = field(default_factory=list)
+    # Raised by the next publish (an error the publisher does not know), then cleared.
+    publish_error: Exception | None = None
+    # Called with the split id after each ``segment_for_split`` answered.
+    on_lookup: Callable[[uuid.UUID], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def publish(self, item: SegmentToPublish) -> int:
@@ -130,6 +140,13 @@ class FakeStore:
             if self.unavailable_for > 0:
                 self.unavailable_for -= 1
                 raise MetastoreUnavailable("injected outage")
+            if self.publish_error is not None:
+                error, self.publish_error = self.publish_error, None
+                raise error
+            if self.lose_reply > 0:
+                self.lose_reply -= 1
+                self.orphans.append(item)
+                raise CommitOutcomeUnknown("injected: connection lost while the publish waited on the server")
             if item.segment.split_id in self.segments:
                 return self._segment_id(item.segment.split_id)
             for r in item.ranges:
@@ -154,7 +171,18 @@ class FakeStore:
 
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         with self.lock:
-            return self._segment_id(split_id) if split_id in self.segments else None
+            found = self._segment_id(split_id) if split_id in self.segments else None
+        if self.on_lookup is not None:
+            self.on_lookup(split_id)
+        return found
+
+    def commit_orphans(self) -> None:
+        """The sessions orphaned by lost replies go on: each commits now, or is refused (and
+        writes nothing), as its publish would have."""
+        orphans, self.orphans = self.orphans, []
+        for item in orphans:
+            with contextlib.suppress(PublishConflict):
+                self.publish(item)
 
 
 class RecordingRegistrar:
