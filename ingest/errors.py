@@ -12,7 +12,7 @@ __all__ = [
     "IngestError",
     "KafkaUnavailable",
     "ParseFailure",
-    "PublishAbandoned",
+    "PublishFailed",
     "ResetNotConfirmed",
     "SparkUnavailable",
     "SplitKilled",
@@ -39,9 +39,20 @@ class SplitKilled(IngestError):
         self.reason = reason
 
 
-class PublishAbandoned(SplitKilled):
-    """Killed while a commit's outcome was unknown: the segment may have been published,
-    so its files must be left for ``ingest gc`` (which asks the metastore) to judge."""
+class PublishFailed(IngestError):
+    """A split was not published, as far as the worker can tell. ``cause``: SplitKilled,
+    PublishConflict or any other error.
+
+    ``unanswered``: a publish statement of the split went unanswered (the connection broke
+    with the statement on the server). Its server session may have committed, or may still
+    commit after the worker looked the split up, so the split's files are not the worker's to
+    delete: ``ingest gc`` decides by the metastore's split registry. False only when every
+    statement sent for the split was answered (refused, or failed and so rolled back)."""
+
+    def __init__(self, cause: Exception, *, unanswered: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.unanswered = unanswered
 
 
 class BuildError(IngestError):

@@ -84,7 +84,7 @@ class OutcomeHandler:
                 self._published(outcome, owned, fields)
             elif isinstance(outcome, Killed):
                 self._metrics.splits_killed.labels(self._source, outcome.reason).inc()
-                log.info("split_killed", reason=outcome.reason, **fields)
+                log.info("split_killed", reason=outcome.reason, files=outcome.files, **fields)
             elif isinstance(outcome, Conflicted):
                 self._conflicted(outcome, act_on, fields)
             elif isinstance(outcome, Failed):
@@ -102,6 +102,7 @@ class OutcomeHandler:
             reason=reason,
             expected=outcome.conflict.expected,
             stored=outcome.conflict.actual,
+            files=outcome.files,
             **fields,
         )
         if owned is None:
@@ -120,7 +121,7 @@ class OutcomeHandler:
         if self._failed_streak == self._unhealthy_after:
             log.error("worker_unhealthy", source=self._source, worker=self._worker_id, reason=self.unhealthy_reason)
         self._registry.error(f"{outcome.stage.upper()}_FAILED", f"{split.tp}: {outcome.error}")
-        log.error("split_failed", stage=outcome.stage, error=str(outcome.error), **fields)
+        log.error("split_failed", stage=outcome.stage, error=str(outcome.error), files=outcome.files, **fields)
         if owned is not None:
             self._positioner.rewind(owned)
 

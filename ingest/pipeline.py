@@ -10,7 +10,10 @@ Invariants:
   a split is never published while an earlier split of its partition is unresolved.
 - When a split of a partition fails or is refused, every later split of that partition
   still in flight is killed (they could only be refused: the stored offset did not move).
-- Files of a split are deleted only when it is certain they were not published.
+- Files of a split are deleted only when it is certain they were not published and never
+  will be: every publish statement sent for it was answered. After one went unanswered (a
+  lost connection) its server session may still commit, however the retries end; the files
+  are then left to gc (``SplitFiles``), which decides by the metastore's split registry.
 - Consumer calls never happen here: results go back to the polling thread via ``poll()``.
 """
 
@@ -22,12 +25,13 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import structlog
 
 from ingest import segment_store
 from ingest.builder import SegmentBuilder
-from ingest.errors import BuildError, ParseFailure, PublishAbandoned, SplitKilled
+from ingest.errors import BuildError, ParseFailure, PublishFailed, SplitKilled
 from ingest.publisher import Publisher
 from ingest.spec import SourceSpec
 from ingest.split import SealedSplit
@@ -35,6 +39,19 @@ from ingest_common.model import BuiltSegment, FailureStage, KillReason, TopicPar
 from metastore.errors import PublishConflict
 
 log = structlog.get_logger(__name__)
+
+
+class SplitFiles(StrEnum):
+    """What became of the built files of a split that was not published."""
+
+    # Nothing was built (killed or failed before its build finished).
+    NONE = "none"
+    # Deleted by the worker: no publish of the split was sent, or every one sent was answered
+    # with a refusal or an error, so none can ever commit.
+    DISCARDED = "discarded"
+    # Kept: a publish of the split went unanswered and may have committed, or may commit yet.
+    # gc deletes them only if the split never gets published (abandoned after the grace period).
+    LEFT_TO_GC = "left_to_gc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +66,14 @@ class Published:
 class Killed:
     split: SealedSplit
     reason: str
+    files: SplitFiles = SplitFiles.NONE
 
 
 @dataclass(frozen=True, slots=True)
 class Conflicted:
     split: SealedSplit
     conflict: PublishConflict
+    files: SplitFiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +81,7 @@ class Failed:
     split: SealedSplit
     stage: FailureStage
     error: Exception
+    files: SplitFiles = SplitFiles.NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,22 +385,35 @@ class Pipeline:
         try:
             if self._publish_delay_s:
                 self._sleep_unless_killed(split, self._publish_delay_s)
-            started = time.monotonic()
+        except SplitKilled as exc:  # before anything was sent
+            return Killed(split, exc.reason, self._dispose(built, unanswered=False))
+        started = time.monotonic()
+        try:
             segment_id = self._publisher.publish(split, built, entry.spec_version)
-            return Published(split, built, segment_id, time.monotonic() - started)
-        except PublishAbandoned as exc:
-            # The commit may have landed: leave the files for gc, which asks the metastore.
-            return Killed(split, exc.reason)
-        except SplitKilled as exc:
-            self._builder.discard(built)
-            return Killed(split, exc.reason)
-        except PublishConflict as exc:
-            self._builder.discard(built)
-            return Conflicted(split, exc)
-        except Exception as exc:
-            log.exception("publish_failed", split=str(split.id), error=str(exc))
-            self._builder.discard(built)
-            return Failed(split, FailureStage.PUBLISH, exc)
+        except PublishFailed as failed:
+            files = self._dispose(built, unanswered=failed.unanswered)
+            cause = failed.cause
+            if isinstance(cause, SplitKilled):
+                return Killed(split, cause.reason, files)
+            if isinstance(cause, PublishConflict):
+                return Conflicted(split, cause, files)
+            log.error("publish_failed", split=str(split.id), files=files, error=str(cause), exc_info=cause)
+            return Failed(split, FailureStage.PUBLISH, cause, files)
+        except Exception as exc:  # a publisher bug: where the statement got to is unknown
+            log.exception("publish_failed", split=str(split.id), files=SplitFiles.LEFT_TO_GC, error=str(exc))
+            return Failed(split, FailureStage.PUBLISH, exc, SplitFiles.LEFT_TO_GC)
+        return Published(split, built, segment_id, time.monotonic() - started)
+
+    def _dispose(self, built: BuiltSegment, *, unanswered: bool) -> SplitFiles:
+        """The one place a built split's files are deleted: only when no publish of it can
+        ever commit (``unanswered``: a publish statement of it went unanswered)."""
+        if unanswered:
+            log.warning(
+                "split_files_left_to_gc", split=str(built.split_id), files=len(built.files) + len(built.rejects_files)
+            )
+            return SplitFiles.LEFT_TO_GC
+        self._builder.discard(built)
+        return SplitFiles.DISCARDED
 
     def _record(self, entry: _Entry, outcome: Outcome) -> None:
         later: list[SealedSplit] = []

@@ -3,6 +3,10 @@
 The metastore transaction is the real fence (serial + next_offset checks under row
 locks). The kill switch is held across it so that once a revoke callback has tripped
 the switch, no commit for the split can begin.
+
+A failure says whether a statement of the split went unanswered (``PublishFailed.unanswered``):
+the server session of a broken connection goes on and may commit at any time after, so only
+a split whose every statement was answered may have its files deleted by the worker.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ from typing import Protocol
 import structlog
 
 from ingest.backoff import METASTORE_BACKOFF, Backoff
-from ingest.errors import PublishAbandoned
+from ingest.errors import PublishFailed, SplitKilled
 from ingest.split import SealedSplit
 from ingest_common.model import BuiltSegment, PublishRange, SegmentToPublish
-from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
+from metastore.errors import CommitOutcomeUnknown, MetastoreError, MetastoreUnavailable
 
 log = structlog.get_logger(__name__)
 
@@ -46,11 +50,15 @@ class Publisher:
         self._on_store_error = on_store_error
 
     def publish(self, split: SealedSplit, segment: BuiltSegment, spec_version: int) -> int:
-        """Publish or raise: PublishConflict (refused), SplitKilled (tripped before commit).
+        """Publish, or raise PublishFailed: its cause is PublishConflict (refused), SplitKilled
+        (tripped before a commit could begin) or an unexpected error, and it says whether a
+        statement of the split went unanswered (then its files must be left to gc).
 
         While the metastore is unreachable it retries with capped backoff until it succeeds
         or the split is killed. A commit whose outcome is unknown is resolved by looking the
-        split id up before anything is retried, so the split is never published twice.
+        split id up before anything is retried, so the split is never published twice; a
+        session orphaned by the lost connection may still commit after that lookup, and the
+        retry then answers with its segment (the publish is idempotent by split id).
         """
         item = SegmentToPublish(
             source=self._source,
@@ -59,17 +67,27 @@ class Publisher:
             segment=segment,
             ranges=(PublishRange(split.range, split.serial),),
         )
+        # Sticky: once a statement went unanswered, no later answer says it will not commit.
+        unanswered = False
         for delay in self._backoff.delays():
             try:
                 with split.kill_switch.hold():
                     return self._store.publish(item)
             except CommitOutcomeUnknown as exc:
+                unanswered = True
                 self._report(exc)
                 segment_id = self._resolve(split)
                 if segment_id is not None:
                     return segment_id
             except MetastoreUnavailable as exc:
+                # Not sent (no connection), or answered with an error, which rolled it back.
                 self._report(exc)
+            except (SplitKilled, MetastoreError) as exc:
+                # Killed before this attempt was sent, refused, or failed on the server (rolled back).
+                raise PublishFailed(exc, unanswered=unanswered) from exc
+            except Exception as exc:
+                # Unknown where it came from: the statement may have reached the server.
+                raise PublishFailed(exc, unanswered=True) from exc
             log.warning(
                 "publish_retry",
                 split=str(split.id),
@@ -83,16 +101,19 @@ class Publisher:
     def _resolve(self, split: SealedSplit) -> int | None:
         """After an unknown commit outcome: was the split published? Retries until the
         metastore answers or the split is killed (then the answer no longer matters to us:
-        if the commit did land, the offsets advanced and nothing will be re-published)."""
+        if the commit did land, the offsets advanced and nothing will be re-published).
+        Whatever it raises is a PublishFailed with ``unanswered``."""
         for delay in self._backoff.delays():
             if split.kill_switch.tripped:
-                raise PublishAbandoned(split.kill_switch.reason or "killed")
+                raise PublishFailed(SplitKilled(split.kill_switch.reason or "killed"), unanswered=True)
             try:
                 segment_id = self._store.segment_for_split(split.id)
             except MetastoreUnavailable as exc:
                 self._report(exc)
                 self._backoff.sleep(delay)
                 continue
+            except Exception as exc:
+                raise PublishFailed(exc, unanswered=True) from exc
             log.info("commit_outcome_resolved", split=str(split.id), published=segment_id is not None)
             return segment_id
         raise AssertionError("unreachable: the backoff never ends")

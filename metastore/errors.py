@@ -18,7 +18,9 @@ class MetastoreUnavailable(MetastoreError):
 
 class CommitOutcomeUnknown(MetastoreUnavailable):
     """The connection broke while COMMIT was in flight: the transaction may or may not have
-    committed. Resolve by looking the split up (``Metastore.segment_for_split``)."""
+    committed. Resolve by looking the split up (``Metastore.segment_for_split``); the server's
+    session may outlive the connection and commit even after that lookup found nothing, so a
+    retry is answered with the segment (the publish is idempotent by split id)."""
 
 
 class SchemaMissing(MetastoreError):

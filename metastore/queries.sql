@@ -79,7 +79,8 @@ ORDER BY topic, partition
 FOR UPDATE;
 
 -- name: publish_segment
--- The whole publish transaction (migrations/0007): lock, check, insert, advance. One row:
+-- The whole publish transaction (migrations/0007, 0008, 0011): lock, check, insert, advance;
+-- a split already published answers with its segment. One row:
 -- segment_id set, or the first failing check (reason, topic, partition, expected, actual).
 SELECT * FROM ingest_publish_segment(
     p_source => %(source)s, p_split_id => %(split_id)s, p_spec_version => %(spec_version)s,

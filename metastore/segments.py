@@ -22,10 +22,13 @@ class SegmentsMixin(StoreBase):
         """The serial-guarded publish, as one statement (one transaction, one round trip):
         locks the partition rows in a fixed order, checks for each that the serial is the
         one seen at assign and that the range starts at the stored next offset, then inserts
-        the segment and advances the offsets (``ingest_publish_segment``, migration 0007).
+        the segment and advances the offsets (``ingest_publish_segment``, migrations 0007,
+        0008 and 0011). Idempotent by split id: a split already published answers with its
+        segment's id, whatever the checks say now (a retry after a lost reply).
 
         Raises PublishConflict (nothing of the segment written, conflict recorded) or
-        CommitOutcomeUnknown (the connection broke before the reply came back).
+        CommitOutcomeUnknown (the connection broke before the reply came back: the server's
+        session may have committed, or may still commit later).
         """
         ranges = sorted(item.ranges, key=lambda r: r.range.tp)
         seg = item.segment

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -115,13 +116,23 @@ class FakeBuilder:
 
 @dataclass
 class FakeStore:
-    """An in-memory metastore with the same publish checks as the real one."""
+    """An in-memory metastore with the same publish checks as the real one, idempotent by
+    split id like it (migration 0011): a split already published answers with its id."""
 
     serials: dict[TopicPartition, int] = field(default_factory=dict)
     next_offsets: dict[TopicPartition, int | None] = field(default_factory=dict)
     segments: dict[uuid.UUID, SegmentToPublish] = field(default_factory=dict)
     unavailable_for: int = 0
     lose_commit_ack: int = 0
+    # Publishes whose reply is lost while they wait on the server: they raise
+    # CommitOutcomeUnknown having written nothing, and their sessions go on (``orphans``)
+    # until ``commit_orphans``.
+    lose_reply: int = 0
+    orphans: list[SegmentToPublish] = field(default_factory=list)
+    # Raised by the next publish (an error the publisher does not know), then cleared.
+    publish_error: Exception | None = None
+    # Called with the split id after each ``segment_for_split`` answered.
+    on_lookup: Callable[[uuid.UUID], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def publish(self, item: SegmentToPublish) -> int:
@@ -129,6 +140,15 @@ class FakeStore:
             if self.unavailable_for > 0:
                 self.unavailable_for -= 1
                 raise MetastoreUnavailable("injected outage")
+            if self.publish_error is not None:
+                error, self.publish_error = self.publish_error, None
+                raise error
+            if self.lose_reply > 0:
+                self.lose_reply -= 1
+                self.orphans.append(item)
+                raise CommitOutcomeUnknown("injected: connection lost while the publish waited on the server")
+            if item.segment.split_id in self.segments:
+                return self._segment_id(item.segment.split_id)
             for r in item.ranges:
                 tp = r.range.tp
                 if tp not in self.serials:
@@ -146,9 +166,23 @@ class FakeStore:
                 raise CommitOutcomeUnknown("injected: connection lost during COMMIT (it did commit)")
             return len(self.segments)
 
+    def _segment_id(self, split_id: uuid.UUID) -> int:
+        return list(self.segments).index(split_id) + 1
+
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         with self.lock:
-            return 1 if split_id in self.segments else None
+            found = self._segment_id(split_id) if split_id in self.segments else None
+        if self.on_lookup is not None:
+            self.on_lookup(split_id)
+        return found
+
+    def commit_orphans(self) -> None:
+        """The sessions orphaned by lost replies go on: each commits now, or is refused (and
+        writes nothing), as its publish would have."""
+        orphans, self.orphans = self.orphans, []
+        for item in orphans:
+            with contextlib.suppress(PublishConflict):
+                self.publish(item)
 
 
 class RecordingRegistrar:

@@ -162,3 +162,20 @@ def test_heartbeats_controls_errors_and_specs(store: Any) -> None:
     assert version == 1 and doc["name"] == "src"
     with pytest.raises(SourceNotFound):
         store.control("nope")
+
+
+def test_a_split_published_again_answers_with_its_segment_and_writes_nothing(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry after a lost reply, whose orphaned session committed meanwhile: idempotent by
+    split id, whatever the checks say now (the offset moved past it, another worker claimed)."""
+    sent: list[SegmentToPublish] = []
+    publish_once = store.publish
+    monkeypatch.setattr(store, "publish", lambda item: sent.append(item) or publish_once(item))
+    store.claim_partitions("src", "w1", [P0])
+    segment_id = publish(store, (P0, 1, 0, 10))
+    assert store.publish(sent[0]) == segment_id
+    store.claim_partitions("src", "w2", [P0])
+    assert store.publish(sent[0]) == segment_id
+    assert store.segment_for_split(sent[0].segment.split_id) == segment_id
+    assert store.partition_state("src", P0) == (2, 10)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from ingest.backoff import Backoff
-from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
+from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published, SplitFiles
 from ingest.publisher import Publisher
 from ingest.spec import SourceSpec
-from ingest_common.model import TopicPartition
+from ingest_common.model import KillReason, TopicPartition
 from tests.fakes import FakeBuilder, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
@@ -101,6 +101,7 @@ def test_a_zombie_split_is_refused_and_its_successors_are_killed(
     assert isinstance(outcomes[1], Killed) and outcomes[1].reason == "predecessor_failed"
     assert store.segments == {}
     assert first.id in builder.discarded  # its files never become visible
+    assert outcomes[0].files is SplitFiles.DISCARDED  # every statement sent was answered
 
 
 def test_a_split_not_starting_at_the_stored_offset_is_refused(pipeline: Pipeline, store: FakeStore) -> None:
@@ -136,6 +137,58 @@ def test_unknown_commit_outcome_is_resolved_without_publishing_twice(pipeline: P
     outcomes = drain(pipeline, 2)
     assert all(isinstance(o, Published) for o in outcomes)
     assert len(store.segments) == 2 and store.next_offsets[P0] == 20
+
+
+def test_a_split_committed_by_a_session_that_outlived_its_connection_is_answered_with_its_id(
+    pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
+) -> None:
+    """The reply is lost while the publish waits on the server; the lookup finds nothing;
+    then the orphaned session commits: the retry learns the split is published."""
+    store.lose_reply = 1
+    store.on_lookup = lambda _split_id: store.commit_orphans()
+    split = make_split(P0, 0, 10)
+    pipeline.submit(split)
+    (outcome,) = drain(pipeline, 1)
+    store.on_lookup = None
+    assert isinstance(outcome, Published), outcome
+    assert outcome.segment_id == store.segment_for_split(split.id)
+    assert list(store.segments) == [split.id] and store.next_offsets[P0] == 10
+    assert builder.discarded == []
+
+
+def _claimed_by_another_worker(store: FakeStore, _pipeline: Pipeline) -> None:
+    store.serials[P0] = 2
+
+
+def _revoked(_store: FakeStore, pipeline: Pipeline) -> None:
+    pipeline.kill([P0], KillReason.REVOKE)
+
+
+def _unexpected_error(store: FakeStore, _pipeline: Pipeline) -> None:
+    store.publish_error = RuntimeError("injected: a bug")
+
+
+@pytest.mark.parametrize(
+    ("after_lookup", "expected"),
+    [(_claimed_by_another_worker, Conflicted), (_revoked, Killed), (_unexpected_error, Failed)],
+)
+def test_after_an_unanswered_publish_the_split_files_are_left_to_gc_however_it_ends(
+    pipeline: Pipeline,
+    builder: FakeBuilder,
+    store: FakeStore,
+    after_lookup: Callable[[FakeStore, Pipeline], None],
+    expected: type[Outcome],
+) -> None:
+    """The orphaned session may commit after the worker gave up (or never): only gc, asking
+    the metastore, may delete the files of a split whose publish went unanswered."""
+    store.lose_reply = 1
+    store.on_lookup = lambda _split_id: after_lookup(store, pipeline)
+    pipeline.submit(make_split(P0, 0, 10))
+    (outcome,) = drain(pipeline, 1)
+    assert isinstance(outcome, expected), outcome
+    assert builder.discarded == []
+    assert isinstance(outcome, Conflicted | Killed | Failed) and outcome.files is SplitFiles.LEFT_TO_GC
+    assert store.segments == {} and len(store.orphans) == 1
 
 
 def test_join_waits_for_everything_in_flight(pipeline: Pipeline, builder: FakeBuilder) -> None:

@@ -1,0 +1,177 @@
+"""A publish whose connection broke while it waited on PostgreSQL, and whose server session
+committed after the worker had looked the split up and found nothing: the worker's retry is
+answered with the segment, and the segment's files are kept (real PostgreSQL, real files).
+
+Only the client's side of the connection is broken (a loopback proxy cuts it), as a lost
+network path does: the server's session survives, unlike one ended by pg_terminate_backend.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ingest import segment_store
+from ingest.backoff import Backoff
+from ingest.builder import BuildResult, SparkSegmentBuilder, stage_records
+from ingest.pipeline import Outcome, Pipeline, Published
+from ingest.publisher import Publisher
+from ingest.registration import BuildRegistrar, Registrar
+from ingest.spec import SourceSpec
+from ingest.split import SealedSplit
+from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
+from ingest_dev.tcp_proxy import TcpProxy
+from metastore import Metastore
+from tests.fakes import make_split
+
+T0 = TopicPartition("events", 0)
+WAIT_S = 60.0
+
+
+class ArrowSegmentBuilder(SparkSegmentBuilder):
+    """Writes each split's staged records as its one Parquet file with pyarrow (no Spark),
+    under a build registered first as the Spark builder's is; ``discard`` is the Spark
+    builder's own."""
+
+    def __init__(self, registrar: BuildRegistrar) -> None:
+        super().__init__(None, registrar)
+        self._registration = registrar
+
+    def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuildResult]:
+        build = uuid.uuid4()
+        dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
+        self._registration.register(
+            BuildRegistration(build, spec.name, dirs.staging, dirs.data, dirs.rejects, tuple(s.id for s in splits)),
+            splits,
+        )
+        results: list[BuildResult] = []
+        for split in splits:
+            uri = f"{dirs.data}/part-{split.id}.parquet"
+            segment_store.ensure_parent(uri)
+            fs, path = segment_store.filesystem(uri)
+            pq.write_table(stage_records(split), path, filesystem=fs)
+            results.append(BuiltSegment(split.id, dirs.data, (uri,), len(split), fs.get_file_info(path).size))
+        return results
+
+
+class LookupHook:
+    """The publisher's metastore, calling ``after_lookup`` once a lookup has answered."""
+
+    def __init__(self, store: Metastore, after_lookup: Callable[[int | None], None]) -> None:
+        self._store = store
+        self._after_lookup = after_lookup
+        self.lookups: list[int | None] = []
+
+    def publish(self, item: SegmentToPublish) -> int:
+        return self._store.publish(item)
+
+    def segment_for_split(self, split_id: uuid.UUID) -> int | None:
+        found = self._store.segment_for_split(split_id)
+        self.lookups.append(found)
+        self._after_lookup(found)
+        return found
+
+
+def _wait(condition: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def admin(database_url: str) -> Iterator[Metastore]:
+    with Metastore(database_url) as store:
+        yield store
+
+
+def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_kept(
+    admin: Metastore, database_url: str, tmp_path: Path
+) -> None:
+    admin.apply_source("src", {"name": "src"}, "name = 'src'")
+    admin.register_partitions("src", "events", [0], "earliest")
+    claim = admin.claim_partitions("src", "w1", [T0])[T0]
+    spec = SourceSpec(
+        name="src",
+        topics=("events",),
+        schema=(("ts", "timestamp"),),
+        event_time="ts",
+        segment_store=f"file://{tmp_path / 'store'}",
+    )
+    split = make_split(T0, 0, 10, serial=claim.serial)
+    port = int(str(conninfo_to_dict(database_url)["port"]))
+
+    with (
+        TcpProxy(port) as proxy,
+        Metastore(make_conninfo(database_url, port=proxy.port)) as through_proxy,
+        Metastore(database_url) as registry,
+        Metastore(database_url) as watcher,
+        psycopg.connect(database_url) as locker,  # its open transaction holds the row lock
+        psycopg.connect(database_url, autocommit=True) as activity,
+    ):
+        locker.execute(
+            "SELECT 1 FROM ingest_partitions WHERE source = 'src' AND topic = %s AND partition = %s FOR UPDATE",
+            (T0.topic, T0.partition),
+        )
+
+        def release_after_the_lookup(found: int | None) -> None:
+            # The lookup ran while the orphaned session still waited: it found nothing. Now
+            # the lock goes, the orphan commits, and only then may the retry come.
+            locker.rollback()
+            _wait(lambda: watcher.segment_for_split(split.id) is not None, "the orphaned session to commit")
+
+        hook = LookupHook(through_proxy, release_after_the_lookup)
+        publisher = Publisher(hook, "src", "w1", backoff=Backoff(0.01, 0.05))
+        pipeline = Pipeline(
+            ArrowSegmentBuilder(Registrar(registry, "w1")), publisher, spec, 1, build_threads=1, batch_linger_s=0.0
+        )
+        try:
+            pipeline.submit(split)
+            waiting: list[int] = []
+
+            def publish_waits_on_the_lock() -> bool:
+                row = activity.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND query LIKE '%ingest_publish_segment%'"
+                ).fetchone()
+                waiting.extend(row or ())
+                return row is not None
+
+            _wait(publish_waits_on_the_lock, "the publish to wait for the row lock")
+            assert proxy.cut() == 1  # the publisher's connection, and only its client side
+            outcomes: list[Outcome] = []
+            _wait(lambda: outcomes.extend(pipeline.poll()) or outcomes, "the split's outcome")
+            orphan_alive = activity.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (waiting[0],)).fetchone()
+        finally:
+            pipeline.close(timeout=30)
+
+    segments = [s for s in admin.segments("src") if s["split_id"] == split.id]
+    files = [Path(uri.removeprefix("file://")) for s in segments for uri in s["files"]]
+    facts = {
+        "outcome": type(outcomes[0]).__name__,
+        "lookups": hook.lookups,
+        "segments of the split": len(segments),
+        "conflicts": admin.conflict_counts("src"),
+        "files exist": bool(files) and all(f.exists() for f in files),
+        "partition (serial, next_offset)": admin.partition_state("src", T0),
+        "orphaned session survived": orphan_alive is not None,
+    }
+    assert facts == {
+        "outcome": "Published",
+        "lookups": [None],
+        "segments of the split": 1,
+        "conflicts": {},
+        "files exist": True,
+        "partition (serial, next_offset)": (claim.serial, 10),
+        "orphaned session survived": True,
+    }
+    (outcome,) = outcomes
+    assert isinstance(outcome, Published) and outcome.segment_id == segments[0]["id"]
+    assert sum(pq.read_table(f).num_rows for f in files) == 10
