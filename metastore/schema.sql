@@ -63,6 +63,14 @@ DECLARE
 BEGIN
     SELECT * INTO conflict FROM ingest_lock_ranges(p_source, p_topics, p_partitions, p_serials, p_starts) LIMIT 1;
     refused := FOUND;
+
+    -- Already published (a retry after a lost reply): its id, whatever the checks say now.
+    SELECT s.id INTO new_id FROM ingest_segments s WHERE s.split_id = p_split_id AND s.source = p_source;
+    IF new_id IS NOT NULL THEN
+        RETURN QUERY SELECT new_id, NULL::text, NULL::text, NULL::integer, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+
     IF NOT refused THEN
         -- Locks the split's row: gc's abandon and this publish are serialized on it.
         UPDATE ingest_splits s SET state = 'published', settled_at = now()

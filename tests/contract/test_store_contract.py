@@ -172,7 +172,7 @@ def test_a_split_published_again_answers_with_its_segment_and_writes_nothing(
     sent: list[SegmentToPublish] = []
     publish_once = store.publish
     monkeypatch.setattr(store, "publish", lambda item: sent.append(item) or publish_once(item))
-    store.claim_partitions("src", "w1", [P0])
+    claim(store, "w1", [P0])
     segment_id = publish(store, (P0, 1, 0, 10))
     assert store.publish(sent[0]) == segment_id
     store.claim_partitions("src", "w2", [P0])

@@ -97,7 +97,7 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
 ) -> None:
     admin.apply_source("src", {"name": "src"}, "name = 'src'")
     admin.register_partitions("src", "events", [0], "earliest")
-    claim = admin.claim_partitions("src", "w1", [T0])[T0]
+    claim = admin.claim_from("src", "w1", [T0], start=0)[T0]
     spec = SourceSpec(
         name="src",
         topics=("events",),
