@@ -42,8 +42,11 @@ class MemoryMessage:
     def partition(self) -> int:
         return self._partition
 
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return None
+
     def __len__(self) -> int:
-        return len(self._value or b"") + len(self._key or b"")
+        return len(self._value or b"")  # as confluent-kafka's Message: the value only
 
 
 @dataclass
