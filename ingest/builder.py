@@ -223,6 +223,9 @@ class SyntheticRecord:
     def value(self) -> bytes:
         return self._value
 
+    def headers(self) -> None:
+        return None
+
     def __len__(self) -> int:
         return len(self._value)
 

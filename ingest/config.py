@@ -31,6 +31,10 @@ KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
 _URL_AUTHORITY = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://([^/?#]*)")
 _SPARK_CONNECT_TOKEN = re.compile(r";token=([^;]+)", re.IGNORECASE)
 WARM_UP_RECORDS = 2000
+# Secrets the process reads from the environment without naming them in a setting: S3A (in the
+# Spark JVM), pyarrow and the Iceberg catalog's file IO take the AWS credentials, libpq the
+# metastore password when INGEST_DATABASE_URL has none. Their values are redacted like the rest.
+SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD")
 # Properties the protocol depends on: a user may not override them.
 PROTOCOL_PROPERTIES = {
     "enable.auto.commit": "false",
@@ -73,6 +77,8 @@ class Settings:
     # A Spark session not started within this is SparkUnavailable: Spark Connect's client
     # otherwise retries an unreachable server for 10 minutes without a word.
     spark_start_timeout_s: float = 300.0
+    # The values of SECRET_ENV_VARS that are set (for redaction only; never shown).
+    environment_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, require_kafka: bool = True) -> Settings:
@@ -120,12 +126,15 @@ class Settings:
             spark_start_timeout_s=non_negative_seconds(
                 "INGEST_SPARK_START_TIMEOUT_S", env.get("INGEST_SPARK_START_TIMEOUT_S", "300")
             ),
+            environment_secrets=tuple(env[name] for name in SECRET_ENV_VARS if env.get(name)),
         )
 
     def secret_values(self) -> list[str]:
         """The secrets these settings carry (for ingest_common.redact): the metastore password, every
-        Kafka property that names a password or secret, a Spark Connect token."""
+        Kafka property that names a password or secret, a Spark Connect token, and the secrets read
+        from the environment (SECRET_ENV_VARS)."""
         values = [v for k, v in self.kafka_properties.items() if is_secret_name(k)]
+        values.extend(self.environment_secrets)
         # A string libpq does not accept fails at connect, its message redacted by pattern.
         with contextlib.suppress(psycopg.Error):
             values.append(str(conninfo_to_dict(self.database_url).get("password", "")))

@@ -51,7 +51,7 @@ class GapStore(Protocol):
 class Verdict(enum.Enum):
     FENCED = "fenced"  # the stored serial moved: another worker owns the partition
     IN_RANGE = "in_range"  # the stored offset is in the log: only a later position was refused
-    PAST_END = "past_end"  # the stored offset is past the log end (topic re-created?)
+    PAST_END = "past_end"  # the stored offset is past the log end (unclean leader election, re-created topic)
     STOPPED = "stopped"  # recorded, partition stays stopped (policy fail)
     SKIPPED = "skipped"  # recorded and skipped (policy earliest): consume from `low`
     CONFLICT = "conflict"  # the record/skip was refused (serial or offset moved)
@@ -192,13 +192,15 @@ class GapResolver:
             log.error(
                 "offset_out_of_range",
                 **marks,
-                action="partition stopped; the stored offset is past the log end",
+                action="partition stopped, nothing skipped; the log ends below the stored offset"
+                " (an unclean leader election truncated it, or the topic was re-created)",
                 **fields,
             )
             self._registry.error(
                 "OFFSET_OUT_OF_RANGE",
-                f"{tp}: stored offset {result.stored} is past the log end "
-                f"{result.high} (topic re-created?); partition stopped, nothing skipped",
+                f"{tp}: stored offset {result.stored} is past the log end {result.high} (an unclean leader"
+                " election truncated the log, or the topic was re-created); partition stopped, nothing"
+                " skipped; `ingest reset` resumes it",
             )
         elif verdict is Verdict.CONFLICT:
             log.warning("offset_gap_conflict", reason=result.reason, **lost, **fields)

@@ -13,7 +13,8 @@ Everything librdkafka-specific lives here and nowhere else:
 - eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign``.
 
 Records pass through as confluent-kafka's own message objects, typed by
-:class:`ingest.split.Record`: nothing is allocated per record.
+:class:`ingest.split.Record`: nothing is allocated per record (except a record's headers, made
+Python objects once when the buffer counts the bytes the record holds).
 """
 
 from __future__ import annotations
@@ -44,11 +45,10 @@ class KafkaCallFailed(IngestError):
 
 class Message(Record, Protocol):
     """A record as the consumer delivers it (confluent-kafka's Message, or a test double):
-    what a split keeps, plus where it came from and its size."""
+    what a split keeps, plus where it came from."""
 
     def topic(self) -> str: ...
     def partition(self) -> int: ...
-    def __len__(self) -> int: ...
 
 
 @dataclass(slots=True)

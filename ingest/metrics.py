@@ -38,7 +38,10 @@ class Metrics:
         self.source = source
         self.records_consumed = Counter("ingest_records_consumed", "Records read from Kafka", ["source"], registry=r)
         self.bytes_consumed = Counter(
-            "ingest_bytes_consumed", "Record value bytes read from Kafka", ["source"], registry=r
+            "ingest_bytes_consumed",
+            "Bytes the records read from Kafka hold in memory (value, key, headers, per-record overhead)",
+            ["source"],
+            registry=r,
         )
         self.records_published = Counter(
             "ingest_records_published", "Rows in published segments", ["source"], registry=r

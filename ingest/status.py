@@ -43,15 +43,20 @@ def partition_state(
     owner_started_at: datetime | None,
     now: datetime,
     stuck_after_s: float,
+    past_log_end: bool = False,
 ) -> str:
-    """OFFSET_OUT_OF_RANGE (stopped at a gap), STUCK or OK.
+    """OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored offset is past the log end), STUCK or OK.
+
+    Past the log end: Kafka's log ends below the stored offset (an unclean leader election
+    truncated it, the topic was re-created). A worker stops such a partition; its lag reads 0,
+    so without this it would look caught up.
 
     STUCK: Kafka's watermark says there is data (lag > 0) and nothing was published for
     ``stuck_after_s`` — since the last publish, or since its owner started when it never
     published. That is a broker stalling silently, a fetcher that stopped, or builds that
     keep failing. A lag Kafka cannot tell (no watermark) is not evidence either way.
     """
-    if stopped_at_gap:
+    if stopped_at_gap or past_log_end:
         return "OFFSET_OUT_OF_RANGE"
     since = last_publish_at or owner_started_at
     if lag and since is not None and (now - since).total_seconds() > stuck_after_s:
@@ -78,6 +83,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
         gap = stopped_at.get((r["topic"], r["partition"], next_offset))
+        past_log_end = high is not None and next_offset is not None and next_offset > high
         partitions.append(
             {
                 "topic": r["topic"],
@@ -89,8 +95,10 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
                     owner_started_at=started.get(r["owner"]),
                     now=now,
                     stuck_after_s=settings.stuck_after_s,
+                    past_log_end=past_log_end,
                 ),
                 "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
+                "past_log_end": past_log_end,
                 "next_offset": next_offset,
                 "earliest_offset": low,
                 "high_watermark": high,

@@ -125,6 +125,12 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
                 f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
                 f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped"
             )
+        if p["past_log_end"]:
+            problems.append(
+                f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, next offset {p['next_offset']} is"
+                f" past the log end {p['high_watermark']} (an unclean leader election or a re-created topic);"
+                " stopped, nothing skipped; `ingest reset` resumes it"
+            )
     problems += [gap_line(g) for g in status["offset_gaps"] if g["acknowledged_at"] is None]
     problems += [
         f"error {when(e['at'], now)} {e['worker']} {e['kind']}: {e['message']}" for e in status["recent_errors"]

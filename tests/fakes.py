@@ -46,8 +46,11 @@ class FakeRecord:
     def value(self) -> bytes | None:
         return self._value
 
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return None
+
     def __len__(self) -> int:
-        return len(self._value or b"") + len(self._key or b"")
+        return len(self._value or b"")  # as confluent-kafka's Message: the value only
 
 
 def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0) -> SealedSplit:

@@ -1,8 +1,8 @@
 """An in-memory implementation of the worker's Kafka boundary (ingest.kafka.Consumer), for
 unit tests: partitions are lists, the test decides when the group assigns, revokes or loses
 partitions (the callbacks run inside the next ``poll``, as librdkafka runs them), and
-retention can drop a partition's head (a position before it is refused, as with
-``auto.offset.reset=error``)."""
+retention can drop a partition's head (a position before it, or past the log end, is refused,
+as with ``auto.offset.reset=error``)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,11 @@ class MemoryMessage:
     def partition(self) -> int:
         return self._partition
 
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return None
+
     def __len__(self) -> int:
-        return len(self._value or b"") + len(self._key or b"")
+        return len(self._value or b"")  # as confluent-kafka's Message: the value only
 
 
 @dataclass
@@ -115,7 +118,10 @@ class MemoryConsumer:
         for tp, position in sorted(self.positions.items()):
             if tp in self._paused or tp in self._refused:
                 continue
-            if position < self.broker.low(tp):
+            # Before the log start (retention) or past its end (an unclean leader election
+            # truncated it, the topic was re-created): refused, as librdkafka reports
+            # OFFSET_OUT_OF_RANGE under auto.offset.reset=error.
+            if not self.broker.low(tp) <= position <= self.broker.high(tp):
                 self._refused.add(tp)
                 batch.refused.append((tp, position, "Broker: Offset out of range"))
                 continue

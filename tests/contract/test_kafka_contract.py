@@ -127,6 +127,24 @@ def test_an_offset_no_longer_in_the_log_is_refused_and_a_seek_past_it_recovers(b
     assert offsets(poll_until(backend.consumer, lambda rs, _b: len(rs) >= 12)) == list(range(8, 20))
 
 
+def test_an_offset_past_the_log_end_is_refused_and_nothing_is_read_from_elsewhere(backend: Backend) -> None:
+    """The stored offset is above the log end after an unclean leader election truncated the
+    log (or the topic was re-created): librdkafka reports OFFSET_OUT_OF_RANGE as a refusal of
+    that offset (auto.offset.reset=error), and delivers no record from another position."""
+    backend.produce(10)
+    backend.consumer.assign({backend.tp: 50})
+    refused: list[tuple[TopicPartition, int | None, str]] = []
+
+    def done(_records: list[Any], batch: Batch) -> bool:
+        refused.extend(batch.refused)
+        return bool(refused)
+
+    assert poll_until(backend.consumer, done) == []
+    assert [(tp, offset) for tp, offset, _text in refused] == [(backend.tp, 50)]
+    assert "out of range" in refused[0][2].lower()
+    assert backend.consumer.watermarks(backend.tp, 10.0) == (0, 10)
+
+
 def test_unassigning_stops_delivery_and_forgets_the_pause(backend: Backend) -> None:
     backend.produce(3)
     backend.consumer.assign({backend.tp: 0})

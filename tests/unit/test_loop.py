@@ -112,6 +112,30 @@ def test_offsets_gone_from_the_log_are_recorded_then_skipped_or_stopped(policy: 
         h.close()
 
 
+@pytest.mark.parametrize("policy", ["earliest", "fail"])
+def test_a_stored_offset_past_the_log_end_stops_the_partition_under_either_policy(policy: str) -> None:
+    """An unclean leader election truncated the log below the stored offset: nothing is read
+    from the log end or anywhere else, nothing is skipped or recorded as skipped, and the
+    error says so (``ingest status`` shows the partition OFFSET_OUT_OF_RANGE)."""
+    h = Harness(spec=spec(on_offset_out_of_range=policy))
+    try:
+        h.produce(P0, 10)
+        with h.store.lock:
+            h.store.next_offsets[P0] = 50
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: bool(h.store.errors), what="the error report")
+        assert [kind for kind, _ in h.store.errors] == ["OFFSET_OUT_OF_RANGE"]
+        assert "stored offset 50 is past the log end 10" in h.store.errors[0][1]
+        assert h.assignment.get(P0).state is PartitionState.OUT_OF_RANGE  # type: ignore[union-attr]
+        h.produce(P0, 60)  # the log grows past the stored offset: the partition stays stopped
+        for _ in range(20):
+            h.loop.step()
+        assert h.published(P0) == [] and h.store.gaps == [] and h.store.next_offsets[P0] == 50
+        assert len(h.assignment.get(P0).buffer) == 0  # type: ignore[union-attr]
+    finally:
+        h.close()
+
+
 def test_a_reset_reclaims_and_repositions_at_the_reset_offset(h: Harness) -> None:
     h.produce(P0, 20)
     h.consumer.group_assigns(P0)

@@ -88,6 +88,30 @@ def test_settings_name_their_secrets() -> None:
     assert sorted(settings.secret_values()) == sorted([SECRET, "sasl-h1dden", "t0k3n-value"])
 
 
+def test_secrets_read_from_the_environment_are_hidden() -> None:
+    """AWS credentials (S3A, pyarrow, the Iceberg catalog's file IO) and libpq's PGPASSWORD are
+    read from the environment by name, never through a setting: their values are registered too."""
+    env = {
+        "INGEST_DATABASE_URL": "postgresql://ingest@db.example/ingest",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "AWS_SESSION_TOKEN": "FwoGZXIvYXdzEXAMPLEsessionTOKEN",
+        "PGPASSWORD": "pg-h1dden",
+    }
+    settings = Settings.from_env(env, require_kafka=False)
+    redact.register_secrets(settings.secret_values())
+    # As a library may print its properties: no key=value pair for the patterns to catch.
+    text = redact.redact(
+        f"catalog failed: {{'s3.access-key-id': 'AKIAEXAMPLE',"
+        f" 's3.secret-access-key': '{env['AWS_SECRET_ACCESS_KEY']}',"
+        f" 's3.session-token': '{env['AWS_SESSION_TOKEN']}'}}; fe_sendauth with {env['PGPASSWORD']}"
+    )
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD"):
+        assert env[name] not in text, text
+    assert "AKIAEXAMPLE" in text  # a key id is not a secret
+    assert env["AWS_SECRET_ACCESS_KEY"] not in repr(settings)
+
+
 def test_the_structlog_processor_covers_keys_values_and_tracebacks() -> None:
     redact.register_secrets([SECRET])
     event = {

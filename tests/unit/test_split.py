@@ -1,18 +1,22 @@
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from confluent_kafka import Message
 
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
-from ingest.split import KillSwitch, PartitionBuffer
+from ingest.split import KillSwitch, PartitionBuffer, held_bytes
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord
 
 TP = TopicPartition("t", 0)
 UNBOUNDED = SplitLimits(max_records=10**9, max_bytes=10**18, max_age_s=3600.0)
+# What one FakeRecord with the default value holds.
+HELD = held_bytes(FakeRecord(0), TP.topic)
 
 
 def add(buf: PartitionBuffer, offset: int, size: int) -> bool:
@@ -50,11 +54,11 @@ def test_take_stops_at_the_record_that_fills_the_buffer_and_the_rest_starts_the_
     limits = SplitLimits(max_records=3, max_bytes=10_000, max_age_s=60.0)
     run = [FakeRecord(o) for o in range(10, 15)]
     buf = PartitionBuffer(TP, serial=1, position=10)
-    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (3, 3, 6)
+    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (3, 3, 3 * HELD)
     assert buf.full(limits) == "records"
     first = buf.seal("records")
     assert (first.start, first.end, [r.offset() for r in first.records]) == (10, 13, [10, 11, 12])
-    assert buf.take(run, 3, len(run), now=1.0, limits=limits) == (5, 2, 4)
+    assert buf.take(run, 3, len(run), now=1.0, limits=limits) == (5, 2, 2 * HELD)
     assert buf.full(limits) is None
     assert (buf.seal("age").start, buf.end) == (13, None)
 
@@ -63,28 +67,29 @@ def test_take_drops_records_before_the_position_or_repeated_and_counts_only_what
     limits = SplitLimits(max_records=100, max_bytes=10_000, max_age_s=60.0)
     run = [FakeRecord(o) for o in (98, 99, 100, 100, 101)]
     buf = PartitionBuffer(TP, serial=1, position=100)
-    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (5, 2, 4)
+    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (5, 2, 2 * HELD)
     split = buf.seal("age")
-    assert [r.offset() for r in split.records] == [100, 101] and split.size_bytes == 4
+    assert [r.offset() for r in split.records] == [100, 101] and split.size_bytes == 2 * HELD
 
 
 def test_take_stops_on_bytes_and_a_logical_start_takes_the_first_offset() -> None:
-    limits = SplitLimits(max_records=100, max_bytes=5, max_age_s=60.0)
     run = [FakeRecord(o, b"abc") for o in (42, 43, 44)]
+    each = held_bytes(run[0], TP.topic)
+    limits = SplitLimits(max_records=100, max_bytes=2 * each - 1, max_age_s=60.0)
     buf = PartitionBuffer(TP, serial=1, position=None)
-    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (2, 2, 6)
+    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (2, 2, 2 * each)
     assert buf.full(limits) == "bytes"
     assert (buf.seal("bytes").start, buf.position) == (42, 44)
 
 
 def test_seal_reasons() -> None:
-    limits = SplitLimits(max_records=3, max_bytes=100, max_age_s=5.0)
+    limits = SplitLimits(max_records=3, max_bytes=HELD + 100, max_age_s=5.0)
     buf = PartitionBuffer(TP, serial=1, position=0)
     assert buf.should_seal(limits, now=100.0) is None  # empty never seals
     add(buf, 0, 10)
     assert buf.should_seal(limits, now=1.0) is None
     assert buf.should_seal(limits, now=5.0) == "age"
-    add(buf, 1, 95)
+    add(buf, 1, 1)
     assert buf.should_seal(limits, now=1.0) == "bytes"
     add(buf, 2, 1)
     assert buf.should_seal(limits, now=1.0) == "records"
@@ -184,3 +189,35 @@ def test_an_end_of_partition_before_the_first_record_of_a_logical_start_is_ignor
     buf = PartitionBuffer(TP, serial=1, position=None)
     buf.delivered_to(7)
     assert buf.end is None
+
+
+def test_the_byte_count_holds_keys_headers_and_each_record_object_not_only_values() -> None:
+    """Real confluent-kafka messages, 10-byte values and 100-byte keys: what each one holds,
+    measured here with sys.getsizeof, is what the buffer counts and what max_bytes bounds."""
+    topic = "clicks-eu-west"
+    tp = TopicPartition(topic, 0)
+    records = [Message(topic=topic, partition=0, offset=o, key=b"k" * 100, value=b"v" * 10) for o in range(100)]
+    one = records[0]
+    # The message object, its value, key and topic name objects, and its slot in the buffer's list.
+    held = sys.getsizeof(one) + sys.getsizeof(one.value()) + sys.getsizeof(one.key()) + sys.getsizeof(topic) + 8
+    buf = PartitionBuffer(tp, serial=1, position=0)
+    assert buf.take(records, 0, len(records), 0.0, UNBOUNDED) == (100, 100, 100 * held)
+    assert buf.size_bytes == 100 * held  # not 100 * 10
+
+    limits = SplitLimits(max_records=1000, max_bytes=10 * held, max_age_s=60.0)
+    buf = PartitionBuffer(tp, serial=1, position=0)
+    assert buf.take(records, 0, len(records), 0.0, limits) == (10, 10, 10 * held)
+    assert buf.full(limits) == "bytes" and buf.seal("bytes").size_bytes == 10 * held
+
+
+def test_headers_count_as_the_python_objects_they_become() -> None:
+    topic = "clicks"
+    headers = [("trace-id", b"t" * 16), ("tenant", None)]
+    with_headers = Message(topic=topic, partition=0, offset=0, value=b"v" * 10, headers=headers)
+    without = Message(topic=topic, partition=0, offset=0, value=b"v" * 10)
+    # The list (its slots included), and per header its (name, value) tuple, the name and the value.
+    expected = sys.getsizeof(headers) + sum(
+        sys.getsizeof((name, data)) + sys.getsizeof(name) + (sys.getsizeof(data) if data is not None else 0)
+        for name, data in headers
+    )
+    assert held_bytes(with_headers, topic) - held_bytes(without, topic) == expected

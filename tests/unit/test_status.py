@@ -21,9 +21,11 @@ def state(
     owner_started_s_ago: float | None = None,
     gap: bool = False,
     stuck_after_s: float = 300.0,
+    past_log_end: bool = False,
 ) -> str:
     return partition_state(
         stopped_at_gap=gap,
+        past_log_end=past_log_end,
         lag=lag,
         now=NOW,
         stuck_after_s=stuck_after_s,
@@ -52,6 +54,11 @@ def test_a_partition_that_never_published_counts_from_its_owner_start() -> None:
 
 def test_a_gap_stop_wins_over_stuck() -> None:
     assert state(lag=5, published_s_ago=10_000, gap=True) == "OFFSET_OUT_OF_RANGE"
+
+
+def test_a_stored_offset_past_the_log_end_is_out_of_range_not_caught_up() -> None:
+    # Its lag reads 0 (the log ends below the stored offset).
+    assert state(lag=0, published_s_ago=10, past_log_end=True) == "OFFSET_OUT_OF_RANGE"
 
 
 def _p(state: str) -> dict[str, Any]:

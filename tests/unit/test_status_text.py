@@ -18,6 +18,7 @@ def partition(n: int, **over: Any) -> dict[str, Any]:
         "partition": n,
         "state": "OK",
         "lost_range": None,
+        "past_log_end": False,
         "next_offset": 1200 * n,
         "earliest_offset": 0,
         "high_watermark": 1250 * n,
@@ -85,6 +86,12 @@ def test_every_partition_shows_its_state_earliest_offset_and_last_event_time() -
     assert "OFFSET_OUT_OF_RANGE" in text and "(earliest)" in text  # no stored offset yet: the start position
     assert "2026-11-25 11:58:00 (2m00s ago)" in text
     assert "offsets [10, 20) are no longer in the log" in text
+
+
+def test_a_partition_stored_past_the_log_end_gets_a_problem_line() -> None:
+    past = partition(0, state="OFFSET_OUT_OF_RANGE", next_offset=50, high_watermark=10, lag=0, past_log_end=True)
+    text = "\n".join(render(status(partitions=[past]), NOW))
+    assert "partition clicks[0]: OFFSET_OUT_OF_RANGE, next offset 50 is past the log end 10" in text
 
 
 def test_no_python_syntax_in_the_summary() -> None:
