@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from ingest.backoff import Backoff
-from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
-from ingest.publisher import Publisher
+from ingest.publish.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
+from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeBuilder, FakeStore, make_split

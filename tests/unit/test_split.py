@@ -5,9 +5,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from ingest.build.split import KillSwitch, PartitionBuffer
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
-from ingest.split import KillSwitch, PartitionBuffer
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord
 

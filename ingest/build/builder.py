@@ -5,12 +5,12 @@ Splits are built in batches: every split of a batch is staged as its own Parquet
 the values against the source's schema and writes the good rows as zstd Parquet, one task
 per staged file. A job has a fixed cost (planning, and on a young JVM compiling the
 planner's code) that would otherwise be paid per split. The output files are then told
-apart by their footers (``ingest.output_files``) and stay where Spark wrote them: each
+apart by their footers (``ingest.build.output_files``) and stay where Spark wrote them: each
 split's segment lists its own files. Records that failed to parse go through a second job
 only when there are any.
 
 Invariants, per build: its directories and splits are registered in the metastore before
-anything is written (``ingest.registration``); per split: ``row_count + rejects_count +
+anything is written (``ingest.build.registration``); per split: ``row_count + rejects_count +
 skipped_count == len(split)``, anything else is a BuildError. Every failure deletes what
 the build wrote. One split's failure (killed, bad input under ``fail``) does not fail the
 others of its batch.
@@ -32,11 +32,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest import output_files, segment_store
+from ingest.build import output_files, segment_store
+from ingest.build.registration import BuildRegistrar
+from ingest.build.split import KillSwitch, SealedSplit
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
-from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
-from ingest.split import KillSwitch, SealedSplit
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, PartitionBy, TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -175,7 +175,7 @@ def _make_plan(spec: SourceSpec) -> _Plan:
         file_partition=(
             None
             if spec.file_partition is PartitionBy.NONE
-            # The session's time zone is UTC (ingest.spark), as are Iceberg's transforms.
+            # The session's time zone is UTC (ingest.build.spark), as are Iceberg's transforms.
             else F.date_format(F.col("_p").getField(spec.event_time), _FILE_PARTITION_FORMATS[spec.file_partition])
         ),
     )
@@ -422,7 +422,7 @@ class SparkSegmentBuilder:
         rows = df.observe(observation, plan.total).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:
             # One file per (task, value): a task still reads one staged file, so a file stays
-            # within one split (ingest.output_files), and now within one partition value too.
+            # within one split (ingest.build.output_files), and now within one partition value too.
             rows = rows.select(*columns, plan.file_partition.alias(FILE_PARTITION_COLUMN))
             writer = rows.write.partitionBy(FILE_PARTITION_COLUMN)
         else:

@@ -13,7 +13,7 @@ Everything librdkafka-specific lives here and nowhere else:
 - eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign``.
 
 Records pass through as confluent-kafka's own message objects, typed by
-:class:`ingest.split.Record`: nothing is allocated per record.
+:class:`ingest.build.split.Record`: nothing is allocated per record.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from ingest.build.split import Record
 from ingest.errors import WorkerFailed
-from ingest.split import Record
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 

@@ -19,7 +19,7 @@ from ingest import __version__
 from ingest.config import Settings, non_negative_seconds, positive_int
 from ingest.errors import ConfigError, ExitCode, IngestError
 from ingest.logs import configure_logging, install_excepthooks
-from ingest.status_text import dash
+from ingest.ops.status_text import dash
 from ingest_common.model import DesiredState, PartitionReset, TopicPartition, WorkerState
 from ingest_common.redact import redact, register_secrets
 from metastore import Metastore, apply_migrations, redact_url
@@ -144,7 +144,7 @@ def _since(value: str) -> datetime:
 
 
 def cmd_segments(args: argparse.Namespace) -> int:
-    from ingest.status import source_segments
+    from ingest.ops.status import source_segments
 
     since = _since(args.since) if args.since else None
     limit = positive_int("--limit", args.limit, maximum=10**9) if args.limit is not None else None
@@ -165,8 +165,8 @@ def cmd_segments(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ingest.status import source_status
-    from ingest.status_text import render as render_status
+    from ingest.ops.status import source_status
+    from ingest.ops.status_text import render as render_status
 
     settings = _settings()
     with Metastore(settings.database_url) as store:
@@ -176,8 +176,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_gaps_list(args: argparse.Namespace) -> int:
-    from ingest.status import source_gaps
-    from ingest.status_text import gap_line
+    from ingest.ops.status import source_gaps
+    from ingest.ops.status_text import gap_line
 
     with Metastore(_settings().database_url) as store:
         gaps = source_gaps(store, args.source)
@@ -281,7 +281,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the source is healthy, 1 when not (for probes and scripts)."""
-    from ingest.status import source_status
+    from ingest.ops.status import source_status
 
     settings = _settings()
     with Metastore(settings.database_url) as store:
@@ -301,7 +301,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ingest.gc import MIN_GRACE_S, collect_garbage
+    from ingest.ops.gc import MIN_GRACE_S, collect_garbage
 
     grace = non_negative_seconds("--grace", args.grace)
     if grace < MIN_GRACE_S and not (args.force or args.dry_run):
@@ -339,7 +339,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_source_history(args: argparse.Namespace) -> int:
-    from ingest.history import source_history
+    from ingest.ops.history import source_history
 
     with Metastore(_settings().database_url) as store:
         versions = source_history(store, args.source)
@@ -357,7 +357,7 @@ def _reset_targets(
     """``--to`` as offsets per partition, and Kafka's low watermarks where known."""
     from ingest.config import is_digits
     from ingest.errors import ConfigError, KafkaUnavailable
-    from ingest.status import watermarks
+    from ingest.ops.status import watermarks
 
     tps = [TopicPartition(r["topic"], r["partition"]) for r in rows]
     if not tps:
@@ -523,7 +523,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_table_commit(args: argparse.Namespace) -> int:
-    from ingest.endpoints import Endpoints
+    from ingest.ops.endpoints import Endpoints
     from ingest.table.committer import TableCommitter
     from ingest.table.config import CommitSettings
 
@@ -722,7 +722,7 @@ def _finish(parser: argparse.ArgumentParser, path: str = "") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ingest.gc import DEFAULT_GRACE_S
+    from ingest.ops.gc import DEFAULT_GRACE_S
 
     parser = argparse.ArgumentParser(prog="ingest", description="Exactly-once Kafka ingestion workers")
     parser.add_argument("--version", action="version", version=f"ingest {__version__}")
@@ -844,10 +844,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def exit_process(code: int) -> None:
-    """Exit with ``code``. A Spark start given up on (ingest.spark.create_session_within)
+    """Exit with ``code``. A Spark start given up on (ingest.build.spark.create_session_within)
     cannot be stopped, and the Spark Connect client's exit hook would retry its server for
     minutes: then the process ends at once, its output flushed."""
-    from ingest.spark import start_abandoned
+    from ingest.build.spark import start_abandoned
 
     if start_abandoned():
         sys.stdout.flush()

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ingest import segment_store
-from ingest.builder import SegmentBuilder
+from ingest.build import segment_store
+from ingest.build.builder import SegmentBuilder
+from ingest.build.split import SealedSplit
 from ingest.errors import BuildError, ParseFailure, PublishAbandoned, SplitKilled
-from ingest.publisher import Publisher
+from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec
-from ingest.split import SealedSplit
 from ingest_common.model import BuiltSegment, FailureStage, KillReason, TopicPartition
 from metastore.errors import PublishConflict
 
