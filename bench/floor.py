@@ -39,7 +39,8 @@ import pyarrow.parquet as pq
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import cpu_seconds, parse_values
-from ingest.build.builder import META_COLUMNS, SparkSegmentBuilder, SyntheticRecord
+from ingest.build.builder import SparkSegmentBuilder, SyntheticRecord
+from ingest.build.plan import META_COLUMNS
 from ingest.build.spark import create_session
 from ingest.build.split import KillSwitch, SealedSplit
 from ingest.config import WARM_UP_RECORDS

@@ -40,6 +40,7 @@ ingest.build (sealed splits into Parquet files, invisible until published)
     split          per-partition buffers, sealed splits, kill switches
     registration   every build registered in the metastore before it writes
     builder        the Spark job over a batch of splits: stage, parse, write, account
+    plan           the staged files' layout and the expressions that parse them
     output_files   which split each output file belongs to, from its footers
     segment_store  the store's layout and file operations (file://, s3a://, ...)
     spark          the worker's one SparkSession (local, standalone or Spark Connect)
