@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 
 from bench.stats import percentiles
-from ingest.cli import GIL_SWITCH_INTERVAL_S
+from ingest.cli.sources import GIL_SWITCH_INTERVAL_S
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

@@ -66,7 +66,15 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     metrics        the committer's metrics
     errors         the tables' errors
 
-ingest.cli (the ``ingest`` command: ``ingest.cli:run``)
+ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
+    __init__       main and run: an IngestError becomes one line and its exit code
+    parser         every command, its flags and the examples its --help ends with
+    common         the settings from the environment, a command's result (--json or text)
+    sources        migrate, source apply / list / history, worker
+    observe        status, health, segments, gaps list / ack
+    actions        suspend, resume, drain, reset, terminate, gc
+    tables         table-enable, table, table-commit, query
+    __main__       ``python -m ingest.cli``
 """
 
 __version__ = "0.1.0"
