@@ -39,12 +39,13 @@ import pyarrow.parquet as pq
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import cpu_seconds, parse_values
-from ingest.builder import META_COLUMNS, SparkSegmentBuilder, SyntheticRecord
+from ingest.build.builder import SparkSegmentBuilder, SyntheticRecord
+from ingest.build.plan import META_COLUMNS
+from ingest.build.spark import create_session
+from ingest.build.split import KillSwitch, SealedSplit
 from ingest.config import WARM_UP_RECORDS
 from ingest.logs import configure_logging
-from ingest.spark import create_session
 from ingest.spec import SourceSpec, spec_from_dict
-from ingest.split import KillSwitch, SealedSplit
 from ingest_common.model import BuildRegistration, BuiltSegment, TopicPartition
 
 
@@ -129,7 +130,7 @@ def _typed_staging(values: list[bytes], splits: list[SealedSplit], work: Path) -
 
 class _TempDirBuilds:
     """The floor builds into a temporary directory it removes itself: no metastore, so
-    there is nothing to register (a worker registers every build; see ingest.registration)."""
+    there is nothing to register (a worker registers every build; see ingest.build.registration)."""
 
     def register(self, build: BuildRegistration, splits: Sequence[SealedSplit]) -> None:
         return None

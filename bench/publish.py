@@ -19,7 +19,7 @@ import time
 import uuid
 
 from bench.stats import percentiles
-from ingest.cli import GIL_SWITCH_INTERVAL_S
+from ingest.cli.sources import GIL_SWITCH_INTERVAL_S
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

@@ -21,7 +21,7 @@ from typing import Any
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles
-from ingest.spark_jars import maven_cache
+from ingest.build.spark_jars import maven_cache
 from ingest_dev.maven import maven_fetch
 
 # Keep equal to <spark.version> in scripts/spark-kafka-jars/pom.xml: connector and engine

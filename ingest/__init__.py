@@ -1,13 +1,81 @@
 """Exactly-once Kafka ingestion workers.
 
-The protocol is visible from the module list:
+The subpackages follow the protocol: a worker consumes a source's partitions (``consume``),
+builds sealed splits into Parquet files nobody sees yet (``build``) and publishes each split
+with its offsets in one serial-guarded metastore transaction (``publish``); operators look
+and act through ``ops`` and ``cli``; ``table`` appends published segments to Iceberg tables.
 
-- ``loop``        polls Kafka, routes records into per-partition buffers, pauses on backpressure
-- ``rebalance``   assign / revoke / lost callbacks: claim partitions, trip kill switches
-- ``split``       per-partition buffers, sealed splits and their kill switches
-- ``pipeline``    builds sealed splits concurrently and publishes them in offset order
-- ``builder``     Spark turns a sealed split into Parquet files (invisible until published)
-- ``publisher``   the serial-guarded metastore transaction that makes a segment visible
+Layers, lowest first; a module imports only from its own layer and the ones below it, and
+the three in one row not from each other (tests/unit/test_layers.py checks this)::
+
+    ingest_common < metastore < ingest (shared) < build < publish | ops | table
+        < consume < ingest.worker < cli
+
+Module map:
+
+ingest (top level: the shared base, and the worker process that wires the layers)
+    errors         the worker's exceptions under ingest_common's root (exit codes there)
+    backoff        capped exponential backoff for metastore calls retried through outages
+    spec           source specs: the TOML parsed and validated, round-tripped through JSON
+    config         settings from the environment; librdkafka client configuration
+    logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
+    worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop
+    __main__       ``python -m ingest``: the command line
+
+ingest.consume (one polling thread: the consumer group's member)
+    kafka          the one boundary to confluent-kafka: typed consumer, error codes, quirks
+    loop           poll, route records into buffers, seal, pause for backpressure
+    rebalance      assign / revoke / lost callbacks: claim (new serials), kill switches
+    assignment     the partitions owned now, each one's lifecycle as a state machine
+    positioning    the one repositioning path (rewind, reset, skipped gap, resume)
+    outcomes       what a finished split does: offsets, fence or rewind, health
+    gaps           offsets gone from the log: measured, recorded, skipped or stopped
+    controls       suspend, drain, resume, resets and spec versions, as a worker applies them
+    heartbeats     the worker's registry entry: heartbeats, controls read, error reports
+    background     the thread every metastore call outside a rebalance callback runs on
+    group_offsets  published offsets committed to the group as advice for Kafka's tools
+    loop_metrics   lag and the loop's gauges
+
+ingest.build (sealed splits into Parquet files, invisible until published)
+    split          per-partition buffers, sealed splits, kill switches
+    registration   every build registered in the metastore before it writes
+    builder        the Spark job over a batch of splits: stage, parse, write, account
+    plan           the staged files' layout and the expressions that parse them
+    output_files   which split each output file belongs to, from its footers
+    segment_store  the store's layout and file operations (file://, s3a://, ...)
+    spark          the worker's one SparkSession (local, standalone or Spark Connect)
+    spark_jars     where the S3 connector's jars are
+
+ingest.publish (built splits made visible, in offset order per partition)
+    pipeline       concurrent batched builds, in-order publishes, outcomes for the loop
+    settle         one built split published or not, the outcome types, who may delete its files
+    publisher      the serial-guarded publish transaction, retried, never twice
+
+ingest.ops (what operators see and run; reads the metastore, never the worker's runtime)
+    metrics        every metric the worker exports
+    endpoints      /metrics, /healthz and /readyz on the metrics port
+    status         ``ingest status`` / ``segments`` / ``gaps``: the document (``--json``)
+    status_text    the status document as text: tables and one line per problem
+    history        ``ingest source history``: spec versions and what changed
+    gc             garbage collection of the segment store, decided by the metastore
+
+ingest.table (published segments as Iceberg tables, each appended exactly once)
+    committer      the table committer: reconcile, choose a batch, append, record
+    catalog        pyiceberg's SQL catalog in the metastore's PostgreSQL
+    config         partition transform, where rejects go, commit batching
+    status         ``ingest table`` and ``ingest query`` (DuckDB)
+    metrics        the committer's metrics
+    errors         the tables' errors
+
+ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
+    __init__       main and run: an IngestError becomes one line and its exit code
+    parser         every command, its flags and the examples its --help ends with
+    common         the settings from the environment, a command's result (--json or text)
+    sources        migrate, source apply / list / history, worker
+    observe        status, health, segments, gaps list / ack
+    actions        suspend, resume, drain, reset, terminate, gc
+    tables         table-enable, table, table-commit, query
+    __main__       ``python -m ingest.cli``
 """
 
 __version__ = "0.1.0"

@@ -12,21 +12,21 @@ import structlog
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ingest.assignment import Assignment
-from ingest.background import Background
-from ingest.builder import BuilderFactory, SparkSegmentBuilder
+from ingest.build.builder import BuilderFactory, SparkSegmentBuilder
+from ingest.build.registration import Registrar
 from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
-from ingest.endpoints import Endpoints
+from ingest.consume.assignment import Assignment
+from ingest.consume.background import Background
+from ingest.consume.group_offsets import GroupOffsets
+from ingest.consume.heartbeats import WorkerRegistry
+from ingest.consume.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
+from ingest.consume.loop import ConsumeLoop, LoopOptions
+from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
-from ingest.group_offsets import GroupOffsets
-from ingest.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
-from ingest.loop import ConsumeLoop, LoopOptions
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
-from ingest.publisher import Publisher
-from ingest.rebalance import RebalanceHandler
-from ingest.registration import Registrar
-from ingest.registry import WorkerRegistry
+from ingest.ops.endpoints import Endpoints
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
+from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec
 from ingest_common.model import WorkerState
 from metastore import Metastore, SourceTerminated
@@ -136,9 +136,9 @@ class Worker:
         worker_id = settings.worker_id
         store = Metastore(settings.database_url)
         publish_store = Metastore(settings.database_url)
-        # Build threads register builds on a connection of their own (ingest.registration).
+        # Build threads register builds on a connection of their own (ingest.build.registration).
         register_store = Metastore(settings.database_url)
-        # The background thread's (ingest.background): heartbeats, controls, rewinds, gaps.
+        # The background thread's (ingest.consume.background): heartbeats, controls, rewinds, gaps.
         task_store = Metastore(settings.database_url)
         background = Background(f"ingest-{self.source}-background")
         consumer: Any = None
@@ -184,7 +184,7 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
-                from ingest.spark import create_session_within
+                from ingest.build.spark import create_session_within
 
                 log.info(
                     "spark_starting",

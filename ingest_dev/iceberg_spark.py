@@ -24,7 +24,7 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
-from ingest.spark_jars import maven_cache
+from ingest.build.spark_jars import maven_cache
 from ingest.table.catalog import CATALOG_NAME, NAMESPACES
 from ingest_dev.maven import maven_fetch
 from metastore.tables import TableKind

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ingest.spark_jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
+from ingest.build.spark_jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
 
 KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.xml"
 KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ingest import segment_store
+from ingest.build import segment_store
 from metastore import Metastore
 
 Coord = tuple[str, int]

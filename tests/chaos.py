@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.gc import collect_garbage
+from ingest.ops.gc import collect_garbage
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres

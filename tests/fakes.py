@@ -11,9 +11,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ingest.build.split import KillSwitch, SealedSplit
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
-from ingest.split import KillSwitch, SealedSplit
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

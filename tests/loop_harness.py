@@ -8,15 +8,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ingest.assignment import Assignment
-from ingest.background import Background
 from ingest.backoff import Backoff
-from ingest.loop import ConsumeLoop, LoopOptions
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
-from ingest.publisher import Publisher
-from ingest.rebalance import RebalanceHandler
-from ingest.registry import WorkerRegistry
+from ingest.consume.assignment import Assignment
+from ingest.consume.background import Background
+from ingest.consume.heartbeats import WorkerRegistry
+from ingest.consume.loop import ConsumeLoop, LoopOptions
+from ingest.consume.rebalance import RebalanceHandler
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
+from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SplitLimits
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeBuilder, MemoryMetastore

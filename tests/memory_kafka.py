@@ -1,4 +1,4 @@
-"""An in-memory implementation of the worker's Kafka boundary (ingest.kafka.Consumer), for
+"""An in-memory implementation of the worker's Kafka boundary (ingest.consume.kafka.Consumer), for
 unit tests: partitions are lists, the test decides when the group assigns, revokes or loses
 partitions (the callbacks run inside the next ``poll``, as librdkafka runs them), and
 retention can drop a partition's head (a position before it, or past the log end, is refused,
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 
-from ingest.kafka import Batch, KafkaCallFailed, RebalanceListener
+from ingest.consume.kafka import Batch, KafkaCallFailed, RebalanceListener
 from ingest_common.model import TopicPartition
 
 
@@ -95,7 +95,7 @@ class MemoryConsumer:
     def group_loses(self, *tps: TopicPartition) -> None:
         self._events.append(("lost", list(tps)))
 
-    # -- ingest.kafka.Consumer --------------------------------------------------------
+    # -- ingest.consume.kafka.Consumer --------------------------------------------------------
 
     @property
     def incremental(self) -> bool:

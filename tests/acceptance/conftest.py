@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from ingest.builder import BuilderFactory, SparkSegmentBuilder
+from ingest.build.builder import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings
 from tests.acceptance.harness import StartWorker, ThreadWorker
 

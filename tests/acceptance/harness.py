@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ingest.builder import BuilderFactory
+from ingest.build.builder import BuilderFactory
 from ingest.config import Settings
 from ingest.spec import load_spec_file
 from ingest.worker import Worker

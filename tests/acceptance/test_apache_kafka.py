@@ -14,9 +14,9 @@ from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
-from ingest.builder import BuilderFactory
-from ingest.kafka import ConfluentConsumer
-from ingest.status import source_status
+from ingest.build.builder import BuilderFactory
+from ingest.consume.kafka import ConfluentConsumer
+from ingest.ops.status import source_status
 from ingest_common.model import TopicPartition
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from ingest.builder import BuilderFactory
+from ingest.build.builder import BuilderFactory
 from ingest_dev.process import free_port
 from metastore import Metastore
 from tests.acceptance.harness import (

@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ingest import registry as registry_module
-from ingest.builder import BuilderFactory
+from ingest.build.builder import BuilderFactory
+from ingest.consume import heartbeats as registry_module
 from ingest_dev.verify import Verification, verify_epochs, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (

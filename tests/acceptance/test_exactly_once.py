@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.builder import BuilderFactory, BuildResult, SegmentBuilder
+from ingest.build.builder import BuilderFactory, BuildResult, SegmentBuilder
+from ingest.build.registration import BuildRegistrar
+from ingest.build.split import SealedSplit
 from ingest.errors import ParseFailure
-from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
-from ingest.split import SealedSplit
 from ingest_common.model import BuiltSegment
 from metastore import Metastore
 from tests.acceptance.harness import (

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.builder import BuilderFactory
-from ingest.status import source_status
+from ingest.build.builder import BuilderFactory
+from ingest.ops.status import source_status
 from ingest_common.model import PARSE_ERRORS, WorkerState
 from ingest_dev.process import free_port
 from metastore import Metastore

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.builder import BuilderFactory
+from ingest.build.builder import BuilderFactory
 from ingest_dev.postgres import LocalPostgres
 from metastore import Metastore, apply_migrations
 from tests.acceptance.harness import (

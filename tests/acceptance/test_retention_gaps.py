@@ -19,10 +19,10 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ingest.builder import BuilderFactory
+from ingest.build.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.config import Settings
-from ingest.status import source_status
+from ingest.ops.status import source_status
 from ingest_dev.kafka_clients import produce_records
 from ingest_dev.verify import read_coordinates, verify_exactly_once
 from metastore import Metastore

@@ -73,7 +73,7 @@ def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_co
     the tagged job (the builder tags each split's jobs and interrupts that tag on revoke)."""
     script = textwrap.dedent(f"""
         import threading, time
-        from ingest.spark import create_session
+        from ingest.build.spark import create_session
 
         spark = create_session({spark_connect!r}, "interrupt-test")
         outcome = []

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.builder import BuilderFactory
+from ingest.build.builder import BuilderFactory
 from ingest.cli import main as cli_main
-from ingest.status import source_status
+from ingest.ops.status import source_status
 from ingest_dev.verify import published_positions
 from metastore import Metastore
 from tests.acceptance.harness import (

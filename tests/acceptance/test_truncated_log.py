@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.status import source_status
-from ingest.status_text import render
+from ingest.ops.status import source_status
+from ingest.ops.status_text import render
 from ingest_common.model import TopicPartition
 from ingest_dev.kafka_clients import produce_records
 from metastore import Metastore

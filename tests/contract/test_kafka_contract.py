@@ -1,4 +1,4 @@
-"""One contract for the worker's Kafka boundary (ingest.kafka.Consumer), run against the
+"""One contract for the worker's Kafka boundary (ingest.consume.kafka.Consumer), run against the
 in-memory consumer the unit tests use (tests.memory_kafka) and confluent-kafka on a real
 Apache Kafka broker: what the unit tests assume of a consumer is what the real one does."""
 
@@ -16,7 +16,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ingest.config import PROTOCOL_PROPERTIES
-from ingest.kafka import Batch, ConfluentConsumer, Consumer
+from ingest.consume.kafka import Batch, ConfluentConsumer, Consumer
 from ingest_common.model import TopicPartition
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 

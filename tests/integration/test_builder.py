@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.builder import SparkSegmentBuilder, warm_up_value
+from ingest.build.builder import SparkSegmentBuilder, warm_up_value
+from ingest.build.split import KillSwitch, SealedSplit
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.spec import SourceSpec, spec_from_dict
-from ingest.split import KillSwitch, SealedSplit
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord, RecordingRegistrar
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.metrics import Metrics
-from ingest.spark_jars import spark_jars_dir
+from ingest.build.spark_jars import spark_jars_dir
+from ingest.ops.metrics import Metrics
 from ingest.table.metrics import TableMetrics
 from ingest_dev.process import free_port
 from tests.fixtures.spark_connect import port_open
@@ -168,7 +168,7 @@ def test_dockerfile_installs_what_setup_installs() -> None:
     assert re.search(r"^FROM python:3\.11\.\d+-slim-bookworm$", dockerfile, re.MULTILINE)
     assert "openjdk-17-jre-headless" in dockerfile and "pip install" in dockerfile
     assert 'ENTRYPOINT ["ingest"]' in dockerfile
-    # The S3 connector from the same pom setup.sh fetches, where ingest.spark_jars looks for it.
+    # The S3 connector from the same pom setup.sh fetches, where ingest.build.spark_jars looks for it.
     assert "scripts/spark-jars/pom.xml" in dockerfile
     assert "ENV INGEST_SPARK_JARS_DIR=/opt/ingest/spark-jars" in dockerfile
     assert not re.search(r"pip install .*-e ", dockerfile)  # not editable

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from ingest.endpoints import Endpoints
+from ingest.ops.endpoints import Endpoints
 
 
 @pytest.fixture

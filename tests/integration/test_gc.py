@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyarrow.fs import FileType
 
-from ingest.gc import collect_garbage
-from ingest.segment_store import build_dirs, ensure_parent, filesystem
+from ingest.build.segment_store import build_dirs, ensure_parent, filesystem
+from ingest.ops.gc import collect_garbage
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

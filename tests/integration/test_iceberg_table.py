@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from ingest.segment_store import build_dirs, ensure_parent, filesystem
+from ingest.build.segment_store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ, TableCommitter, enable_table
@@ -461,7 +461,7 @@ def test_a_table_whose_rebase_setting_was_changed_still_refuses_a_stale_append(d
 
 
 def test_gc_and_table_maintenance_agree_on_what_is_garbage(database_url: str, src: Source) -> None:
-    from ingest.gc import collect_garbage
+    from ingest.ops.gc import collect_garbage
 
     for _ in range(3):
         src.publish(4, rejects=1)

@@ -18,14 +18,16 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ingest import segment_store
 from ingest.backoff import Backoff
-from ingest.builder import BuildResult, SparkSegmentBuilder, stage_records
-from ingest.pipeline import Outcome, Pipeline, Published
-from ingest.publisher import Publisher
-from ingest.registration import BuildRegistrar, Registrar
+from ingest.build import segment_store
+from ingest.build.builder import BuildResult, SparkSegmentBuilder
+from ingest.build.plan import stage_records
+from ingest.build.registration import BuildRegistrar, Registrar
+from ingest.build.split import SealedSplit
+from ingest.publish.pipeline import Pipeline
+from ingest.publish.publisher import Publisher
+from ingest.publish.settle import Outcome, Published
 from ingest.spec import SourceSpec
-from ingest.split import SealedSplit
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from metastore import Metastore

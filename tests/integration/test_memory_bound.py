@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer
 
+from ingest.build.split import PartitionBuffer, SealedSplit
 from ingest.config import PROTOCOL_PROPERTIES
-from ingest.kafka import ConfluentConsumer
+from ingest.consume.kafka import ConfluentConsumer
 from ingest.spec import SplitLimits
-from ingest.split import PartitionBuffer, SealedSplit
 from ingest_common.model import TopicPartition
 
 RECORDS = 5000

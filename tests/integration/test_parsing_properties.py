@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ingest.builder import SparkSegmentBuilder
+from ingest.build.builder import SparkSegmentBuilder
+from ingest.build.split import KillSwitch, SealedSplit
 from ingest.spec import spec_from_dict
-from ingest.split import KillSwitch, SealedSplit
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord, RecordingRegistrar
 

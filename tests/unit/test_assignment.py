@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.assignment import REWIND_BACKOFF_S, Assignment, IllegalTransition, PartitionState
+from ingest.consume.assignment import REWIND_BACKOFF_S, Assignment, IllegalTransition, PartitionState
 from ingest_common.model import PartitionClaim, TopicPartition
 
 TP = TopicPartition("t", 0)

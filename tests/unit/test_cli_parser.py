@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from ingest import __version__
-from ingest.cli import build_parser
+from ingest.cli.parser import build_parser
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,7 +73,7 @@ def test_the_readme_exit_code_table_is_the_exit_code_enum_and_lists_every_except
 def test_every_command_has_examples_that_parse() -> None:
     import shlex
 
-    from ingest.cli import EXAMPLES
+    from ingest.cli.parser import EXAMPLES
 
     leaves = [
         path.removeprefix("ingest ")

@@ -9,9 +9,9 @@ from typing import Any
 from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.group_offsets import GroupOffsets
-from ingest.kafka import KafkaCallFailed, commit_callback
-from ingest.metrics import Metrics
+from ingest.consume.group_offsets import GroupOffsets
+from ingest.consume.kafka import KafkaCallFailed, commit_callback
+from ingest.ops.metrics import Metrics
 from ingest_common.model import TopicPartition
 
 P0 = TopicPartition("t", 0)

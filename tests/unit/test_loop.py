@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ingest.assignment import PartitionState
+from ingest.consume.assignment import PartitionState
 from ingest_common.model import DesiredState, WorkerState
 from tests.loop_harness import P0, P1, Harness, spec
 
@@ -187,7 +187,7 @@ def test_suspend_seals_and_pauses_then_resume_continues_exactly_once(h: Harness)
 def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ingest.assignment.REWIND_BACKOFF_S", (0.01,))
+    monkeypatch.setattr("ingest.consume.assignment.REWIND_BACKOFF_S", (0.01,))
     h.builder.failures[0] = 5
     h.produce(P0, 10)
     h.consumer.group_assigns(P0)

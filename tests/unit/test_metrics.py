@@ -6,7 +6,7 @@ import re
 import uuid
 from pathlib import Path
 
-from ingest.metrics import UNKNOWN_REASON, Metrics
+from ingest.ops.metrics import UNKNOWN_REASON, Metrics
 from ingest_common.model import (
     PARSE_ERRORS,
     BuiltSegment,

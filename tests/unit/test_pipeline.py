@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ingest.backoff import Backoff
-from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published, SplitFiles
-from ingest.publisher import Publisher
+from ingest.publish.pipeline import Pipeline
+from ingest.publish.publisher import Publisher
+from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, TopicPartition
 from tests.fakes import FakeBuilder, FakeStore, make_split

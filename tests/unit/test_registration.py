@@ -3,8 +3,8 @@ import uuid
 import pytest
 
 from ingest.backoff import Backoff
+from ingest.build.registration import Registrar
 from ingest.errors import SplitKilled
-from ingest.registration import Registrar
 from ingest_common.model import BuildRegistration, TopicPartition
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 from tests.fakes import make_split

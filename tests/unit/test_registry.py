@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ingest.background import Background
-from ingest.registry import WorkerRegistry
+from ingest.consume.background import Background
+from ingest.consume.heartbeats import WorkerRegistry
 from ingest_common.model import DesiredState, WorkerState
 from tests.fakes import MemoryMetastore
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.cli import _reset_targets
+from ingest.cli.actions import _reset_targets
 from ingest.config import Settings
 from ingest.errors import ConfigError
 

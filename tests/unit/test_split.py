@@ -7,9 +7,9 @@ from contextlib import contextmanager
 import pytest
 from confluent_kafka import Message
 
+from ingest.build.split import KillSwitch, PartitionBuffer, held_bytes
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
-from ingest.split import KillSwitch, PartitionBuffer, held_bytes
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeRecord
 

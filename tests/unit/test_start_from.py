@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ingest.assignment import PartitionState
+from ingest.consume.assignment import PartitionState
 from ingest.spec import SplitLimits
 from ingest_common.model import DesiredState, PartitionClaim, TopicPartition, WorkerState
 from tests.loop_harness import P0, Harness, spec

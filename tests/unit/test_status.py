@@ -9,7 +9,7 @@ import pytest
 
 from ingest.config import Settings
 from ingest.errors import ConfigError
-from ingest.status import _state, partition_state
+from ingest.ops.status import _state, partition_state
 from ingest_common.model import DesiredState
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from ingest.status_text import ago, render, table, when
+from ingest.ops.status_text import ago, render, table, when
 
 NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 LONG_POD = "ingest-worker-7d9f8c6b5-x2k4q.ingest-workers.data-platform.svc.cluster.local-12345-abcdef"

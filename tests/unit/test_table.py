@@ -20,7 +20,7 @@ def test_batch_settings_are_bounded_with_one_line_naming_the_option() -> None:
 
 
 def test_partition_transforms_are_the_cli_choices() -> None:
-    from ingest.cli import build_parser
+    from ingest.cli.parser import build_parser
 
     args = build_parser().parse_args(["table-enable", "clicks", "--partition-by", "day", "--rejects", "none"])
     assert PartitionBy(args.partition_by) is PartitionBy.DAY

@@ -13,7 +13,7 @@ Everything librdkafka-specific lives here and nowhere else:
 - eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign``.
 
 Records pass through as confluent-kafka's own message objects, typed by
-:class:`ingest.split.Record`: nothing is allocated per record (except a record's headers, made
+:class:`ingest.build.split.Record`: nothing is allocated per record (except a record's headers, made
 Python objects once when the buffer counts the bytes the record holds).
 """
 
@@ -27,8 +27,8 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from ingest.build.split import Record
 from ingest.errors import WorkerFailed
-from ingest.split import Record
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 
@@ -66,7 +66,7 @@ class Batch:
 
 def start_offset(claim: PartitionClaim) -> int:
     """Where a claimed partition is read from: the stored offset, pinned at its first claim
-    (ingest.rebalance). A claim with nothing stored was superseded before it could pin: it is
+    (ingest.consume.rebalance). A claim with nothing stored was superseded before it could pin: it is
     fenced and takes nothing, so the start position here only gives the consumer an offset."""
     if claim.next_offset is not None:
         return claim.next_offset

@@ -5,12 +5,13 @@ Splits are built in batches: every split of a batch is staged as its own Parquet
 the values against the source's schema and writes the good rows as zstd Parquet, one task
 per staged file. A job has a fixed cost (planning, and on a young JVM compiling the
 planner's code) that would otherwise be paid per split. The output files are then told
-apart by their footers (``ingest.output_files``) and stay where Spark wrote them: each
+apart by their footers (``ingest.build.output_files``) and stay where Spark wrote them: each
 split's segment lists its own files. Records that failed to parse go through a second job
-only when there are any.
+only when there are any. What a job computes (the staged layout, the parse expressions) is
+:mod:`ingest.build.plan`; this module runs it and accounts for every record.
 
 Invariants, per build: its directories and splits are registered in the metastore before
-anything is written (``ingest.registration``); per split: ``row_count + rejects_count +
+anything is written (``ingest.build.registration``); per split: ``row_count + rejects_count +
 skipped_count == len(split)``, anything else is a BuildError. Every failure deletes what
 the build wrote. One split's failure (killed, bad input under ``fail``) does not fail the
 others of its batch.
@@ -23,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -32,31 +33,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest import output_files, segment_store
+from ingest.build import output_files, segment_store
+from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, make_plan, stage_records
+from ingest.build.registration import BuildRegistrar
+from ingest.build.split import KillSwitch, SealedSplit
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
-from ingest.registration import BuildRegistrar
 from ingest.spec import SourceSpec
-from ingest.split import KillSwitch, SealedSplit
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, PartitionBy, TopicPartition
 
 log = structlog.get_logger(__name__)
 
-CORRUPT = "_corrupt"
 # Fail if the split's directory exists (split ids are fresh). "error", not its alias
 # "errorifexists": the Spark Connect client only knows the short name.
 WRITE_MODE = "error"
-META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
-STAGED_SCHEMA = pa.schema(
-    [
-        ("_topic", pa.string()),
-        ("_partition", pa.int32()),
-        ("_offset", pa.int64()),
-        ("_timestamp", pa.timestamp("ms", tz="UTC")),
-        ("_key", pa.binary()),
-        ("_value", pa.binary()),
-    ]
-)
-STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
 
 
 # What building one split of a batch gave: its segment, or why there is none (SplitKilled,
@@ -74,111 +63,6 @@ class SegmentBuilder(Protocol):
 
 # How a worker makes its builder: given the registrar every build registers with first.
 BuilderFactory = Callable[[BuildRegistrar], SegmentBuilder]
-
-
-def stage_records(split: SealedSplit) -> pa.Table:
-    records = split.records
-    n = len(records)
-    # Kind 0 is TIMESTAMP_NOT_AVAILABLE.
-    timestamps = [ms if kind else None for kind, ms in (r.timestamp() for r in records)]
-    return pa.table(
-        [
-            pa.repeat(pa.scalar(split.tp.topic, pa.string()), n),
-            pa.repeat(pa.scalar(split.tp.partition, pa.int32()), n),
-            pa.array([r.offset() for r in records], pa.int64()),
-            pa.array(timestamps, pa.timestamp("ms", tz="UTC")),
-            pa.array([r.key() for r in records], pa.binary()),
-            pa.array([r.value() for r in records], pa.binary()),
-        ],
-        schema=STAGED_SCHEMA,
-    )
-
-
-def spark_type(name: str) -> Any:
-    from pyspark.sql import types as T
-
-    scalars = {
-        "string": T.StringType(),
-        "long": T.LongType(),
-        "int": T.IntegerType(),
-        "double": T.DoubleType(),
-        "float": T.FloatType(),
-        "boolean": T.BooleanType(),
-        "timestamp": T.TimestampType(),
-        "date": T.DateType(),
-    }
-    if name.startswith("array<") and name.endswith(">"):
-        return T.ArrayType(scalars[name[6:-1]])
-    return scalars[name]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Spark column expressions of one build (unresolved, so reusable by every batch)."""
-
-    staged_columns: tuple[Any, ...]
-    error: Any
-    # Observing the row count also fences the optimizer: without it, the filter on
-    # ``_error`` is pushed below the projection and from_json is inlined, parsing each
-    # value four times instead of once.
-    total: Any
-    good: Any
-    output_columns: tuple[Any, ...]
-    # The spec's file_partition as a string column (None: files are not cut by event time).
-    file_partition: Any | None
-
-
-# A name no schema column can have (columns are letters, digits and "_"): the column exists only
-# while Spark writes, as the directory level ``ingest-part=<value>``; files do not hold it.
-FILE_PARTITION_COLUMN = "ingest-part"
-_FILE_PARTITION_FORMATS = {
-    PartitionBy.HOUR: "yyyy-MM-dd-HH",
-    PartitionBy.DAY: "yyyy-MM-dd",
-    PartitionBy.MONTH: "yyyy-MM",
-    PartitionBy.YEAR: "yyyy",
-}
-
-
-def _make_plan(spec: SourceSpec) -> _Plan:
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    schema = T.StructType(
-        [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
-        + [T.StructField(CORRUPT, T.StringType(), True)]
-    )
-    value = F.col("_value")
-    text = value.cast("string")
-    parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    event_time = F.col("_p").getField(spec.event_time)
-    corrupt = F.col("_p").getField(CORRUPT)
-    # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
-    error = (
-        F.when(value.isNull(), F.lit("null_value"))
-        .when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
-        # from_json gives a null struct (not a corrupt record) for blank input and `null`.
-        .when(F.col("_p").isNull(), F.lit("invalid_json"))
-        .when(corrupt.isNull() & event_time.isNotNull(), F.lit(None).cast("string"))
-        .when(corrupt.isNull(), F.lit("missing_event_time"))
-        .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
-        .otherwise(F.lit("type_mismatch"))
-    )
-    return _Plan(
-        staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
-        error=error,
-        total=F.count(F.lit(1)).alias("total"),
-        good=F.col("_error").isNull(),
-        output_columns=(
-            *(F.col(c) for c in META_COLUMNS),
-            *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
-        ),
-        file_partition=(
-            None
-            if spec.file_partition is PartitionBy.NONE
-            # The session's time zone is UTC (ingest.spark), as are Iceberg's transforms.
-            else F.date_format(F.col("_p").getField(spec.event_time), _FILE_PARTITION_FORMATS[spec.file_partition])
-        ),
-    )
 
 
 _WARM_UP_VALUES: dict[str, Any] = {
@@ -240,7 +124,7 @@ class SparkSegmentBuilder:
     def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
         self._spark = spark
         self._registrar = registrar
-        self._plans: dict[tuple[tuple[tuple[str, str], ...], str, PartitionBy], _Plan] = {}
+        self._plans: dict[tuple[tuple[tuple[str, str], ...], str, PartitionBy], Plan] = {}
         self._plans_lock = threading.Lock()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
@@ -398,7 +282,7 @@ class SparkSegmentBuilder:
             write_statistics=False,
         )
 
-    def _plan(self, spec: SourceSpec) -> _Plan:
+    def _plan(self, spec: SourceSpec) -> Plan:
         """The column expressions of a build, made once per (schema, event time): building
         them costs hundreds of Py4J round trips, which would otherwise be paid per batch and
         contend for the GIL with the consumer thread."""
@@ -406,10 +290,10 @@ class SparkSegmentBuilder:
         with self._plans_lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = _make_plan(spec)
+                plan = self._plans[key] = make_plan(spec)
             return plan
 
-    def _parse(self, plan: _Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
+    def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
         """One Spark job: parse the staged files, write the good (or the bad) rows to
         ``out_dir``. Returns the number of rows read."""
         from pyspark.sql import Observation
@@ -425,7 +309,7 @@ class SparkSegmentBuilder:
         rows = df.observe(observation, plan.total).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:
             # One file per (task, value): a task still reads one staged file, so a file stays
-            # within one split (ingest.output_files), and now within one partition value too.
+            # within one split (ingest.build.output_files), and now within one partition value too.
             rows = rows.select(*columns, plan.file_partition.alias(FILE_PARTITION_COLUMN))
             writer = rows.write.partitionBy(FILE_PARTITION_COLUMN)
         else:

@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 import structlog
 
-from ingest.assignment import Assignment, OwnedPartition, PartitionState
-from ingest.background import Background
-from ingest.kafka import KafkaCallFailed, Watermarks
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
-from ingest.positioning import Positioner, Reason
-from ingest.registry import WorkerRegistry
+from ingest.consume.assignment import Assignment, OwnedPartition, PartitionState
+from ingest.consume.background import Background
+from ingest.consume.heartbeats import WorkerRegistry
+from ingest.consume.kafka import KafkaCallFailed, Watermarks
+from ingest.consume.positioning import Positioner, Reason
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
 from ingest.spec import SourceSpec
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
 from metastore.errors import MetastoreError, PublishConflict

@@ -61,7 +61,7 @@ def object_store_conf(stores: Iterable[str], env: Mapping[str, str] | None = Non
     endpoint, path-style access and, for http://, no TLS."""
     if not any(store.startswith("s3a://") for store in stores):
         return {}
-    from ingest.spark_jars import spark_jars_dir
+    from ingest.build.spark_jars import spark_jars_dir
 
     env = os.environ if env is None else env
     jars = sorted(spark_jars_dir().glob("*.jar"))

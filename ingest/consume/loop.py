@@ -1,9 +1,9 @@
 """The consumer loop: poll, route records into per-partition buffers, seal, hand sealed
 splits to the pipeline, and pause partitions for backpressure. Everything else it drives
-lives in a module of its own: outcomes (ingest.outcomes), repositioning and rewinds
-(ingest.positioning), offset gaps (ingest.gaps), operators' controls (ingest.controls),
-gauges (ingest.loop_metrics) and the metastore calls, which run in the background
-(ingest.background).
+lives in a module of its own: outcomes (ingest.consume.outcomes), repositioning and rewinds
+(ingest.consume.positioning), offset gaps (ingest.consume.gaps), operators' controls (ingest.consume.controls),
+gauges (ingest.consume.loop_metrics) and the metastore calls, which run in the background
+(ingest.consume.background).
 
 Every consumer call happens on this thread. ``poll()`` is never blocked for long: when the
 pipeline is full the partitions are paused instead, so the group session and
@@ -21,20 +21,20 @@ from typing import Protocol
 
 import structlog
 
-from ingest.assignment import Assignment, OwnedPartition
-from ingest.background import Background
-from ingest.controls import Controls, ControlStore
+from ingest.consume.assignment import Assignment, OwnedPartition
+from ingest.consume.background import Background
+from ingest.consume.controls import Controls, ControlStore
+from ingest.consume.gaps import GapResolver, GapStore
+from ingest.consume.group_offsets import GroupOffsets
+from ingest.consume.heartbeats import WorkerRegistry
+from ingest.consume.kafka import Batch, Consumer, Message, Watermarks
+from ingest.consume.loop_metrics import LoopGauges
+from ingest.consume.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
+from ingest.consume.positioning import Positioner, StateStore
+from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import WorkerFailed
-from ingest.gaps import GapResolver, GapStore
-from ingest.group_offsets import GroupOffsets
-from ingest.kafka import Batch, Consumer, Message, Watermarks
-from ingest.loop_metrics import LoopGauges
-from ingest.metrics import Metrics
-from ingest.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
-from ingest.pipeline import Pipeline
-from ingest.positioning import Positioner, StateStore
-from ingest.rebalance import RebalanceHandler
-from ingest.registry import WorkerRegistry
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
 from ingest.spec import SourceSpec
 from ingest_common.model import DesiredState, WorkerState
 

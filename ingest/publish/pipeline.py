@@ -11,9 +11,7 @@ Invariants:
 - When a split of a partition fails or is refused, every later split of that partition
   still in flight is killed (they could only be refused: the stored offset did not move).
 - Files of a split are deleted only when it is certain they were not published and never
-  will be: every publish statement sent for it was answered. After one went unanswered (a
-  lost connection) its server session may still commit, however the retries end; the files
-  are then left to gc (``SplitFiles``), which decides by the metastore's split registry.
+  will be (ingest.publish.settle).
 - Consumer calls never happen here: results go back to the polling thread via ``poll()``.
 """
 
@@ -23,74 +21,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import structlog
 
-from ingest import segment_store
-from ingest.builder import SegmentBuilder
-from ingest.errors import BuildError, ParseFailure, PublishFailed, SplitKilled
-from ingest.publisher import Publisher
+from ingest.build import segment_store
+from ingest.build.builder import SegmentBuilder
+from ingest.build.split import SealedSplit
+from ingest.errors import BuildError
+from ingest.publish.publisher import Publisher
+from ingest.publish.settle import Killed, Outcome, Published, Settler
 from ingest.spec import SourceSpec
-from ingest.split import SealedSplit
-from ingest_common.model import BuiltSegment, FailureStage, KillReason, TopicPartition
-from metastore.errors import PublishConflict
+from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)
-
-
-class SplitFiles(StrEnum):
-    """What became of the built files of a split that was not published."""
-
-    # Nothing was built (killed or failed before its build finished).
-    NONE = "none"
-    # Deleted by the worker: no publish of the split was sent, or every one sent was answered
-    # with a refusal or an error, so none can ever commit.
-    DISCARDED = "discarded"
-    # Kept: a publish of the split went unanswered and may have committed, or may commit yet.
-    # gc deletes them only if the split never gets published (abandoned after the grace period).
-    LEFT_TO_GC = "left_to_gc"
-
-
-@dataclass(frozen=True, slots=True)
-class Published:
-    split: SealedSplit
-    segment: BuiltSegment
-    segment_id: int
-    publish_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Killed:
-    split: SealedSplit
-    reason: str
-    files: SplitFiles = SplitFiles.NONE
-
-
-@dataclass(frozen=True, slots=True)
-class Conflicted:
-    split: SealedSplit
-    conflict: PublishConflict
-    files: SplitFiles
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    split: SealedSplit
-    stage: FailureStage
-    error: Exception
-    files: SplitFiles = SplitFiles.NONE
-
-
-@dataclass(frozen=True, slots=True)
-class Fatal:
-    split: SealedSplit
-    error: ParseFailure
-
-
-Outcome = Published | Killed | Conflicted | Failed | Fatal
 
 
 @dataclass(slots=True)
@@ -119,12 +64,11 @@ class Pipeline:
         publish_delay_s: float = 0.0,
     ) -> None:
         self._builder = builder
-        self._publisher = publisher
+        self._settler = Settler(builder, publisher, publish_delay_s)
         self._spec = spec
         self._spec_version = spec_version
         self._build_attempts = build_attempts
         self._build_retry_s = build_retry_s
-        self._publish_delay_s = publish_delay_s
         self._max_batch_splits = max_batch_splits
         self._batch_linger_s = batch_linger_s
         self._cond = threading.Condition()
@@ -338,13 +282,6 @@ class Pipeline:
         while (remaining := end - time.monotonic()) > 0 and not all(s.kill_switch.tripped for s in splits):
             time.sleep(min(remaining, 0.05))
 
-    @staticmethod
-    def _sleep_unless_killed(split: SealedSplit, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while (remaining := end - time.monotonic()) > 0:
-            split.kill_switch.check()
-            time.sleep(min(remaining, 0.05))
-
     def _next_ready(self) -> _Entry | None:
         for queue in self._queues.values():
             if queue[0].built.done():
@@ -361,59 +298,8 @@ class Pipeline:
                     self._cond.wait(0.1)
                     entry = self._next_ready()
             # A cancelled build (shutdown) is done too: it resolves as Killed below.
-            outcome = self._finish(entry)
+            outcome = self._settler.settle(entry.split, entry.built, entry.spec_version)
             self._record(entry, outcome)
-
-    def _finish(self, entry: _Entry) -> Outcome:
-        split = entry.split
-        try:
-            built = entry.built.result()
-        except (SplitKilled, CancelledError) as exc:
-            return Killed(split, exc.reason if isinstance(exc, SplitKilled) else KillReason.SHUTDOWN)
-        except ParseFailure as exc:
-            return Fatal(split, exc)
-        except Exception as exc:
-            log.error(
-                "build_failed",
-                split=str(split.id),
-                topic=split.tp.topic,
-                partition=split.tp.partition,
-                error=str(exc),
-                exc_info=not isinstance(exc, BuildError),
-            )
-            return Failed(split, FailureStage.BUILD, exc)
-        try:
-            if self._publish_delay_s:
-                self._sleep_unless_killed(split, self._publish_delay_s)
-        except SplitKilled as exc:  # before anything was sent
-            return Killed(split, exc.reason, self._dispose(built, unanswered=False))
-        started = time.monotonic()
-        try:
-            segment_id = self._publisher.publish(split, built, entry.spec_version)
-        except PublishFailed as failed:
-            files = self._dispose(built, unanswered=failed.unanswered)
-            cause = failed.cause
-            if isinstance(cause, SplitKilled):
-                return Killed(split, cause.reason, files)
-            if isinstance(cause, PublishConflict):
-                return Conflicted(split, cause, files)
-            log.error("publish_failed", split=str(split.id), files=files, error=str(cause), exc_info=cause)
-            return Failed(split, FailureStage.PUBLISH, cause, files)
-        except Exception as exc:  # a publisher bug: where the statement got to is unknown
-            log.exception("publish_failed", split=str(split.id), files=SplitFiles.LEFT_TO_GC, error=str(exc))
-            return Failed(split, FailureStage.PUBLISH, exc, SplitFiles.LEFT_TO_GC)
-        return Published(split, built, segment_id, time.monotonic() - started)
-
-    def _dispose(self, built: BuiltSegment, *, unanswered: bool) -> SplitFiles:
-        """The one place a built split's files are deleted: only when no publish of it can
-        ever commit (``unanswered``: a publish statement of it went unanswered)."""
-        if unanswered:
-            log.warning(
-                "split_files_left_to_gc", split=str(built.split_id), files=len(built.files) + len(built.rejects_files)
-            )
-            return SplitFiles.LEFT_TO_GC
-        self._builder.discard(built)
-        return SplitFiles.DISCARDED
 
     def _record(self, entry: _Entry, outcome: Outcome) -> None:
         later: list[SealedSplit] = []

@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from ingest.assignment import Assignment
-from ingest.background import Background
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
-from ingest.positioning import Positioner, Reason
-from ingest.registry import WorkerRegistry
+from ingest.consume.assignment import Assignment
+from ingest.consume.background import Background
+from ingest.consume.heartbeats import WorkerRegistry
+from ingest.consume.positioning import Positioner, Reason
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
 from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
 from metastore.errors import MetastoreError

@@ -17,9 +17,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ingest import segment_store
+from ingest.build import segment_store
+from ingest.build.split import SealedSplit
 from ingest.errors import BuildError
-from ingest.split import SealedSplit
 
 
 @dataclass(frozen=True, slots=True)

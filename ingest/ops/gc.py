@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from ingest.segment_store import UnsafePath, delete_unlisted
+from ingest.build.segment_store import UnsafePath, delete_unlisted
 from metastore import Metastore
 
 log = structlog.get_logger(__name__)

@@ -5,7 +5,7 @@ a connection of its own, one call at a time.
 
 The bound this gives the polling thread: it never waits for the metastore, except inside a
 rebalance callback, where the protocol needs the claim (assign) before positioning and the
-release (revoke) before returning, both within the callback's deadline (ingest.rebalance).
+release (revoke) before returning, both within the callback's deadline (ingest.consume.rebalance).
 ``submit`` only queues; results are applied by ``apply_done`` on the polling thread, in the
 order the calls finished, so only the polling thread ever changes the loop's state.
 """

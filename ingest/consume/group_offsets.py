@@ -21,8 +21,8 @@ import time
 
 import structlog
 
-from ingest.kafka import Consumer, KafkaCallFailed
-from ingest.metrics import Metrics
+from ingest.consume.kafka import Consumer, KafkaCallFailed
+from ingest.ops.metrics import Metrics
 from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -62,7 +62,7 @@ class GroupOffsets:
             self._failed(str(exc), len(offsets))
 
     def committed(self, error: str | None, failed: int, partitions: int) -> None:
-        """The outcome librdkafka reported for a commit (``ingest.kafka.commit_callback`` adapts
+        """The outcome librdkafka reported for a commit (``ingest.consume.kafka.commit_callback`` adapts
         its ``on_commit``), from inside ``poll``."""
         if error is not None:
             self._failed(error, failed or partitions)

@@ -9,7 +9,7 @@ A build (one Spark job over a batch of splits) writes into directories of its ow
 by a fresh UUID and registered in the metastore before anything is written. Files stay
 where Spark wrote them (no rename: on object stores a rename is a copy); each published
 segment lists its own files. What may be deleted is decided by the metastore, never by
-listing the store: see ``ingest.gc``.
+listing the store: see ``ingest.ops.gc``.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from typing import Protocol
 import structlog
 
 from ingest.backoff import METASTORE_BACKOFF, Backoff
+from ingest.build.split import SealedSplit
 from ingest.errors import SplitKilled
-from ingest.split import SealedSplit
 from ingest_common.model import BuildRegistration
 from metastore.errors import MetastoreUnavailable
 

@@ -2,7 +2,7 @@
 operators set (read with every heartbeat), and its error reports.
 
 Best effort, and never on the polling thread: the calls run on the background thread
-(ingest.background); a metastore outage delays them and never stops the loop.
+(ingest.consume.background); a metastore outage delays them and never stops the loop.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Protocol
 import structlog
 
 from ingest import __version__
-from ingest.background import Background
+from ingest.consume.background import Background
 from ingest_common.model import DesiredState, SourceControl, WorkerState
 from metastore.errors import MetastoreError
 

@@ -1,4 +1,4 @@
-"""``ingest status`` for people: the status document (``ingest.status.source_status``, which
+"""``ingest status`` for people: the status document (``ingest.ops.status.source_status``, which
 ``--json`` prints as it is) as a summary line, aligned tables and one line per problem."""
 
 from __future__ import annotations

@@ -17,11 +17,11 @@ from typing import Protocol
 
 import structlog
 
-from ingest.assignment import Assignment, OwnedPartition, PartitionState
-from ingest.background import Background
-from ingest.kafka import Consumer, KafkaCallFailed, start_offset
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
+from ingest.consume.assignment import Assignment, OwnedPartition, PartitionState
+from ingest.consume.background import Background
+from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
 from ingest_common.model import KillReason, TopicPartition
 from metastore.errors import MetastoreError
 

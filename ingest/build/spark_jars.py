@@ -8,7 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
-SPARK_JARS_POM = Path(__file__).resolve().parent.parent / "scripts" / "spark-jars" / "pom.xml"
+SPARK_JARS_POM = Path(__file__).resolve().parents[2] / "scripts" / "spark-jars" / "pom.xml"
 SPARK_JARS_ENV = "INGEST_SPARK_JARS_DIR"
 
 

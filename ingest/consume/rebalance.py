@@ -21,10 +21,10 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from ingest.assignment import Assignment
-from ingest.kafka import Consumer, KafkaCallFailed, start_offset
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
+from ingest.consume.assignment import Assignment
+from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
 

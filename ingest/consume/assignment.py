@@ -10,7 +10,7 @@ and each refuses a transition the protocol does not have (IllegalTransition: a b
       └──fence──▶ FENCED (until revoked, lost or re-claimed by a reset)
 
 Every way back to ACTIVE is :meth:`OwnedPartition.repositioned` (the loop's one
-repositioning path, ingest.positioning); a new claim (``ingest reset``) may leave any state.
+repositioning path, ingest.consume.positioning); a new claim (``ingest reset``) may leave any state.
 Only the polling thread touches this table (rebalance callbacks run on it too).
 """
 
@@ -20,7 +20,7 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ingest.split import PartitionBuffer
+from ingest.build.split import PartitionBuffer
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 
@@ -56,7 +56,7 @@ class OwnedPartition:
     # OUT_OF_RANGE: the offset Kafka refused, and whether the gap is still to be measured.
     refused_offset: int | None = None
     gap_pending: bool = False
-    # A metastore read or write for this partition runs in the background (ingest.background):
+    # A metastore read or write for this partition runs in the background (ingest.consume.background):
     # nothing else is started for it until its result is applied.
     busy: bool = False
 

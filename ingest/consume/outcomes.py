@@ -14,12 +14,12 @@ from typing import Any
 
 import structlog
 
-from ingest.assignment import Assignment, OwnedPartition
-from ingest.group_offsets import GroupOffsets
-from ingest.metrics import Metrics
-from ingest.pipeline import Conflicted, Failed, Fatal, Killed, Outcome, Published
-from ingest.positioning import Positioner
-from ingest.registry import WorkerRegistry
+from ingest.consume.assignment import Assignment, OwnedPartition
+from ingest.consume.group_offsets import GroupOffsets
+from ingest.consume.heartbeats import WorkerRegistry
+from ingest.consume.positioning import Positioner
+from ingest.ops.metrics import Metrics
+from ingest.publish.settle import Conflicted, Failed, Fatal, Killed, Outcome, Published
 from ingest_common.model import ConflictReason
 
 log = structlog.get_logger(__name__)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from ingest.assignment import Assignment
-from ingest.kafka import Consumer
-from ingest.metrics import Metrics
-from ingest.pipeline import Pipeline
+from ingest.consume.assignment import Assignment
+from ingest.consume.kafka import Consumer
+from ingest.ops.metrics import Metrics
+from ingest.publish.pipeline import Pipeline
 from ingest_common.model import WorkerState
 
 # Lag is read from the consumer's cached watermarks at most this often.

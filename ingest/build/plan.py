@@ -1,0 +1,140 @@
+"""What a build's Spark job does to a batch of splits, as data: the layout of the staged files
+(one per split: Kafka coordinates plus the raw key and value bytes) and the column expressions
+that parse the values against the source's schema, classify each bad record's error and name
+the file partition of each good one.
+
+A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
+time, file partition): making it costs hundreds of Py4J round trips (the builder caches it).
+Every parse error a plan can give is one of ``PARSE_ERRORS``; the good rows keep the staged
+coordinates (``META_COLUMNS``) beside the schema's columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ingest.build.split import SealedSplit
+from ingest.spec import SourceSpec
+from ingest_common.model import PartitionBy
+
+CORRUPT = "_corrupt"
+META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
+STAGED_SCHEMA = pa.schema(
+    [
+        ("_topic", pa.string()),
+        ("_partition", pa.int32()),
+        ("_offset", pa.int64()),
+        ("_timestamp", pa.timestamp("ms", tz="UTC")),
+        ("_key", pa.binary()),
+        ("_value", pa.binary()),
+    ]
+)
+STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
+
+
+def stage_records(split: SealedSplit) -> pa.Table:
+    records = split.records
+    n = len(records)
+    # Kind 0 is TIMESTAMP_NOT_AVAILABLE.
+    timestamps = [ms if kind else None for kind, ms in (r.timestamp() for r in records)]
+    return pa.table(
+        [
+            pa.repeat(pa.scalar(split.tp.topic, pa.string()), n),
+            pa.repeat(pa.scalar(split.tp.partition, pa.int32()), n),
+            pa.array([r.offset() for r in records], pa.int64()),
+            pa.array(timestamps, pa.timestamp("ms", tz="UTC")),
+            pa.array([r.key() for r in records], pa.binary()),
+            pa.array([r.value() for r in records], pa.binary()),
+        ],
+        schema=STAGED_SCHEMA,
+    )
+
+
+def spark_type(name: str) -> Any:
+    from pyspark.sql import types as T
+
+    scalars = {
+        "string": T.StringType(),
+        "long": T.LongType(),
+        "int": T.IntegerType(),
+        "double": T.DoubleType(),
+        "float": T.FloatType(),
+        "boolean": T.BooleanType(),
+        "timestamp": T.TimestampType(),
+        "date": T.DateType(),
+    }
+    if name.startswith("array<") and name.endswith(">"):
+        return T.ArrayType(scalars[name[6:-1]])
+    return scalars[name]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Spark column expressions of one build (unresolved, so reusable by every batch)."""
+
+    staged_columns: tuple[Any, ...]
+    error: Any
+    # Observing the row count also fences the optimizer: without it, the filter on
+    # ``_error`` is pushed below the projection and from_json is inlined, parsing each
+    # value four times instead of once.
+    total: Any
+    good: Any
+    output_columns: tuple[Any, ...]
+    # The spec's file_partition as a string column (None: files are not cut by event time).
+    file_partition: Any | None
+
+
+# A name no schema column can have (columns are letters, digits and "_"): the column exists only
+# while Spark writes, as the directory level ``ingest-part=<value>``; files do not hold it.
+FILE_PARTITION_COLUMN = "ingest-part"
+_FILE_PARTITION_FORMATS = {
+    PartitionBy.HOUR: "yyyy-MM-dd-HH",
+    PartitionBy.DAY: "yyyy-MM-dd",
+    PartitionBy.MONTH: "yyyy-MM",
+    PartitionBy.YEAR: "yyyy",
+}
+
+
+def make_plan(spec: SourceSpec) -> Plan:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
+        + [T.StructField(CORRUPT, T.StringType(), True)]
+    )
+    value = F.col("_value")
+    text = value.cast("string")
+    parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    event_time = F.col("_p").getField(spec.event_time)
+    corrupt = F.col("_p").getField(CORRUPT)
+    # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
+    error = (
+        F.when(value.isNull(), F.lit("null_value"))
+        .when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
+        # from_json gives a null struct (not a corrupt record) for blank input and `null`.
+        .when(F.col("_p").isNull(), F.lit("invalid_json"))
+        .when(corrupt.isNull() & event_time.isNotNull(), F.lit(None).cast("string"))
+        .when(corrupt.isNull(), F.lit("missing_event_time"))
+        .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
+        .otherwise(F.lit("type_mismatch"))
+    )
+    return Plan(
+        staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
+        error=error,
+        total=F.count(F.lit(1)).alias("total"),
+        good=F.col("_error").isNull(),
+        output_columns=(
+            *(F.col(c) for c in META_COLUMNS),
+            *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
+        ),
+        file_partition=(
+            None
+            if spec.file_partition is PartitionBy.NONE
+            # The session's time zone is UTC (ingest.build.spark), as are Iceberg's transforms.
+            else F.date_format(F.col("_p").getField(spec.event_time), _FILE_PARTITION_FORMATS[spec.file_partition])
+        ),
+    )

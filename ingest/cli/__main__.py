@@ -1,0 +1,3 @@
+from ingest.cli import run
+
+run()

@@ -1,0 +1,115 @@
+"""``ingest migrate``, ``ingest source apply | list | history`` and ``ingest worker``: the
+metastore's schema, the sources' specs and the process that runs a source."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ingest.cli.common import emit, load_settings
+from ingest.config import non_negative_seconds
+from ingest.logs import configure_logging
+from ingest_common.redact import redact
+from metastore import Metastore, apply_migrations, redact_url
+
+# The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
+# wakes it must win the GIL back from the busy consumer thread, by default only after 5 ms.
+# `python -m bench.publish` shows what that does to a publish.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from metastore.errors import MetastoreUnavailable
+
+    settings = load_settings()
+    deadline = time.monotonic() + non_negative_seconds("--wait", args.wait)
+    while True:
+        try:
+            applied = apply_migrations(settings.database_url, break_lock=args.break_lock)
+            break
+        except MetastoreUnavailable as exc:
+            if time.monotonic() + 2 > deadline:
+                raise
+            print(f"ingest migrate: waiting for PostgreSQL: {redact(str(exc))}", file=sys.stderr)
+            time.sleep(2)
+    where = redact_url(settings.database_url)
+    emit(
+        args,
+        {"applied": applied, "database": where},
+        [
+            f"applied {len(applied)} migration(s) to {where}"
+            + (": " + ", ".join(applied) if applied else " (already up to date)")
+        ],
+    )
+    return 0
+
+
+def cmd_source_apply(args: argparse.Namespace) -> int:
+    from ingest.spec import load_spec_file
+
+    spec, text = load_spec_file(Path(args.file))
+    with Metastore(load_settings().database_url) as store:
+        version, changed = store.apply_source(
+            spec.name, spec.to_json(), text, reactivate=getattr(args, "reactivate", False)
+        )
+    emit(
+        args,
+        {"source": spec.name, "version": version, "changed": changed},
+        [f"source {spec.name}: version {version}" + ("" if changed else " (unchanged)")],
+    )
+    return 0
+
+
+def cmd_source_list(args: argparse.Namespace) -> int:
+    with Metastore(load_settings().database_url) as store:
+        rows = store.list_sources()
+    sources = [
+        {
+            "name": r["name"],
+            "version": r["version"],
+            "desired_state": r["desired_state"],
+            "updated_at": r["updated_at"].isoformat(),
+        }
+        for r in rows
+    ]
+    emit(
+        args,
+        {"sources": sources},
+        [f"{r['name']}\tversion {r['version']}\t{r['desired_state']}\tupdated {r['updated_at']}" for r in sources],
+    )
+    return 0
+
+
+def cmd_source_history(args: argparse.Namespace) -> int:
+    from ingest.ops.history import source_history
+
+    with Metastore(load_settings().database_url) as store:
+        versions = source_history(store, args.source)
+    if args.json:
+        emit(args, {"source": args.source, "versions": versions})
+        return 0
+    for v in versions:
+        print(f"version {v['version']}\t{v['applied_at']}\t" + "; ".join(v["changes"]))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from ingest.worker import Worker
+
+    settings = load_settings(require_kafka=True)
+    configure_logging(settings.log_format)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    Worker(settings, args.source).run(stop)
+    return 0
