@@ -199,33 +199,40 @@ def test_a_file_written_after_a_sweep_is_deleted_by_a_later_one(store: Metastore
     assert exists(published) and store.segments("src")[0]["files"] == [published]
 
 
-def test_a_retry_build_is_swept_only_after_its_grace(store: Metastore, root: str) -> None:
-    """A retry registers a failed build's splits in a new build. Whether the splits moved (they
-    were still building) or stayed abandoned with the old build, neither build is swept before
-    its own registration is a grace period old: its job may still be writing."""
+def test_a_failed_build_whose_splits_moved_to_its_retry_waits_for_its_grace(store: Metastore, root: str) -> None:
+    """A retry registers a failed build's splits, still building, in a new build: the failed
+    build is left with no split, and its job may still be writing. It is swept only once its
+    registration is a grace period old; the retry's published file stays."""
     serial = source(store, "src", root)
-    # Moved: the failed build is left with no split at all.
     failed = Build(store, "src", root)
     retry = Build(store, "src", root, retry_of=failed)
+    young = collect_garbage(store, "src", grace_s=GRACE)
+    assert (young.swept, young.deleted, young.open) == (0, [], 2) and exists(failed.files[failed.split_ids[0]])
     store.publish(retry.item("src", 0, serial, 0, 10))
-    # Abandoned: the splits stay with the build gc abandoned them in; the retry has none.
+    for build in (failed, retry):
+        age(store, build, AGED)
+    swept = collect_garbage(store, "src", grace_s=GRACE)
+    assert swept.swept == 2 and not exists(failed.files[failed.split_ids[0]])
+    assert exists(retry.files[retry.split_ids[0]])
+
+
+def test_a_retry_of_abandoned_splits_waits_for_its_grace(store: Metastore, root: str) -> None:
+    """Splits gc abandoned stay with the build they were abandoned in: a retry registering them
+    has no split at all, its publish is refused, and it is swept only once its registration is
+    a grace period old (its job may still be writing)."""
+    serial = source(store, "src", root)
     stale = Build(store, "src", root)
     age(store, stale, AGED)
     first = collect_garbage(store, "src", grace_s=GRACE)
     assert (first.abandoned, first.swept) == (1, 1) and not exists(stale.files[stale.split_ids[0]])
     again = Build(store, "src", root, retry_of=stale)
     with pytest.raises(PublishConflict, match="abandoned"):
-        store.publish(again.item("src", 0, serial, 10, 20))
+        store.publish(again.item("src", 0, serial, 0, 10))
     young = collect_garbage(store, "src", grace_s=GRACE)
-    assert young.swept == 0 and young.deleted == []
-    assert exists(failed.files[failed.split_ids[0]]) and exists(again.files[again.split_ids[0]])
-
-    for build in (failed, retry, again):
-        age(store, build, AGED)
+    assert (young.swept, young.deleted) == (0, []) and exists(again.files[again.split_ids[0]])
+    age(store, again, AGED)
     swept = collect_garbage(store, "src", grace_s=GRACE)
-    assert swept.swept == 3
-    assert not exists(failed.files[failed.split_ids[0]]) and not exists(again.files[again.split_ids[0]])
-    assert exists(retry.files[retry.split_ids[0]])
+    assert swept.swept == 1 and not exists(again.files[again.split_ids[0]])
 
 
 def test_two_gc_runs_never_sweep_one_build_at_once(store: Metastore, database_url: str, tmp_path: Path) -> None:
