@@ -289,25 +289,47 @@ SELECT split_id FROM ingest_splits
 WHERE source = %(source)s AND state = 'building' AND registered_at < now() - make_interval(secs => %(grace_s)s);
 
 -- name: builds_to_sweep
--- gc, step 2: builds of this source not swept yet with no split still building, and the
--- files their published segments list (everything else under their locations is garbage).
-SELECT b.id, b.staging, b.data, b.rejects,
+-- gc, step 2 (the rule is ingest/ops/gc.py's): builds of this source not closed, with no split
+-- building, whose last sweep (or registration, if never swept) is older than the grace
+-- period; with the files their published segments list (everything else under their
+-- locations is garbage). A split leaves 'building' only for 'published' or 'abandoned', and
+-- a registration moves only splits still building: what this returns stays true.
+SELECT b.id, b.staging, b.data, b.rejects, b.sweeps,
        coalesce((SELECT array_agg(f) FROM ingest_splits s
                  JOIN ingest_segments g ON g.split_id = s.split_id,
                  unnest(g.files || g.rejects_files) AS f
                  WHERE s.build_id = b.id AND s.state = 'published'), '{}') AS keep
 FROM ingest_builds b
-WHERE b.source = %(source)s AND b.swept_at IS NULL
+WHERE b.source = %(source)s AND b.closed_at IS NULL
+  AND coalesce(b.swept_at, b.created_at) < now() - make_interval(secs => %(grace_s)s)
   AND NOT EXISTS (SELECT 1 FROM ingest_splits s WHERE s.build_id = b.id AND s.state = 'building')
 ORDER BY b.created_at;
 
+-- name: lock_build_for_sweep
+-- Held for one sweep of the build (Metastore.sweep_build): another gc skips the build, and one
+-- that read it before this sweep was recorded finds its sweep count changed. NO KEY UPDATE:
+-- inserting a split that references the build (its own registration, retried) does not wait.
+SELECT id FROM ingest_builds
+WHERE id = %(build_id)s AND source = %(source)s AND sweeps = %(sweeps)s AND closed_at IS NULL
+FOR NO KEY UPDATE SKIP LOCKED;
+
 -- name: mark_swept
-UPDATE ingest_builds SET swept_at = now() WHERE id = %(build_id)s AND source = %(source)s;
+-- Under lock_build_for_sweep's lock. A sweep that deleted nothing and was not the build's
+-- first closes it.
+UPDATE ingest_builds
+SET swept_at = now(), sweeps = sweeps + 1,
+    closed_at = CASE WHEN sweeps >= 1 AND %(deleted)s = 0 THEN now() END
+WHERE id = %(build_id)s AND source = %(source)s;
 
 -- name: build_counts
--- gc's report: registered builds of a source by whether gc swept them.
-SELECT count(*) FILTER (WHERE swept_at IS NULL) AS unswept, count(*) AS total
-FROM ingest_builds WHERE source = %(source)s;
+-- gc's report: the source's builds gc will sweep later (open), those of them with a split
+-- still building, those never swept, and all.
+SELECT count(*) FILTER (WHERE b.closed_at IS NULL AND EXISTS (
+           SELECT 1 FROM ingest_splits s WHERE s.build_id = b.id AND s.state = 'building')) AS building,
+       count(*) FILTER (WHERE b.closed_at IS NULL) AS open,
+       count(*) FILTER (WHERE b.swept_at IS NULL) AS unswept,
+       count(*) AS total
+FROM ingest_builds b WHERE b.source = %(source)s;
 
 -- name: other_stores
 -- Every segment store any version of another source named (their files stay where they

@@ -186,8 +186,29 @@ CREATE TABLE public.ingest_builds (
     data text NOT NULL,
     rejects text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    swept_at timestamp with time zone
+    swept_at timestamp with time zone,
+    sweeps integer DEFAULT 0 NOT NULL,
+    closed_at timestamp with time zone,
+    CONSTRAINT ingest_builds_sweeps_check CHECK ((sweeps >= 0))
 );
+
+--
+-- Name: COLUMN ingest_builds.swept_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_builds.swept_at IS 'when gc last swept the build (NULL: never)';
+
+--
+-- Name: COLUMN ingest_builds.sweeps; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_builds.sweeps IS 'how many times gc swept the build';
+
+--
+-- Name: COLUMN ingest_builds.closed_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_builds.closed_at IS 'when gc closed the build: after a sweep, not its first, that found nothing to delete; never swept again';
 
 --
 -- Name: ingest_errors; Type: TABLE; Schema: public; Owner: -
@@ -707,10 +728,10 @@ ALTER TABLE ONLY public.ingest_workers
     ADD CONSTRAINT ingest_workers_pkey PRIMARY KEY (worker);
 
 --
--- Name: ingest_builds_unswept_idx; Type: INDEX; Schema: public; Owner: -
+-- Name: ingest_builds_open_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX ingest_builds_unswept_idx ON public.ingest_builds USING btree (source, created_at) WHERE (swept_at IS NULL);
+CREATE INDEX ingest_builds_open_idx ON public.ingest_builds USING btree (source, created_at) WHERE (closed_at IS NULL);
 
 --
 -- Name: ingest_errors_source_idx; Type: INDEX; Schema: public; Owner: -

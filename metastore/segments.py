@@ -4,6 +4,7 @@ write, abandoned and swept by gc) and reading what was published."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 import psycopg
@@ -101,15 +102,29 @@ class SegmentsMixin(StoreBase):
         rows = self._fetch("stale_splits" if dry_run else "abandon_splits", source=source, grace_s=grace_s)
         return [r["split_id"] for r in rows]
 
-    def builds_to_sweep(self, source: str) -> list[Row]:
-        """Builds of the source with no split still building and not swept yet, each with
-        ``keep``: the files its published segments list."""
-        return self._fetch("builds_to_sweep", source=source)
+    def builds_to_sweep(self, source: str, grace_s: float) -> list[Row]:
+        """Builds of the source that gc sweeps now (the rule is ``ingest.ops.gc``'s), each with
+        ``sweeps`` (how many it had) and ``keep``: the files its published segments list."""
+        return self._fetch("builds_to_sweep", source=source, grace_s=grace_s)
 
-    def mark_swept(self, source: str, build_id: uuid.UUID) -> None:
-        self._fetch_none("mark_swept", source=source, build_id=build_id)
+    def sweep_build(self, source: str, build_id: uuid.UUID, sweeps: int, sweep: Callable[[], int]) -> bool:
+        """Run ``sweep`` (it deletes, and returns how many files it deleted) while holding the
+        build's row, then record the sweep in the same transaction. False, and ``sweep`` not
+        run, when another gc holds the build or swept it after ``sweeps`` was read. A lost
+        connection rolls the record back: a sweep counts only if the row was held throughout,
+        so two gc runs never both decide from one state (a sweep that found nothing because
+        another deleted first must not close the build)."""
+        params = {"source": source, "build_id": build_id, "sweeps": sweeps}
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                if conn.execute(query("lock_build_for_sweep"), params).fetchone() is None:
+                    return False
+                deleted = sweep()
+                conn.execute(query("mark_swept"), {**params, "deleted": deleted})
+        return True
 
-    def build_counts(self, source: str) -> tuple[int, int]:
-        """(unswept, total) registered builds of the source."""
-        row = self._fetch("build_counts", source=source)[0]
-        return int(row["unswept"]), int(row["total"])
+    def build_counts(self, source: str) -> Row:
+        """The source's builds: ``open`` (gc sweeps them later), ``building`` (open, a split of
+        theirs still building), ``unswept`` (never swept) and ``total``."""
+        return self._fetch("build_counts", source=source)[0]

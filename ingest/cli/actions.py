@@ -252,12 +252,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
             "swept": result.swept,
             "kept": result.kept,
             "unswept": result.unswept,
+            "open": result.open,
+            "building": result.building,
             "unsafe": list(result.unsafe),
+            "uncommitted_jobs": result.uncommitted_jobs,
+            "multipart_uploads": result.multipart_note,
         },
         [
             f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
             f"{would}delete{'' if would else 'd'} {len(result.deleted)} file(s) of {result.swept} build(s); "
-            f"kept {result.kept} published file(s); {result.unswept} build(s) wait for splits still building"
+            f"kept {result.kept} published file(s); {result.building} build(s) wait for splits still building, "
+            f"{result.open - result.building} for a sweep once their registration or last sweep is older "
+            "than the grace period",
+            *(
+                [f"found {result.uncommitted_jobs} build(s) with an uncommitted S3A magic-committer job"]
+                if result.uncommitted_jobs
+                else []
+            ),
+            *([f"s3a store: {result.multipart_note}"] if result.multipart_note else []),
         ],
     )
     for problem in result.unsafe:

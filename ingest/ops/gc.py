@@ -4,14 +4,42 @@
    marked abandoned. From its commit on, their publish is refused and counted like a
    conflict (the worker reads the records again): nothing gc deletes can be published
    afterwards, however long a publish was delayed.
-2. Then, for each build of the source that has no split left building and was not swept
-   yet: every file under its registered directories that no published segment lists is
-   deleted, and the build is marked swept.
+2. Then every build of the source that is due is swept: each file under its registered
+   directories that no published segment lists is deleted. A build is due when no split of
+   it is building, it is not closed, and its last sweep, or its registration if it was never
+   swept, is older than the grace period. A sweep that is not the build's first and finds
+   nothing to delete closes the build: it is never listed again.
+
+Safety: a file is deleted only under a registered directory of one of the source's own
+builds, only while no split of that build is building, and never while a published segment
+lists it. A split leaves 'building' only for 'published' (its files are kept) or
+'abandoned' (its publish is refused), and a registration moves only splits still building;
+so nothing gc deletes can be named by a publish that succeeds. Two gc runs never sweep one
+build at once (``Metastore.sweep_build`` holds its row).
+
+Completeness: every file in a build's directories that no published segment lists is
+deleted unless it is written after the build is closed. A build is swept one grace period
+after its registration and again one grace period after each sweep, until a sweep (not the
+first) finds nothing. So a file is left only by a writer that writes more than two grace
+periods after the build's registration, after a whole grace period in which it left nothing
+there. The grace period already assumes a build ends within one (below); the further sweeps
+are the margin for writers that break that: a Spark task that outlives its job, a
+registration whose reply was lost and that is retried after the first sweep. A retry build
+whose splits gc had abandoned (the splits stay with the build they were abandoned in) has no
+split at all: its registration alone holds it back for a grace period.
 
 Nothing else is ever deleted: not what another source registered, not what no
 registration names (files from before migration 0008, files someone put in the store),
 not anything reached through a symbolic link. The store is never listed above a
 registered build directory, so object stores (no modification times) work the same.
+
+Object stores: an incomplete multipart upload (a Spark task killed mid-write, an S3A magic
+committer job that never committed) is no object, so no listing shows it and gc cannot
+delete it; pyarrow's S3 file system cannot list or abort uploads. The bucket's
+``AbortIncompleteMultipartUpload`` lifecycle rule removes them (docs/object-storage.md). gc
+says so for an ``s3a://`` source, and counts the builds whose sweep found the magic
+committer's manifests (``__magic*``): jobs that never committed, whose uploads S3 keeps
+until that rule aborts them.
 
 The grace period bounds how long a split may take from registration to publish; a split
 older than that is read again, so a too short grace costs work, never records. It should
@@ -21,6 +49,8 @@ exceed the longest build plus the longest metastore outage the publisher rides o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import structlog
 
@@ -33,6 +63,14 @@ DEFAULT_GRACE_S = 6 * 3600.0
 # Below this, gc runs only when told so (--force): it would abandon splits still being
 # built or published by running workers, which then read their records again.
 MIN_GRACE_S = 3600.0
+# S3A's magic committer writes its pending-upload manifests under these directories of a
+# job's output directory; they outlive only a job that neither committed nor aborted.
+MAGIC_PREFIX = "__magic"
+MULTIPART_NOTE = (
+    "incomplete multipart uploads (killed Spark tasks, uncommitted S3A magic-committer jobs) are "
+    "no objects: gc cannot see them; the bucket needs an AbortIncompleteMultipartUpload "
+    "lifecycle rule (docs/object-storage.md)"
+)
 
 
 @dataclass(slots=True)
@@ -42,9 +80,17 @@ class GcResult:
     deleted: list[str] = field(default_factory=list)
     kept: int = 0
     # Registered builds that gc could not sweep (a symbolic link on the way, an I/O error):
-    # they stay unswept and are tried again next time.
+    # they stay due and are tried again next time.
     unsafe: list[str] = field(default_factory=list)
+    # After this run: builds gc sweeps later (``open``), those of them waiting for a split
+    # still building, and those never swept.
+    open: int = 0
+    building: int = 0
     unswept: int = 0
+    # Builds swept now whose directories held S3A magic-committer manifests.
+    uncommitted_jobs: int = 0
+    # Set for a source on an s3a:// store: what gc cannot see there.
+    multipart_note: str | None = None
 
 
 def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> GcResult:
@@ -53,21 +99,46 @@ def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRAC
     result.abandoned = len(abandoned)
     if abandoned:
         log.warning("gc_abandoned_splits", source=source, splits=len(abandoned), grace_s=grace_s, dry_run=dry_run)
-    for build in store.builds_to_sweep(source):
-        keep = frozenset(build["keep"])
-        result.kept += len(keep)
+    s3a = str(store.latest_spec(source)[1].get("segment_store", "")).startswith("s3a://")
+    for build in store.builds_to_sweep(source, grace_s):
+        s3a = s3a or str(build["data"]).startswith("s3a://")
+        deleted: list[str] = []
         try:
-            for location in (build["staging"], build["data"], build["rejects"]):
-                deleted = delete_unlisted(location, frozenset() if location == build["staging"] else keep, dry_run)
-                result.deleted.extend(deleted)
-                for uri in deleted:
-                    log.info("gc_deleted", source=source, build=str(build["id"]), uri=uri, dry_run=dry_run)
+            sweep = partial(_sweep, source, build, dry_run, deleted)
+            if dry_run:
+                sweep()
+            elif not store.sweep_build(source, build["id"], build["sweeps"], sweep):
+                continue  # another gc holds the build, or swept it since it was read
         except (UnsafePath, OSError) as exc:
             result.unsafe.append(f"{build['data']}: {exc}")
             log.error("gc_build_skipped", source=source, build=str(build["id"]), error=str(exc))
             continue
-        if not dry_run:
-            store.mark_swept(source, build["id"])
+        finally:
+            result.deleted.extend(deleted)
+        result.kept += len(build["keep"])
         result.swept += 1
-    result.unswept = store.build_counts(source)[0]
+        if any(_is_magic(uri, str(build["data"])) for uri in deleted):
+            result.uncommitted_jobs += 1
+            log.warning("gc_uncommitted_job", source=source, build=str(build["id"]), dry_run=dry_run)
+    counts = store.build_counts(source)
+    result.open, result.building, result.unswept = int(counts["open"]), int(counts["building"]), int(counts["unswept"])
+    result.multipart_note = MULTIPART_NOTE if s3a else None
     return result
+
+
+def _sweep(source: str, build: dict[str, Any], dry_run: bool, deleted: list[str]) -> int:
+    """Delete (``dry_run``: only list) what no published segment lists under the build's
+    directories: everything under its staging directory, the rest under data and rejects.
+    Appends to ``deleted`` as it goes; returns how many it holds."""
+    keep = frozenset(build["keep"])
+    for location in (build["staging"], build["data"], build["rejects"]):
+        for uri in delete_unlisted(location, frozenset() if location == build["staging"] else keep, dry_run):
+            log.info("gc_deleted", source=source, build=str(build["id"]), uri=uri, dry_run=dry_run)
+            deleted.append(uri)
+    return len(deleted)
+
+
+def _is_magic(uri: str, data_dir: str) -> bool:
+    """Whether ``uri`` lies under an S3A magic-committer directory of the build's data directory."""
+    rest = uri[len(data_dir) + 1 :] if uri.startswith(data_dir + "/") else ""
+    return any(part.startswith(MAGIC_PREFIX) for part in rest.split("/"))

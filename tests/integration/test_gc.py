@@ -34,16 +34,24 @@ def spec(name: str, store: str) -> dict[str, object]:
 class Build:
     """A build registered like a worker's, with one file per split written after registering."""
 
-    def __init__(self, store: Metastore, source: str, store_uri: str, splits: int = 1) -> None:
+    def __init__(
+        self, store: Metastore, source: str, store_uri: str, splits: int = 1, retry_of: Build | None = None
+    ) -> None:
+        """``retry_of``: a retry of that build (its splits, registered again by a new build)."""
         self.id = uuid.uuid4()
         self.dirs = build_dirs(store_uri, source, self.id)
-        self.split_ids = tuple(uuid.uuid4() for _ in range(splits))
-        store.register_build(
-            "w",
-            BuildRegistration(self.id, source, self.dirs.staging, self.dirs.data, self.dirs.rejects, self.split_ids),
+        self.split_ids = retry_of.split_ids if retry_of else tuple(uuid.uuid4() for _ in range(splits))
+        self.registration = BuildRegistration(
+            self.id, source, self.dirs.staging, self.dirs.data, self.dirs.rejects, self.split_ids
         )
+        store.register_build("w", self.registration)
         self.files = {sid: self._write(f"{self.dirs.data}/part-{sid}.parquet") for sid in self.split_ids}
         self._write(f"{self.dirs.staging}/{self.split_ids[0]}.parquet")
+
+    def write_late(self, name: str) -> str:
+        """What a writer that outlived its job leaves: a file no segment lists, in the build's
+        data directory."""
+        return self._write(f"{self.dirs.data}/{name}")
 
     @staticmethod
     def _write(uri: str) -> str:
@@ -64,6 +72,23 @@ class Build:
             worker_id="w",
             segment=seg,
             ranges=(PublishRange(OffsetRange(T0, start, end), serial),),
+        )
+
+
+def age(store: Metastore, build: Build, seconds: float) -> None:
+    """Move the build's registration (and its splits' and its last sweep, if any) ``seconds``
+    into the past: how a grace period passes here without waiting for it."""
+    conn = store._connection()
+    with conn.transaction():
+        conn.execute(
+            "UPDATE ingest_builds SET created_at = created_at - make_interval(secs => %(s)s), "
+            "swept_at = swept_at - make_interval(secs => %(s)s) WHERE id = %(id)s",
+            {"s": seconds, "id": build.id},
+        )
+        conn.execute(
+            "UPDATE ingest_splits SET registered_at = registered_at - make_interval(secs => %(s)s) "
+            "WHERE build_id = %(id)s",
+            {"s": seconds, "id": build.id},
         )
 
 
@@ -126,7 +151,121 @@ def test_a_publish_first_keeps_its_files_and_gc_sweeps_the_rest(store: Metastore
     assert (result.abandoned, result.swept, result.kept, result.unswept) == (1, 1, 1, 0)
     assert sorted(result.deleted) == sorted([dropped, f"{build.dirs.staging}/{build.split_ids[0]}.parquet"])
     assert exists(kept) and not exists(dropped) and not exists(f"{build.dirs.staging}/{build.split_ids[0]}.parquet")
-    assert collect_garbage(store, "src", grace_s=0).deleted == []  # swept once
+    # Swept again (grace 0: at once): nothing new, so the build is closed and never listed again.
+    again = collect_garbage(store, "src", grace_s=0)
+    assert (again.swept, again.deleted, again.open) == (1, [], 0)
+    assert collect_garbage(store, "src", grace_s=0).swept == 0 and exists(kept)
+
+
+GRACE = 3600.0
+AGED = 2 * GRACE
+
+
+def test_a_file_written_after_a_sweep_is_deleted_by_a_later_one(store: Metastore, root: str) -> None:
+    """A writer that outlived its job (a Spark task of a killed job, a registration retried
+    after a lost reply) writes into a build's directories after gc swept it: a sweep one grace
+    period later deletes it. Nothing is swept while a split of the build may still publish,
+    however old the build, and the published file stays through every sweep."""
+    serial = source(store, "src", root)
+    build = Build(store, "src", root, splits=2)
+    store.publish(build.item("src", 0, serial, 0, 10))
+    published, dropped = (build.files[s] for s in build.split_ids)
+    age(store, build, AGED)
+    # The registration retried (its reply was lost): the second split is young again.
+    store.register_build("w", build.registration)
+    late = build.write_late("part-late.parquet")
+    waiting = collect_garbage(store, "src", grace_s=GRACE)
+    assert (waiting.abandoned, waiting.swept, waiting.building, waiting.open) == (0, 0, 1, 1)
+    assert exists(late) and exists(dropped)
+
+    age(store, build, AGED)
+    first = collect_garbage(store, "src", grace_s=GRACE)
+    assert (first.abandoned, first.swept, first.building, first.open) == (1, 1, 0, 1)
+    assert late in first.deleted and not exists(dropped) and exists(published)
+    later = build.write_late("part-later.parquet")
+    # Its last sweep is younger than the grace period: not swept again yet.
+    early = collect_garbage(store, "src", grace_s=GRACE)
+    assert early.swept == 0 and exists(later)
+    age(store, build, AGED)
+    second = collect_garbage(store, "src", grace_s=GRACE)
+    assert (second.swept, second.deleted, second.open) == (1, [later], 1)  # it found one: once more
+    last = build.write_late("sub/part-last.parquet")
+    age(store, build, AGED)
+    third = collect_garbage(store, "src", grace_s=GRACE)
+    assert (third.swept, third.deleted, third.open) == (1, [last], 1)
+    age(store, build, AGED)
+    closing = collect_garbage(store, "src", grace_s=GRACE)
+    assert (closing.swept, closing.deleted, closing.open) == (1, [], 0)
+    assert exists(published) and store.segments("src")[0]["files"] == [published]
+
+
+def test_a_failed_build_whose_splits_moved_to_its_retry_waits_for_its_grace(store: Metastore, root: str) -> None:
+    """A retry registers a failed build's splits, still building, in a new build: the failed
+    build is left with no split, and its job may still be writing. It is swept only once its
+    registration is a grace period old; the retry's published file stays."""
+    serial = source(store, "src", root)
+    failed = Build(store, "src", root)
+    retry = Build(store, "src", root, retry_of=failed)
+    young = collect_garbage(store, "src", grace_s=GRACE)
+    assert (young.swept, young.deleted, young.open) == (0, [], 2) and exists(failed.files[failed.split_ids[0]])
+    store.publish(retry.item("src", 0, serial, 0, 10))
+    for build in (failed, retry):
+        age(store, build, AGED)
+    swept = collect_garbage(store, "src", grace_s=GRACE)
+    assert swept.swept == 2 and not exists(failed.files[failed.split_ids[0]])
+    assert exists(retry.files[retry.split_ids[0]])
+
+
+def test_a_retry_of_abandoned_splits_waits_for_its_grace(store: Metastore, root: str) -> None:
+    """Splits gc abandoned stay with the build they were abandoned in: a retry registering them
+    has no split at all, its publish is refused, and it is swept only once its registration is
+    a grace period old (its job may still be writing)."""
+    serial = source(store, "src", root)
+    stale = Build(store, "src", root)
+    age(store, stale, AGED)
+    first = collect_garbage(store, "src", grace_s=GRACE)
+    assert (first.abandoned, first.swept) == (1, 1) and not exists(stale.files[stale.split_ids[0]])
+    again = Build(store, "src", root, retry_of=stale)
+    with pytest.raises(PublishConflict, match="abandoned"):
+        store.publish(again.item("src", 0, serial, 0, 10))
+    young = collect_garbage(store, "src", grace_s=GRACE)
+    assert (young.swept, young.deleted) == (0, []) and exists(again.files[again.split_ids[0]])
+    age(store, again, AGED)
+    swept = collect_garbage(store, "src", grace_s=GRACE)
+    assert swept.swept == 1 and not exists(again.files[again.split_ids[0]])
+
+
+def test_two_gc_runs_never_sweep_one_build_at_once(store: Metastore, database_url: str, tmp_path: Path) -> None:
+    """A sweep holds its build's row: another gc skips the build, and one that read the build
+    before a sweep was recorded does not sweep it on that stale reading."""
+    uri = f"file://{tmp_path}"
+    source(store, "src", uri)
+    build = Build(store, "src", uri)
+    file = build.files[build.split_ids[0]]
+    with Metastore(database_url) as other:
+        conn = other._connection()
+        with conn.transaction():
+            conn.execute("SELECT id FROM ingest_builds WHERE id = %s FOR NO KEY UPDATE", (build.id,))
+            held = collect_garbage(store, "src", grace_s=0)
+            assert (held.abandoned, held.swept, held.unswept, held.open) == (1, 0, 1, 1) and exists(file)
+    assert collect_garbage(store, "src", grace_s=0).swept == 1 and not exists(file)
+    ran: list[int] = []
+    assert not store.sweep_build("src", build.id, 0, lambda: ran.append(1) or 0)
+    assert ran == []
+
+
+def test_gc_reports_what_it_cannot_see_on_an_object_store(store: Metastore, root: str) -> None:
+    """Incomplete multipart uploads are no objects: gc says so for an s3a:// source, and counts
+    the builds where an uncommitted S3A magic-committer job left its manifests."""
+    source(store, "src", root)
+    build = Build(store, "src", root)
+    magic = build.write_late("__magic_job-0/tasks/attempt_0/__base/part-0.parquet.pending")
+    result = collect_garbage(store, "src", grace_s=0)
+    assert result.uncommitted_jobs == 1 and magic in result.deleted and not exists(magic)
+    if root.startswith("s3a://"):
+        assert result.multipart_note is not None and "AbortIncompleteMultipartUpload" in result.multipart_note
+    else:
+        assert result.multipart_note is None
 
 
 def test_gc_deletes_only_what_its_own_source_registered(store: Metastore, tmp_path: Path) -> None:
@@ -166,6 +305,7 @@ def test_gc_never_follows_a_symbolic_link(store: Metastore, tmp_path: Path) -> N
     first = collect_garbage(store, "src", grace_s=0)
     assert first.swept == 1 and not data.exists()
     assert sorted(outside.iterdir()) == [precious] and precious.read_bytes() == b"keep me"
+    assert collect_garbage(store, "src", grace_s=0).open == 0  # swept again: nothing left, closed
     # A link on the way to a build directory (``segments`` replaced by a link): nothing
     # under it is deleted; the build stays unswept and gc says so.
     later = Build(store, "src", uri)
@@ -177,7 +317,7 @@ def test_gc_never_follows_a_symbolic_link(store: Metastore, tmp_path: Path) -> N
     victim.write_bytes(b"keep me too")
     second = collect_garbage(store, "src", grace_s=0)
     assert victim.read_bytes() == b"keep me too" and precious.exists()
-    assert second.swept == 0 and second.unswept == 1
+    assert second.swept == 0 and second.unswept == 1 and second.open == 1
     assert len(second.unsafe) == 1 and "symbolic link" in second.unsafe[0]
 
 
