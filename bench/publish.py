@@ -12,14 +12,11 @@ Prints, for ``Metastore.publish`` of a one-partition segment:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 from bench.stats import percentiles
 from ingest.cli import GIL_SWITCH_INTERVAL_S
@@ -32,46 +29,13 @@ from ingest_common.model import (
     TopicPartition,
 )
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import free_port
+from ingest_dev.proxy import TcpProxy
 from metastore import Metastore, apply_migrations
 
 SOURCE = "bench_publish"
 TOPIC = "events"
 PARTITIONS = 6
 TIME_BOUND_S = 120.0
-
-
-@contextlib.contextmanager
-def delaying_proxy(target_port: int, delay_s: float) -> Iterator[int]:
-    """A loopback TCP proxy to ``target_port`` that holds each chunk the server sends for
-    ``delay_s``. Yields the proxy's port."""
-    listener = socket.create_server(("127.0.0.1", free_port()))
-    stop = threading.Event()
-
-    def pump(src: socket.socket, dst: socket.socket, delay: float) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                if delay:
-                    time.sleep(delay)
-                dst.sendall(data)
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while not stop.is_set():
-                client, _ = listener.accept()
-                server = socket.create_connection(("127.0.0.1", target_port))
-                threading.Thread(target=pump, args=(client, server, 0.0), daemon=True).start()
-                threading.Thread(target=pump, args=(server, client, delay_s), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        listener.close()
 
 
 class _Partitions:
@@ -164,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         with Metastore(url) as store:
             partitions = _Partitions(store)
             with (
-                delaying_proxy(pg.port, args.delay_ms / 1000) as port,
-                Metastore(url.replace(f":{pg.port}/", f":{port}/")) as slow,
+                TcpProxy(pg.port, delay_s=args.delay_ms / 1000) as proxy,
+                Metastore(url.replace(f":{pg.port}/", f":{proxy.port}/")) as slow,
             ):
                 _timed(slow, partitions)  # connects
                 times = sorted(_timed(slow, partitions) for _ in range(5))
