@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ingest.errors import ConfigError
 from ingest_common.redact import is_secret_name
+from metastore.connection import ConnectionLimits
 
 KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
 # sc://host:15002/;token=...;user_id=... (Spark Connect's connection string)
@@ -85,6 +86,8 @@ class Settings:
             # libpq splits at the first '@' and would try to resolve the rest of the password
             # as a host name, printing it in its error.
             raise ConfigError("INGEST_DATABASE_URL: an '@' in the user name or password must be written %40")
+        # Read again by every metastore connection (metastore.connection); a bad value fails here, at start.
+        ConnectionLimits.from_env(env)
         bootstrap = env.get("INGEST_KAFKA_BOOTSTRAP", "")
         if require_kafka and not bootstrap:
             raise ConfigError("INGEST_KAFKA_BOOTSTRAP: not set (e.g. broker1:9092,broker2:9092)")

@@ -23,7 +23,7 @@ from ingest_common.model import (
     StartFrom,
     TopicPartition,
 )
-from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, SourceNotFound
+from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, Session, SourceNotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +145,9 @@ class FakeStore:
                 self.lose_commit_ack -= 1
                 raise CommitOutcomeUnknown("injected: connection lost during COMMIT (it did commit)")
             return len(self.segments)
+
+    def end_session(self, session: Session) -> bool:
+        return True  # an injected unknown outcome has no session left running
 
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         with self.lock:

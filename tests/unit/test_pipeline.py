@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -13,7 +15,8 @@ from ingest.backoff import Backoff
 from ingest.pipeline import Conflicted, Failed, Killed, Outcome, Pipeline, Published
 from ingest.publisher import Publisher
 from ingest.spec import SourceSpec
-from ingest_common.model import TopicPartition
+from ingest_common.model import SegmentToPublish, TopicPartition
+from metastore.errors import CommitOutcomeUnknown, Session
 from tests.fakes import FakeBuilder, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
@@ -134,6 +137,55 @@ def test_unknown_commit_outcome_is_resolved_without_publishing_twice(pipeline: P
     outcomes = drain(pipeline, 2)
     assert all(isinstance(o, Published) for o in outcomes)
     assert len(store.segments) == 2 and store.next_offsets[P0] == 20
+
+
+@dataclasses.dataclass
+class SilentStore(FakeStore):
+    """The first publish gets no reply: the statement is still on its way to (or running in)
+    its session, and commits right after the lookup unless the session was ended first."""
+
+    calls: list[str] = dataclasses.field(default_factory=list)
+    held: SegmentToPublish | None = None
+    ending: bool = False
+
+    def publish(self, item: SegmentToPublish) -> int:
+        self.calls.append("publish")
+        if len(self.calls) == 1:
+            self.held = item
+            raise CommitOutcomeUnknown("no reply", Session(4242, datetime.now(UTC)))
+        return super().publish(item)
+
+    def end_session(self, session: Session) -> bool:
+        self.calls.append("end_session")
+        if self.ending:  # gone, and the held statement with it
+            self.held = None
+            return True
+        self.ending = True
+        return False
+
+    def segment_for_split(self, split_id: uuid.UUID) -> int | None:
+        self.calls.append("segment_for_split")
+        found = super().segment_for_split(split_id)
+        if self.held is not None:  # lands just after the lookup
+            super().publish(self.held)
+            self.held = None
+        return found
+
+
+def test_an_unknown_outcome_is_looked_up_only_once_its_session_has_ended() -> None:
+    store = SilentStore(serials={P0: 1}, next_offsets={P0: None})
+    publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
+    pipeline = Pipeline(FakeBuilder(), publisher, SPEC, 1, build_threads=1, batch_linger_s=0.0)
+    try:
+        pipeline.submit(make_split(P0, 0, 10))
+        (outcome,) = drain(pipeline, 1)
+    finally:
+        pipeline.close(timeout=5)
+    # Looked up while the session lived, the split would be missing, the retry refused
+    # (the late commit moved the offset) and the files of a published segment deleted.
+    assert isinstance(outcome, Published), outcome
+    assert store.calls == ["publish", "end_session", "end_session", "segment_for_split", "publish"]
+    assert len(store.segments) == 1 and store.next_offsets[P0] == 10
 
 
 def test_join_waits_for_everything_in_flight(pipeline: Pipeline, builder: FakeBuilder) -> None:
