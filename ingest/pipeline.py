@@ -73,6 +73,14 @@ class Fatal:
 Outcome = Published | Killed | Conflicted | Failed | Fatal
 
 
+@dataclass(frozen=True, slots=True)
+class PublishInProgress:
+    """The split the publishing thread is publishing, since when (``time.monotonic()``)."""
+
+    split: SealedSplit
+    since: float
+
+
 @dataclass(slots=True)
 class _Entry:
     split: SealedSplit
@@ -115,6 +123,8 @@ class Pipeline:
         self._inflight_bytes = 0
         self._inflight_count = 0
         self._closing = False
+        # Read by other threads (ingest.publish_watch): a reference store is atomic.
+        self.publishing: PublishInProgress | None = None
         self._thread = threading.Thread(target=self._publish_loop, name="ingest-publish", daemon=True)
         self._thread.start()
         self._builders = [
@@ -366,6 +376,7 @@ class Pipeline:
             if self._publish_delay_s:
                 self._sleep_unless_killed(split, self._publish_delay_s)
             started = time.monotonic()
+            self.publishing = PublishInProgress(split, started)
             segment_id = self._publisher.publish(split, built, entry.spec_version)
             return Published(split, built, segment_id, time.monotonic() - started)
         except PublishAbandoned as exc:
@@ -381,6 +392,8 @@ class Pipeline:
             log.exception("publish_failed", split=str(split.id), error=str(exc))
             self._builder.discard(built)
             return Failed(split, FailureStage.PUBLISH, exc)
+        finally:
+            self.publishing = None
 
     def _record(self, entry: _Entry, outcome: Outcome) -> None:
         later: list[SealedSplit] = []

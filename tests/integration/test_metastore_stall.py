@@ -13,7 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from structlog.testing import capture_logs
 
+from ingest.backoff import Backoff
+from ingest.pipeline import Pipeline, Published
+from ingest.publish_watch import PublishWatch
+from ingest.publisher import Publisher
+from ingest.spec import SourceSpec
 from ingest_common.model import TopicPartition
 from ingest_dev.proxy import TcpProxy
 from metastore import Metastore
@@ -21,7 +27,8 @@ from metastore.connection import ConnectionLimits, connect
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 from metastore.migrations import yoyo_url
 from tests.acceptance.harness import wait_until
-from tests.integration.test_metastore import item
+from tests.fakes import FakeBuilder, make_split
+from tests.integration.test_metastore import item, register
 
 T0 = TopicPartition("events", 0)
 # The server cancels a statement after 1 s; the client waits 1 s more for the reply.
@@ -156,3 +163,63 @@ def test_connecting_through_a_path_that_stops_answering_fails_in_bound(proxy: Tc
     proxy.pause()
     failed = within(LIMITS.connect_timeout_s + 3, proxy, lambda: Metastore(through(proxy, database_url), LIMITS).ping())
     assert isinstance(failed, MetastoreUnavailable), failed
+
+
+def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
+    store: Metastore, proxy: TcpProxy, database_url: str, tmp_path: Any
+) -> None:
+    """The pipeline's publishing thread, the real publisher and metastore: the publish blocks
+    on the silent connection, each attempt ends within the bound (errors reported), the
+    health check says why, and once the path works the split is published exactly once."""
+    claim = store.claim_partitions("src", "w1", [T0])[T0]
+    split = make_split(T0, 0, 10, serial=claim.serial)
+    register(store, split.id)
+    errors: list[tuple[float, Exception]] = []
+    proxied = Metastore(through(proxy, database_url), LIMITS)
+    proxied.ping()  # connected through the proxy before it stops
+    publisher = Publisher(
+        proxied,
+        "src",
+        "w1",
+        backoff=Backoff(0.1, 0.5),
+        on_store_error=lambda exc: errors.append((time.monotonic(), exc)),
+    )
+    spec = SourceSpec(
+        name="src", topics=("events",), schema=(("ts", "timestamp"),), event_time="ts", segment_store="file:///x"
+    )
+    pipeline = Pipeline(FakeBuilder(), publisher, spec, 1, build_threads=1, batch_linger_s=0.0)
+    watch = PublishWatch(pipeline, source="src", worker_id="w1", bound_s=REPLY_BOUND_S + 1)
+    try:
+        with capture_logs() as logs:
+            proxy.pause()
+            paused_at = time.monotonic()
+            pipeline.submit(split)
+
+            def stalled() -> bool:
+                watch.check()
+                return watch.stalled_reason is not None
+
+            wait_until(stalled, REPLY_BOUND_S + 10, "the health check to report the stuck publish", 0.05)
+            reason = watch.stalled_reason
+            assert reason is not None and f"publish of {T0} [0, 10) unfinished" in reason, reason
+            # The publish call itself came back within its bound, as an unknown outcome.
+            wait_until(lambda: bool(errors), REPLY_BOUND_S + 10, "the first attempt to end", 0.05)
+            assert errors[0][0] - paused_at < REPLY_BOUND_S + 3 and isinstance(errors[0][1], CommitOutcomeUnknown)
+            proxy.resume()
+
+            def done() -> bool:
+                watch.check()
+                return pipeline.inflight_count == 0
+
+            wait_until(done, 30, "the publish to finish once the path works", 0.05)
+        (outcome,) = pipeline.poll()
+        assert isinstance(outcome, Published), outcome
+        assert watch.stalled_reason is None
+        assert store.segment_for_split(split.id) == outcome.segment_id
+        assert store.partition_state("src", T0) == (claim.serial, 10)
+        events = [e["event"] for e in logs if e["event"].startswith("publish_stall")]
+        assert events == ["publish_stalled", "publish_stall_ended"], events
+    finally:
+        proxy.resume()
+        pipeline.close(timeout=10)
+        proxied.close()
