@@ -35,6 +35,7 @@ ingest.consume (one polling thread: the consumer group's member)
     background     the thread every metastore call outside a rebalance callback runs on
     group_offsets  published offsets committed to the group as advice for Kafka's tools
     loop_metrics   lag and the loop's gauges
+    publish_watch  a publish unfinished past its bound makes the worker unhealthy
 
 ingest.build (sealed splits into Parquet files, invisible until published)
     split          per-partition buffers, sealed splits, kill switches

@@ -25,6 +25,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ingest.errors import ConfigError
 from ingest_common.redact import is_secret_name
+from metastore.connection import ConnectionLimits
 
 KAFKA_PROP_PREFIX = "INGEST_KAFKA_PROP_"
 # sc://host:15002/;token=...;user_id=... (Spark Connect's connection string)
@@ -72,6 +73,8 @@ class Settings:
     # Splits failing in a row (each after its build retries, none published in between)
     # before the worker reports itself unhealthy (/healthz, /readyz, registry, `ingest health`).
     unhealthy_after_failed_splits: int = 5
+    # A publish unfinished for this long makes /healthz unhealthy (ingest.consume.publish_watch).
+    unhealthy_after_publish_stall_s: float = 120.0
     # `ingest status`: a partition with lag and no publish for this long is STUCK.
     stuck_after_s: float = 300.0
     # A Spark session not started within this is SparkUnavailable: Spark Connect's client
@@ -91,6 +94,8 @@ class Settings:
             # libpq splits at the first '@' and would try to resolve the rest of the password
             # as a host name, printing it in its error.
             raise ConfigError("INGEST_DATABASE_URL: an '@' in the user name or password must be written %40")
+        # Read again by every metastore connection (metastore.connection); a bad value fails here, at start.
+        ConnectionLimits.from_env(env)
         bootstrap = env.get("INGEST_KAFKA_BOOTSTRAP", "")
         if require_kafka and not bootstrap:
             raise ConfigError("INGEST_KAFKA_BOOTSTRAP: not set (e.g. broker1:9092,broker2:9092)")
@@ -121,6 +126,9 @@ class Settings:
             ),
             unhealthy_after_failed_splits=positive_int(
                 "INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", env.get("INGEST_UNHEALTHY_AFTER_FAILED_SPLITS", "5")
+            ),
+            unhealthy_after_publish_stall_s=positive_seconds(
+                "INGEST_UNHEALTHY_AFTER_PUBLISH_STALL_S", env.get("INGEST_UNHEALTHY_AFTER_PUBLISH_STALL_S", "120")
             ),
             stuck_after_s=non_negative_seconds("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
             spark_start_timeout_s=non_negative_seconds(
@@ -202,6 +210,14 @@ def non_negative_seconds(name: str, value: str) -> float:
     # Also refuses nan (every comparison false) and inf (a linger or delay that never ends).
     if not 0 <= number < math.inf:
         raise ConfigError(f"{name}: expected a non-negative number of seconds, got {value!r}")
+    return number
+
+
+def positive_seconds(name: str, value: str) -> float:
+    """A finite number of seconds above 0; anything else is a ConfigError naming ``name``."""
+    number = non_negative_seconds(name, value)
+    if number == 0:
+        raise ConfigError(f"{name}: expected a positive number of seconds, got {value!r}")
     return number
 
 

@@ -85,12 +85,13 @@ class Worker:
         self.ready = threading.Event()
 
     def healthy(self) -> tuple[bool, str]:
-        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted) and
-        splits do not keep failing (a dead Spark session or an unwritable store)."""
+        """Alive: the loop has polled within the last 30 s (a hung loop gets restarted),
+        splits do not keep failing (a dead Spark session or an unwritable store) and no
+        publish is stuck (a metastore that stopped answering)."""
         loop = self.loop
         if loop is None:
             return False, "starting"
-        if (reason := loop.unhealthy_reason) is not None:
+        if (reason := loop.unhealthy_reason or loop.publish_stall) is not None:
             return False, reason
         stalled = time.monotonic() - loop.last_step_at
         return (stalled < 30.0), f"last poll {stalled:.1f}s ago"
@@ -256,7 +257,10 @@ class Worker:
                 spec_version=version,
                 watermarks=watermarks,
                 group_offsets=group_offsets,
-                options=LoopOptions(unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits),
+                options=LoopOptions(
+                    unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits,
+                    unhealthy_after_publish_stall_s=settings.unhealthy_after_publish_stall_s,
+                ),
             )
             log.info(
                 "worker_started",

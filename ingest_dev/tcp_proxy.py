@@ -5,7 +5,10 @@ every chunk the server sends for that long (round trips made visible). :meth:`Tc
 breaks the client's side only of every connection open at that moment: the client sees its
 connection end while the server's side stays open, so the server's session goes on as if
 nothing happened (what a lost network path does to PostgreSQL, unlike ending its backend).
-Its server sides are closed by :meth:`TcpProxy.close`.
+Its server sides are closed by :meth:`TcpProxy.close`. :meth:`TcpProxy.pause` stops forwarding
+in both directions while every socket stays open (a peer gone silent without closing anything,
+as a black-holed path or a frozen server looks to the client: no reset, no end of file, its
+kernel still ACKs) until :meth:`TcpProxy.resume`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._links: list[_Link] = []
         self._closed = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
 
     @property
@@ -71,7 +76,15 @@ class TcpProxy:
             link.close_client()
         return len(links)
 
+    def pause(self) -> None:
+        """Forward nothing (a chunk read is held) until :meth:`resume`; sockets stay open."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
+        self._flowing.set()  # paused pumps wake up, find their sockets shut and end
         with self._lock:
             self._closed = True
             links, self._links = self._links, []
@@ -107,10 +120,10 @@ class TcpProxy:
             threading.Thread(target=self._to_server, args=(link,), daemon=True).start()
             threading.Thread(target=self._to_client, args=(link,), daemon=True).start()
 
-    @staticmethod
-    def _to_server(link: _Link) -> None:
+    def _to_server(self, link: _Link) -> None:
         with contextlib.suppress(OSError):
             while data := link.client.recv(CHUNK):
+                self._flowing.wait()
                 link.server.sendall(data)
         if not link.cut:  # the client left: so does the server's side; a cut keeps it open
             link.close()
@@ -120,6 +133,7 @@ class TcpProxy:
         # never blocks on a full buffer.
         with contextlib.suppress(OSError):
             while data := link.server.recv(CHUNK):
+                self._flowing.wait()
                 if link.cut:
                     continue
                 if self._reply_delay_s:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-import psycopg
-
 from ingest_common.model import TopicPartition
-from metastore.connection import connect, wrap_exceptions
+from metastore.connection import BoundedConnection, ConnectionLimits, connect, wrap_exceptions
 from metastore.errors import PublishConflict
 from metastore.queries import query
 
@@ -23,15 +21,17 @@ Row = dict[str, Any]
 class StoreBase:
     """The connection and the named-query helpers the concern mixins build on."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, limits: ConnectionLimits | None = None) -> None:
+        """``limits``: the connection's bounds; from the environment (``INGEST_DB_*``) when not given."""
         self.url = url
-        self._conn: psycopg.Connection[Row] | None = None
+        self._limits = limits
+        self._conn: BoundedConnection[Row] | None = None
 
-    def _connection(self) -> psycopg.Connection[Row]:
+    def _connection(self) -> BoundedConnection[Row]:
         if self._conn is not None and (self._conn.closed or self._conn.broken):
             self._conn = None
         if self._conn is None:
-            self._conn = connect(self.url)
+            self._conn = connect(self.url, self._limits)
         return self._conn
 
     def close(self) -> None:

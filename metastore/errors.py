@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from ingest_common.errors import ExitCode, IngestError
 from ingest_common.model import TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A connection's session on the server: its backend's pid and start (a pid is reused)."""
+
+    pid: int
+    started: datetime
 
 
 class MetastoreError(IngestError):
@@ -17,10 +28,15 @@ class MetastoreUnavailable(MetastoreError):
 
 
 class CommitOutcomeUnknown(MetastoreUnavailable):
-    """The connection broke while COMMIT was in flight: the transaction may or may not have
-    committed. Resolve by looking the split up (``Metastore.segment_for_split``); the server's
-    session may outlive the connection and commit even after that lookup found nothing, so a
-    retry is answered with the segment (the publish is idempotent by split id)."""
+    """The connection broke, or was given up for want of a reply, while a transaction was in
+    flight: it may or may not have committed, and may still commit while its ``session``
+    lives. Resolve by ending the session (``Metastore.end_session``), then looking the split
+    up (``Metastore.segment_for_split``). A retry of a split whose publish did commit is
+    answered with its segment (the publish is idempotent by split id)."""
+
+    def __init__(self, message: str, session: Session | None = None) -> None:
+        super().__init__(message)
+        self.session = session
 
 
 class SchemaMissing(MetastoreError):

@@ -9,7 +9,7 @@ import threading
 import psycopg
 import structlog
 
-from metastore.connection import connect, redact_url, wrap_exceptions
+from metastore.connection import ConnectionLimits, connect, redact_url, wrap_exceptions
 from metastore.errors import MetastoreError
 from metastore.queries import query
 
@@ -23,8 +23,9 @@ class ControlListener:
     ``ingest_sources_notify`` trigger sends NOTIFY ingest_control with the source's name).
     Also set after every (re)connect: notifications sent while disconnected are lost."""
 
-    def __init__(self, url: str, source: str, *, wait_s: float = 0.5) -> None:
+    def __init__(self, url: str, source: str, *, wait_s: float = 0.5, limits: ConnectionLimits | None = None) -> None:
         self._url = url
+        self._limits = limits
         self._source = source
         self._wait_s = wait_s
         self.changed = threading.Event()
@@ -58,7 +59,7 @@ class ControlListener:
                 self._stop.wait(delay)
 
     def _listen(self) -> None:
-        conn = connect(self._url)
+        conn = connect(self._url, self._limits)
         try:
             with wrap_exceptions(self._url):
                 conn.execute(query("listen_controls"))

@@ -12,7 +12,7 @@ from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 from yoyo.exceptions import LockTimeout
 
-from metastore.connection import wrap_exceptions
+from metastore.connection import ConnectionLimits, wrap_exceptions
 from metastore.errors import MetastoreError, MigrationLocked, SchemaMissing
 
 # The package's schema/ resource: a link to the top-level migrations/ folder in a checkout, a
@@ -39,6 +39,9 @@ def yoyo_url(database_url: str) -> str:
     parameter is a query argument: yoyo hands them to psycopg as they are, so both forms,
     percent-encoded passwords and multiple hosts reach libpq unchanged."""
     params = conninfo_to_dict(database_url)
+    # The TCP bounds of every metastore connection; no statement timeout: a migration may
+    # rightly take long (a new index on a large table).
+    params.update(ConnectionLimits.from_env().tcp_params(database_url))
     return "postgresql+psycopg:///?" + urlencode({k: str(v) for k, v in params.items()})
 
 

@@ -1,6 +1,21 @@
 -- Every statement the metastore runs, under `-- name: NAME` headers, loaded once by queries.py.
 -- Parameters are always bound (%(name)s); identifiers are never built from input.
 
+-- name: session_setup
+-- Every connection's bounds and who it is on the server (metastore.connection): the session a
+-- statement whose outcome is unknown may still run on, ended before that outcome is looked up.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('lock_timeout', %(lock_timeout)s, false),
+       pg_backend_pid() AS pid,
+       (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) AS started;
+
+-- name: end_session
+-- A session whose connection the client gave up (no reply in time): told to end, so that a
+-- statement it still runs, or has yet to receive, cannot commit after the client looked its
+-- outcome up. No row: it is gone, with its transaction. (A role may end its own sessions.)
+SELECT pg_terminate_backend(pid) AS signalled FROM pg_stat_activity
+WHERE pid = %(pid)s AND backend_start = %(started)s;
+
 -- name: upsert_source
 INSERT INTO ingest_sources (name, version) VALUES (%(name)s, 1)
 ON CONFLICT (name) DO UPDATE SET version = ingest_sources.version + 1, updated_at = now()

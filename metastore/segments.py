@@ -12,7 +12,7 @@ import psycopg
 from ingest_common.model import BuildRegistration, SegmentToPublish
 from metastore.base import Row, StoreBase, conflict_from_row
 from metastore.connection import wrap_exceptions
-from metastore.errors import CommitOutcomeUnknown
+from metastore.errors import CommitOutcomeUnknown, Session
 from metastore.queries import query
 
 
@@ -63,12 +63,21 @@ class SegmentsMixin(StoreBase):
                 # transaction, without a commit. No reply: it may have committed.
                 if conn.closed or conn.broken:
                     self._conn = None
-                    raise CommitOutcomeUnknown(f"connection lost while publishing split {seg.split_id}") from exc
+                    raise CommitOutcomeUnknown(
+                        f"connection lost while publishing split {seg.split_id}: {exc}", conn.session
+                    ) from exc
                 raise
         assert row is not None
         if row["segment_id"] is None:
             raise conflict_from_row(row)
         return int(row["segment_id"])
+
+    def end_session(self, session: Session) -> bool:
+        """True once ``session`` is gone, with whatever transaction it ran; else it is told to
+        end and this returns False (ask again). After a CommitOutcomeUnknown, the lookup of the
+        split is final only then: the session may still be running the publish, or may still
+        receive it from the network."""
+        return not self._fetch("end_session", pid=session.pid, started=session.started)
 
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         rows = self._fetch("segment_for_split", split_id=split_id)

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from metastore.base import Row, StoreBase
-from metastore.connection import connect, wrap_exceptions
+from metastore.connection import ConnectionLimits, connect, wrap_exceptions
 from metastore.errors import MetastoreError, SourceNotFound
 from metastore.queries import query
 
@@ -61,8 +61,8 @@ class TableStore(StoreBase):
     """The metastore's tables for the Iceberg committer, over :class:`StoreBase`'s connection;
     the committer's advisory lock is held on a second connection of its own."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, limits: ConnectionLimits | None = None) -> None:
+        super().__init__(url, limits)
         self._lock_conn: psycopg.Connection[Row] | None = None
 
     def close(self) -> None:
@@ -186,7 +186,7 @@ class TableStore(StoreBase):
         if self.holds_lock():
             return True
         with wrap_exceptions(self.url):
-            conn = connect(self.url)
+            conn = connect(self.url, self._limits)
             row = conn.execute(query("table_lock"), {"source": source}).fetchone()
             if row is not None and row["locked"]:
                 self._lock_conn = conn

@@ -24,7 +24,7 @@ from ingest_common.model import (
     StartFrom,
     TopicPartition,
 )
-from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, SourceNotFound
+from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, Session, SourceNotFound
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +171,9 @@ class FakeStore:
 
     def _segment_id(self, split_id: uuid.UUID) -> int:
         return list(self.segments).index(split_id) + 1
+
+    def end_session(self, session: Session) -> bool:
+        return True  # an injected unknown outcome has no session left running
 
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         with self.lock:

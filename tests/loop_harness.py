@@ -48,6 +48,7 @@ class Harness:
     store: MemoryMetastore = field(default_factory=MemoryMetastore)
     builder: FakeBuilder = field(default_factory=FakeBuilder)
     metrics: Metrics = field(default_factory=lambda: Metrics("src"))
+    publish_stall_s: float = 120.0
 
     def __post_init__(self) -> None:
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
@@ -83,7 +84,12 @@ class Harness:
             background=self.background,
             metrics=self.metrics,
             watermarks=self.consumer,
-            options=LoopOptions(batch_size=100, poll_timeout_s=0.0, drain_timeout_s=5.0),
+            options=LoopOptions(
+                batch_size=100,
+                poll_timeout_s=0.0,
+                drain_timeout_s=5.0,
+                unhealthy_after_publish_stall_s=self.publish_stall_s,
+            ),
         )
 
     def produce(self, tp: TopicPartition, n: int) -> None:

@@ -31,6 +31,7 @@ from ingest.consume.kafka import Batch, Consumer, Message, Watermarks
 from ingest.consume.loop_metrics import LoopGauges
 from ingest.consume.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
 from ingest.consume.positioning import Positioner, StateStore
+from ingest.consume.publish_watch import UNHEALTHY_AFTER_PUBLISH_STALL_S, PublishWatch
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import WorkerFailed
 from ingest.ops.metrics import Metrics
@@ -51,6 +52,7 @@ class LoopOptions:
     poll_timeout_s: float = 0.1
     drain_timeout_s: float = 60.0
     unhealthy_after_failed_splits: int = UNHEALTHY_AFTER_FAILED_SPLITS
+    unhealthy_after_publish_stall_s: float = UNHEALTHY_AFTER_PUBLISH_STALL_S
 
 
 class ConsumeLoop:
@@ -129,6 +131,9 @@ class ConsumeLoop:
             spec_version=spec_version,
             on_spec=self._spec_changed,
         )
+        self._publish_watch = PublishWatch(
+            pipeline, source=spec.name, worker_id=worker_id, bound_s=options.unhealthy_after_publish_stall_s
+        )
         self._gauges = LoopGauges(spec.name, consumer, assignment, pipeline, metrics)
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
@@ -172,6 +177,7 @@ class ConsumeLoop:
             self._ran = True
         self._seal_due(now, holding)
         self._outcomes.handle(self._pipeline.poll(), draining=False)
+        self._publish_watch.check()
         if self._group_offsets is not None:
             self._group_offsets.commit_due(self._consumer, set(self._assignment.tps()), now)
         self._positioner.rewinds_due(now)
@@ -214,7 +220,13 @@ class ConsumeLoop:
 
     @property
     def unhealthy_reason(self) -> str | None:
+        """Splits failing in a row: the worker's registry state too (``state``)."""
         return self._outcomes.unhealthy_reason
+
+    @property
+    def publish_stall(self) -> str | None:
+        """A publish unfinished past its bound (ingest.consume.publish_watch): /healthz only."""
+        return self._publish_watch.stalled_reason
 
     @property
     def state(self) -> WorkerState:

@@ -31,7 +31,7 @@ from ingest.build.builder import SegmentBuilder
 from ingest.build.split import SealedSplit
 from ingest.errors import BuildError
 from ingest.publish.publisher import Publisher
-from ingest.publish.settle import Killed, Outcome, Published, Settler
+from ingest.publish.settle import Killed, Outcome, Published, PublishInProgress, Settler
 from ingest.spec import SourceSpec
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
@@ -138,6 +138,11 @@ class Pipeline:
         with self._cond:
             outcomes, self._outcomes = self._outcomes, []
         return outcomes
+
+    @property
+    def publishing(self) -> PublishInProgress | None:
+        """The split being published now, since when (read by ingest.consume.publish_watch)."""
+        return self._settler.publishing
 
     @property
     def inflight_count(self) -> int:

@@ -21,7 +21,7 @@ from ingest.backoff import METASTORE_BACKOFF, Backoff
 from ingest.build.split import SealedSplit
 from ingest.errors import PublishFailed, SplitKilled
 from ingest_common.model import BuiltSegment, PublishRange, SegmentToPublish
-from metastore.errors import CommitOutcomeUnknown, MetastoreError, MetastoreUnavailable
+from metastore.errors import CommitOutcomeUnknown, MetastoreError, MetastoreUnavailable, Session
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +30,7 @@ class PublishStore(Protocol):
     """The part of ``metastore.Metastore`` the publisher needs."""
 
     def publish(self, item: SegmentToPublish) -> int: ...
+    def end_session(self, session: Session) -> bool: ...
     def segment_for_split(self, split_id: uuid.UUID) -> int | None: ...
 
 
@@ -76,7 +77,7 @@ class Publisher:
             except CommitOutcomeUnknown as exc:
                 unanswered = True
                 self._report(exc)
-                segment_id = self._resolve(split)
+                segment_id = self._resolve(split, exc.session)
                 if segment_id is not None:
                     return segment_id
             except MetastoreUnavailable as exc:
@@ -98,15 +99,22 @@ class Publisher:
             self._backoff.sleep(delay)
         raise AssertionError("unreachable: the backoff never ends")
 
-    def _resolve(self, split: SealedSplit) -> int | None:
-        """After an unknown commit outcome: was the split published? Retries until the
-        metastore answers or the split is killed (then the answer no longer matters to us:
-        if the commit did land, the offsets advanced and nothing will be re-published).
-        Whatever it raises is a PublishFailed with ``unanswered``."""
+    def _resolve(self, split: SealedSplit, session: Session | None) -> int | None:
+        """After an unknown commit outcome: was the split published? The answer is final once
+        the session the publish was sent on is gone (a connection given up for want of a
+        reply leaves it running, or about to receive the publish), so it is ended first.
+        Retries until the metastore answers or the split is killed (then the answer no longer
+        matters to us: if the commit did land, the offsets advanced and nothing will be
+        re-published). Whatever it raises is a PublishFailed with ``unanswered``."""
         for delay in self._backoff.delays():
             if split.kill_switch.tripped:
                 raise PublishFailed(SplitKilled(split.kill_switch.reason or "killed"), unanswered=True)
             try:
+                if session is not None and not self._store.end_session(session):
+                    log.info("publish_session_ending", split=str(split.id), pid=session.pid)
+                    self._backoff.sleep(delay)
+                    continue
+                session = None
                 segment_id = self._store.segment_for_split(split.id)
             except MetastoreUnavailable as exc:
                 self._report(exc)

@@ -78,11 +78,21 @@ class Fatal:
 Outcome = Published | Killed | Conflicted | Failed | Fatal
 
 
+@dataclass(frozen=True, slots=True)
+class PublishInProgress:
+    """The split the publishing thread is publishing, since when (``time.monotonic()``)."""
+
+    split: SealedSplit
+    since: float
+
+
 class Settler:
     def __init__(self, builder: SegmentBuilder, publisher: Publisher, publish_delay_s: float = 0.0) -> None:
         self._builder = builder
         self._publisher = publisher
         self._publish_delay_s = publish_delay_s
+        # Read by other threads (ingest.consume.publish_watch): a reference store is atomic.
+        self.publishing: PublishInProgress | None = None
 
     def settle(self, split: SealedSplit, future: Future[BuiltSegment], spec_version: int) -> Outcome:
         """Publish ``split`` once its build resolved, or say why not; its files are disposed
@@ -109,6 +119,7 @@ class Settler:
         except SplitKilled as exc:  # before anything was sent
             return Killed(split, exc.reason, self._dispose(built, unanswered=False))
         started = time.monotonic()
+        self.publishing = PublishInProgress(split, started)
         try:
             segment_id = self._publisher.publish(split, built, spec_version)
         except PublishFailed as failed:
@@ -123,6 +134,8 @@ class Settler:
         except Exception as exc:  # a publisher bug: where the statement got to is unknown
             log.exception("publish_failed", split=str(split.id), files=SplitFiles.LEFT_TO_GC, error=str(exc))
             return Failed(split, FailureStage.PUBLISH, exc, SplitFiles.LEFT_TO_GC)
+        finally:
+            self.publishing = None
         return Published(split, built, segment_id, time.monotonic() - started)
 
     def _dispose(self, built: BuiltSegment, *, unanswered: bool) -> SplitFiles:

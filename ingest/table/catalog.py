@@ -13,13 +13,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import psycopg
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import create_engine
 
 from ingest_common.store_uri import canonical_store_uri
-from metastore.connection import CONNECT_TIMEOUT_S, LOCK_TIMEOUT_MS, STATEMENT_TIMEOUT_MS
+from metastore.connection import LOCK_TIMEOUT_MS, ConnectionLimits, bounded_connect
 from metastore.tables import TableKind
 
 CATALOG_NAME = "ingest"
@@ -40,12 +39,15 @@ class MetastoreCatalog(SqlCatalog):
             **{**s3_properties(os.environ), **properties},
         )
 
+        limits = ConnectionLimits.from_env()
+
         def connect() -> Any:
-            return psycopg.connect(
+            # Set at connect (options), not with SET: the pool's rollbacks would undo a SET.
+            return bounded_connect(
                 database_url,
-                connect_timeout=CONNECT_TIMEOUT_S,
+                limits,
                 application_name="ingest-table",
-                options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}",
+                options=f"-c statement_timeout={limits.statement_timeout_ms} -c lock_timeout={LOCK_TIMEOUT_MS}",
             )
 
         self.engine = create_engine("postgresql+psycopg://", creator=connect, pool_pre_ping=True)

@@ -271,7 +271,15 @@ def test_kubernetes_manifests_validate_offline_against_the_api_schemas() -> None
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{name} {doc['kind']} {doc['metadata']['name']} (Kubernetes {version}): {exc}")
         checked.add(doc["kind"])
-    assert {"Deployment", "Job", "PodDisruptionBudget", "ConfigMap", "Service", "PersistentVolumeClaim"} <= checked
+    assert {
+        "Deployment",
+        "Job",
+        "PodDisruptionBudget",
+        "ConfigMap",
+        "Service",
+        "PersistentVolumeClaim",
+        "NetworkPolicy",
+    } <= checked
 
 
 def test_kubernetes_manifests_fit_together() -> None:
@@ -315,3 +323,46 @@ def test_kubernetes_manifests_fit_together() -> None:
     } - {"/tmp"}
     service = docs[("Service", "ingest-table-committer-clicks")]
     assert service["spec"]["selector"].items() <= committers["spec"]["template"]["metadata"]["labels"].items()
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector's matchLabels and its In / NotIn / Exists expressions, as the API applies them."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        present = key in labels
+        if not {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[op]:
+            return False
+    return True
+
+
+def test_only_the_scraper_may_reach_the_metrics_port() -> None:
+    """Anything that can open connections to the metrics port can keep probes busy; the pods
+    that serve it admit only Prometheus, and only on that port (the kubelet's probes come from
+    the node, which a NetworkPolicy always admits)."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in kubernetes_documents() if "metadata" in d}
+    policies = [d for (kind, _), d in docs.items() if kind == "NetworkPolicy"]
+    serving = [
+        d["spec"]["template"]
+        for (kind, _), d in docs.items()
+        if kind == "Deployment"
+        and any(p["name"] == "metrics" for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", []))
+    ]
+    assert len(serving) == 2  # the workers and the table committers
+    for pod in serving:
+        applying = [p for p in policies if selects(p["spec"]["podSelector"], pod["metadata"]["labels"])]
+        assert applying, f"no NetworkPolicy selects the pods {pod['metadata']['labels']}"
+        for policy in applying:
+            assert "Ingress" in policy["spec"]["policyTypes"]
+            for rule in policy["spec"]["ingress"]:
+                # Never an empty `from` (everyone) nor an empty port list (every port).
+                assert rule.get("from") and rule.get("ports"), rule
+                assert [p["port"] for p in rule["ports"]] == ["metrics"], rule
+                for peer in rule["from"]:
+                    assert "ipBlock" not in peer and peer.get("podSelector", {}).get("matchLabels"), peer

@@ -31,6 +31,7 @@ from ingest.spec import SourceSpec
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from metastore import Metastore
+from metastore.errors import Session
 from tests.fakes import make_split
 
 T0 = TopicPartition("events", 0)
@@ -73,6 +74,12 @@ class LookupHook:
 
     def publish(self, item: SegmentToPublish) -> int:
         return self._store.publish(item)
+
+    def end_session(self, session: Session) -> bool:
+        """Answers as if the session were gone without ending it: what a publisher behind a
+        transaction pooler gets (the pid it knows names a pooled connection, not the orphan).
+        The idempotent publish, not the ended session, keeps the retry safe here."""
+        return True
 
     def segment_for_split(self, split_id: uuid.UUID) -> int | None:
         found = self._store.segment_for_split(split_id)

@@ -44,6 +44,12 @@ def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path)
         ({"INGEST_BUILD_LINGER_S": "nan"}, "INGEST_BUILD_LINGER_S"),
         ({"INGEST_BUILD_LINGER_S": "inf"}, "INGEST_BUILD_LINGER_S"),
         ({"INGEST_KAFKA_CONFIG_FILE": "/nonexistent/client.properties"}, "INGEST_KAFKA_CONFIG_FILE"),
+        ({"INGEST_UNHEALTHY_AFTER_PUBLISH_STALL_S": "0"}, "INGEST_UNHEALTHY_AFTER_PUBLISH_STALL_S"),
+        # Read by every metastore connection, checked at start.
+        ({"INGEST_DB_STATEMENT_TIMEOUT_S": "0"}, "INGEST_DB_STATEMENT_TIMEOUT_S"),
+        ({"INGEST_DB_TCP_USER_TIMEOUT_S": "nan"}, "INGEST_DB_TCP_USER_TIMEOUT_S"),
+        ({"INGEST_DB_KEEPALIVES_COUNT": "2.5"}, "INGEST_DB_KEEPALIVES_COUNT"),
+        ({"INGEST_DB_CONNECT_TIMEOUT_S": "-1"}, "INGEST_DB_CONNECT_TIMEOUT_S"),
     ],
 )
 def test_invalid_settings_name_the_variable(env: dict[str, str], field: str) -> None:

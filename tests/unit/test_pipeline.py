@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -14,7 +16,8 @@ from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec
-from ingest_common.model import KillReason, TopicPartition
+from ingest_common.model import KillReason, SegmentToPublish, TopicPartition
+from metastore.errors import CommitOutcomeUnknown, Session
 from tests.fakes import FakeBuilder, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
@@ -190,6 +193,55 @@ def test_after_an_unanswered_publish_the_split_files_are_left_to_gc_however_it_e
     assert builder.discarded == []
     assert isinstance(outcome, Conflicted | Killed | Failed) and outcome.files is SplitFiles.LEFT_TO_GC
     assert store.segments == {} and len(store.orphans) == 1
+
+
+@dataclasses.dataclass
+class SilentStore(FakeStore):
+    """The first publish gets no reply: the statement is still on its way to (or running in)
+    its session, and commits right after the lookup unless the session was ended first."""
+
+    calls: list[str] = dataclasses.field(default_factory=list)
+    held: SegmentToPublish | None = None
+    ending: bool = False
+
+    def publish(self, item: SegmentToPublish) -> int:
+        self.calls.append("publish")
+        if len(self.calls) == 1:
+            self.held = item
+            raise CommitOutcomeUnknown("no reply", Session(4242, datetime.now(UTC)))
+        return super().publish(item)
+
+    def end_session(self, session: Session) -> bool:
+        self.calls.append("end_session")
+        if self.ending:  # gone, and the held statement with it
+            self.held = None
+            return True
+        self.ending = True
+        return False
+
+    def segment_for_split(self, split_id: uuid.UUID) -> int | None:
+        self.calls.append("segment_for_split")
+        found = super().segment_for_split(split_id)
+        if self.held is not None:  # lands just after the lookup
+            super().publish(self.held)
+            self.held = None
+        return found
+
+
+def test_an_unknown_outcome_is_looked_up_only_once_its_session_has_ended() -> None:
+    store = SilentStore(serials={P0: 1}, next_offsets={P0: 0})
+    publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
+    pipeline = Pipeline(FakeBuilder(), publisher, SPEC, 1, build_threads=1, batch_linger_s=0.0)
+    try:
+        pipeline.submit(make_split(P0, 0, 10))
+        (outcome,) = drain(pipeline, 1)
+    finally:
+        pipeline.close(timeout=5)
+    # Looked up while the session lived, the split would be missing, the retry refused
+    # (the late commit moved the offset) and the files of a published segment deleted.
+    assert isinstance(outcome, Published), outcome
+    assert store.calls == ["publish", "end_session", "end_session", "segment_for_split", "publish"]
+    assert len(store.segments) == 1 and store.next_offsets[P0] == 10
 
 
 def test_join_waits_for_everything_in_flight(pipeline: Pipeline, builder: FakeBuilder) -> None:
