@@ -126,7 +126,7 @@ def add_table_commands(sub: Any) -> None:
         choices=[p.value for p in PartitionBy],
         default=None,
         help="partition transform of the event-time column (default: the spec's file_partition; the "
-        "spec must cut files by it or a finer transform, see the README)",
+        "spec must cut files by it or a finer transform, see docs/iceberg.md)",
     )
     enable.add_argument(
         "--rejects",

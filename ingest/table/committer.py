@@ -167,7 +167,7 @@ class TableCommitter:
         ident = identifier(self.source, row.kind)
         self.catalog.create_namespace_if_not_exists(ident[0])
         # gc.enabled=false: the table does not own its data files (the metastore does), so
-        # Iceberg maintenance must never delete one (see README, "Iceberg tables").
+        # Iceberg maintenance must never delete one (see docs/iceberg.md, "gc and table maintenance agree").
         properties = {
             "gc.enabled": "false",
             COMMIT_SEQ: "0",
