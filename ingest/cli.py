@@ -497,8 +497,8 @@ def cmd_terminate(args: argparse.Namespace) -> int:
 
 
 def cmd_table_enable(args: argparse.Namespace) -> int:
-    from ingest.table.committer import enable_table
     from ingest.table.config import PartitionBy, RejectsMode
+    from ingest.table.enable import enable_table
 
     partition_by = None if args.partition_by is None else PartitionBy(args.partition_by)
     done = enable_table(_settings().database_url, args.source, partition_by, RejectsMode(args.rejects))

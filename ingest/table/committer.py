@@ -53,7 +53,7 @@ from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.errors import FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
 from ingest.table.metrics import TableMetrics
-from ingest_common.errors import ConfigError, first_line
+from ingest_common.errors import first_line
 from metastore.errors import MetastoreUnavailable
 from metastore.tables import PendingSegment, TableKind, TableRow, TableStore
 
@@ -90,28 +90,6 @@ class CommitResult:
     files: int
     seconds: float
     conflicts: int
-
-
-def enable_table(
-    database_url: str, source: str, partition_by: PartitionBy | None, rejects: RejectsMode
-) -> list[tuple[TableKind, bool]]:
-    """Record that the source feeds a data table (and a rejects table): [(kind, newly enabled)].
-    The tables themselves are created by the committer with its first commit. The partition
-    transform defaults to the spec's ``file_partition``; one the spec's files do not lie within
-    is refused, since every file they hold would be refused at commit."""
-    with TableStore(database_url) as store:
-        cut = SourceSpec.from_json(store.latest_spec(source)).file_partition
-        partition_by = cut if partition_by is None else partition_by
-        if not cut.covers(partition_by):
-            raise ConfigError(
-                f"--partition-by {partition_by.value}: source {source!r} cuts its data files by "
-                f"{cut.value} (file_partition in its spec), so a file can span several {partition_by.value} "
-                f'partitions; apply the spec with file_partition = "{partition_by.value}" (or finer) first'
-            )
-        done = [(TableKind.DATA, store.enable(source, TableKind.DATA, partition_by.value))]
-        if rejects is RejectsMode.TABLE:
-            done.append((TableKind.REJECTS, store.enable(source, TableKind.REJECTS, PartitionBy.NONE.value)))
-        return done
 
 
 class TableCommitter:
@@ -472,5 +450,4 @@ __all__ = [
     "PartitionBy",
     "RejectsMode",
     "TableCommitter",
-    "enable_table",
 ]
