@@ -16,11 +16,17 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   stops the committer (:class:`TableDiverged`). So a segment is never appended twice (what the
   table holds is recorded before the next batch is chosen) and never skipped (a batch is every
   published segment the metastore does not list as held, whatever order ids became visible in).
-- The catalog swap is a compare-and-swap on the metadata location, and every commit appends a
-  snapshot whose parent must still be the branch head: of two committers that chose a batch from
-  the same table state, one fails and re-reconciles. The PostgreSQL advisory lock (one committer
-  per source) only saves that wasted work; correctness does not depend on it, so a committer
-  that lost its lock connection (a PostgreSQL restart) cannot duplicate anything.
+- A batch chosen for commit ``seq`` is appended only onto a table whose ``ingest.commit-seq``
+  is ``seq - 1`` (the state it was chosen from), and the catalog swap is a compare-and-swap on
+  the metadata location: of two committers that chose a batch from the same table state, one
+  fails and re-reconciles. That holds for the table's first commit too: a committer that finds
+  the table created by another one meanwhile (its create refused, either as
+  ``TableAlreadyExistsError`` or as ``CommitFailedException``) starts over from loading and
+  reconciling that table, never appends its batch to it. The PostgreSQL advisory lock (one
+  committer per source) only saves that wasted work; correctness does not depend on it, so
+  committers that both hold it (a lost lock connection after a PostgreSQL restart, ``--once``
+  beside a running committer) cannot duplicate anything. A ``CommitFailedException`` anywhere in
+  a commit is a conflict the committer retries, never the end of its loop.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from ingest.segment_store import filesystem
 from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
-from ingest.table.errors import FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
 from ingest.table.metrics import TableMetrics
 from ingest_common.errors import first_line
 from metastore.errors import MetastoreUnavailable
@@ -140,7 +146,9 @@ class TableCommitter:
             return None
 
     def _create(self, row: TableRow, first_file: str) -> Table:
-        """The table, created from the schema of the first file it will hold."""
+        """The table, created from the schema of the first file it will hold. Another committer
+        that created it first makes this raise (TableAlreadyExistsError, or CommitFailedException
+        when the catalog saw the table before its insert): the caller starts over."""
         spec = self._spec()
         ident = identifier(self.source, row.kind)
         self.catalog.create_namespace_if_not_exists(ident[0])
@@ -153,20 +161,17 @@ class TableCommitter:
             "ingest.table": row.kind,
             **NO_REBASE,
         }
-        try:
-            txn = self.catalog.create_table_transaction(
-                ident,
-                schema=_file_schema(first_file),
-                location=table_location(spec.segment_store, self.source, row.kind),
-                properties=properties,
-            )
-            transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
-            if row.kind is TableKind.DATA and transform is not None:
-                with txn.update_spec() as update:
-                    update.add_field(spec.event_time, transform, f"{spec.event_time}_{row.partition_by}")
-            table = txn.commit_transaction()
-        except TableAlreadyExistsError:
-            table = self.catalog.load_table(ident)
+        txn = self.catalog.create_table_transaction(
+            ident,
+            schema=_file_schema(first_file),
+            location=table_location(spec.segment_store, self.source, row.kind),
+            properties=properties,
+        )
+        transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
+        if row.kind is TableKind.DATA and transform is not None:
+            with txn.update_spec() as update:
+                update.add_field(spec.event_time, transform, f"{spec.event_time}_{row.partition_by}")
+        table = txn.commit_transaction()
         log.info("table_created", source=self.source, table=row.kind.value, location=table.location())
         return table
 
@@ -212,11 +217,13 @@ class TableCommitter:
             batch = self._next_batch(kind)
             if not batch:
                 return None
-            if table is None:
-                table = self._create(self.store.table(self.source, kind), batch[0].files[0])
             try:
+                if table is None:
+                    table = self._create(self.store.table(self.source, kind), batch[0].files[0])
                 committed = self._append(table, kind, seq, batch)
             except (CommitFailedException, TableAlreadyExistsError) as exc:
+                # Another committer changed (or created) the table since it was loaded: the
+                # next attempt loads and reconciles what it holds now.
                 conflicts += 1
                 self.metrics.commit_conflicts.labels(self.source, kind.value).inc()
                 log.warning(
@@ -254,7 +261,7 @@ class TableCommitter:
                 seconds=round(seconds, 4),
             )
             return CommitResult(kind, seq, ids, files, seconds, conflicts)
-        raise TableError(
+        raise CommitConflicts(
             f"table {'.'.join(identifier(self.source, kind))}: {conflicts} commit conflicts in a row; "
             "another process keeps changing the table"
         )
@@ -276,6 +283,11 @@ class TableCommitter:
         return batch
 
     def _append(self, table: Table, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
+        """Append the batch as commit ``seq`` onto ``table``, which must hold commit ``seq - 1``
+        (the state the batch was chosen from); any other table is a conflict."""
+        held = table.properties.get(COMMIT_SEQ, "0")  # as reconcile reads it
+        if held != str(seq - 1):
+            raise CommitFailedException(f"table holds commit {held}, the batch was chosen for commit {seq}")
         if any(table.properties.get(k) != v for k, v in NO_REBASE.items()):
             # Someone changed it (or an older table): restore it first, in a commit of its own
             # (a properties-only commit is never rebased), then append on what that returns.
@@ -408,9 +420,16 @@ class TableCommitter:
                         self.commit_pending(kind)
                 delay = 0.5
                 stop.wait(self.settings.poll_s)
-            except (MetastoreUnavailable, SQLAlchemyError, CommitStateUnknownException, OSError) as exc:
-                # PostgreSQL restarting, the store briefly unreachable: nothing was recorded that
-                # the next pass's reconcile does not settle.
+            except (
+                MetastoreUnavailable,
+                SQLAlchemyError,
+                CommitStateUnknownException,
+                CommitFailedException,
+                CommitConflicts,
+                OSError,
+            ) as exc:
+                # PostgreSQL restarting, the store briefly unreachable, another committer's
+                # commits: nothing was recorded that the next pass's reconcile does not settle.
                 active = False
                 self.metrics.committer_active.labels(self.source).set(0)
                 log.warning("table_commit_retry", source=self.source, error=first_line(exc), retry_in_s=delay)

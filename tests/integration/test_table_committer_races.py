@@ -1,0 +1,148 @@
+"""Table committers that do not exclude each other, against a real PostgreSQL (catalog and
+metastore) and real pyiceberg: two committers that both found no table (the advisory lock
+bypassed, as after a PostgreSQL restart or with ``--once`` beside a running committer) create
+it at once and still append every offset once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.exceptions import NoSuchTableError
+
+from ingest.segment_store import filesystem
+from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.table.committer import COMMIT_SEQ, TableCommitter
+from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
+from ingest.table.enable import enable_table
+from metastore.tables import TableKind, TableStore
+from tests.integration.test_iceberg_table import Source, assert_eventually, gauge
+
+FAST = CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1)
+
+
+@pytest.fixture
+def src(database_url: str, tmp_path: Path) -> Iterator[Source]:
+    source = Source(database_url, f"file://{tmp_path}/store")
+    yield source
+    source.store.close()
+
+
+def table_rows(database_url: str, source: str) -> Counter[tuple[int, int]]:
+    """How often each (_partition, _offset) is in the data table."""
+    catalog = MetastoreCatalog(database_url)
+    try:
+        table = catalog.load_table(identifier(source, TableKind.DATA))
+        rows = table.scan(selected_fields=("_partition", "_offset")).to_arrow().to_pylist()
+    finally:
+        catalog.close()
+    return Counter((r["_partition"], r["_offset"]) for r in rows)
+
+
+def published_rows(src: Source) -> Counter[tuple[int, int]]:
+    rows: Counter[tuple[int, int]] = Counter()
+    for segment in src.store.segments(src.name):
+        for f in segment["files"]:
+            fs, path = filesystem(f)
+            table = pq.read_table(path, filesystem=fs, columns=["_partition", "_offset"])
+            rows.update((r["_partition"], r["_offset"]) for r in table.to_pylist())
+    return rows
+
+
+def assert_each_offset_once_and_seq_agrees(database_url: str, src: Source) -> None:
+    held = table_rows(database_url, src.name)
+    published = published_rows(src)
+    assert set(published.values()) == {1}
+    twice = sorted(k for k, n in held.items() if n > 1)
+    assert not twice, f"{len(twice)} offsets in the table more than once ({sum(held.values())} rows)"
+    assert held == published
+    catalog = MetastoreCatalog(database_url)
+    try:
+        held_seq = int(catalog.load_table(identifier(src.name, TableKind.DATA)).properties[COMMIT_SEQ])
+    finally:
+        catalog.close()
+    with TableStore(database_url) as store:
+        row = store.table(src.name, TableKind.DATA)
+        assert row.committed_seq == held_seq
+        assert store.behind(src.name, TableKind.DATA)[0] == 0
+
+
+def without_lock(monkeypatch: pytest.MonkeyPatch, committer: TableCommitter) -> None:
+    """The advisory lock always granted: nothing but the table itself keeps committers apart."""
+    monkeypatch.setattr(committer.store, "try_lock", lambda source: True)
+
+
+def conflicts(c: TableCommitter) -> float:
+    return gauge(c.metrics, "ingest_table_commit_conflicts_total", source=c.source, table="data") or 0.0
+
+
+@pytest.mark.parametrize("rival", ["before_create", "inside_create"])
+def test_committers_that_both_found_no_table_append_each_offset_once(
+    database_url: str, src: Source, monkeypatch: pytest.MonkeyPatch, rival: str
+) -> None:
+    """``second`` (running, its lock always granted) chose its batch from "no table"; ``first``
+    then creates the table and appends that batch, at one of two points of ``second``'s create:
+    before it (the catalog refuses the create: CommitFailedException), or between the catalog's
+    look for the table and its insert (TableAlreadyExistsError). ``second`` must start over from
+    the table it finds, never append its batch to it, and keep running."""
+    src.publish(10)
+    src.publish(10)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    first, second = TableCommitter(database_url, src.name, FAST), TableCommitter(database_url, src.name, FAST)
+    for c in (first, second):
+        without_lock(monkeypatch, c)
+    rival_done: list[object] = []
+    real_create = second.catalog.create_table_transaction
+    real_load = second.catalog.load_table
+    creating: list[bool] = []
+
+    def rival_commits() -> None:
+        rival_done.append(first.commit_batch(TableKind.DATA))
+
+    if rival == "before_create":
+
+        def create_after_rival(*args: Any, **kwargs: Any) -> Any:
+            if not rival_done:
+                rival_commits()
+            return real_create(*args, **kwargs)
+
+        monkeypatch.setattr(second.catalog, "create_table_transaction", create_after_rival)
+    else:
+
+        def create_marked(*args: Any, **kwargs: Any) -> Any:
+            creating.append(True)
+            return real_create(*args, **kwargs)
+
+        def load_then_rival(ident: Any) -> Any:
+            # The catalog's own look for the table inside the create's commit: it finds none,
+            # and the rival creates the table (and appends) before the create's insert.
+            if creating and not rival_done:
+                rival_commits()
+                raise NoSuchTableError(str(ident))
+            return real_load(ident)
+
+        monkeypatch.setattr(second.catalog, "create_table_transaction", create_marked)
+        monkeypatch.setattr(second.catalog, "load_table", load_then_rival)
+
+    stop = threading.Event()
+    runner = threading.Thread(target=second.run, args=(stop,))
+    runner.start()
+    try:
+        assert_eventually(lambda: bool(rival_done) and second.store.behind(src.name, TableKind.DATA)[0] == 0, runner)
+        assert_each_offset_once_and_seq_agrees(database_url, src)
+        # The loser met the winner's table as a conflict, and goes on committing.
+        assert conflicts(second) >= 1
+        src.publish(5)
+        assert_eventually(lambda: second.store.behind(src.name, TableKind.DATA)[0] == 0, runner)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+        first.close()
+        second.close()
+    assert not runner.is_alive()
+    assert_each_offset_once_and_seq_agrees(database_url, src)
