@@ -1,7 +1,8 @@
 """Table committers that do not exclude each other, against a real PostgreSQL (catalog and
 metastore) and real pyiceberg: two committers that both found no table (the advisory lock
 bypassed, as after a PostgreSQL restart or with ``--once`` beside a running committer) create
-it at once and still append every offset once."""
+it at once and still append every offset once; sources whose old 32-bit lock keys collide each
+get a committer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import NoSuchTableError
@@ -146,3 +148,59 @@ def test_committers_that_both_found_no_table_append_each_offset_once(
         second.close()
     assert not runner.is_alive()
     assert_each_offset_once_and_seq_agrees(database_url, src)
+
+
+def colliding_names(database_url: str) -> tuple[str, str]:
+    """Two valid source names with the same 32-bit ``hashtext`` (the old lock key), found by
+    brute force over a bounded set (about 10 pairs are expected among 300,000 names)."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT array_agg(n ORDER BY n) FROM (SELECT 's' || i AS n FROM generate_series(1, 300000) i) s "
+            "GROUP BY hashtext(n) HAVING count(*) > 1 LIMIT 1"
+        ).fetchone()
+    assert row is not None, "no two names share a 32-bit hash among 300,000"
+    a, b = row[0][:2]
+    return str(a), str(b)
+
+
+def test_sources_whose_old_32_bit_lock_keys_collide_each_get_an_active_committer(
+    database_url: str, tmp_path: Path
+) -> None:
+    names = colliding_names(database_url)
+    with psycopg.connect(database_url) as conn:
+        hashes = conn.execute("SELECT hashtext(%s), hashtext(%s)", names).fetchone()
+    assert hashes is not None and hashes[0] == hashes[1]
+    sources = [Source(database_url, f"file://{tmp_path}/store", name=name) for name in names]
+    committers = [TableCommitter(database_url, name, FAST) for name in names]
+    stop = threading.Event()
+    runners = [threading.Thread(target=c.run, args=(stop,)) for c in committers]
+    try:
+        for source in sources:
+            source.publish(4)
+            enable_table(database_url, source.name, PartitionBy.NONE, RejectsMode.NONE)
+        for runner in runners:
+            runner.start()
+        for c, runner in zip(committers, runners, strict=True):
+            assert_eventually(
+                lambda c=c: (
+                    gauge(c.metrics, "ingest_table_committer_active", source=c.source) == 1
+                    and c.store.behind(c.source, TableKind.DATA)[0] == 0
+                ),
+                runner,
+            )
+        # Both hold their lock at once.
+        assert all(gauge(c.metrics, "ingest_table_committer_active", source=c.source) == 1 for c in committers)
+        with psycopg.connect(database_url) as conn:
+            held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted").fetchone()
+        assert held == (2,)
+    finally:
+        stop.set()
+        for runner in runners:
+            if runner.ident is not None:
+                runner.join(timeout=60)
+        for c in committers:
+            c.close()
+        for source in sources:
+            source.store.close()
+    for source in sources:
+        assert_each_offset_once_and_seq_agrees(database_url, source)
