@@ -571,7 +571,8 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
         committer.kinds()  # TableError at once for a source with no table
         endpoints = None
         if settings.metrics_port is not None:
-            endpoints = Endpoints(committer.metrics.registry, lambda: (True, "ok"), lambda: (True, "ok"))
+            health = committer.health
+            endpoints = Endpoints(committer.metrics.registry, health.healthy, health.ready)
             endpoints.serve(settings.metrics_host, settings.metrics_port)
         try:
             committer.run(stop)

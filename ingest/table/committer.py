@@ -58,6 +58,7 @@ from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.health import CommitterHealth, CommitterState
 from ingest.table.metrics import TableMetrics
 from ingest_common.errors import first_line
 from metastore.errors import MetastoreUnavailable
@@ -71,6 +72,9 @@ COMMIT_SEQ = "ingest.commit-seq"
 # it. Our tables never retry inside pyiceberg; the committer re-reconciles and re-chooses.
 NO_REBASE = {"commit.retry.num-retries": "0"}
 COMMIT_SEGMENTS = "ingest.commit-segments"
+# The longest the loop waits after a failed pass before the next, and a standby between passes.
+MAX_RETRY_DELAY_S = 10.0
+_STANDBY_POLL_S = 2.0
 # Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
 # until it is killed.
 FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
@@ -111,6 +115,8 @@ class TableCommitter:
         self.store = TableStore(database_url)
         self.catalog = MetastoreCatalog(database_url)
         self.metrics = metrics or TableMetrics(source)
+        idle_s = max(self.settings.poll_s, _STANDBY_POLL_S, MAX_RETRY_DELAY_S)
+        self.health = CommitterHealth(source, self.settings.unhealthy_after_s, idle_s)
         self._last_commit: dict[TableKind, float] = {}
         self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
         # (table, spec version, table schema id) whose files' schema the table already covers.
@@ -224,6 +230,7 @@ class TableCommitter:
             except (CommitFailedException, TableAlreadyExistsError) as exc:
                 # Another committer changed (or created) the table since it was loaded: the
                 # next attempt loads and reconciles what it holds now.
+                self.health.progressed()
                 conflicts += 1
                 self.metrics.commit_conflicts.labels(self.source, kind.value).inc()
                 log.warning(
@@ -244,6 +251,7 @@ class TableCommitter:
                 datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
             )
             self._expire_snapshots(committed, kind)
+            self.health.progressed()
             seconds = time.monotonic() - started
             files = sum(len(s.files) for s in batch)
             self.metrics.commit_seconds.labels(self.source, kind.value).observe(seconds)
@@ -393,7 +401,21 @@ class TableCommitter:
 
     def run(self, stop: threading.Event) -> None:
         """Commit until ``stop`` is set, while holding the source's committer lock; without it,
-        stand by (another committer runs) and try again."""
+        stand by (another committer runs) and try again. What it meets on the way is reported
+        by :attr:`health`; an error it does not retry (a diverged table, a refused schema
+        change) ends it."""
+        reason = "stop requested"
+        try:
+            self._loop(stop)
+        except BaseException as exc:
+            reason = first_line(exc)
+            raise
+        finally:
+            self.health.stopped(reason)
+            self.store.unlock()
+            self.metrics.committer_active.labels(self.source).set(0)
+
+    def _loop(self, stop: threading.Event) -> None:
         standby_logged = active = False
         delay = 0.5
         while not stop.is_set():
@@ -408,7 +430,8 @@ class TableCommitter:
                     # over every committer, so none may keep a value from when it was active.
                     for kind in self.kinds():
                         self.update_behind(kind)
-                    stop.wait(max(self.settings.poll_s, 2.0))
+                    self.health.passed(CommitterState.STANDBY)
+                    stop.wait(max(self.settings.poll_s, _STANDBY_POLL_S))
                     continue
                 if not active:
                     log.info("table_committer_active", source=self.source)
@@ -418,6 +441,7 @@ class TableCommitter:
                 for kind in self.kinds():
                     if self._due(kind):
                         self.commit_pending(kind)
+                self.health.passed(CommitterState.ACTIVE)
                 delay = 0.5
                 stop.wait(self.settings.poll_s)
             except (
@@ -432,11 +456,10 @@ class TableCommitter:
                 # commits: nothing was recorded that the next pass's reconcile does not settle.
                 active = False
                 self.metrics.committer_active.labels(self.source).set(0)
+                self.health.failed(first_line(exc))
                 log.warning("table_commit_retry", source=self.source, error=first_line(exc), retry_in_s=delay)
                 stop.wait(delay)
-                delay = min(delay * 2, 10.0)
-        self.store.unlock()
-        self.metrics.committer_active.labels(self.source).set(0)
+                delay = min(delay * 2, MAX_RETRY_DELAY_S)
 
     def commit_all(self) -> list[CommitResult]:
         """Commit every pending segment of every table of the source once (``--once``), under the

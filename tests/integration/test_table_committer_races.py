@@ -2,11 +2,16 @@
 metastore) and real pyiceberg: two committers that both found no table (the advisory lock
 bypassed, as after a PostgreSQL restart or with ``--once`` beside a running committer) create
 it at once and still append every offset once; sources whose old 32-bit lock keys collide each
-get a committer."""
+get a committer; ``/healthz`` and ``/readyz`` say when a committer cannot do its job and which
+one commits."""
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +22,15 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import NoSuchTableError
 
+from ingest.endpoints import Endpoints
 from ingest.segment_store import filesystem
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from metastore.tables import TableKind, TableStore
-from tests.integration.test_iceberg_table import Source, assert_eventually, gauge
+from tests.fixtures.spark_connect import free_port
+from tests.integration.test_iceberg_table import Source, assert_eventually, gauge, run_cli
 
 FAST = CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1)
 
@@ -204,3 +211,94 @@ def test_sources_whose_old_32_bit_lock_keys_collide_each_get_an_active_committer
             source.store.close()
     for source in sources:
         assert_each_offset_once_and_seq_agrees(database_url, source)
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_healthz_fails_while_every_pass_fails_and_readyz_tells_the_active_committer_from_a_standby(
+    database_url: str, src: Source, tmp_path: Path
+) -> None:
+    src.publish(5)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    settings = CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1, unhealthy_after_s=1.0)
+    committers = [TableCommitter(database_url, src.name, settings) for _ in range(2)]
+    # As `ingest table-commit` serves them.
+    endpoints = [Endpoints(c.metrics.registry, c.health.healthy, c.health.ready) for c in committers]
+    active, standby = (e.serve("127.0.0.1", 0) for e in endpoints)
+    stops = [threading.Event(), threading.Event()]
+    runners = [threading.Thread(target=c.run, args=(stop,)) for c, stop in zip(committers, stops, strict=True)]
+    try:
+        runners[0].start()
+        assert_eventually(lambda: probe(active, "/readyz") == (200, "active\n"), runners[0])
+        runners[1].start()
+        assert_eventually(lambda: probe(standby, "/healthz") == (200, "standby\n"), runners[1])
+        status, body = probe(standby, "/readyz")
+        assert status == 503 and body.startswith("standby: another committer holds the lock")
+        # The next segment's file cannot be read: every pass of the active committer fails.
+        segment = src.publish(3)
+        (lost,) = next(s["files"] for s in src.store.segments(src.name) if s["id"] == segment)
+        hidden = tmp_path / "hidden.parquet"
+        Path(lost.removeprefix("file://")).rename(hidden)
+        assert_eventually(lambda: probe(active, "/healthz")[0] == 503, runners[0])
+        status, body = probe(active, "/healthz")
+        assert "failed in a row" in body and body.endswith("\n") and body.count("\n") == 1, body
+        assert probe(active, "/readyz")[0] == 503
+        assert probe(standby, "/healthz") == (200, "standby\n")  # nothing wrong with a standby
+        # The file is back: the next pass commits it and the committer is healthy again.
+        hidden.rename(lost.removeprefix("file://"))
+        assert_eventually(lambda: probe(active, "/healthz") == (200, "active\n"), runners[0])
+        assert_eventually(lambda: committers[0].store.behind(src.name, TableKind.DATA)[0] == 0, runners[0])
+        # The active committer stops: it says so, and the standby takes over.
+        stops[0].set()
+        runners[0].join(timeout=60)
+        status, body = probe(active, "/healthz")
+        assert status == 503 and body.startswith("stopped"), body
+        assert_eventually(lambda: probe(standby, "/readyz") == (200, "active\n"), runners[1])
+    finally:
+        for stop in stops:
+            stop.set()
+        for runner in runners:
+            if runner.ident is not None:
+                runner.join(timeout=60)
+        for e in endpoints:
+            e.close()
+        for c in committers:
+            c.close()
+    assert_each_offset_once_and_seq_agrees(database_url, src)
+
+
+def test_ingest_table_commit_serves_the_committers_health(database_url: str, src: Source) -> None:
+    """The CLI serves the committer's own checks (it answered 200 "ok" whatever happened)."""
+    src.publish(3)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    port = free_port()
+    proc = run_cli(
+        database_url,
+        "table-commit",
+        src.name,
+        "--interval",
+        "0",
+        env={"INGEST_METRICS_HOST": "127.0.0.1", "INGEST_METRICS_PORT": str(port)},
+    )
+    try:
+        seen: tuple[int, str] = (0, "")
+        for _ in range(600):  # bounded: 0.1 s per attempt while the process lives
+            try:
+                seen = probe(port, "/readyz")
+            except OSError:
+                seen = (0, "not serving yet")
+            if seen == (200, "active\n") or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert seen == (200, "active\n"), seen
+        assert probe(port, "/healthz") == (200, "active\n")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
