@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 from ingest.build.segment_store import build_dirs, ensure_parent
 from ingest.spec import spec_from_dict
-from ingest.table.committer import CommitResult, TableCommitter, enable_table
+from ingest.table.committer import CommitResult, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
+from ingest.table.enable import enable_table
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

@@ -62,6 +62,9 @@ ingest.ops (what operators see and run; reads the metastore, never the worker's 
 
 ingest.table (published segments as Iceberg tables, each appended exactly once)
     committer      the table committer: reconcile, choose a batch, append, record
+    runner         the long-running role: one active per source (a lock), standbys, retries
+    enable         ``ingest table-enable``: a source's tables on (no pyiceberg needed)
+    health         the committer's /healthz and /readyz: failing, hung, stopped; active or standby
     catalog        pyiceberg's SQL catalog in the metastore's PostgreSQL
     config         partition transform, where rejects go, commit batching
     status         ``ingest table`` and ``ingest query`` (DuckDB)

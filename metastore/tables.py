@@ -182,7 +182,9 @@ class TableStore(StoreBase):
     # -- the committer's lock -------------------------------------------------------
 
     def try_lock(self, source: str) -> bool:
-        """Take the source's committer lock on a dedicated connection (held until it closes)."""
+        """Take the source's committer lock on a dedicated connection (held until it closes).
+        Keyed by a 64-bit hash of the source's name (queries.sql, ``table_lock``): sources do
+        not share a lock unless their 64-bit hashes collide."""
         if self.holds_lock():
             return True
         with wrap_exceptions(self.url):

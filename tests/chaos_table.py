@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ingest.table.catalog import MetastoreCatalog, identifier
-from ingest.table.committer import TableCommitter, enable_table
+from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
+from ingest.table.enable import enable_table
 from metastore.tables import TableKind
 
 REPO = Path(__file__).resolve().parents[1]

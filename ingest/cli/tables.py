@@ -14,8 +14,8 @@ from ingest.logs import configure_logging
 
 
 def cmd_table_enable(args: argparse.Namespace) -> int:
-    from ingest.table.committer import enable_table
     from ingest.table.config import PartitionBy, RejectsMode
+    from ingest.table.enable import enable_table
 
     partition_by = None if args.partition_by is None else PartitionBy(args.partition_by)
     done = enable_table(load_settings().database_url, args.source, partition_by, RejectsMode(args.rejects))
@@ -88,7 +88,8 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
         committer.kinds()  # TableError at once for a source with no table
         endpoints = None
         if settings.metrics_port is not None:
-            endpoints = Endpoints(committer.metrics.registry, lambda: (True, "ok"), lambda: (True, "ok"))
+            health = committer.health
+            endpoints = Endpoints(committer.metrics.registry, health.healthy, health.ready)
             endpoints.serve(settings.metrics_host, settings.metrics_port)
         try:
             committer.run(stop)

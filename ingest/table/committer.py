@@ -16,11 +16,17 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   stops the committer (:class:`TableDiverged`). So a segment is never appended twice (what the
   table holds is recorded before the next batch is chosen) and never skipped (a batch is every
   published segment the metastore does not list as held, whatever order ids became visible in).
-- The catalog swap is a compare-and-swap on the metadata location, and every commit appends a
-  snapshot whose parent must still be the branch head: of two committers that chose a batch from
-  the same table state, one fails and re-reconciles. The PostgreSQL advisory lock (one committer
-  per source) only saves that wasted work; correctness does not depend on it, so a committer
-  that lost its lock connection (a PostgreSQL restart) cannot duplicate anything.
+- A batch chosen for commit ``seq`` is appended only onto a table whose ``ingest.commit-seq``
+  is ``seq - 1`` (the state it was chosen from), and the catalog swap is a compare-and-swap on
+  the metadata location: of two committers that chose a batch from the same table state, one
+  fails and re-reconciles. That holds for the table's first commit too: a committer that finds
+  the table created by another one meanwhile (its create refused, either as
+  ``TableAlreadyExistsError`` or as ``CommitFailedException``) starts over from loading and
+  reconciling that table, never appends its batch to it. The PostgreSQL advisory lock (one
+  committer per source) only saves that wasted work; correctness does not depend on it, so
+  committers that both hold it (a lost lock connection after a PostgreSQL restart, ``--once``
+  beside a running committer) cannot duplicate anything. A ``CommitFailedException`` anywhere in
+  a commit is a conflict the committer retries, never the end of its loop.
 """
 
 from __future__ import annotations
@@ -39,22 +45,21 @@ import pyarrow.parquet as pq
 import structlog
 from pyiceberg.exceptions import (
     CommitFailedException,
-    CommitStateUnknownException,
     NoSuchTableError,
     TableAlreadyExistsError,
 )
 from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
-from sqlalchemy.exc import SQLAlchemyError
 
 from ingest.build.segment_store import filesystem
 from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
-from ingest.table.errors import FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.health import CommitterHealth
 from ingest.table.metrics import TableMetrics
-from ingest_common.errors import ConfigError, first_line
-from metastore.errors import MetastoreUnavailable
+from ingest.table.runner import MAX_RETRY_DELAY_S, STANDBY_POLL_S, run_committer
+from ingest_common.errors import first_line
 from metastore.tables import PendingSegment, TableKind, TableRow, TableStore
 
 log = structlog.get_logger(__name__)
@@ -65,6 +70,7 @@ COMMIT_SEQ = "ingest.commit-seq"
 # it. Our tables never retry inside pyiceberg; the committer re-reconciles and re-chooses.
 NO_REBASE = {"commit.retry.num-retries": "0"}
 COMMIT_SEGMENTS = "ingest.commit-segments"
+# The longest the loop waits after a failed pass before the next, and a standby between passes.
 # Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
 # until it is killed.
 FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
@@ -92,28 +98,6 @@ class CommitResult:
     conflicts: int
 
 
-def enable_table(
-    database_url: str, source: str, partition_by: PartitionBy | None, rejects: RejectsMode
-) -> list[tuple[TableKind, bool]]:
-    """Record that the source feeds a data table (and a rejects table): [(kind, newly enabled)].
-    The tables themselves are created by the committer with its first commit. The partition
-    transform defaults to the spec's ``file_partition``; one the spec's files do not lie within
-    is refused, since every file they hold would be refused at commit."""
-    with TableStore(database_url) as store:
-        cut = SourceSpec.from_json(store.latest_spec(source)).file_partition
-        partition_by = cut if partition_by is None else partition_by
-        if not cut.covers(partition_by):
-            raise ConfigError(
-                f"--partition-by {partition_by.value}: source {source!r} cuts its data files by "
-                f"{cut.value} (file_partition in its spec), so a file can span several {partition_by.value} "
-                f'partitions; apply the spec with file_partition = "{partition_by.value}" (or finer) first'
-            )
-        done = [(TableKind.DATA, store.enable(source, TableKind.DATA, partition_by.value))]
-        if rejects is RejectsMode.TABLE:
-            done.append((TableKind.REJECTS, store.enable(source, TableKind.REJECTS, PartitionBy.NONE.value)))
-        return done
-
-
 class TableCommitter:
     def __init__(
         self,
@@ -127,6 +111,8 @@ class TableCommitter:
         self.store = TableStore(database_url)
         self.catalog = MetastoreCatalog(database_url)
         self.metrics = metrics or TableMetrics(source)
+        idle_s = max(self.settings.poll_s, STANDBY_POLL_S, MAX_RETRY_DELAY_S)
+        self.health = CommitterHealth(source, self.settings.unhealthy_after_s, idle_s)
         self._last_commit: dict[TableKind, float] = {}
         self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
         # (table, spec version, table schema id) whose files' schema the table already covers.
@@ -162,7 +148,9 @@ class TableCommitter:
             return None
 
     def _create(self, row: TableRow, first_file: str) -> Table:
-        """The table, created from the schema of the first file it will hold."""
+        """The table, created from the schema of the first file it will hold. Another committer
+        that created it first makes this raise (TableAlreadyExistsError, or CommitFailedException
+        when the catalog saw the table before its insert): the caller starts over."""
         spec = self._spec()
         ident = identifier(self.source, row.kind)
         self.catalog.create_namespace_if_not_exists(ident[0])
@@ -175,20 +163,17 @@ class TableCommitter:
             "ingest.table": row.kind,
             **NO_REBASE,
         }
-        try:
-            txn = self.catalog.create_table_transaction(
-                ident,
-                schema=_file_schema(first_file),
-                location=table_location(spec.segment_store, self.source, row.kind),
-                properties=properties,
-            )
-            transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
-            if row.kind is TableKind.DATA and transform is not None:
-                with txn.update_spec() as update:
-                    update.add_field(spec.event_time, transform, f"{spec.event_time}_{row.partition_by}")
-            table = txn.commit_transaction()
-        except TableAlreadyExistsError:
-            table = self.catalog.load_table(ident)
+        txn = self.catalog.create_table_transaction(
+            ident,
+            schema=_file_schema(first_file),
+            location=table_location(spec.segment_store, self.source, row.kind),
+            properties=properties,
+        )
+        transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
+        if row.kind is TableKind.DATA and transform is not None:
+            with txn.update_spec() as update:
+                update.add_field(spec.event_time, transform, f"{spec.event_time}_{row.partition_by}")
+        table = txn.commit_transaction()
         log.info("table_created", source=self.source, table=row.kind.value, location=table.location())
         return table
 
@@ -234,11 +219,14 @@ class TableCommitter:
             batch = self._next_batch(kind)
             if not batch:
                 return None
-            if table is None:
-                table = self._create(self.store.table(self.source, kind), batch[0].files[0])
             try:
+                if table is None:
+                    table = self._create(self.store.table(self.source, kind), batch[0].files[0])
                 committed = self._append(table, kind, seq, batch)
             except (CommitFailedException, TableAlreadyExistsError) as exc:
+                # Another committer changed (or created) the table since it was loaded: the
+                # next attempt loads and reconciles what it holds now.
+                self.health.progressed()
                 conflicts += 1
                 self.metrics.commit_conflicts.labels(self.source, kind.value).inc()
                 log.warning(
@@ -258,7 +246,8 @@ class TableCommitter:
                 snapshot.snapshot_id if snapshot else None,
                 datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
             )
-            self._expire_snapshots(committed, kind)
+            _expire_snapshots(self.source, self.settings.keep_snapshots, committed, kind)
+            self.health.progressed()
             seconds = time.monotonic() - started
             files = sum(len(s.files) for s in batch)
             self.metrics.commit_seconds.labels(self.source, kind.value).observe(seconds)
@@ -276,7 +265,7 @@ class TableCommitter:
                 seconds=round(seconds, 4),
             )
             return CommitResult(kind, seq, ids, files, seconds, conflicts)
-        raise TableError(
+        raise CommitConflicts(
             f"table {'.'.join(identifier(self.source, kind))}: {conflicts} commit conflicts in a row; "
             "another process keeps changing the table"
         )
@@ -298,6 +287,11 @@ class TableCommitter:
         return batch
 
     def _append(self, table: Table, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
+        """Append the batch as commit ``seq`` onto ``table``, which must hold commit ``seq - 1``
+        (the state the batch was chosen from); any other table is a conflict."""
+        held = table.properties.get(COMMIT_SEQ, "0")  # as reconcile reads it
+        if held != str(seq - 1):
+            raise CommitFailedException(f"table holds commit {held}, the batch was chosen for commit {seq}")
         if any(table.properties.get(k) != v for k, v in NO_REBASE.items()):
             # Someone changed it (or an older table): restore it first, in a commit of its own
             # (a properties-only commit is never rebased), then append on what that returns.
@@ -356,21 +350,6 @@ class TableCommitter:
                 ) from exc
             self._schema_checked.add((kind, segment.spec_version, txn.table_metadata.current_schema_id))
 
-    def _expire_snapshots(self, table: Table, kind: TableKind) -> None:
-        """Keep the newest ``keep_snapshots`` snapshots. pyiceberg expires metadata only (and the
-        table says gc.enabled=false for every other engine): no data file is deleted. Which
-        segments the table holds is in its properties and the metastore, never in snapshots."""
-        snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
-        if len(snapshots) <= self.settings.keep_snapshots:
-            return
-        oldest_kept = snapshots[-self.settings.keep_snapshots]
-        try:
-            table.maintenance.expire_snapshots().older_than(
-                datetime.fromtimestamp(oldest_kept.timestamp_ms / 1000, UTC)
-            ).commit()
-        except CommitFailedException as exc:  # the next commit expires them
-            log.info("table_expire_skipped", source=self.source, table=kind.value, error=first_line(exc))
-
     def _pause_if(self, point: FaultPoint) -> None:
         if self._fault == point.value:
             log.warning("table_fault_pause", source=self.source, point=point.value)
@@ -393,53 +372,14 @@ class TableCommitter:
         self.metrics.lag_seconds.labels(self.source, kind.value).set(max(age, 0.0))
         return behind, oldest
 
-    def _due(self, kind: TableKind) -> bool:
-        behind, _oldest = self.update_behind(kind)
-        if behind == 0:
-            return False
-        if behind >= self.settings.batch_segments:
-            return True
-        return time.monotonic() - self._last_commit.get(kind, 0.0) >= self.settings.interval_s
+    def last_commit_at(self, kind: TableKind) -> float:
+        """When (``time.monotonic()``) the table was last brought up to date; 0: never."""
+        return self._last_commit.get(kind, 0.0)
 
     def run(self, stop: threading.Event) -> None:
         """Commit until ``stop`` is set, while holding the source's committer lock; without it,
-        stand by (another committer runs) and try again."""
-        standby_logged = active = False
-        delay = 0.5
-        while not stop.is_set():
-            try:
-                if not self.store.try_lock(self.source):
-                    active = False
-                    self.metrics.committer_active.labels(self.source).set(0)
-                    if not standby_logged:
-                        log.info("table_committer_standby", source=self.source)
-                        standby_logged = True
-                    # A standby reports how far behind the table is too: alerts take the maximum
-                    # over every committer, so none may keep a value from when it was active.
-                    for kind in self.kinds():
-                        self.update_behind(kind)
-                    stop.wait(max(self.settings.poll_s, 2.0))
-                    continue
-                if not active:
-                    log.info("table_committer_active", source=self.source)
-                standby_logged = False
-                active = True
-                self.metrics.committer_active.labels(self.source).set(1)
-                for kind in self.kinds():
-                    if self._due(kind):
-                        self.commit_pending(kind)
-                delay = 0.5
-                stop.wait(self.settings.poll_s)
-            except (MetastoreUnavailable, SQLAlchemyError, CommitStateUnknownException, OSError) as exc:
-                # PostgreSQL restarting, the store briefly unreachable: nothing was recorded that
-                # the next pass's reconcile does not settle.
-                active = False
-                self.metrics.committer_active.labels(self.source).set(0)
-                log.warning("table_commit_retry", source=self.source, error=first_line(exc), retry_in_s=delay)
-                stop.wait(delay)
-                delay = min(delay * 2, 10.0)
-        self.store.unlock()
-        self.metrics.committer_active.labels(self.source).set(0)
+        stand by (another committer runs) and try again (ingest.table.runner)."""
+        run_committer(self, stop)
 
     def commit_all(self) -> list[CommitResult]:
         """Commit every pending segment of every table of the source once (``--once``), under the
@@ -450,6 +390,22 @@ class TableCommitter:
             return [r for kind in self.kinds() for r in self.commit_pending(kind)]
         finally:
             self.store.unlock()
+
+
+def _expire_snapshots(source: str, keep: int, table: Table, kind: TableKind) -> None:
+    """Keep the newest ``keep`` snapshots. pyiceberg expires metadata only (and the table says
+    gc.enabled=false for every other engine): no data file is deleted. Which segments the table
+    holds is in its properties and the metastore, never in snapshots."""
+    snapshots = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+    if len(snapshots) <= keep:
+        return
+    oldest_kept = snapshots[-keep]
+    try:
+        table.maintenance.expire_snapshots().older_than(
+            datetime.fromtimestamp(oldest_kept.timestamp_ms / 1000, UTC)
+        ).commit()
+    except CommitFailedException as exc:  # the next commit expires them
+        log.info("table_expire_skipped", source=source, table=kind.value, error=first_line(exc))
 
 
 def _file_schema(uri: str) -> pa.Schema:
@@ -472,5 +428,4 @@ __all__ = [
     "PartitionBy",
     "RejectsMode",
     "TableCommitter",
-    "enable_table",
 ]

@@ -17,6 +17,9 @@ DEFAULT_INTERVAL_S = 10.0
 # metadata, every snapshot included, many times per commit, so an unbounded snapshot list makes
 # each commit slower than the last (bench/table.py).
 DEFAULT_KEEP_SNAPSHOTS = 25
+# A committer whose every pass has failed this long reports itself unhealthy (/healthz 503):
+# long past a PostgreSQL restart or failover, short of an alert's patience.
+DEFAULT_UNHEALTHY_AFTER_S = 60.0
 
 
 class RejectsMode(StrEnum):
@@ -36,6 +39,8 @@ class CommitSettings:
     keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS
     # Catalog conflicts retried within one commit before it is given up (and tried next pass).
     max_attempts: int = 5
+    # Failing passes (or no pass ending) for longer than this make /healthz answer 503.
+    unhealthy_after_s: float = DEFAULT_UNHEALTHY_AFTER_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_segments <= 1000:
@@ -44,3 +49,5 @@ class CommitSettings:
             raise ConfigError(f"--keep-snapshots: expected 1 to 100000, got {self.keep_snapshots}")
         if not self.interval_s >= 0:
             raise ConfigError(f"--interval: expected a non-negative number of seconds, got {self.interval_s}")
+        if not self.unhealthy_after_s > 0:
+            raise ConfigError(f"unhealthy_after_s: expected a positive number of seconds, got {self.unhealthy_after_s}")

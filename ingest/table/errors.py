@@ -6,6 +6,7 @@ from ingest_common.errors import ExitCode, IngestError
 from metastore.tables import TableNotEnabled
 
 __all__ = [
+    "CommitConflicts",
     "FileSpansPartitions",
     "QueryFailed",
     "SchemaChangeRefused",
@@ -17,6 +18,12 @@ __all__ = [
 
 class TableError(IngestError):
     """Base class of the table committer's own errors."""
+
+
+class CommitConflicts(TableError):
+    """Every attempt of one commit found the table changed meanwhile (another committer, a
+    zombie, table maintenance). Nothing was appended; the committer's loop tries again at its
+    next pass (``--once`` exits 1)."""
 
 
 class TableDiverged(TableError):

@@ -28,8 +28,9 @@ from pyiceberg.exceptions import CommitFailedException
 from ingest.build.segment_store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
 from ingest.table.catalog import MetastoreCatalog, identifier
-from ingest.table.committer import COMMIT_SEQ, TableCommitter, enable_table
+from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
+from ingest.table.enable import enable_table
 from ingest.table.errors import FileSpansPartitions, SchemaChangeRefused
 from ingest.table.status import run_query, table_status
 from ingest_common.errors import ConfigError

@@ -39,3 +39,43 @@ def test_every_counter_is_exported_at_zero_for_each_table_from_the_start() -> No
     for name in ("ingest_table_commits_total", "ingest_table_commit_conflicts_total"):
         for kind in TableKind:
             assert samples[(name, kind.value)] == 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_committer_health_fails_after_the_bound_of_failing_passes_or_of_silence_and_tells_standby_from_active() -> None:
+    from ingest.table.health import CommitterHealth, CommitterState
+
+    clock = Clock()
+    health = CommitterHealth("clicks", unhealthy_after_s=60, idle_s=10, clock=clock)
+    assert health.healthy() == (True, "starting") and health.ready() == (False, "starting")
+    health.passed(CommitterState.ACTIVE)
+    assert health.healthy() == (True, "active") and health.ready() == (True, "active")
+    # Failing passes: alive (retrying) within the bound, not ready; unhealthy past it.
+    health.failed("connection refused")
+    clock.now += 30
+    health.failed("connection refused")
+    ok, reason = health.healthy()
+    assert ok and reason.startswith("active, retrying: 2 pass(es) failed in a row")
+    assert health.ready()[0] is False
+    clock.now += 31
+    assert health.healthy() == (False, "2 pass(es) failed in a row over 61 s; last: connection refused")
+    health.passed(CommitterState.STANDBY)
+    assert health.healthy() == (True, "standby")
+    assert health.ready() == (False, "standby: another committer holds the lock of source 'clicks'")
+    # No pass or attempt ending for longer than the bound plus the longest wait: hung.
+    clock.now += 69
+    assert health.healthy() == (True, "standby")
+    health.progressed()
+    clock.now += 71
+    assert health.healthy() == (False, "standby: no pass or commit attempt ended for 71 s")
+    health.stopped("table ingest.clicks holds commit 3 but the metastore recorded 1")
+    assert health.healthy() == (False, "stopped: table ingest.clicks holds commit 3 but the metastore recorded 1")
+    with pytest.raises(ConfigError, match="unhealthy_after_s"):
+        CommitSettings(unhealthy_after_s=0)
