@@ -15,7 +15,7 @@ Module map:
 
 ingest (top level: the shared base, and the worker process that wires the layers)
     errors         the worker's exceptions under ingest_common's root (exit codes there)
-    backoff        capped exponential backoff for metastore calls retried through outages
+    backoff        every retry and wait schedule (Backoff) and the clock it runs on (Clock)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
     config         settings from the environment; librdkafka client configuration
     logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge

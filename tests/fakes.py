@@ -27,6 +27,32 @@ from ingest_common.model import (
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, SourceNotFound
 
 
+class FakeClock:
+    """A clock whose time moves only when told to: ``sleep`` returns at once, having moved it
+    (and recorded the delay); ``advance`` moves it. Safe to share between threads."""
+
+    def __init__(self, now: float = 1000.0, on_sleep: Callable[[float], None] | None = None) -> None:
+        self._now = now
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+        self.on_sleep = on_sleep
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.sleeps.append(seconds)
+            self._now += max(0.0, seconds)
+        if self.on_sleep is not None:
+            self.on_sleep(seconds)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
 @dataclass(frozen=True, slots=True)
 class FakeRecord:
     _offset: int
