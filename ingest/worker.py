@@ -27,7 +27,7 @@ from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import WorkerState
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
@@ -214,11 +214,11 @@ class Worker:
                 worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
+            specs = SpecHolder(spec, version)
             pipeline = Pipeline(
                 builder,
                 publisher,
-                spec,
-                version,
+                specs,
                 build_threads=settings.build_threads,
                 max_batch_splits=settings.build_batch_splits,
                 batch_linger_s=settings.build_linger_s,
@@ -236,15 +236,16 @@ class Worker:
             consumer.subscribe(spec.topics, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
-            registry = WorkerRegistry(task_store, spec.name, worker_id, background, changed=listener.changed)
-            registry.spec_version = version
+            registry = WorkerRegistry(
+                task_store, spec.name, worker_id, background, changed=listener.changed, specs=specs
+            )
             # The controls are known before the first poll (a worker started during a drain
             # takes nothing); the loop itself never waits for the metastore.
             registry.beat(WorkerState.STARTING, [], force=True)
             background.wait(_STARTUP_CONTROLS_WAIT_S)
             self.loop = ConsumeLoop(
                 consumer=consumer,
-                spec=spec,
+                specs=specs,
                 worker_id=worker_id,
                 assignment=self.assignment,
                 pipeline=pipeline,
@@ -253,7 +254,6 @@ class Worker:
                 registry=registry,
                 background=background,
                 metrics=self.metrics,
-                spec_version=version,
                 watermarks=watermarks,
                 group_offsets=group_offsets,
                 options=LoopOptions(unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits),

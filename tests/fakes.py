@@ -246,6 +246,7 @@ class MemoryMetastore(FakeStore):
         self.initial: dict[TopicPartition, StartFrom] = {}
         self.control_state = SourceControl(DesiredState.RUNNING, False, 0, 1)
         self.heartbeats: list[tuple[str, str, tuple[str, ...]]] = []
+        self.reported_spec_versions: list[int | None] = []
         self.errors: list[tuple[str, str]] = []
         self.gaps: list[tuple[TopicPartition, int, int, bool]] = []
         # As migration 0008 has it, a publish of a split no build registered is refused; off by
@@ -384,6 +385,7 @@ class MemoryMetastore(FakeStore):
         with self.lock:
             self._call(source)
             self.heartbeats.append((worker, state, tuple(partitions)))
+            self.reported_spec_versions.append(spec_version)
 
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None:
         with self.lock:

@@ -17,7 +17,7 @@ from ingest.consume.rebalance import RebalanceHandler
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
-from ingest.spec import SourceSpec, SplitLimits
+from ingest.spec import SourceSpec, SpecHolder, SplitLimits
 from ingest_common.model import TopicPartition
 from tests.fakes import FakeBuilder, MemoryMetastore
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
@@ -54,10 +54,13 @@ class Harness:
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
         self.assignment = Assignment()
         self.background = Background("test-background")
-        self.registry = WorkerRegistry(self.store, "src", self.worker_id, self.background, interval_s=0.0)
+        self.specs = SpecHolder(self.spec, 1)
+        self.registry = WorkerRegistry(
+            self.store, "src", self.worker_id, self.background, interval_s=0.0, specs=self.specs
+        )
         publisher = Publisher(self.store, "src", self.worker_id, backoff=Backoff(0.01, 0.02))
         self.pipeline = Pipeline(
-            self.builder, publisher, self.spec, 1, build_threads=1, build_attempts=1, batch_linger_s=0.0
+            self.builder, publisher, self.specs, build_threads=1, build_attempts=1, batch_linger_s=0.0
         )
         self.handler = RebalanceHandler(
             source="src",
@@ -72,8 +75,7 @@ class Harness:
         self.consumer.subscribe(self.spec.topics, self.handler)
         self.loop = ConsumeLoop(
             consumer=self.consumer,
-            spec=self.spec,
-            spec_version=1,
+            specs=self.specs,
             worker_id=self.worker_id,
             assignment=self.assignment,
             pipeline=self.pipeline,

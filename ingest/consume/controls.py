@@ -19,7 +19,7 @@ from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
 from metastore.errors import MetastoreError
 
@@ -46,9 +46,7 @@ class Controls:
         store: ControlStore,
         background: Background,
         metrics: Metrics,
-        spec: SourceSpec,
-        spec_version: int,
-        on_spec: Callable[[SourceSpec, int], None],
+        specs: SpecHolder,
     ) -> None:
         self._source = source
         self._worker_id = worker_id
@@ -59,9 +57,7 @@ class Controls:
         self._store = store
         self._background = background
         self._metrics = metrics
-        self._spec = spec
-        self._spec_version = spec_version
-        self._on_spec = on_spec
+        self._specs = specs
         # The reset generation already acted on (None: not known yet; the first one seen
         # triggers a harmless re-claim check).
         self._reset_generation: int | None = None
@@ -101,7 +97,7 @@ class Controls:
                 partial(self._store.reclaim_partitions, self._source, self._worker_id, held),
                 partial(self._reclaimed, control.reset_generation),
             )
-        elif control.spec_version != self._spec_version:
+        elif control.spec_version != self._specs.version:
             self._submit(partial(self._store.latest_spec, self._source), self._spec_loaded)
 
     def _submit(self, call: Callable[[], Any], done: Callable[[Any], None]) -> None:
@@ -152,7 +148,8 @@ class Controls:
         self._busy = False
         version, doc = latest
         spec = SourceSpec.from_json(doc)
-        if (spec.topics, spec.group_id) != (self._spec.topics, self._spec.group_id):
+        current, previous = self._specs.current()
+        if (spec.topics, spec.group_id) != (current.topics, current.group_id):
             log.warning(
                 "spec_change_needs_restart",
                 source=self._source,
@@ -161,14 +158,11 @@ class Controls:
                 topics=list(spec.topics),
                 group=spec.group_id,
             )
-        self._spec = spec
-        self._registry.spec_version = version
+        self._specs.set(spec, version)
         log.info(
             "spec_version_applied",
             source=self._source,
             worker=self._worker_id,
             spec_version=version,
-            previous=self._spec_version,
+            previous=previous,
         )
-        self._spec_version = version
-        self._on_spec(spec, version)

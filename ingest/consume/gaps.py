@@ -28,7 +28,7 @@ from ingest.consume.kafka import KafkaCallFailed, Watermarks
 from ingest.consume.positioning import Positioner, Reason
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
-from ingest.spec import SourceSpec
+from ingest.spec import SpecHolder
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
 from metastore.errors import MetastoreError, PublishConflict
 
@@ -83,7 +83,7 @@ class GapResolver:
         positioner: Positioner,
         registry: WorkerRegistry,
         metrics: Metrics,
-        spec: SourceSpec,
+        specs: SpecHolder,
     ) -> None:
         self._source = source
         self._worker_id = worker_id
@@ -95,7 +95,7 @@ class GapResolver:
         self._positioner = positioner
         self._registry = registry
         self._metrics = metrics
-        self.spec = spec
+        self._specs = specs
 
     def refused(self, tp: TopicPartition, offset: int | None, error: str) -> None:
         """Kafka refused ``tp``'s fetch offset: stop the partition first (nothing of it is
@@ -122,7 +122,7 @@ class GapResolver:
             if waiting and owned.retry_at <= now:
                 owned.busy = True
                 owned.retry_at = now + RETRY_S
-                skip = self.spec.on_offset_out_of_range == "earliest"
+                skip = self._specs.spec.on_offset_out_of_range == "earliest"
                 self._background.submit(
                     partial(self._measure, owned.tp, owned.claim.serial, owned.refused_offset, skip),
                     partial(self._apply, owned),

@@ -19,6 +19,7 @@ import structlog
 
 from ingest import __version__
 from ingest.consume.background import Background
+from ingest.spec import SpecHolder
 from ingest_common.model import DesiredState, SourceControl, WorkerState
 from metastore.errors import MetastoreError
 
@@ -55,6 +56,7 @@ class WorkerRegistry:
         *,
         changed: threading.Event | None = None,
         interval_s: float | None = None,
+        specs: SpecHolder | None = None,
     ) -> None:
         self._store = store
         self._source = source
@@ -73,7 +75,7 @@ class WorkerRegistry:
         # What operators asked for, as of the last heartbeat that reached the metastore.
         self.control: SourceControl | None = None
         # The spec version this worker builds with (reported in the registry).
-        self.spec_version: int | None = None
+        self._specs = specs
 
     @property
     def desired_state(self) -> DesiredState:
@@ -96,7 +98,7 @@ class WorkerRegistry:
             # Cleared before the read: a change committed after it sets the flag again.
             self._changed.clear()
         self._in_flight = True
-        snapshot = (str(state), list(partitions), self.spec_version)
+        snapshot = (str(state), list(partitions), self._specs.version if self._specs is not None else None)
 
         def call() -> SourceControl:
             self._store.heartbeat(

@@ -35,7 +35,7 @@ from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import WorkerFailed
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
-from ingest.spec import SourceSpec
+from ingest.spec import SpecHolder
 from ingest_common.model import DesiredState, WorkerState
 
 log = structlog.get_logger(__name__)
@@ -58,8 +58,7 @@ class ConsumeLoop:
         self,
         *,
         consumer: Consumer,
-        spec: SourceSpec,
-        spec_version: int,
+        specs: SpecHolder,
         worker_id: str,
         assignment: Assignment,
         pipeline: Pipeline,
@@ -73,8 +72,8 @@ class ConsumeLoop:
         options: LoopOptions = LoopOptions(),
     ) -> None:
         self._consumer = consumer
-        self._spec = spec
-        self._source = spec.name
+        self._specs = specs
+        self._source = specs.spec.name
         self._worker_id = worker_id
         self._assignment = assignment
         self._pipeline = pipeline
@@ -84,7 +83,7 @@ class ConsumeLoop:
         self._group_offsets = group_offsets
         self._options = options
         self._positioner = Positioner(
-            source=spec.name,
+            source=self._source,
             consumer=consumer,
             assignment=assignment,
             pipeline=pipeline,
@@ -93,7 +92,7 @@ class ConsumeLoop:
             metrics=metrics,
         )
         self._gaps = GapResolver(
-            source=spec.name,
+            source=self._source,
             worker_id=worker_id,
             watermarks=watermarks,
             assignment=assignment,
@@ -103,10 +102,10 @@ class ConsumeLoop:
             positioner=self._positioner,
             registry=registry,
             metrics=metrics,
-            spec=spec,
+            specs=specs,
         )
         self._outcomes = OutcomeHandler(
-            source=spec.name,
+            source=self._source,
             worker_id=worker_id,
             assignment=assignment,
             positioner=self._positioner,
@@ -116,7 +115,7 @@ class ConsumeLoop:
             unhealthy_after=options.unhealthy_after_failed_splits,
         )
         self._controls = Controls(
-            source=spec.name,
+            source=self._source,
             worker_id=worker_id,
             assignment=assignment,
             pipeline=pipeline,
@@ -125,11 +124,9 @@ class ConsumeLoop:
             store=store,
             background=background,
             metrics=metrics,
-            spec=spec,
-            spec_version=spec_version,
-            on_spec=self._spec_changed,
+            specs=specs,
         )
-        self._gauges = LoopGauges(spec.name, consumer, assignment, pipeline, metrics)
+        self._gauges = LoopGauges(self._source, consumer, assignment, pipeline, metrics)
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
         self._m_kafka_errors = metrics.kafka_errors.labels(self._source)
@@ -248,7 +245,7 @@ class ConsumeLoop:
                 owned.buffer.delivered_to(offset)
 
     def _route(self, records: Sequence[Message], now: float) -> None:
-        limits = self._spec.split
+        limits = self._specs.spec.split
         lookup = self._assignment.lookup
         consumed = 0
         consumed_bytes = 0
@@ -278,7 +275,7 @@ class ConsumeLoop:
         for owned in self._assignment:
             if not owned.active:
                 continue
-            if reason := owned.buffer.should_seal(self._spec.split, now):
+            if reason := owned.buffer.should_seal(self._specs.spec.split, now):
                 self._seal(owned, reason, now)
             elif holding and len(owned.buffer):
                 self._seal(owned, self._registry.desired_state, now)
@@ -303,12 +300,7 @@ class ConsumeLoop:
             raise WorkerFailed(f"rebalance failed: {self._handler.error}") from self._handler.error
 
     def _apply_backpressure(self, holding: bool) -> None:
-        limits = self._spec.split
+        limits = self._specs.spec.split
         held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
         full = self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes or holding
         self._consumer.set_paused(o.tp for o in self._assignment if full or not o.active)
-
-    def _spec_changed(self, spec: SourceSpec, version: int) -> None:
-        self._spec = spec
-        self._gaps.spec = spec
-        self._pipeline.set_spec(spec, version)

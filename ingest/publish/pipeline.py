@@ -32,7 +32,7 @@ from ingest.build.split import SealedSplit
 from ingest.errors import BuildError
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Killed, Outcome, Published, Settler
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -53,8 +53,7 @@ class Pipeline:
         self,
         builder: SegmentBuilder,
         publisher: Publisher,
-        spec: SourceSpec,
-        spec_version: int,
+        specs: SpecHolder,
         *,
         build_threads: int = 2,
         max_batch_splits: int = 8,
@@ -65,8 +64,8 @@ class Pipeline:
     ) -> None:
         self._builder = builder
         self._settler = Settler(builder, publisher, publish_delay_s)
-        self._spec = spec
-        self._spec_version = spec_version
+        # Read at each submit: a new spec version applies from the next split on.
+        self._specs = specs
         self._build_attempts = build_attempts
         self._build_retry_s = build_retry_s
         self._max_batch_splits = max_batch_splits
@@ -90,14 +89,12 @@ class Pipeline:
 
     # -- polling thread API ------------------------------------------------------------
 
-    def set_spec(self, spec: SourceSpec, spec_version: int) -> None:
-        """A new spec version applies from the next submitted split on (a split boundary);
-        splits already submitted are built and published with the version they were sealed under."""
-        self._spec, self._spec_version = spec, spec_version
-
     def submit(self, split: SealedSplit) -> None:
+        """Build and publish ``split`` with the spec version current now (a new version applies
+        from the next submitted split on; splits already submitted keep theirs)."""
+        spec, spec_version = self._specs.current()
         future: Future[BuiltSegment] = Future()
-        entry = _Entry(split, future, self._spec, self._spec_version)
+        entry = _Entry(split, future, spec, spec_version)
         with self._cond:
             self._queues.setdefault(split.tp, deque()).append(entry)
             if split.records:
@@ -109,7 +106,7 @@ class Pipeline:
                 future.set_result(
                     BuiltSegment(
                         split_id=split.id,
-                        location=segment_store.source_root(self._spec.segment_store, self._spec.name),
+                        location=segment_store.source_root(spec.segment_store, spec.name),
                         files=(),
                         row_count=0,
                         size_bytes=0,

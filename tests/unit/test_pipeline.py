@@ -13,7 +13,7 @@ from ingest.backoff import Backoff
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import KillReason, TopicPartition
 from tests.fakes import FakeBuilder, FakeStore, make_split
 
@@ -38,7 +38,15 @@ def builder() -> FakeBuilder:
 @pytest.fixture
 def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01, batch_linger_s=0.0)
+    p = Pipeline(
+        builder,
+        publisher,
+        SpecHolder(SPEC, 1),
+        build_threads=2,
+        build_attempts=2,
+        build_retry_s=0.01,
+        batch_linger_s=0.0,
+    )
     yield p
     p.close(timeout=5)
 
@@ -211,7 +219,13 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
     builder.gates[0] = gate
     builder.failures[30] = 1
     pipeline = Pipeline(
-        builder, publisher, SPEC, 1, build_threads=1, build_attempts=2, build_retry_s=0.01, batch_linger_s=0.0
+        builder,
+        publisher,
+        SpecHolder(SPEC, 1),
+        build_threads=1,
+        build_attempts=2,
+        build_retry_s=0.01,
+        batch_linger_s=0.0,
     )
     try:
         pipeline.submit(make_split(P0, 0, 10))  # taken alone; holds the only build thread
@@ -229,7 +243,7 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
 
 def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: FakeStore, builder: FakeBuilder) -> None:
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    pipeline = Pipeline(builder, publisher, SPEC, 1, build_threads=2, batch_linger_s=0.5)
+    pipeline = Pipeline(builder, publisher, SpecHolder(SPEC, 1), build_threads=2, batch_linger_s=0.5)
     try:
         pipeline.submit(make_split(P0, 0, 10))
         time.sleep(0.1)
