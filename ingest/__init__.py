@@ -25,6 +25,7 @@ ingest (top level: the shared base, and the worker process that wires the layers
 ingest.consume (one polling thread: the consumer group's member)
     kafka          the one boundary to confluent-kafka: typed consumer, error codes, quirks
     loop           poll, route records into buffers, seal, pause for backpressure
+    context        what the loop's parts share (LoopContext), the metastore calls and pipeline they need
     rebalance      assign / revoke / lost callbacks: claim (new serials), kill switches
     assignment     the partitions owned now, each one's lifecycle as a state machine
     positioning    the one repositioning path (rewind, reset, skipped gap, resume)

@@ -17,6 +17,7 @@ from ingest.build.registration import Registrar
 from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
+from ingest.consume.context import LoopContext
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
@@ -224,36 +225,31 @@ class Worker:
                 batch_linger_s=settings.build_linger_s,
                 publish_delay_s=settings.fault_publish_delay_s,
             )
-            handler = RebalanceHandler(
-                source=spec.name,
+            ctx = LoopContext(
                 worker_id=worker_id,
-                store=store,
+                specs=specs,
+                consumer=consumer,
                 assignment=self.assignment,
-                pipeline=pipeline,
+                killer=pipeline,
+                store=task_store,
+                claims=store,
+                background=background,
                 metrics=self.metrics,
-                deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4),
             )
+            handler = RebalanceHandler(ctx, deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4))
             consumer.subscribe(spec.topics, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
-            registry = WorkerRegistry(
-                task_store, spec.name, worker_id, background, changed=listener.changed, specs=specs
-            )
+            registry = WorkerRegistry(ctx, changed=listener.changed)
             # The controls are known before the first poll (a worker started during a drain
             # takes nothing); the loop itself never waits for the metastore.
             registry.beat(WorkerState.STARTING, [], force=True)
             background.wait(_STARTUP_CONTROLS_WAIT_S)
             self.loop = ConsumeLoop(
-                consumer=consumer,
-                specs=specs,
-                worker_id=worker_id,
-                assignment=self.assignment,
+                ctx,
                 pipeline=pipeline,
                 handler=handler,
-                store=task_store,
                 registry=registry,
-                background=background,
-                metrics=self.metrics,
                 watermarks=watermarks,
                 group_offsets=group_offsets,
                 options=LoopOptions(unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits),

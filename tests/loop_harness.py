@@ -5,12 +5,14 @@ registry and background thread. For unit tests of the loop and its helpers."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ingest.backoff import Backoff
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
+from ingest.consume.context import LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
@@ -18,7 +20,7 @@ from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
-from ingest_common.model import TopicPartition
+from ingest_common.model import KillReason, TopicPartition
 from tests.fakes import FakeBuilder, MemoryMetastore
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 
@@ -55,35 +57,29 @@ class Harness:
         self.assignment = Assignment()
         self.background = Background("test-background")
         self.specs = SpecHolder(self.spec, 1)
-        self.registry = WorkerRegistry(
-            self.store, "src", self.worker_id, self.background, interval_s=0.0, specs=self.specs
-        )
         publisher = Publisher(self.store, "src", self.worker_id, backoff=Backoff(0.01, 0.02))
         self.pipeline = Pipeline(
             self.builder, publisher, self.specs, build_threads=1, build_attempts=1, batch_linger_s=0.0
         )
-        self.handler = RebalanceHandler(
-            source="src",
+        self.ctx = LoopContext(
             worker_id=self.worker_id,
-            store=self.store,
-            assignment=self.assignment,
-            pipeline=self.pipeline,
-            metrics=self.metrics,
-            deadline_s=2.0,
-            claim_retry_s=0.01,
-        )
-        self.consumer.subscribe(self.spec.topics, self.handler)
-        self.loop = ConsumeLoop(
-            consumer=self.consumer,
             specs=self.specs,
-            worker_id=self.worker_id,
+            consumer=self.consumer,
             assignment=self.assignment,
-            pipeline=self.pipeline,
-            handler=self.handler,
+            killer=self.pipeline,
             store=self.store,
-            registry=self.registry,
+            claims=self.store,
             background=self.background,
             metrics=self.metrics,
+        )
+        self.registry = WorkerRegistry(self.ctx, interval_s=0.0)
+        self.handler = RebalanceHandler(self.ctx, deadline_s=2.0, claim_retry_s=0.01)
+        self.consumer.subscribe(self.spec.topics, self.handler)
+        self.loop = ConsumeLoop(
+            self.ctx,
+            pipeline=self.pipeline,
+            handler=self.handler,
+            registry=self.registry,
             watermarks=self.consumer,
             options=LoopOptions(batch_size=100, poll_timeout_s=0.0, drain_timeout_s=5.0),
         )
@@ -111,3 +107,27 @@ class Harness:
     def close(self) -> None:
         self.pipeline.close(timeout=5)
         self.background.close()
+
+
+class NothingInFlight:
+    """A pipeline with nothing in flight, for parts tested without one."""
+
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, deadline: float | None = None) -> int:
+        return 0
+
+
+def context(store: MemoryMetastore, background: Background, *, worker_id: str = "w1", **fields: Any) -> LoopContext:
+    """A loop context over ``store`` and ``background`` without a loop (a consumer on an empty
+    in-memory broker, nothing owned, nothing in flight); ``fields`` replace any of its parts."""
+    parts: dict[str, Any] = {
+        "worker_id": worker_id,
+        "specs": SpecHolder(spec(), 1),
+        "consumer": MemoryConsumer(MemoryBroker()),
+        "assignment": Assignment(),
+        "killer": NothingInFlight(),
+        "store": store,
+        "claims": store,
+        "background": background,
+        "metrics": Metrics("src"),
+    }
+    return LoopContext(**(parts | fields))

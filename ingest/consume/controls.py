@@ -7,57 +7,32 @@ NOTIFY that triggered one); the metastore calls they need run in the background.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from ingest.consume.assignment import Assignment
-from ingest.consume.background import Background
+from ingest.consume.context import ControlStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
-from ingest.spec import SourceSpec, SpecHolder
+from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
 
-class ControlStore(Protocol):
-    def reclaim_partitions(
-        self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
-    ) -> dict[TopicPartition, PartitionClaim]: ...
-    def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
-
-
 class Controls:
-    def __init__(
-        self,
-        *,
-        source: str,
-        worker_id: str,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        positioner: Positioner,
-        registry: WorkerRegistry,
-        store: ControlStore,
-        background: Background,
-        metrics: Metrics,
-        specs: SpecHolder,
-    ) -> None:
-        self._source = source
-        self._worker_id = worker_id
-        self._assignment = assignment
-        self._pipeline = pipeline
+    def __init__(self, ctx: LoopContext, *, positioner: Positioner, registry: WorkerRegistry) -> None:
+        self._ctx = ctx
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._store: ControlStore = ctx.store
+        self._specs = ctx.specs
         self._positioner = positioner
         self._registry = registry
-        self._store = store
-        self._background = background
-        self._metrics = metrics
-        self._specs = specs
         # The reset generation already acted on (None: not known yet; the first one seen
         # triggers a harmless re-claim check).
         self._reset_generation: int | None = None
@@ -102,13 +77,13 @@ class Controls:
 
     def _submit(self, call: Callable[[], Any], done: Callable[[Any], None]) -> None:
         self._busy = True
-        self._background.submit(call, done, self._failed)
+        self._ctx.background.submit(call, done, self._failed)
 
     def _failed(self, exc: Exception) -> None:
         self._busy = False
         if not isinstance(exc, MetastoreError):
             raise exc
-        self._metrics.metastore_errors.labels(self._source).inc()
+        self._ctx.metrics.metastore_errors.labels(self._source).inc()
         self._retry_at = time.monotonic() + 1.0
         log.warning("control_apply_failed", source=self._source, worker=self._worker_id, error=str(exc))
 
@@ -124,7 +99,7 @@ class Controls:
         if not claims:
             log.info("reset_seen", source=self._source, worker=self._worker_id, reclaimed=0)
             return
-        killed = self._pipeline.kill(claims, KillReason.RESET)
+        killed = self._ctx.killer.kill(claims, KillReason.RESET)
         for tp, claim in claims.items():
             owned = self._assignment.get(tp)
             if owned is None or owned.claim.serial > claim.serial:

@@ -17,18 +17,15 @@ import enum
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition, PartitionState
-from ingest.consume.background import Background
+from ingest.consume.assignment import OwnedPartition, PartitionState
+from ingest.consume.context import GapStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.kafka import KafkaCallFailed, Watermarks
 from ingest.consume.positioning import Positioner, Reason
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
-from ingest.spec import SpecHolder
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
 from metastore.errors import MetastoreError, PublishConflict
 
@@ -38,14 +35,6 @@ log = structlog.get_logger(__name__)
 RETRY_S = 5.0
 # Bound of the broker's answer for the partition's watermarks.
 WATERMARK_TIMEOUT_S = 5.0
-
-
-class GapStore(Protocol):
-    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
-    def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None: ...
-    def skip_gap(
-        self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
-    ) -> int: ...
 
 
 class Verdict(enum.Enum):
@@ -71,31 +60,18 @@ class GapResult:
 
 class GapResolver:
     def __init__(
-        self,
-        *,
-        source: str,
-        worker_id: str,
-        watermarks: Watermarks,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        store: GapStore,
-        background: Background,
-        positioner: Positioner,
-        registry: WorkerRegistry,
-        metrics: Metrics,
-        specs: SpecHolder,
+        self, ctx: LoopContext, *, watermarks: Watermarks, positioner: Positioner, registry: WorkerRegistry
     ) -> None:
-        self._source = source
-        self._worker_id = worker_id
+        self._ctx = ctx
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._store: GapStore = ctx.store
+        self._metrics = ctx.metrics
+        # The background thread's client: a watermark request never waits on the polling thread's.
         self._watermarks = watermarks
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._store = store
-        self._background = background
         self._positioner = positioner
         self._registry = registry
-        self._metrics = metrics
-        self._specs = specs
 
     def refused(self, tp: TopicPartition, offset: int | None, error: str) -> None:
         """Kafka refused ``tp``'s fetch offset: stop the partition first (nothing of it is
@@ -104,7 +80,7 @@ class GapResolver:
         if owned is None or not owned.active:
             return
         owned.refuse(offset)
-        self._pipeline.kill([tp], KillReason.OUT_OF_RANGE)
+        self._ctx.killer.kill([tp], KillReason.OUT_OF_RANGE)
         log.warning(
             "offset_refused",
             source=self._source,
@@ -122,8 +98,8 @@ class GapResolver:
             if waiting and owned.retry_at <= now:
                 owned.busy = True
                 owned.retry_at = now + RETRY_S
-                skip = self._specs.spec.on_offset_out_of_range == "earliest"
-                self._background.submit(
+                skip = self._ctx.specs.spec.on_offset_out_of_range == "earliest"
+                self._ctx.background.submit(
                     partial(self._measure, owned.tp, owned.claim.serial, owned.refused_offset, skip),
                     partial(self._apply, owned),
                     partial(self._failed, owned),

@@ -10,16 +10,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 import structlog
 
 from ingest import __version__
-from ingest.consume.background import Background
-from ingest.spec import SpecHolder
+from ingest.consume.context import LoopContext, RegistryStore
 from ingest_common.model import DesiredState, SourceControl, WorkerState
 from metastore.errors import MetastoreError
 
@@ -28,40 +25,17 @@ log = structlog.get_logger(__name__)
 HEARTBEAT_INTERVAL_S = 2.0
 
 
-class RegistryStore(Protocol):
-    def heartbeat(
-        self,
-        source: str,
-        worker: str,
-        host: str,
-        pid: int,
-        version: str,
-        state: str,
-        partitions: Sequence[str],
-        spec_version: int | None = None,
-        *,
-        started_at: datetime | None = None,
-    ) -> None: ...
-    def record_error(self, source: str, worker: str, kind: str, message: str) -> None: ...
-    def control(self, source: str) -> SourceControl: ...
-
-
 class WorkerRegistry:
     def __init__(
-        self,
-        store: RegistryStore,
-        source: str,
-        worker_id: str,
-        background: Background,
-        *,
-        changed: threading.Event | None = None,
-        interval_s: float | None = None,
-        specs: SpecHolder | None = None,
+        self, ctx: LoopContext, *, changed: threading.Event | None = None, interval_s: float | None = None
     ) -> None:
-        self._store = store
-        self._source = source
-        self._worker_id = worker_id
-        self._background = background
+        self._store: RegistryStore = ctx.store
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._background = ctx.background
+        self._clock = ctx.clock
+        # The spec version this worker builds with (reported in the registry).
+        self._specs = ctx.specs
         self._host = socket.gethostname()
         self._pid = os.getpid()
         # This process's start, reported with every beat (the worker id may be a previous process's).
@@ -74,8 +48,6 @@ class WorkerRegistry:
         self._changed = changed
         # What operators asked for, as of the last heartbeat that reached the metastore.
         self.control: SourceControl | None = None
-        # The spec version this worker builds with (reported in the registry).
-        self._specs = specs
 
     @property
     def desired_state(self) -> DesiredState:
@@ -89,7 +61,7 @@ class WorkerRegistry:
         """Heartbeat (at most every interval unless forced or notified) and read the controls,
         in the background; the controls read apply in a later ``Background.apply_done``.
         One heartbeat at a time: a slow metastore delays the next, it never queues them."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         notified = self._changed is not None and self._changed.is_set()
         if self._in_flight or (not force and not notified and now < self._due):
             return
@@ -98,7 +70,7 @@ class WorkerRegistry:
             # Cleared before the read: a change committed after it sets the flag again.
             self._changed.clear()
         self._in_flight = True
-        snapshot = (str(state), list(partitions), self._specs.version if self._specs is not None else None)
+        snapshot = (str(state), list(partitions), self._specs.version)
 
         def call() -> SourceControl:
             self._store.heartbeat(

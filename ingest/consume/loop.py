@@ -17,32 +17,25 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition
-from ingest.consume.background import Background
-from ingest.consume.controls import Controls, ControlStore
-from ingest.consume.gaps import GapResolver, GapStore
+from ingest.consume.assignment import OwnedPartition
+from ingest.consume.context import LoopContext
+from ingest.consume.controls import Controls
+from ingest.consume.gaps import GapResolver
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import Batch, Consumer, Message, Watermarks
+from ingest.consume.kafka import Batch, Message, Watermarks
 from ingest.consume.loop_metrics import LoopGauges
 from ingest.consume.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
-from ingest.consume.positioning import Positioner, StateStore
+from ingest.consume.positioning import Positioner
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import WorkerFailed
-from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
-from ingest.spec import SpecHolder
 from ingest_common.model import DesiredState, WorkerState
 
 log = structlog.get_logger(__name__)
-
-
-class LoopStore(StateStore, GapStore, ControlStore, Protocol):
-    """The metastore calls of the loop's helpers (all made on the background thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,83 +49,47 @@ class LoopOptions:
 class ConsumeLoop:
     def __init__(
         self,
+        ctx: LoopContext,
         *,
-        consumer: Consumer,
-        specs: SpecHolder,
-        worker_id: str,
-        assignment: Assignment,
         pipeline: Pipeline,
         handler: RebalanceHandler,
-        store: LoopStore,
         registry: WorkerRegistry,
-        background: Background,
-        metrics: Metrics,
         watermarks: Watermarks,
         group_offsets: GroupOffsets | None = None,
         options: LoopOptions = LoopOptions(),
     ) -> None:
-        self._consumer = consumer
-        self._specs = specs
-        self._source = specs.spec.name
-        self._worker_id = worker_id
-        self._assignment = assignment
+        self._ctx = ctx
+        self._consumer = ctx.consumer
+        self._specs = ctx.specs
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._background = ctx.background
+        self._clock = ctx.clock
         self._pipeline = pipeline
         self._handler = handler
         self._registry = registry
-        self._background = background
         self._group_offsets = group_offsets
         self._options = options
-        self._positioner = Positioner(
-            source=self._source,
-            consumer=consumer,
-            assignment=assignment,
-            pipeline=pipeline,
-            store=store,
-            background=background,
-            metrics=metrics,
-        )
-        self._gaps = GapResolver(
-            source=self._source,
-            worker_id=worker_id,
-            watermarks=watermarks,
-            assignment=assignment,
-            pipeline=pipeline,
-            store=store,
-            background=background,
-            positioner=self._positioner,
-            registry=registry,
-            metrics=metrics,
-            specs=specs,
-        )
+        self._positioner = Positioner(ctx)
+        self._gaps = GapResolver(ctx, watermarks=watermarks, positioner=self._positioner, registry=registry)
         self._outcomes = OutcomeHandler(
-            source=self._source,
-            worker_id=worker_id,
-            assignment=assignment,
+            ctx,
             positioner=self._positioner,
             registry=registry,
-            metrics=metrics,
             group_offsets=group_offsets,
             unhealthy_after=options.unhealthy_after_failed_splits,
         )
-        self._controls = Controls(
-            source=self._source,
-            worker_id=worker_id,
-            assignment=assignment,
-            pipeline=pipeline,
-            positioner=self._positioner,
-            registry=registry,
-            store=store,
-            background=background,
-            metrics=metrics,
-            specs=specs,
-        )
-        self._gauges = LoopGauges(self._source, consumer, assignment, pipeline, metrics)
+        self._controls = Controls(ctx, positioner=self._positioner, registry=registry)
+        self._gauges = LoopGauges(ctx, pipeline)
+        metrics = ctx.metrics
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
         self._m_kafka_errors = metrics.kafka_errors.labels(self._source)
         # Only a worker that was consuming when a drain began exits after it; one started
         # while the drain is pending waits, idle, for `ingest resume` (a new release's pods).
         self._ran = False
+        # Real time, whatever the clock: the health endpoint compares them with its own.
         self.started_at = time.monotonic()
         # Read by the health endpoint from another thread: a float store is atomic.
         self.last_step_at = self.started_at
@@ -161,7 +118,7 @@ class ConsumeLoop:
         holding = self._controls.holding
         batch = self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
         self._raise_callback_error()
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not holding:
             # While holding, deliveries (fetched before the pause took effect) are not buffered:
             # the buffers were sealed at their positions, and resuming seeks back to them.
@@ -182,13 +139,14 @@ class ConsumeLoop:
     def drain(self) -> bool:
         """Seal every buffer and wait (still polling, partitions paused) until the pipeline
         is empty. Returns False if the drain timeout ran out first."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for owned in self._assignment:
             if owned.active and len(owned.buffer):
                 self._seal(owned, "shutdown", now)
         self._consumer.set_paused(self._assignment.tps())
         self._registry.beat(WorkerState.DRAINING, [str(tp) for tp in self._assignment.tps()], force=True)
-        deadline = now + self._options.drain_timeout_s
+        # A bound on real work (builds, publishes): real time, whatever the clock.
+        deadline = time.monotonic() + self._options.drain_timeout_s
         while self._pipeline.inflight_count and time.monotonic() < deadline:
             # Paused: this returns nothing new but keeps the group session alive.
             self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)

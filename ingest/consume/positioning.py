@@ -13,15 +13,12 @@ from __future__ import annotations
 import enum
 import time
 from functools import partial
-from typing import Protocol
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition, PartitionState
-from ingest.consume.background import Background
-from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
+from ingest.consume.assignment import OwnedPartition, PartitionState
+from ingest.consume.context import LoopContext, StateStore
+from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.model import KillReason, TopicPartition
 from metastore.errors import MetastoreError
 
@@ -37,29 +34,13 @@ class Reason(enum.StrEnum):
     RESUME = "resume"
 
 
-class StateStore(Protocol):
-    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
-
-
 class Positioner:
-    def __init__(
-        self,
-        *,
-        source: str,
-        consumer: Consumer,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        store: StateStore,
-        background: Background,
-        metrics: Metrics,
-    ) -> None:
-        self._source = source
-        self._consumer = consumer
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._store = store
-        self._background = background
-        self._metrics = metrics
+    def __init__(self, ctx: LoopContext) -> None:
+        self._ctx = ctx
+        self._source = ctx.source
+        self._consumer = ctx.consumer
+        self._assignment = ctx.assignment
+        self._store: StateStore = ctx.store
 
     def reposition(self, owned: OwnedPartition, offset: int | None, reason: Reason) -> bool:
         """Fetch ``owned`` from ``offset`` (None: the claim's start position) and take records
@@ -81,14 +62,14 @@ class Positioner:
         """Stop taking records for the partition, kill its in-flight splits (a later split can
         never publish once an earlier one did not), and re-read the stored offset after a backoff."""
         backoff = owned.rewind(time.monotonic())
-        self._pipeline.kill([owned.tp], KillReason.REWIND)
+        self._ctx.killer.kill([owned.tp], KillReason.REWIND)
         log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
 
     def rewinds_due(self, now: float) -> None:
         for owned in self._assignment:
             if owned.state is PartitionState.REWINDING and not owned.busy and owned.retry_at <= now:
                 owned.busy = True
-                self._background.submit(
+                self._ctx.background.submit(
                     partial(self._store.partition_state, self._source, owned.tp),
                     partial(self._stored_offset_read, owned),
                     partial(self._stored_offset_failed, owned),
@@ -114,7 +95,7 @@ class Positioner:
         owned.busy = False
         if not isinstance(exc, MetastoreError):
             raise exc
-        self._metrics.metastore_errors.labels(self._source).inc()
+        self._ctx.metrics.metastore_errors.labels(self._source).inc()
         owned.retry_at = time.monotonic() + 1.0
         log.warning("rewind_read_failed", source=self._source, partition=str(owned.tp), error=str(exc))
 

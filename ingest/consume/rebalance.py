@@ -16,15 +16,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 
-from ingest.consume.assignment import Assignment
+from ingest.consume.context import ClaimStore, LoopContext
 from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
 
@@ -34,16 +32,6 @@ T = TypeVar("T")
 
 # Longest a single watermark request may take inside a callback (the deadline bounds them all).
 WATERMARK_TIMEOUT_S = 5.0
-
-
-class ClaimStore(Protocol):
-    def claim_partitions(
-        self, source: str, worker: str, tps: Sequence[TopicPartition]
-    ) -> dict[TopicPartition, PartitionClaim]: ...
-    def pin_start_offsets(
-        self, source: str, pins: Sequence[tuple[PartitionClaim, int]]
-    ) -> dict[TopicPartition, PartitionClaim]: ...
-    def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None: ...
 
 
 class Deadline:
@@ -65,24 +53,13 @@ class Deadline:
 
 
 class RebalanceHandler:
-    def __init__(
-        self,
-        *,
-        source: str,
-        worker_id: str,
-        store: ClaimStore,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        metrics: Metrics,
-        deadline_s: float = 30.0,
-        claim_retry_s: float = 0.5,
-    ) -> None:
-        self._source = source
-        self._worker_id = worker_id
-        self._store = store
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._metrics = metrics
+    def __init__(self, ctx: LoopContext, *, deadline_s: float = 30.0, claim_retry_s: float = 0.5) -> None:
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._store: ClaimStore = ctx.claims
+        self._assignment = ctx.assignment
+        self._killer = ctx.killer
+        self._metrics = ctx.metrics
         self._deadline_s = deadline_s
         self._claim_retry_s = claim_retry_s
         # Set when a callback could not do its job; the loop raises it after consume() returns
@@ -182,7 +159,7 @@ class RebalanceHandler:
         does nothing else (the partitions may already be someone else's)."""
         started = time.monotonic()
         deadline = Deadline(self._deadline_s)
-        killed = self._pipeline.kill(tps, KillReason(kind.value), deadline=deadline.at)
+        killed = self._killer.kill(tps, KillReason(kind.value), deadline=deadline.at)
         removed = self._assignment.remove(tps)
         dropped_records = sum(len(owned.buffer) for owned in removed)
         for owned in removed:
