@@ -11,10 +11,12 @@ some partitions (``Killer``), read what is in flight (``InFlight``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
+
+import structlog
 
 from ingest.backoff import SYSTEM_CLOCK, Clock
 from ingest.consume.assignment import Assignment
@@ -23,6 +25,9 @@ from ingest.consume.kafka import Consumer
 from ingest.ops.metrics import Metrics
 from ingest.spec import SpecHolder
 from ingest_common.model import KillReason, PartitionClaim, SourceControl, TopicPartition
+from metastore.errors import MetastoreError
+
+log = structlog.get_logger(__name__)
 
 # -- the metastore calls of each part ------------------------------------------------------
 
@@ -123,3 +128,23 @@ class LoopContext:
     def source(self) -> str:
         # A spec version never renames its source (ingest.consume.controls loads it by name).
         return self.specs.spec.name
+
+    def on_failure(
+        self, event: str, *, release: Callable[[], None] | None = None, count: bool = True, **fields: Any
+    ) -> Callable[[Exception], None]:
+        """The ``failed`` callback of a background metastore call (every part's is this one):
+        ``release`` what the call held (a busy flag; when to try again), then raise anything but
+        a metastore error on the polling thread (a bug: the worker stops); a metastore error is
+        counted in ``ingest_metastore_errors`` (unless ``count`` is off) and logged as ``event``,
+        and the caller tries again on its own schedule."""
+
+        def failed(exc: Exception) -> None:
+            if release is not None:
+                release()
+            if not isinstance(exc, MetastoreError):
+                raise exc
+            if count:
+                self.metrics.metastore_errors.labels(self.source).inc()
+            log.warning(event, source=self.source, worker=self.worker_id, error=str(exc), **fields)
+
+        return failed

@@ -18,7 +18,6 @@ from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
 from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
-from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +37,7 @@ class Controls:
         self._reset_generation: int | None = None
         self._busy = False
         self._retry_at = 0.0
+        self._failed = ctx.on_failure("control_apply_failed", release=self._release)
         self._was_holding = False
 
     @property
@@ -79,13 +79,9 @@ class Controls:
         self._busy = True
         self._ctx.background.submit(call, done, self._failed)
 
-    def _failed(self, exc: Exception) -> None:
+    def _release(self) -> None:
         self._busy = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        self._ctx.metrics.metastore_errors.labels(self._source).inc()
         self._retry_at = time.monotonic() + 1.0
-        log.warning("control_apply_failed", source=self._source, worker=self._worker_id, error=str(exc))
 
     def _reclaimed(self, generation: int, claims: dict[TopicPartition, PartitionClaim]) -> None:
         """An ``ingest reset`` bumped the serials of some partitions: everything held for them

@@ -18,7 +18,6 @@ import structlog
 from ingest import __version__
 from ingest.consume.context import LoopContext, RegistryStore
 from ingest_common.model import DesiredState, SourceControl, WorkerState
-from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
@@ -29,6 +28,7 @@ class WorkerRegistry:
     def __init__(
         self, ctx: LoopContext, *, changed: threading.Event | None = None, interval_s: float | None = None
     ) -> None:
+        self._ctx = ctx
         self._store: RegistryStore = ctx.store
         self._source = ctx.source
         self._worker_id = ctx.worker_id
@@ -46,6 +46,9 @@ class WorkerRegistry:
         self._interval_s = HEARTBEAT_INTERVAL_S if interval_s is None else interval_s
         # Set by the LISTEN thread when the source's controls changed: beat at once.
         self._changed = changed
+        # Best effort: a heartbeat or error report that fails is logged, not counted as a
+        # metastore error (the next beat tries again).
+        self._beat_failed = ctx.on_failure("heartbeat_failed", release=self._beat_ended, count=False)
         # What operators asked for, as of the last heartbeat that reached the metastore.
         self.control: SourceControl | None = None
 
@@ -88,6 +91,9 @@ class WorkerRegistry:
 
         self._background.submit(call, lambda control: self._controls_read(control, notified), self._beat_failed)
 
+    def _beat_ended(self) -> None:
+        self._in_flight = False
+
     def _controls_read(self, control: SourceControl, notified: bool) -> None:
         self._in_flight = False
         previous = self.control
@@ -105,20 +111,10 @@ class WorkerRegistry:
             )
         self.control = control
 
-    def _beat_failed(self, exc: Exception) -> None:
-        self._in_flight = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        log.warning("heartbeat_failed", source=self._source, worker=self._worker_id, error=str(exc))
-
     def error(self, kind: str, message: str) -> None:
         """Report an error (``ingest status`` lists the recent ones), in the background."""
-
-        def failed(exc: Exception) -> None:
-            if not isinstance(exc, MetastoreError):
-                raise exc
-            log.warning("error_report_failed", source=self._source, worker=self._worker_id, kind=kind, error=str(exc))
-
         self._background.submit(
-            lambda: self._store.record_error(self._source, self._worker_id, kind, message), None, failed
+            lambda: self._store.record_error(self._source, self._worker_id, kind, message),
+            None,
+            self._ctx.on_failure("error_report_failed", count=False, kind=kind),
         )
