@@ -27,7 +27,7 @@ from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.kafka import KafkaCallFailed, Watermarks
 from ingest.consume.positioning import Positioner, Reason
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
-from metastore.errors import MetastoreError, PublishConflict
+from metastore.errors import PublishConflict
 
 log = structlog.get_logger(__name__)
 
@@ -94,15 +94,17 @@ class GapResolver:
 
     def due(self, now: float) -> None:
         for owned in self._assignment:
-            waiting = owned.state is PartitionState.OUT_OF_RANGE and owned.gap_pending and not owned.busy
-            if waiting and owned.retry_at <= now:
-                owned.busy = True
-                owned.retry_at = now + RETRY_S
+            if owned.gap_due(now):
+                # Until a result settles the partition, tried again after RETRY_S.
+                owned.call_started(retry_at=now + RETRY_S)
                 skip = self._ctx.specs.spec.on_offset_out_of_range == "earliest"
+                tp = owned.tp
                 self._ctx.background.submit(
-                    partial(self._measure, owned.tp, owned.claim.serial, owned.refused_offset, skip),
+                    partial(self._measure, tp, owned.claim.serial, owned.refused_offset, skip),
                     partial(self._apply, owned),
-                    partial(self._failed, owned),
+                    self._ctx.on_failure(
+                        "offset_gap_check_failed", release=owned.call_ended, topic=tp.topic, partition=tp.partition
+                    ),
                 )
 
     # -- background thread ---------------------------------------------------------
@@ -134,15 +136,8 @@ class GapResolver:
     def _fields(self, tp: TopicPartition) -> dict[str, Any]:
         return {"source": self._source, "worker": self._worker_id, "topic": tp.topic, "partition": tp.partition}
 
-    def _failed(self, owned: OwnedPartition, exc: Exception) -> None:
-        owned.busy = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        self._metrics.metastore_errors.labels(self._source).inc()
-        log.warning("offset_gap_check_failed", error=str(exc), **self._fields(owned.tp))
-
     def _apply(self, owned: OwnedPartition, result: GapResult) -> None:
-        owned.busy = False
+        owned.call_ended()
         if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.OUT_OF_RANGE:
             return  # revoked or re-claimed meanwhile
         tp, fields = owned.tp, self._fields(owned.tp)

@@ -20,7 +20,6 @@ from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import LoopContext, StateStore
 from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.model import KillReason, TopicPartition
-from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
@@ -67,16 +66,18 @@ class Positioner:
 
     def rewinds_due(self, now: float) -> None:
         for owned in self._assignment:
-            if owned.state is PartitionState.REWINDING and not owned.busy and owned.retry_at <= now:
-                owned.busy = True
+            if owned.rewind_due(now):
+                owned.call_started()
                 self._ctx.background.submit(
                     partial(self._store.partition_state, self._source, owned.tp),
                     partial(self._stored_offset_read, owned),
-                    partial(self._stored_offset_failed, owned),
+                    self._ctx.on_failure(
+                        "rewind_read_failed", release=partial(self._read_failed, owned), partition=str(owned.tp)
+                    ),
                 )
 
     def _stored_offset_read(self, owned: OwnedPartition, state: tuple[int, int | None] | None) -> None:
-        owned.busy = False
+        owned.call_ended()
         if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.REWINDING:
             return  # revoked, re-claimed or fenced meanwhile
         if state is None or state[0] != owned.claim.serial:
@@ -91,13 +92,8 @@ class Positioner:
             return
         self.reposition(owned, state[1], Reason.REWIND)
 
-    def _stored_offset_failed(self, owned: OwnedPartition, exc: Exception) -> None:
-        owned.busy = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        self._ctx.metrics.metastore_errors.labels(self._source).inc()
-        owned.retry_at = time.monotonic() + 1.0
-        log.warning("rewind_read_failed", source=self._source, partition=str(owned.tp), error=str(exc))
+    def _read_failed(self, owned: OwnedPartition) -> None:
+        owned.call_ended(retry_at=time.monotonic() + 1.0)
 
     def _positions(self) -> dict[TopicPartition, int]:
         """Where each owned partition's next record is expected (for an eager re-assignment)."""

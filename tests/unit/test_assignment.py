@@ -74,3 +74,25 @@ def test_the_table_looks_partitions_up_and_forgets_removed_ones() -> None:
     assert a.lookup("t", 0) is a.get(TP) and a.lookup("t", 1) is None
     assert [o.tp for o in a.remove([TP, TopicPartition("t", 1)])] == [TP]
     assert len(a) == 0 and a.tps() == []
+
+
+def test_one_metastore_call_at_a_time_and_only_for_a_rewinding_or_stopped_partition() -> None:
+    owned = owned_at().get(TP)
+    assert owned is not None
+    with pytest.raises(IllegalTransition):
+        owned.call_started()  # an active partition has nothing to ask the metastore
+    owned.rewind(now=0.0)
+    assert not owned.rewind_due(now=0.0) and owned.rewind_due(now=owned.retry_at)
+    owned.call_started()
+    assert owned.busy and not owned.rewind_due(now=100.0)
+    with pytest.raises(IllegalTransition):
+        owned.call_started()
+    owned.call_ended(retry_at=50.0)  # failed: try again at 50
+    assert not owned.rewind_due(now=49.0) and owned.rewind_due(now=50.0)
+    owned.repositioned(7)
+    owned.refuse(9)
+    assert owned.gap_due(now=0.0) and not owned.rewind_due(now=0.0)
+    owned.call_started(retry_at=5.0)
+    assert owned.retry_at == 5.0 and not owned.gap_due(now=10.0)
+    owned.call_ended()
+    assert owned.gap_due(now=5.0) and not owned.gap_due(now=4.0)
