@@ -21,7 +21,7 @@ from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
 from ingest_common.model import KillReason, TopicPartition
-from tests.fakes import FakeBuilder, MemoryMetastore
+from tests.fakes import FakeBuilder, FakeClock, MemoryMetastore
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 
 TOPIC = "t"
@@ -50,6 +50,10 @@ class Harness:
     store: MemoryMetastore = field(default_factory=MemoryMetastore)
     builder: FakeBuilder = field(default_factory=FakeBuilder)
     metrics: Metrics = field(default_factory=lambda: Metrics("src"))
+    # The loop's clock: schedules (rewinds, retries, the rebalance deadline) run on it, and
+    # ``step_until`` moves it by ``tick_s`` a step, so no test sleeps through a backoff.
+    clock: FakeClock = field(default_factory=FakeClock)
+    tick_s: float = 0.1
 
     def __post_init__(self) -> None:
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
@@ -71,9 +75,10 @@ class Harness:
             claims=self.store,
             background=self.background,
             metrics=self.metrics,
+            clock=self.clock,
         )
         self.registry = WorkerRegistry(self.ctx, interval_s=0.0)
-        self.handler = RebalanceHandler(self.ctx, deadline_s=2.0, claim_retry_s=0.01)
+        self.handler = RebalanceHandler(self.ctx, deadline_s=2.0)
         self.consumer.subscribe(self.spec.topics, self.handler)
         self.loop = ConsumeLoop(
             self.ctx,
@@ -91,6 +96,7 @@ class Harness:
         deadline = time.monotonic() + timeout_s
         while not done():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.clock.advance(self.tick_s)
             self.loop.step()
             time.sleep(0.002)
 
@@ -112,7 +118,7 @@ class Harness:
 class NothingInFlight:
     """A pipeline with nothing in flight, for parts tested without one."""
 
-    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, deadline: float | None = None) -> int:
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, within_s: float | None = None) -> int:
         return 0
 
 

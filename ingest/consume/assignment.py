@@ -20,12 +20,13 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ingest.backoff import Backoff
 from ingest.build.split import PartitionBuffer
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 
-# Seconds before the n-th consecutive rewind of a partition re-reads its stored offset.
-REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# Before the n-th consecutive rewind of a partition re-reads its stored offset.
+REWIND_BACKOFF = Backoff.stepped(0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class IllegalTransition(IngestError):
@@ -86,7 +87,7 @@ class OwnedPartition:
     def rewind(self, now: float) -> float:
         """Stop taking records; re-read the stored offset after a backoff. Returns the backoff."""
         self._require(PartitionState.ACTIVE, PartitionState.OUT_OF_RANGE, PartitionState.REWINDING)
-        backoff = REWIND_BACKOFF_S[min(self.failures, len(REWIND_BACKOFF_S) - 1)]
+        backoff = REWIND_BACKOFF.delay(self.failures)
         self.failures += 1
         self.state = PartitionState.REWINDING
         self.retry_at = now + backoff

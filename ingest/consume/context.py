@@ -96,8 +96,9 @@ class ClaimStore(Protocol):
 
 
 class Killer(Protocol):
-    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, deadline: float | None = None) -> int:
-        """Trip the kill switch of every in-flight split of ``tps``; how many were tripped."""
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, within_s: float | None = None) -> int:
+        """Trip the kill switch of every in-flight split of ``tps`` (waiting up to ``within_s``
+        for commits in progress); how many were tripped."""
         ...
 
 

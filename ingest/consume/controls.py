@@ -6,13 +6,13 @@ NOTIFY that triggered one); the metastore calls they need run in the background.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import structlog
 
+from ingest.backoff import Backoff
 from ingest.consume.context import ControlStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
@@ -20,6 +20,9 @@ from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
 
 log = structlog.get_logger(__name__)
+
+# Before a re-claim or spec load that failed (the metastore did not answer) is tried again.
+CONTROL_RETRY = Backoff.fixed(1.0)
 
 
 class Controls:
@@ -62,7 +65,7 @@ class Controls:
 
     def apply(self, now: float) -> None:
         """Start acting on a reset (the reset generation moved) or a new spec version. One
-        metastore call at a time, in the background; retried a second after an error."""
+        metastore call at a time, in the background; retried CONTROL_RETRY after an error."""
         control = self._registry.control
         if control is None or self._busy or now < self._retry_at:
             return
@@ -81,7 +84,7 @@ class Controls:
 
     def _release(self) -> None:
         self._busy = False
-        self._retry_at = time.monotonic() + 1.0
+        self._retry_at = self._ctx.clock.monotonic() + CONTROL_RETRY.delay(0)
 
     def _reclaimed(self, generation: int, claims: dict[TopicPartition, PartitionClaim]) -> None:
         """An ``ingest reset`` bumped the serials of some partitions: everything held for them

@@ -14,13 +14,13 @@ verdict is applied on the polling thread (:meth:`GapResolver._apply`).
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import structlog
 
+from ingest.backoff import Backoff
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import GapStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
@@ -31,8 +31,8 @@ from metastore.errors import PublishConflict
 
 log = structlog.get_logger(__name__)
 
-# Seconds before a gap that could not be measured or recorded is tried again.
-RETRY_S = 5.0
+# Before a gap that could not be measured or recorded is tried again.
+GAP_RETRY = Backoff.fixed(5.0)
 # Bound of the broker's answer for the partition's watermarks.
 WATERMARK_TIMEOUT_S = 5.0
 
@@ -90,13 +90,13 @@ class GapResolver:
             offset=offset,
             error=error,
         )
-        self.due(time.monotonic())
+        self.due(self._ctx.clock.monotonic())
 
     def due(self, now: float) -> None:
         for owned in self._assignment:
             if owned.gap_due(now):
-                # Until a result settles the partition, tried again after RETRY_S.
-                owned.call_started(retry_at=now + RETRY_S)
+                # Tried again after GAP_RETRY unless a result settles the partition first.
+                owned.call_started(retry_at=now + GAP_RETRY.delay(0))
                 skip = self._ctx.specs.spec.on_offset_out_of_range == "earliest"
                 tp = owned.tp
                 self._ctx.background.submit(

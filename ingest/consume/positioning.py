@@ -11,17 +11,20 @@ there, unless the stored serial moved (another worker owns it: fenced).
 from __future__ import annotations
 
 import enum
-import time
 from functools import partial
 
 import structlog
 
+from ingest.backoff import Backoff
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import LoopContext, StateStore
 from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.model import KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)
+
+# Before a rewind's stored-offset read that failed (the metastore did not answer) is tried again.
+READ_RETRY = Backoff.fixed(1.0)
 
 
 class Reason(enum.StrEnum):
@@ -40,6 +43,7 @@ class Positioner:
         self._consumer = ctx.consumer
         self._assignment = ctx.assignment
         self._store: StateStore = ctx.store
+        self._clock = ctx.clock
 
     def reposition(self, owned: OwnedPartition, offset: int | None, reason: Reason) -> bool:
         """Fetch ``owned`` from ``offset`` (None: the claim's start position) and take records
@@ -60,7 +64,7 @@ class Positioner:
     def rewind(self, owned: OwnedPartition) -> None:
         """Stop taking records for the partition, kill its in-flight splits (a later split can
         never publish once an earlier one did not), and re-read the stored offset after a backoff."""
-        backoff = owned.rewind(time.monotonic())
+        backoff = owned.rewind(self._clock.monotonic())
         self._ctx.killer.kill([owned.tp], KillReason.REWIND)
         log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
 
@@ -93,7 +97,7 @@ class Positioner:
         self.reposition(owned, state[1], Reason.REWIND)
 
     def _read_failed(self, owned: OwnedPartition) -> None:
-        owned.call_ended(retry_at=time.monotonic() + 1.0)
+        owned.call_ended(retry_at=self._clock.monotonic() + READ_RETRY.delay(0))
 
     def _positions(self) -> dict[TopicPartition, int]:
         """Where each owned partition's next record is expected (for an eager re-assignment)."""

@@ -117,19 +117,19 @@ class Pipeline:
             self._cond.notify_all()
         future.add_done_callback(self._wake)
 
-    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, deadline: float | None = None) -> int:
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, within_s: float | None = None) -> int:
         """Trip the kill switch of every in-flight split of these partitions. When this
-        returns, none of them can start a commit (unless a commit in progress outlived the
-        deadline; the metastore's serial check still fences it)."""
+        returns, none of them can start a commit (unless a commit in progress outlived
+        ``within_s``, the time all of them may take; the metastore's serial check still fences it)."""
         wanted = set(tps)
         with self._cond:
             splits = [e.split for tp, q in self._queues.items() if tp in wanted for e in q]
-        return self._trip(splits, reason, deadline)
+        return self._trip(splits, reason, within_s)
 
-    def kill_all(self, reason: KillReason, deadline: float | None = None) -> int:
+    def kill_all(self, reason: KillReason, within_s: float | None = None) -> int:
         with self._cond:
             splits = [e.split for q in self._queues.values() for e in q]
-        return self._trip(splits, reason, deadline)
+        return self._trip(splits, reason, within_s)
 
     def poll(self) -> list[Outcome]:
         with self._cond:
@@ -168,7 +168,7 @@ class Pipeline:
         return True
 
     def close(self, timeout: float = 30.0) -> None:
-        self.kill_all(KillReason.SHUTDOWN, deadline=time.monotonic() + min(timeout, 10.0))
+        self.kill_all(KillReason.SHUTDOWN, within_s=min(timeout, 10.0))
         with self._cond:
             self._closing = True
             unbuilt, self._unbuilt = list(self._unbuilt), deque()
@@ -183,7 +183,8 @@ class Pipeline:
     # -- internals ---------------------------------------------------------------------
 
     @staticmethod
-    def _trip(splits: list[SealedSplit], reason: KillReason, deadline: float | None) -> int:
+    def _trip(splits: list[SealedSplit], reason: KillReason, within_s: float | None) -> int:
+        deadline = None if within_s is None else time.monotonic() + within_s
         tripped = 0
         for split in splits:
             if split.kill_switch.tripped:

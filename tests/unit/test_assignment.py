@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.consume.assignment import REWIND_BACKOFF_S, Assignment, IllegalTransition, PartitionState
+from ingest.consume.assignment import REWIND_BACKOFF, Assignment, IllegalTransition, PartitionState
 from ingest_common.model import PartitionClaim, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -37,11 +37,11 @@ def test_rewinds_back_off_and_a_publish_resets_the_count() -> None:
     owned = owned_at().get(TP)
     assert owned is not None
     delays = [owned.rewind(now=0.0) for _ in range(3)]
-    assert delays == list(REWIND_BACKOFF_S[:3]) and owned.retry_at == REWIND_BACKOFF_S[2]
+    assert delays == [0.5, 1.0, 2.0] and owned.retry_at == REWIND_BACKOFF.delay(2)
     owned.repositioned(7)
     owned.published(20)
     assert owned.failures == 0 and owned.published_end == 20
-    assert owned.rewind(now=0.0) == REWIND_BACKOFF_S[0]
+    assert owned.rewind(now=0.0) == REWIND_BACKOFF.delay(0)
 
 
 def test_a_fenced_partition_never_becomes_active_again_without_a_new_claim() -> None:

@@ -186,10 +186,7 @@ def test_suspend_seals_and_pauses_then_resume_continues_exactly_once(h: Harness)
     assert tiles(h.published(P0), 0, 20)
 
 
-def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("ingest.consume.assignment.REWIND_BACKOFF_S", (0.01,))
+def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(h: Harness) -> None:
     h.builder.failures[0] = 5
     h.produce(P0, 10)
     h.consumer.group_assigns(P0)
