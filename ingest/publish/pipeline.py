@@ -23,9 +23,11 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import structlog
 
+from ingest.backoff import Backoff
 from ingest.build import segment_store
 from ingest.build.builder import SegmentBuilder
 from ingest.build.split import SealedSplit
@@ -36,6 +38,9 @@ from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)
+
+# Before the n-th retry of a split whose build failed: 1 s, 2 s, ... (build_attempts bounds them).
+BUILD_RETRY = Backoff.linear(1.0)
 
 
 @dataclass(slots=True)
@@ -59,7 +64,7 @@ class Pipeline:
         max_batch_splits: int = 8,
         batch_linger_s: float = 0.5,
         build_attempts: int = 3,
-        build_retry_s: float = 1.0,
+        build_retry: Backoff = BUILD_RETRY,
         publish_delay_s: float = 0.0,
     ) -> None:
         self._builder = builder
@@ -67,7 +72,7 @@ class Pipeline:
         # Read at each submit: a new spec version applies from the next split on.
         self._specs = specs
         self._build_attempts = build_attempts
-        self._build_retry_s = build_retry_s
+        self._build_retry = build_retry
         self._max_batch_splits = max_batch_splits
         self._batch_linger_s = batch_linger_s
         self._cond = threading.Condition()
@@ -270,15 +275,12 @@ class Pipeline:
                 else:
                     entry.built.set_result(result)
             if retry:
-                self._sleep_unless_all_killed([e.split for e in retry], self._build_retry_s * attempt)
+                # Cut short once every split to retry is killed (the next attempt drops them).
+                self._build_retry.sleep_unless(
+                    self._build_retry.delay(attempt - 1), partial(_all_killed, [e.split for e in retry])
+                )
                 attempt += 1
             pending = retry
-
-    @staticmethod
-    def _sleep_unless_all_killed(splits: list[SealedSplit], seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while (remaining := end - time.monotonic()) > 0 and not all(s.kill_switch.tripped for s in splits):
-            time.sleep(min(remaining, 0.05))
 
     def _next_ready(self) -> _Entry | None:
         for queue in self._queues.values():
@@ -314,3 +316,7 @@ class Pipeline:
             self._outcomes.append(outcome)
             self._cond.notify_all()
         self._trip(later, KillReason.PREDECESSOR_FAILED, None)
+
+
+def _all_killed(splits: list[SealedSplit]) -> bool:
+    return all(split.kill_switch.tripped for split in splits)

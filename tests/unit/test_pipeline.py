@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ingest.backoff import Backoff
-from ingest.publish.pipeline import Pipeline
+from ingest.publish.pipeline import BUILD_RETRY, Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import KillReason, TopicPartition
-from tests.fakes import FakeBuilder, FakeStore, make_split
+from tests.fakes import FakeBuilder, FakeClock, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)
@@ -44,7 +44,7 @@ def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
         SpecHolder(SPEC, 1),
         build_threads=2,
         build_attempts=2,
-        build_retry_s=0.01,
+        build_retry=BUILD_RETRY.on(FakeClock()),
         batch_linger_s=0.0,
     )
     yield p
@@ -224,7 +224,7 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
         SpecHolder(SPEC, 1),
         build_threads=1,
         build_attempts=2,
-        build_retry_s=0.01,
+        build_retry=BUILD_RETRY.on(FakeClock()),
         batch_linger_s=0.0,
     )
     try:
