@@ -15,7 +15,7 @@ Module map:
 
 ingest (top level: the shared base, and the worker process that wires the layers)
     errors         the worker's exceptions under ingest_common's root (exit codes there)
-    backoff        capped exponential backoff for metastore calls retried through outages
+    backoff        every retry and wait schedule (Backoff) and the clock it runs on (Clock)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
     config         settings from the environment; librdkafka client configuration
     logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
@@ -25,6 +25,7 @@ ingest (top level: the shared base, and the worker process that wires the layers
 ingest.consume (one polling thread: the consumer group's member)
     kafka          the one boundary to confluent-kafka: typed consumer, error codes, quirks
     loop           poll, route records into buffers, seal, pause for backpressure
+    context        what the loop's parts share (LoopContext), the metastore calls and pipeline they need
     rebalance      assign / revoke / lost callbacks: claim (new serials), kill switches
     assignment     the partitions owned now, each one's lifecycle as a state machine
     positioning    the one repositioning path (rewind, reset, skipped gap, resume)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from functools import partial
+from types import TracebackType
 
 import structlog
 from confluent_kafka import Consumer, KafkaException
@@ -17,6 +17,7 @@ from ingest.build.registration import Registrar
 from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
+from ingest.consume.context import LoopContext
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
@@ -27,7 +28,7 @@ from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import WorkerState
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
@@ -123,34 +124,48 @@ class Worker:
             log.info("spark_warmed_up", source=spec.name, records=records, seconds=round(seconds, 2))
 
     @staticmethod
-    def _flush(background: Background, last: Callable[[], None]) -> None:
+    def _last_words(
+        background: Background,
+        registry: WorkerRegistry,
+        _type: type[BaseException] | None,
+        exc: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        """The failure (if any) and the last heartbeat reach the metastore before the
+        connection closes, within a bound: a dead metastore must not hold the exit."""
+        if exc is not None:
+            registry.error("WORKER_FAILED", f"{type(exc).__name__}: {exc}")
+        final_state = WorkerState.FAILED if exc is not None else WorkerState.STOPPED
         try:
             background.wait(_SHUTDOWN_WAIT_S)
-            last()
+            registry.beat(final_state, [], force=True)
             if not background.wait(_SHUTDOWN_WAIT_S):
                 log.warning("final_heartbeat_not_written", timeout_s=_SHUTDOWN_WAIT_S)
         except Exception as exc:  # the worker is stopping either way: report, do not mask the cause
             log.warning("final_heartbeat_failed", error=str(exc))
 
+    def _stopped(self, exc: BaseException | None) -> None:
+        self.metrics.worker_up.labels(self.source).set(0)
+        self.metrics.set_worker_state(WorkerState.FAILED if exc is not None else WorkerState.STOPPED)
+
     def run(self, stop: threading.Event) -> None:
+        """Everything opened on the way in is closed on the way out, last opened first (one
+        ExitStack), whatever the start got to; one order is the protocol's: the consumer leaves
+        the group (its revoke callback kills what is in flight) before the pipeline closes."""
         settings = self.settings
         worker_id = settings.worker_id
-        store = Metastore(settings.database_url)
-        publish_store = Metastore(settings.database_url)
-        # Build threads register builds on a connection of their own (ingest.build.registration).
-        register_store = Metastore(settings.database_url)
-        # The background thread's (ingest.consume.background): heartbeats, controls, rewinds, gaps.
-        task_store = Metastore(settings.database_url)
-        background = Background(f"ingest-{self.source}-background")
-        consumer: Any = None
-        watermarks: ConfluentWatermarks | None = None
-        registry: WorkerRegistry | None = None
-        final_state = WorkerState.FAILED
-        endpoints: Endpoints | None = None
-        pipeline: Pipeline | None = None
-        spark: Any = None
-        listener: ControlListener | None = None
-        try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(log.info, "worker_stopped", source=self.source, worker=worker_id)
+            stack.push(lambda _type, exc, _tb: self._stopped(exc))
+            store = stack.enter_context(Metastore(settings.database_url))
+            publish_store = stack.enter_context(Metastore(settings.database_url))
+            # Build threads register builds on a connection of their own (ingest.build.registration).
+            register_store = stack.enter_context(Metastore(settings.database_url))
+            # The background thread's (ingest.consume.background): heartbeats, controls, rewinds, gaps.
+            task_store = stack.enter_context(Metastore(settings.database_url))
+            # The Kafka clients and the metrics endpoint: closed before the pipeline (moved above it
+            # once it exists), or wherever a failed start got to.
+            first_out = stack.enter_context(contextlib.ExitStack())
             require_current_schema(settings.database_url)
             version, spec = load_source(store, self.source)
             desired = store.control(spec.name).desired_state
@@ -165,10 +180,12 @@ class Worker:
                 kafka_client(Consumer, {**conf, "on_commit": commit_callback(group_offsets.committed)}),
                 incremental=incremental_assignment(conf),
             )
+            first_out.callback(consumer.close)
             # Never subscribes: the background thread's client for offset gaps' watermarks.
             watermarks = ConfluentWatermarks(
                 kafka_client(Consumer, consumer_config(settings, f"{spec.group_id}-watermarks"))
             )
+            first_out.callback(watermarks.close)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -176,6 +193,7 @@ class Worker:
                 # taken fails the start at once, and probes get "starting" instead of no answer.
                 endpoints = Endpoints(self.metrics.registry, self.healthy, self.ready_check)
                 self.metrics_port = endpoints.serve(settings.metrics_host, settings.metrics_port)
+                first_out.callback(endpoints.close)
                 log.info("metrics_serving", host=settings.metrics_host, port=self.metrics_port)
             registrar = Registrar(
                 register_store,
@@ -202,6 +220,7 @@ class Worker:
                     )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
+                stack.callback(spark.stop)
                 spark_builder = SparkSegmentBuilder(spark, registrar)
                 self._warm_up(spark_builder, spec, settings.warm_up_records)
                 builder = spark_builder
@@ -215,46 +234,49 @@ class Worker:
                 worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
+            specs = SpecHolder(spec, version)
             pipeline = Pipeline(
                 builder,
                 publisher,
-                spec,
-                version,
+                specs,
                 build_threads=settings.build_threads,
                 max_batch_splits=settings.build_batch_splits,
                 batch_linger_s=settings.build_linger_s,
                 publish_delay_s=settings.fault_publish_delay_s,
             )
-            handler = RebalanceHandler(
-                source=spec.name,
+            stack.callback(pipeline.close)
+            # Leaving the group (the consumer's revoke callback) kills what is in flight before
+            # the pipeline closes.
+            stack.enter_context(first_out.pop_all())
+            background = Background(f"ingest-{self.source}-background")
+            stack.callback(background.close)
+            ctx = LoopContext(
                 worker_id=worker_id,
-                store=store,
+                specs=specs,
+                consumer=consumer,
                 assignment=self.assignment,
-                pipeline=pipeline,
+                killer=pipeline,
+                store=task_store,
+                claims=store,
+                background=background,
                 metrics=self.metrics,
-                deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4),
             )
+            handler = RebalanceHandler(ctx, deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4))
             consumer.subscribe(spec.topics, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
-            registry = WorkerRegistry(task_store, spec.name, worker_id, background, changed=listener.changed)
-            registry.spec_version = version
+            stack.callback(listener.close)
+            registry = WorkerRegistry(ctx, changed=listener.changed)
+            stack.push(partial(self._last_words, background, registry))
             # The controls are known before the first poll (a worker started during a drain
             # takes nothing); the loop itself never waits for the metastore.
             registry.beat(WorkerState.STARTING, [], force=True)
             background.wait(_STARTUP_CONTROLS_WAIT_S)
             self.loop = ConsumeLoop(
-                consumer=consumer,
-                spec=spec,
-                worker_id=worker_id,
-                assignment=self.assignment,
+                ctx,
                 pipeline=pipeline,
                 handler=handler,
-                store=task_store,
                 registry=registry,
-                background=background,
-                metrics=self.metrics,
-                spec_version=version,
                 watermarks=watermarks,
                 group_offsets=group_offsets,
                 options=LoopOptions(
@@ -274,34 +296,3 @@ class Worker:
             self.ready.set()
             self.metrics.worker_up.labels(spec.name).set(1)
             self.loop.run(stop)
-            final_state = WorkerState.STOPPED
-        except BaseException as exc:
-            if registry is not None:
-                registry.error("WORKER_FAILED", f"{type(exc).__name__}: {exc}")
-            raise
-        finally:
-            if registry is not None:
-                # The last heartbeat (and error report) reach the metastore before the
-                # connection closes, within a bound: a dead metastore must not hold the exit.
-                self._flush(background, lambda: registry.beat(final_state, [], force=True))
-            background.close()
-            self.metrics.worker_up.labels(self.source).set(0)
-            self.metrics.set_worker_state(final_state)
-            if endpoints is not None:
-                endpoints.close()
-            if listener is not None:
-                listener.close()
-            if watermarks is not None:
-                watermarks.close()
-            if consumer is not None:
-                # Leaves the group: the revoke callback kills whatever is still in flight.
-                consumer.close()
-            if pipeline is not None:
-                pipeline.close()
-            store.close()
-            publish_store.close()
-            register_store.close()
-            task_store.close()
-            if spark is not None:
-                spark.stop()
-            log.info("worker_stopped", source=self.source, worker=worker_id)

@@ -27,6 +27,32 @@ from ingest_common.model import (
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, Session, SourceNotFound
 
 
+class FakeClock:
+    """A clock whose time moves only when told to: ``sleep`` returns at once, having moved it
+    (and recorded the delay); ``advance`` moves it. Safe to share between threads."""
+
+    def __init__(self, now: float = 1000.0, on_sleep: Callable[[float], None] | None = None) -> None:
+        self._now = now
+        self._lock = threading.Lock()
+        self.sleeps: list[float] = []
+        self.on_sleep = on_sleep
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._now
+
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.sleeps.append(seconds)
+            self._now += max(0.0, seconds)
+        if self.on_sleep is not None:
+            self.on_sleep(seconds)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
 @dataclass(frozen=True, slots=True)
 class FakeRecord:
     _offset: int
@@ -223,6 +249,7 @@ class MemoryMetastore(FakeStore):
         self.initial: dict[TopicPartition, StartFrom] = {}
         self.control_state = SourceControl(DesiredState.RUNNING, False, 0, 1)
         self.heartbeats: list[tuple[str, str, tuple[str, ...]]] = []
+        self.reported_spec_versions: list[int | None] = []
         self.errors: list[tuple[str, str]] = []
         self.gaps: list[tuple[TopicPartition, int, int, bool]] = []
         # As migration 0008 has it, a publish of a split no build registered is refused; off by
@@ -361,6 +388,7 @@ class MemoryMetastore(FakeStore):
         with self.lock:
             self._call(source)
             self.heartbeats.append((worker, state, tuple(partitions)))
+            self.reported_spec_versions.append(spec_version)
 
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None:
         with self.lock:

@@ -5,21 +5,23 @@ registry and background thread. For unit tests of the loop and its helpers."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ingest.backoff import Backoff
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
+from ingest.consume.context import LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
-from ingest.spec import SourceSpec, SplitLimits
-from ingest_common.model import TopicPartition
-from tests.fakes import FakeBuilder, MemoryMetastore
+from ingest.spec import SourceSpec, SpecHolder, SplitLimits
+from ingest_common.model import KillReason, TopicPartition
+from tests.fakes import FakeBuilder, FakeClock, MemoryMetastore
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 
 TOPIC = "t"
@@ -49,40 +51,41 @@ class Harness:
     builder: FakeBuilder = field(default_factory=FakeBuilder)
     metrics: Metrics = field(default_factory=lambda: Metrics("src"))
     publish_stall_s: float = 120.0
+    # The loop's clock: schedules (rewinds, retries, the rebalance deadline) run on it, and
+    # ``step_until`` moves it by ``tick_s`` a step, so no test sleeps through a backoff.
+    clock: FakeClock = field(default_factory=FakeClock)
+    tick_s: float = 0.1
 
     def __post_init__(self) -> None:
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
         self.assignment = Assignment()
         self.background = Background("test-background")
-        self.registry = WorkerRegistry(self.store, "src", self.worker_id, self.background, interval_s=0.0)
+        self.specs = SpecHolder(self.spec, 1)
         publisher = Publisher(self.store, "src", self.worker_id, backoff=Backoff(0.01, 0.02))
         self.pipeline = Pipeline(
-            self.builder, publisher, self.spec, 1, build_threads=1, build_attempts=1, batch_linger_s=0.0
+            self.builder, publisher, self.specs, build_threads=1, build_attempts=1, batch_linger_s=0.0
         )
-        self.handler = RebalanceHandler(
-            source="src",
+        self.ctx = LoopContext(
             worker_id=self.worker_id,
-            store=self.store,
-            assignment=self.assignment,
-            pipeline=self.pipeline,
-            metrics=self.metrics,
-            deadline_s=2.0,
-            claim_retry_s=0.01,
-        )
-        self.consumer.subscribe(self.spec.topics, self.handler)
-        self.loop = ConsumeLoop(
+            specs=self.specs,
             consumer=self.consumer,
-            spec=self.spec,
-            spec_version=1,
-            worker_id=self.worker_id,
             assignment=self.assignment,
-            pipeline=self.pipeline,
-            handler=self.handler,
+            killer=self.pipeline,
             store=self.store,
-            registry=self.registry,
+            claims=self.store,
             background=self.background,
             metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.registry = WorkerRegistry(self.ctx, interval_s=0.0)
+        self.handler = RebalanceHandler(self.ctx, deadline_s=2.0)
+        self.consumer.subscribe(self.spec.topics, self.handler)
+        self.loop = ConsumeLoop(
+            self.ctx,
+            pipeline=self.pipeline,
+            handler=self.handler,
+            registry=self.registry,
             watermarks=self.consumer,
             options=LoopOptions(
                 batch_size=100,
@@ -99,6 +102,7 @@ class Harness:
         deadline = time.monotonic() + timeout_s
         while not done():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.clock.advance(self.tick_s)
             self.loop.step()
             time.sleep(0.002)
 
@@ -115,3 +119,27 @@ class Harness:
     def close(self) -> None:
         self.pipeline.close(timeout=5)
         self.background.close()
+
+
+class NothingInFlight:
+    """A pipeline with nothing in flight, for parts tested without one."""
+
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, within_s: float | None = None) -> int:
+        return 0
+
+
+def context(store: MemoryMetastore, background: Background, *, worker_id: str = "w1", **fields: Any) -> LoopContext:
+    """A loop context over ``store`` and ``background`` without a loop (a consumer on an empty
+    in-memory broker, nothing owned, nothing in flight); ``fields`` replace any of its parts."""
+    parts: dict[str, Any] = {
+        "worker_id": worker_id,
+        "specs": SpecHolder(spec(), 1),
+        "consumer": MemoryConsumer(MemoryBroker()),
+        "assignment": Assignment(),
+        "killer": NothingInFlight(),
+        "store": store,
+        "claims": store,
+        "background": background,
+        "metrics": Metrics("src"),
+    }
+    return LoopContext(**(parts | fields))

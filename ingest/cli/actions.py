@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any, TextIO
 
+from ingest.backoff import Backoff
 from ingest.cli.common import emit, load_settings
 from ingest.config import Settings, non_negative_seconds
 from ingest.errors import ConfigError
@@ -18,6 +18,8 @@ from metastore import Metastore
 
 # How often drain and terminate say what they are still waiting for.
 PROGRESS_EVERY_S = 5.0
+# How often they read the workers' states meanwhile.
+DRAIN_POLL = Backoff.fixed(0.5)
 
 
 def _timeout(args: argparse.Namespace) -> float:
@@ -31,13 +33,14 @@ def _timeout(args: argparse.Namespace) -> float:
 def _wait_drained(store: Metastore, source: str, timeout_s: float, what: DesiredState, progress: TextIO) -> list[str]:
     """Wait until every live worker of ``source`` reports drained, saying every few seconds
     which are not; returns those still not drained at the timeout (empty: all drained)."""
-    deadline = time.monotonic() + timeout_s
-    next_progress = time.monotonic() + PROGRESS_EVERY_S
-    while True:
+    clock = DRAIN_POLL.clock
+    deadline = clock.monotonic() + timeout_s
+    next_progress = clock.monotonic() + PROGRESS_EVERY_S
+    for delay in DRAIN_POLL.delays():
         pending = [
             f"{w['worker']} ({w['state']})" for w in store.live_workers(source) if w["state"] != WorkerState.DRAINED
         ]
-        now = time.monotonic()
+        now = clock.monotonic()
         if not pending or now >= deadline:
             return pending
         if now >= next_progress:
@@ -48,7 +51,8 @@ def _wait_drained(store: Metastore, source: str, timeout_s: float, what: Desired
                 flush=True,
             )
             next_progress = now + PROGRESS_EVERY_S
-        time.sleep(0.5)
+        DRAIN_POLL.sleep(delay)
+    raise AssertionError("unreachable: the backoff never ends")
 
 
 def _progress(args: argparse.Namespace) -> TextIO:

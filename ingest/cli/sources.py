@@ -7,15 +7,18 @@ import argparse
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from ingest.backoff import Backoff
 from ingest.cli.common import emit, load_settings
 from ingest.config import non_negative_seconds
 from ingest.logs import configure_logging
 from ingest_common.redact import redact
 from metastore import Metastore, apply_migrations, redact_url
+
+# While ``ingest migrate --wait`` waits for PostgreSQL to accept connections.
+MIGRATE_RETRY = Backoff.fixed(2.0)
 
 # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
 # wakes it must win the GIL back from the busy consumer thread, by default only after 5 ms.
@@ -27,16 +30,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from metastore.errors import MetastoreUnavailable
 
     settings = load_settings()
-    deadline = time.monotonic() + non_negative_seconds("--wait", args.wait)
-    while True:
+    clock = MIGRATE_RETRY.clock
+    deadline = clock.monotonic() + non_negative_seconds("--wait", args.wait)
+    for delay in MIGRATE_RETRY.delays():
         try:
             applied = apply_migrations(settings.database_url, break_lock=args.break_lock)
             break
         except MetastoreUnavailable as exc:
-            if time.monotonic() + 2 > deadline:
+            if clock.monotonic() + delay > deadline:
                 raise
             print(f"ingest migrate: waiting for PostgreSQL: {redact(str(exc))}", file=sys.stderr)
-            time.sleep(2)
+            MIGRATE_RETRY.sleep(delay)
     where = redact_url(settings.database_url)
     emit(
         args,

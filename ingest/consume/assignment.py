@@ -20,12 +20,13 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ingest.backoff import Backoff
 from ingest.build.split import PartitionBuffer
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 
-# Seconds before the n-th consecutive rewind of a partition re-reads its stored offset.
-REWIND_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# Before the n-th consecutive rewind of a partition re-reads its stored offset.
+REWIND_BACKOFF = Backoff.stepped(0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class IllegalTransition(IngestError):
@@ -86,7 +87,7 @@ class OwnedPartition:
     def rewind(self, now: float) -> float:
         """Stop taking records; re-read the stored offset after a backoff. Returns the backoff."""
         self._require(PartitionState.ACTIVE, PartitionState.OUT_OF_RANGE, PartitionState.REWINDING)
-        backoff = REWIND_BACKOFF_S[min(self.failures, len(REWIND_BACKOFF_S) - 1)]
+        backoff = REWIND_BACKOFF.delay(self.failures)
         self.failures += 1
         self.state = PartitionState.REWINDING
         self.retry_at = now + backoff
@@ -133,6 +134,33 @@ class OwnedPartition:
     def published(self, end: int) -> None:
         self.published_end = end
         self.failures = 0
+
+    # -- a metastore call for the partition, in the background ------------------------
+
+    def rewind_due(self, now: float) -> bool:
+        """Rewinding, its backoff over, and no read of the stored offset under way."""
+        return self.state is PartitionState.REWINDING and not self.busy and self.retry_at <= now
+
+    def gap_due(self, now: float) -> bool:
+        """Stopped at a refused offset whose gap is still to be measured, and due to try."""
+        return self.state is PartitionState.OUT_OF_RANGE and self.gap_pending and not self.busy and self.retry_at <= now
+
+    def call_started(self, retry_at: float | None = None) -> None:
+        """A metastore call for the partition runs in the background: nothing else is started
+        for it until :meth:`call_ended`. ``retry_at``: when to try again if its result does
+        not settle the state."""
+        self._require(PartitionState.REWINDING, PartitionState.OUT_OF_RANGE)
+        if self.busy:
+            raise IllegalTransition(f"{self.tp}: a metastore call for it is already under way")
+        self.busy = True
+        if retry_at is not None:
+            self.retry_at = retry_at
+
+    def call_ended(self, retry_at: float | None = None) -> None:
+        """The call's result (or failure) is being applied; ``retry_at``: not before then again."""
+        self.busy = False
+        if retry_at is not None:
+            self.retry_at = retry_at
 
 
 class Assignment:

@@ -6,67 +6,41 @@ NOTIFY that triggered one); the metastore calls they need run in the background.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from ingest.consume.assignment import Assignment
-from ingest.consume.background import Background
+from ingest.backoff import Backoff
+from ingest.consume.context import ControlStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
 from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
-from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
-
-class ControlStore(Protocol):
-    def reclaim_partitions(
-        self, source: str, worker: str, held: Sequence[tuple[TopicPartition, int]]
-    ) -> dict[TopicPartition, PartitionClaim]: ...
-    def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
+# Before a re-claim or spec load that failed (the metastore did not answer) is tried again.
+CONTROL_RETRY = Backoff.fixed(1.0)
 
 
 class Controls:
-    def __init__(
-        self,
-        *,
-        source: str,
-        worker_id: str,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        positioner: Positioner,
-        registry: WorkerRegistry,
-        store: ControlStore,
-        background: Background,
-        metrics: Metrics,
-        spec: SourceSpec,
-        spec_version: int,
-        on_spec: Callable[[SourceSpec, int], None],
-    ) -> None:
-        self._source = source
-        self._worker_id = worker_id
-        self._assignment = assignment
-        self._pipeline = pipeline
+    def __init__(self, ctx: LoopContext, *, positioner: Positioner, registry: WorkerRegistry) -> None:
+        self._ctx = ctx
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._store: ControlStore = ctx.store
+        self._specs = ctx.specs
         self._positioner = positioner
         self._registry = registry
-        self._store = store
-        self._background = background
-        self._metrics = metrics
-        self._spec = spec
-        self._spec_version = spec_version
-        self._on_spec = on_spec
         # The reset generation already acted on (None: not known yet; the first one seen
         # triggers a harmless re-claim check).
         self._reset_generation: int | None = None
         self._busy = False
         self._retry_at = 0.0
+        self._failed = ctx.on_failure("control_apply_failed", release=self._release)
         self._was_holding = False
 
     @property
@@ -91,7 +65,7 @@ class Controls:
 
     def apply(self, now: float) -> None:
         """Start acting on a reset (the reset generation moved) or a new spec version. One
-        metastore call at a time, in the background; retried a second after an error."""
+        metastore call at a time, in the background; retried CONTROL_RETRY after an error."""
         control = self._registry.control
         if control is None or self._busy or now < self._retry_at:
             return
@@ -101,20 +75,16 @@ class Controls:
                 partial(self._store.reclaim_partitions, self._source, self._worker_id, held),
                 partial(self._reclaimed, control.reset_generation),
             )
-        elif control.spec_version != self._spec_version:
+        elif control.spec_version != self._specs.version:
             self._submit(partial(self._store.latest_spec, self._source), self._spec_loaded)
 
     def _submit(self, call: Callable[[], Any], done: Callable[[Any], None]) -> None:
         self._busy = True
-        self._background.submit(call, done, self._failed)
+        self._ctx.background.submit(call, done, self._failed)
 
-    def _failed(self, exc: Exception) -> None:
+    def _release(self) -> None:
         self._busy = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        self._metrics.metastore_errors.labels(self._source).inc()
-        self._retry_at = time.monotonic() + 1.0
-        log.warning("control_apply_failed", source=self._source, worker=self._worker_id, error=str(exc))
+        self._retry_at = self._ctx.clock.monotonic() + CONTROL_RETRY.delay(0)
 
     def _reclaimed(self, generation: int, claims: dict[TopicPartition, PartitionClaim]) -> None:
         """An ``ingest reset`` bumped the serials of some partitions: everything held for them
@@ -128,7 +98,7 @@ class Controls:
         if not claims:
             log.info("reset_seen", source=self._source, worker=self._worker_id, reclaimed=0)
             return
-        killed = self._pipeline.kill(claims, KillReason.RESET)
+        killed = self._ctx.killer.kill(claims, KillReason.RESET)
         for tp, claim in claims.items():
             owned = self._assignment.get(tp)
             if owned is None or owned.claim.serial > claim.serial:
@@ -152,7 +122,8 @@ class Controls:
         self._busy = False
         version, doc = latest
         spec = SourceSpec.from_json(doc)
-        if (spec.topics, spec.group_id) != (self._spec.topics, self._spec.group_id):
+        current, previous = self._specs.current()
+        if (spec.topics, spec.group_id) != (current.topics, current.group_id):
             log.warning(
                 "spec_change_needs_restart",
                 source=self._source,
@@ -161,14 +132,11 @@ class Controls:
                 topics=list(spec.topics),
                 group=spec.group_id,
             )
-        self._spec = spec
-        self._registry.spec_version = version
+        self._specs.set(spec, version)
         log.info(
             "spec_version_applied",
             source=self._source,
             worker=self._worker_id,
             spec_version=version,
-            previous=self._spec_version,
+            previous=previous,
         )
-        self._spec_version = version
-        self._on_spec(spec, version)

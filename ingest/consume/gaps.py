@@ -14,38 +14,27 @@ verdict is applied on the polling thread (:meth:`GapResolver._apply`).
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition, PartitionState
-from ingest.consume.background import Background
+from ingest.backoff import Backoff
+from ingest.consume.assignment import OwnedPartition, PartitionState
+from ingest.consume.context import GapStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.kafka import KafkaCallFailed, Watermarks
 from ingest.consume.positioning import Positioner, Reason
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
-from ingest.spec import SourceSpec
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
-from metastore.errors import MetastoreError, PublishConflict
+from metastore.errors import PublishConflict
 
 log = structlog.get_logger(__name__)
 
-# Seconds before a gap that could not be measured or recorded is tried again.
-RETRY_S = 5.0
+# Before a gap that could not be measured or recorded is tried again.
+GAP_RETRY = Backoff.fixed(5.0)
 # Bound of the broker's answer for the partition's watermarks.
 WATERMARK_TIMEOUT_S = 5.0
-
-
-class GapStore(Protocol):
-    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
-    def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None: ...
-    def skip_gap(
-        self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
-    ) -> int: ...
 
 
 class Verdict(enum.Enum):
@@ -71,31 +60,18 @@ class GapResult:
 
 class GapResolver:
     def __init__(
-        self,
-        *,
-        source: str,
-        worker_id: str,
-        watermarks: Watermarks,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        store: GapStore,
-        background: Background,
-        positioner: Positioner,
-        registry: WorkerRegistry,
-        metrics: Metrics,
-        spec: SourceSpec,
+        self, ctx: LoopContext, *, watermarks: Watermarks, positioner: Positioner, registry: WorkerRegistry
     ) -> None:
-        self._source = source
-        self._worker_id = worker_id
+        self._ctx = ctx
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._store: GapStore = ctx.store
+        self._metrics = ctx.metrics
+        # The background thread's client: a watermark request never waits on the polling thread's.
         self._watermarks = watermarks
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._store = store
-        self._background = background
         self._positioner = positioner
         self._registry = registry
-        self._metrics = metrics
-        self.spec = spec
 
     def refused(self, tp: TopicPartition, offset: int | None, error: str) -> None:
         """Kafka refused ``tp``'s fetch offset: stop the partition first (nothing of it is
@@ -104,7 +80,7 @@ class GapResolver:
         if owned is None or not owned.active:
             return
         owned.refuse(offset)
-        self._pipeline.kill([tp], KillReason.OUT_OF_RANGE)
+        self._ctx.killer.kill([tp], KillReason.OUT_OF_RANGE)
         log.warning(
             "offset_refused",
             source=self._source,
@@ -114,19 +90,21 @@ class GapResolver:
             offset=offset,
             error=error,
         )
-        self.due(time.monotonic())
+        self.due(self._ctx.clock.monotonic())
 
     def due(self, now: float) -> None:
         for owned in self._assignment:
-            waiting = owned.state is PartitionState.OUT_OF_RANGE and owned.gap_pending and not owned.busy
-            if waiting and owned.retry_at <= now:
-                owned.busy = True
-                owned.retry_at = now + RETRY_S
-                skip = self.spec.on_offset_out_of_range == "earliest"
-                self._background.submit(
-                    partial(self._measure, owned.tp, owned.claim.serial, owned.refused_offset, skip),
+            if owned.gap_due(now):
+                # Tried again after GAP_RETRY unless a result settles the partition first.
+                owned.call_started(retry_at=now + GAP_RETRY.delay(0))
+                skip = self._ctx.specs.spec.on_offset_out_of_range == "earliest"
+                tp = owned.tp
+                self._ctx.background.submit(
+                    partial(self._measure, tp, owned.claim.serial, owned.refused_offset, skip),
                     partial(self._apply, owned),
-                    partial(self._failed, owned),
+                    self._ctx.on_failure(
+                        "offset_gap_check_failed", release=owned.call_ended, topic=tp.topic, partition=tp.partition
+                    ),
                 )
 
     # -- background thread ---------------------------------------------------------
@@ -158,15 +136,8 @@ class GapResolver:
     def _fields(self, tp: TopicPartition) -> dict[str, Any]:
         return {"source": self._source, "worker": self._worker_id, "topic": tp.topic, "partition": tp.partition}
 
-    def _failed(self, owned: OwnedPartition, exc: Exception) -> None:
-        owned.busy = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        self._metrics.metastore_errors.labels(self._source).inc()
-        log.warning("offset_gap_check_failed", error=str(exc), **self._fields(owned.tp))
-
     def _apply(self, owned: OwnedPartition, result: GapResult) -> None:
-        owned.busy = False
+        owned.call_ended()
         if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.OUT_OF_RANGE:
             return  # revoked or re-claimed meanwhile
         tp, fields = owned.tp, self._fields(owned.tp)

@@ -10,56 +10,32 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 import structlog
 
 from ingest import __version__
-from ingest.consume.background import Background
+from ingest.consume.context import LoopContext, RegistryStore
 from ingest_common.model import DesiredState, SourceControl, WorkerState
-from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
 
 HEARTBEAT_INTERVAL_S = 2.0
 
 
-class RegistryStore(Protocol):
-    def heartbeat(
-        self,
-        source: str,
-        worker: str,
-        host: str,
-        pid: int,
-        version: str,
-        state: str,
-        partitions: Sequence[str],
-        spec_version: int | None = None,
-        *,
-        started_at: datetime | None = None,
-    ) -> None: ...
-    def record_error(self, source: str, worker: str, kind: str, message: str) -> None: ...
-    def control(self, source: str) -> SourceControl: ...
-
-
 class WorkerRegistry:
     def __init__(
-        self,
-        store: RegistryStore,
-        source: str,
-        worker_id: str,
-        background: Background,
-        *,
-        changed: threading.Event | None = None,
-        interval_s: float | None = None,
+        self, ctx: LoopContext, *, changed: threading.Event | None = None, interval_s: float | None = None
     ) -> None:
-        self._store = store
-        self._source = source
-        self._worker_id = worker_id
-        self._background = background
+        self._ctx = ctx
+        self._store: RegistryStore = ctx.store
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._background = ctx.background
+        self._clock = ctx.clock
+        # The spec version this worker builds with (reported in the registry).
+        self._specs = ctx.specs
         self._host = socket.gethostname()
         self._pid = os.getpid()
         # This process's start, reported with every beat (the worker id may be a previous process's).
@@ -70,10 +46,11 @@ class WorkerRegistry:
         self._interval_s = HEARTBEAT_INTERVAL_S if interval_s is None else interval_s
         # Set by the LISTEN thread when the source's controls changed: beat at once.
         self._changed = changed
+        # Best effort: a heartbeat or error report that fails is logged, not counted as a
+        # metastore error (the next beat tries again).
+        self._beat_failed = ctx.on_failure("heartbeat_failed", release=self._beat_ended, count=False)
         # What operators asked for, as of the last heartbeat that reached the metastore.
         self.control: SourceControl | None = None
-        # The spec version this worker builds with (reported in the registry).
-        self.spec_version: int | None = None
 
     @property
     def desired_state(self) -> DesiredState:
@@ -87,7 +64,7 @@ class WorkerRegistry:
         """Heartbeat (at most every interval unless forced or notified) and read the controls,
         in the background; the controls read apply in a later ``Background.apply_done``.
         One heartbeat at a time: a slow metastore delays the next, it never queues them."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         notified = self._changed is not None and self._changed.is_set()
         if self._in_flight or (not force and not notified and now < self._due):
             return
@@ -96,7 +73,7 @@ class WorkerRegistry:
             # Cleared before the read: a change committed after it sets the flag again.
             self._changed.clear()
         self._in_flight = True
-        snapshot = (str(state), list(partitions), self.spec_version)
+        snapshot = (str(state), list(partitions), self._specs.version)
 
         def call() -> SourceControl:
             self._store.heartbeat(
@@ -113,6 +90,9 @@ class WorkerRegistry:
             return self._store.control(self._source)
 
         self._background.submit(call, lambda control: self._controls_read(control, notified), self._beat_failed)
+
+    def _beat_ended(self) -> None:
+        self._in_flight = False
 
     def _controls_read(self, control: SourceControl, notified: bool) -> None:
         self._in_flight = False
@@ -131,20 +111,10 @@ class WorkerRegistry:
             )
         self.control = control
 
-    def _beat_failed(self, exc: Exception) -> None:
-        self._in_flight = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        log.warning("heartbeat_failed", source=self._source, worker=self._worker_id, error=str(exc))
-
     def error(self, kind: str, message: str) -> None:
         """Report an error (``ingest status`` lists the recent ones), in the background."""
-
-        def failed(exc: Exception) -> None:
-            if not isinstance(exc, MetastoreError):
-                raise exc
-            log.warning("error_report_failed", source=self._source, worker=self._worker_id, kind=kind, error=str(exc))
-
         self._background.submit(
-            lambda: self._store.record_error(self._source, self._worker_id, kind, message), None, failed
+            lambda: self._store.record_error(self._source, self._worker_id, kind, message),
+            None,
+            self._ctx.on_failure("error_report_failed", count=False, kind=kind),
         )

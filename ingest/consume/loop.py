@@ -17,33 +17,26 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition
-from ingest.consume.background import Background
-from ingest.consume.controls import Controls, ControlStore
-from ingest.consume.gaps import GapResolver, GapStore
+from ingest.consume.assignment import OwnedPartition
+from ingest.consume.context import LoopContext
+from ingest.consume.controls import Controls
+from ingest.consume.gaps import GapResolver
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import Batch, Consumer, Message, Watermarks
+from ingest.consume.kafka import Batch, Message, Watermarks
 from ingest.consume.loop_metrics import LoopGauges
 from ingest.consume.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
-from ingest.consume.positioning import Positioner, StateStore
+from ingest.consume.positioning import Positioner
 from ingest.consume.publish_watch import UNHEALTHY_AFTER_PUBLISH_STALL_S, PublishWatch
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import WorkerFailed
-from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import Pipeline
-from ingest.spec import SourceSpec
 from ingest_common.model import DesiredState, WorkerState
 
 log = structlog.get_logger(__name__)
-
-
-class LoopStore(StateStore, GapStore, ControlStore, Protocol):
-    """The metastore calls of the loop's helpers (all made on the background thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,89 +51,50 @@ class LoopOptions:
 class ConsumeLoop:
     def __init__(
         self,
+        ctx: LoopContext,
         *,
-        consumer: Consumer,
-        spec: SourceSpec,
-        spec_version: int,
-        worker_id: str,
-        assignment: Assignment,
         pipeline: Pipeline,
         handler: RebalanceHandler,
-        store: LoopStore,
         registry: WorkerRegistry,
-        background: Background,
-        metrics: Metrics,
         watermarks: Watermarks,
         group_offsets: GroupOffsets | None = None,
         options: LoopOptions = LoopOptions(),
     ) -> None:
-        self._consumer = consumer
-        self._spec = spec
-        self._source = spec.name
-        self._worker_id = worker_id
-        self._assignment = assignment
+        self._ctx = ctx
+        self._consumer = ctx.consumer
+        self._specs = ctx.specs
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._background = ctx.background
+        self._clock = ctx.clock
         self._pipeline = pipeline
         self._handler = handler
         self._registry = registry
-        self._background = background
         self._group_offsets = group_offsets
         self._options = options
-        self._positioner = Positioner(
-            source=spec.name,
-            consumer=consumer,
-            assignment=assignment,
-            pipeline=pipeline,
-            store=store,
-            background=background,
-            metrics=metrics,
-        )
-        self._gaps = GapResolver(
-            source=spec.name,
-            worker_id=worker_id,
-            watermarks=watermarks,
-            assignment=assignment,
-            pipeline=pipeline,
-            store=store,
-            background=background,
-            positioner=self._positioner,
-            registry=registry,
-            metrics=metrics,
-            spec=spec,
-        )
+        self._positioner = Positioner(ctx)
+        self._gaps = GapResolver(ctx, watermarks=watermarks, positioner=self._positioner, registry=registry)
         self._outcomes = OutcomeHandler(
-            source=spec.name,
-            worker_id=worker_id,
-            assignment=assignment,
+            ctx,
             positioner=self._positioner,
             registry=registry,
-            metrics=metrics,
             group_offsets=group_offsets,
             unhealthy_after=options.unhealthy_after_failed_splits,
         )
-        self._controls = Controls(
-            source=spec.name,
-            worker_id=worker_id,
-            assignment=assignment,
-            pipeline=pipeline,
-            positioner=self._positioner,
-            registry=registry,
-            store=store,
-            background=background,
-            metrics=metrics,
-            spec=spec,
-            spec_version=spec_version,
-            on_spec=self._spec_changed,
-        )
+        self._controls = Controls(ctx, positioner=self._positioner, registry=registry)
+        self._gauges = LoopGauges(ctx, pipeline)
         self._publish_watch = PublishWatch(
-            pipeline, source=spec.name, worker_id=worker_id, bound_s=options.unhealthy_after_publish_stall_s
+            pipeline, source=ctx.source, worker_id=ctx.worker_id, bound_s=options.unhealthy_after_publish_stall_s
         )
-        self._gauges = LoopGauges(spec.name, consumer, assignment, pipeline, metrics)
+        metrics = ctx.metrics
         self._m_consumed = metrics.records_consumed.labels(self._source)
         self._m_bytes = metrics.bytes_consumed.labels(self._source)
         self._m_kafka_errors = metrics.kafka_errors.labels(self._source)
         # Only a worker that was consuming when a drain began exits after it; one started
         # while the drain is pending waits, idle, for `ingest resume` (a new release's pods).
         self._ran = False
+        # Real time, whatever the clock: the health endpoint compares them with its own.
         self.started_at = time.monotonic()
         # Read by the health endpoint from another thread: a float store is atomic.
         self.last_step_at = self.started_at
@@ -169,7 +123,7 @@ class ConsumeLoop:
         holding = self._controls.holding
         batch = self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
         self._raise_callback_error()
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not holding:
             # While holding, deliveries (fetched before the pause took effect) are not buffered:
             # the buffers were sealed at their positions, and resuming seeks back to them.
@@ -191,13 +145,14 @@ class ConsumeLoop:
     def drain(self) -> bool:
         """Seal every buffer and wait (still polling, partitions paused) until the pipeline
         is empty. Returns False if the drain timeout ran out first."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for owned in self._assignment:
             if owned.active and len(owned.buffer):
                 self._seal(owned, "shutdown", now)
         self._consumer.set_paused(self._assignment.tps())
         self._registry.beat(WorkerState.DRAINING, [str(tp) for tp in self._assignment.tps()], force=True)
-        deadline = now + self._options.drain_timeout_s
+        # A bound on real work (builds, publishes): real time, whatever the clock.
+        deadline = time.monotonic() + self._options.drain_timeout_s
         while self._pipeline.inflight_count and time.monotonic() < deadline:
             # Paused: this returns nothing new but keeps the group session alive.
             self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
@@ -260,7 +215,7 @@ class ConsumeLoop:
                 owned.buffer.delivered_to(offset)
 
     def _route(self, records: Sequence[Message], now: float) -> None:
-        limits = self._spec.split
+        limits = self._specs.spec.split
         lookup = self._assignment.lookup
         consumed = 0
         consumed_bytes = 0
@@ -290,7 +245,7 @@ class ConsumeLoop:
         for owned in self._assignment:
             if not owned.active:
                 continue
-            if reason := owned.buffer.should_seal(self._spec.split, now):
+            if reason := owned.buffer.should_seal(self._specs.spec.split, now):
                 self._seal(owned, reason, now)
             elif holding and len(owned.buffer):
                 self._seal(owned, self._registry.desired_state, now)
@@ -315,12 +270,7 @@ class ConsumeLoop:
             raise WorkerFailed(f"rebalance failed: {self._handler.error}") from self._handler.error
 
     def _apply_backpressure(self, holding: bool) -> None:
-        limits = self._spec.split
+        limits = self._specs.spec.split
         held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
         full = self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes or holding
         self._consumer.set_paused(o.tp for o in self._assignment if full or not o.active)
-
-    def _spec_changed(self, spec: SourceSpec, version: int) -> None:
-        self._spec = spec
-        self._gaps.spec = spec
-        self._pipeline.set_spec(spec, version)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ingest.consume.assignment import Assignment
-from ingest.consume.kafka import Consumer
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
+from ingest.consume.context import InFlight, LoopContext
 from ingest_common.model import WorkerState
 
 # Lag is read from the consumer's cached watermarks at most this often.
@@ -16,14 +13,12 @@ LAG_INTERVAL_S = 1.0
 
 
 class LoopGauges:
-    def __init__(
-        self, source: str, consumer: Consumer, assignment: Assignment, pipeline: Pipeline, metrics: Metrics
-    ) -> None:
-        self._source = source
-        self._consumer = consumer
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._metrics = metrics
+    def __init__(self, ctx: LoopContext, inflight: InFlight) -> None:
+        self._source = ctx.source
+        self._consumer = ctx.consumer
+        self._assignment = ctx.assignment
+        self._metrics = ctx.metrics
+        self._pipeline = inflight
         self._lag_due = 0.0
 
     def update(self, state: WorkerState, now: float) -> None:

@@ -14,11 +14,11 @@ from typing import Any
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition
+from ingest.consume.assignment import OwnedPartition
+from ingest.consume.context import LoopContext
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner
-from ingest.ops.metrics import Metrics
 from ingest.publish.settle import Conflicted, Failed, Fatal, Killed, Outcome, Published
 from ingest_common.model import ConflictReason
 
@@ -33,22 +33,19 @@ UNHEALTHY_AFTER_FAILED_SPLITS = 5
 class OutcomeHandler:
     def __init__(
         self,
+        ctx: LoopContext,
         *,
-        source: str,
-        worker_id: str,
-        assignment: Assignment,
         positioner: Positioner,
         registry: WorkerRegistry,
-        metrics: Metrics,
         group_offsets: GroupOffsets | None = None,
         unhealthy_after: int = UNHEALTHY_AFTER_FAILED_SPLITS,
     ) -> None:
-        self._source = source
-        self._worker_id = worker_id
-        self._assignment = assignment
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._assignment = ctx.assignment
+        self._metrics = ctx.metrics
         self._positioner = positioner
         self._registry = registry
-        self._metrics = metrics
         self._group_offsets = group_offsets
         self._unhealthy_after = unhealthy_after
         # Failed splits since the last publish, and the last failure (the cause reported).

@@ -11,21 +11,20 @@ there, unless the stored serial moved (another worker owns it: fenced).
 from __future__ import annotations
 
 import enum
-import time
 from functools import partial
-from typing import Protocol
 
 import structlog
 
-from ingest.consume.assignment import Assignment, OwnedPartition, PartitionState
-from ingest.consume.background import Background
-from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
+from ingest.backoff import Backoff
+from ingest.consume.assignment import OwnedPartition, PartitionState
+from ingest.consume.context import LoopContext, StateStore
+from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.model import KillReason, TopicPartition
-from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
+
+# Before a rewind's stored-offset read that failed (the metastore did not answer) is tried again.
+READ_RETRY = Backoff.fixed(1.0)
 
 
 class Reason(enum.StrEnum):
@@ -37,29 +36,14 @@ class Reason(enum.StrEnum):
     RESUME = "resume"
 
 
-class StateStore(Protocol):
-    def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
-
-
 class Positioner:
-    def __init__(
-        self,
-        *,
-        source: str,
-        consumer: Consumer,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        store: StateStore,
-        background: Background,
-        metrics: Metrics,
-    ) -> None:
-        self._source = source
-        self._consumer = consumer
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._store = store
-        self._background = background
-        self._metrics = metrics
+    def __init__(self, ctx: LoopContext) -> None:
+        self._ctx = ctx
+        self._source = ctx.source
+        self._consumer = ctx.consumer
+        self._assignment = ctx.assignment
+        self._store: StateStore = ctx.store
+        self._clock = ctx.clock
 
     def reposition(self, owned: OwnedPartition, offset: int | None, reason: Reason) -> bool:
         """Fetch ``owned`` from ``offset`` (None: the claim's start position) and take records
@@ -80,22 +64,24 @@ class Positioner:
     def rewind(self, owned: OwnedPartition) -> None:
         """Stop taking records for the partition, kill its in-flight splits (a later split can
         never publish once an earlier one did not), and re-read the stored offset after a backoff."""
-        backoff = owned.rewind(time.monotonic())
-        self._pipeline.kill([owned.tp], KillReason.REWIND)
+        backoff = owned.rewind(self._clock.monotonic())
+        self._ctx.killer.kill([owned.tp], KillReason.REWIND)
         log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
 
     def rewinds_due(self, now: float) -> None:
         for owned in self._assignment:
-            if owned.state is PartitionState.REWINDING and not owned.busy and owned.retry_at <= now:
-                owned.busy = True
-                self._background.submit(
+            if owned.rewind_due(now):
+                owned.call_started()
+                self._ctx.background.submit(
                     partial(self._store.partition_state, self._source, owned.tp),
                     partial(self._stored_offset_read, owned),
-                    partial(self._stored_offset_failed, owned),
+                    self._ctx.on_failure(
+                        "rewind_read_failed", release=partial(self._read_failed, owned), partition=str(owned.tp)
+                    ),
                 )
 
     def _stored_offset_read(self, owned: OwnedPartition, state: tuple[int, int | None] | None) -> None:
-        owned.busy = False
+        owned.call_ended()
         if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.REWINDING:
             return  # revoked, re-claimed or fenced meanwhile
         if state is None or state[0] != owned.claim.serial:
@@ -110,13 +96,8 @@ class Positioner:
             return
         self.reposition(owned, state[1], Reason.REWIND)
 
-    def _stored_offset_failed(self, owned: OwnedPartition, exc: Exception) -> None:
-        owned.busy = False
-        if not isinstance(exc, MetastoreError):
-            raise exc
-        self._metrics.metastore_errors.labels(self._source).inc()
-        owned.retry_at = time.monotonic() + 1.0
-        log.warning("rewind_read_failed", source=self._source, partition=str(owned.tp), error=str(exc))
+    def _read_failed(self, owned: OwnedPartition) -> None:
+        owned.call_ended(retry_at=self._clock.monotonic() + READ_RETRY.delay(0))
 
     def _positions(self) -> dict[TopicPartition, int]:
         """Where each owned partition's next record is expected (for an eager re-assignment)."""

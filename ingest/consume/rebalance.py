@@ -15,16 +15,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 
-from ingest.consume.assignment import Assignment
+from ingest.backoff import Backoff, Clock
+from ingest.consume.context import ClaimStore, LoopContext
 from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
-from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
 
@@ -34,57 +32,37 @@ T = TypeVar("T")
 
 # Longest a single watermark request may take inside a callback (the deadline bounds them all).
 WATERMARK_TIMEOUT_S = 5.0
-
-
-class ClaimStore(Protocol):
-    def claim_partitions(
-        self, source: str, worker: str, tps: Sequence[TopicPartition]
-    ) -> dict[TopicPartition, PartitionClaim]: ...
-    def pin_start_offsets(
-        self, source: str, pins: Sequence[tuple[PartitionClaim, int]]
-    ) -> dict[TopicPartition, PartitionClaim]: ...
-    def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None: ...
+# Between attempts of a claim (or a start's pin) that failed, while the deadline allows.
+CLAIM_RETRY = Backoff.fixed(0.5)
 
 
 class Deadline:
     """The one time budget of everything a rebalance callback does (claims and their retries,
     kill switches, releases), well under max.poll.interval.ms."""
 
-    def __init__(self, seconds: float) -> None:
-        self._at = time.monotonic() + seconds
-
-    @property
-    def at(self) -> float:
-        return self._at
+    def __init__(self, seconds: float, clock: Clock) -> None:
+        self._clock = clock
+        self._at = clock.monotonic() + seconds
 
     def left(self) -> float:
-        return max(0.0, self._at - time.monotonic())
+        return max(0.0, self._at - self._clock.monotonic())
 
     def expired(self) -> bool:
-        return time.monotonic() >= self._at
+        return self._clock.monotonic() >= self._at
 
 
 class RebalanceHandler:
-    def __init__(
-        self,
-        *,
-        source: str,
-        worker_id: str,
-        store: ClaimStore,
-        assignment: Assignment,
-        pipeline: Pipeline,
-        metrics: Metrics,
-        deadline_s: float = 30.0,
-        claim_retry_s: float = 0.5,
-    ) -> None:
-        self._source = source
-        self._worker_id = worker_id
-        self._store = store
-        self._assignment = assignment
-        self._pipeline = pipeline
-        self._metrics = metrics
+    def __init__(self, ctx: LoopContext, *, deadline_s: float = 30.0, claim_retry: Backoff = CLAIM_RETRY) -> None:
+        self._source = ctx.source
+        self._worker_id = ctx.worker_id
+        self._store: ClaimStore = ctx.claims
+        self._assignment = ctx.assignment
+        self._killer = ctx.killer
+        self._metrics = ctx.metrics
+        self._clock = ctx.clock
         self._deadline_s = deadline_s
-        self._claim_retry_s = claim_retry_s
+        # Waited for on the loop's clock, as the deadline is.
+        self._claim_retry = claim_retry.on(ctx.clock)
         # Set when a callback could not do its job; the loop raises it after consume() returns
         # (exceptions raised inside librdkafka callbacks are easy to lose).
         self.error: Exception | None = None
@@ -92,8 +70,8 @@ class RebalanceHandler:
     # -- callbacks -----------------------------------------------------------------
 
     def on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        started = time.monotonic()
-        deadline = Deadline(self._deadline_s)
+        started = self._clock.monotonic()
+        deadline = Deadline(self._deadline_s, self._clock)
         claims: dict[TopicPartition, PartitionClaim] | None = {}
         if tps:
             claims = self._retrying(
@@ -164,25 +142,26 @@ class RebalanceHandler:
     def _retrying(self, what: str, deadline: Deadline, call: Callable[[], T]) -> T | None:
         """``call`` until it succeeds, retried on metastore and Kafka call failures while the
         deadline allows; None (and ``self.error`` set) once it does not."""
-        while True:
+        for delay in self._claim_retry.delays():
             try:
                 return call()
             except (MetastoreError, KafkaCallFailed) as exc:
                 if isinstance(exc, MetastoreError):
                     self._metrics.metastore_errors.labels(self._source).inc()
-                if deadline.left() <= self._claim_retry_s:
+                if deadline.left() <= delay:
                     self.error = exc
                     log.error("assign_failed", step=what, source=self._source, worker=self._worker_id, error=str(exc))
                     return None
                 log.warning("assign_retry", step=what, source=self._source, worker=self._worker_id, error=str(exc))
-                time.sleep(self._claim_retry_s)
+                self._claim_retry.sleep(delay)
+        raise AssertionError("unreachable: the backoff never ends")
 
     def _drop(self, consumer: Consumer, tps: list[TopicPartition], kind: RebalanceKind) -> None:
         """Kill what is in flight for the partitions and drop what is buffered; ``on_lost``
         does nothing else (the partitions may already be someone else's)."""
-        started = time.monotonic()
-        deadline = Deadline(self._deadline_s)
-        killed = self._pipeline.kill(tps, KillReason(kind.value), deadline=deadline.at)
+        started = self._clock.monotonic()
+        deadline = Deadline(self._deadline_s, self._clock)
+        killed = self._killer.kill(tps, KillReason(kind.value), within_s=deadline.left())
         removed = self._assignment.remove(tps)
         dropped_records = sum(len(owned.buffer) for owned in removed)
         for owned in removed:
@@ -212,5 +191,5 @@ class RebalanceHandler:
 
     def _observe(self, kind: RebalanceKind, started: float) -> None:
         self._metrics.rebalances.labels(self._source, kind).inc()
-        self._metrics.rebalance_seconds.labels(self._source, kind).observe(time.monotonic() - started)
+        self._metrics.rebalance_seconds.labels(self._source, kind).observe(self._clock.monotonic() - started)
         self._metrics.assigned_partitions.labels(self._source).set(len(self._assignment))

@@ -23,19 +23,24 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import structlog
 
+from ingest.backoff import Backoff
 from ingest.build import segment_store
 from ingest.build.builder import SegmentBuilder
 from ingest.build.split import SealedSplit
 from ingest.errors import BuildError
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Killed, Outcome, Published, PublishInProgress, Settler
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)
+
+# Before the n-th retry of a split whose build failed: 1 s, 2 s, ... (build_attempts bounds them).
+BUILD_RETRY = Backoff.linear(1.0)
 
 
 @dataclass(slots=True)
@@ -53,22 +58,21 @@ class Pipeline:
         self,
         builder: SegmentBuilder,
         publisher: Publisher,
-        spec: SourceSpec,
-        spec_version: int,
+        specs: SpecHolder,
         *,
         build_threads: int = 2,
         max_batch_splits: int = 8,
         batch_linger_s: float = 0.5,
         build_attempts: int = 3,
-        build_retry_s: float = 1.0,
+        build_retry: Backoff = BUILD_RETRY,
         publish_delay_s: float = 0.0,
     ) -> None:
         self._builder = builder
         self._settler = Settler(builder, publisher, publish_delay_s)
-        self._spec = spec
-        self._spec_version = spec_version
+        # Read at each submit: a new spec version applies from the next split on.
+        self._specs = specs
         self._build_attempts = build_attempts
-        self._build_retry_s = build_retry_s
+        self._build_retry = build_retry
         self._max_batch_splits = max_batch_splits
         self._batch_linger_s = batch_linger_s
         self._cond = threading.Condition()
@@ -90,14 +94,12 @@ class Pipeline:
 
     # -- polling thread API ------------------------------------------------------------
 
-    def set_spec(self, spec: SourceSpec, spec_version: int) -> None:
-        """A new spec version applies from the next submitted split on (a split boundary);
-        splits already submitted are built and published with the version they were sealed under."""
-        self._spec, self._spec_version = spec, spec_version
-
     def submit(self, split: SealedSplit) -> None:
+        """Build and publish ``split`` with the spec version current now (a new version applies
+        from the next submitted split on; splits already submitted keep theirs)."""
+        spec, spec_version = self._specs.current()
         future: Future[BuiltSegment] = Future()
-        entry = _Entry(split, future, self._spec, self._spec_version)
+        entry = _Entry(split, future, spec, spec_version)
         with self._cond:
             self._queues.setdefault(split.tp, deque()).append(entry)
             if split.records:
@@ -109,7 +111,7 @@ class Pipeline:
                 future.set_result(
                     BuiltSegment(
                         split_id=split.id,
-                        location=segment_store.source_root(self._spec.segment_store, self._spec.name),
+                        location=segment_store.source_root(spec.segment_store, spec.name),
                         files=(),
                         row_count=0,
                         size_bytes=0,
@@ -120,19 +122,19 @@ class Pipeline:
             self._cond.notify_all()
         future.add_done_callback(self._wake)
 
-    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, deadline: float | None = None) -> int:
+    def kill(self, tps: Iterable[TopicPartition], reason: KillReason, within_s: float | None = None) -> int:
         """Trip the kill switch of every in-flight split of these partitions. When this
-        returns, none of them can start a commit (unless a commit in progress outlived the
-        deadline; the metastore's serial check still fences it)."""
+        returns, none of them can start a commit (unless a commit in progress outlived
+        ``within_s``, the time all of them may take; the metastore's serial check still fences it)."""
         wanted = set(tps)
         with self._cond:
             splits = [e.split for tp, q in self._queues.items() if tp in wanted for e in q]
-        return self._trip(splits, reason, deadline)
+        return self._trip(splits, reason, within_s)
 
-    def kill_all(self, reason: KillReason, deadline: float | None = None) -> int:
+    def kill_all(self, reason: KillReason, within_s: float | None = None) -> int:
         with self._cond:
             splits = [e.split for q in self._queues.values() for e in q]
-        return self._trip(splits, reason, deadline)
+        return self._trip(splits, reason, within_s)
 
     def poll(self) -> list[Outcome]:
         with self._cond:
@@ -176,7 +178,7 @@ class Pipeline:
         return True
 
     def close(self, timeout: float = 30.0) -> None:
-        self.kill_all(KillReason.SHUTDOWN, deadline=time.monotonic() + min(timeout, 10.0))
+        self.kill_all(KillReason.SHUTDOWN, within_s=min(timeout, 10.0))
         with self._cond:
             self._closing = True
             unbuilt, self._unbuilt = list(self._unbuilt), deque()
@@ -191,7 +193,8 @@ class Pipeline:
     # -- internals ---------------------------------------------------------------------
 
     @staticmethod
-    def _trip(splits: list[SealedSplit], reason: KillReason, deadline: float | None) -> int:
+    def _trip(splits: list[SealedSplit], reason: KillReason, within_s: float | None) -> int:
+        deadline = None if within_s is None else time.monotonic() + within_s
         tripped = 0
         for split in splits:
             if split.kill_switch.tripped:
@@ -277,15 +280,12 @@ class Pipeline:
                 else:
                     entry.built.set_result(result)
             if retry:
-                self._sleep_unless_all_killed([e.split for e in retry], self._build_retry_s * attempt)
+                # Cut short once every split to retry is killed (the next attempt drops them).
+                self._build_retry.sleep_unless(
+                    self._build_retry.delay(attempt - 1), partial(_all_killed, [e.split for e in retry])
+                )
                 attempt += 1
             pending = retry
-
-    @staticmethod
-    def _sleep_unless_all_killed(splits: list[SealedSplit], seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while (remaining := end - time.monotonic()) > 0 and not all(s.kill_switch.tripped for s in splits):
-            time.sleep(min(remaining, 0.05))
 
     def _next_ready(self) -> _Entry | None:
         for queue in self._queues.values():
@@ -321,3 +321,7 @@ class Pipeline:
             self._outcomes.append(outcome)
             self._cond.notify_all()
         self._trip(later, KillReason.PREDECESSOR_FAILED, None)
+
+
+def _all_killed(splits: list[SealedSplit]) -> bool:
+    return all(split.kill_switch.tripped for split in splits)

@@ -51,6 +51,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
+from ingest.backoff import Backoff
 from ingest.build.segment_store import filesystem
 from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
@@ -73,6 +74,8 @@ COMMIT_SEGMENTS = "ingest.commit-segments"
 # The longest the loop waits after a failed pass before the next, and a standby between passes.
 # Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
 # until it is killed.
+# A catalog conflict (another committer moved the table): 0.1, 0.2, ... 2 s before the next attempt.
+CONFLICT_RETRY = Backoff(0.1, 2.0)
 FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
 
 
@@ -211,7 +214,6 @@ class TableCommitter:
         """One Iceberg commit of up to ``batch_segments`` pending segments (None: none pending).
         Catalog conflicts are retried from the reconcile step, at most ``max_attempts`` times."""
         conflicts = 0
-        delay = 0.1
         for _attempt in range(self.settings.max_attempts):
             started = time.monotonic()
             table = self.load(kind)
@@ -232,8 +234,7 @@ class TableCommitter:
                 log.warning(
                     "table_commit_conflict", source=self.source, table=kind.value, seq=seq, error=first_line(exc)
                 )
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                CONFLICT_RETRY.sleep(CONFLICT_RETRY.delay(conflicts - 1))
                 continue
             self._pause_if(FaultPoint.ICEBERG_COMMITTED)
             snapshot = committed.current_snapshot()

@@ -16,6 +16,7 @@ import structlog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from sqlalchemy.exc import SQLAlchemyError
 
+from ingest.backoff import Backoff
 from ingest.table.errors import CommitConflicts
 from ingest.table.health import CommitterState
 from ingest_common.errors import first_line
@@ -29,6 +30,8 @@ log = structlog.get_logger(__name__)
 
 MAX_RETRY_DELAY_S = 10.0
 STANDBY_POLL_S = 2.0
+# After a failed pass: 0.5, 1, 2, ... 10 s (waited on the stop event), back to 0.5 after a good one.
+PASS_RETRY = Backoff(0.5, MAX_RETRY_DELAY_S)
 # What a pass may meet and the next pass's reconcile settles: PostgreSQL restarting, the store
 # briefly unreachable, another committer's commits.
 RETRIED = (
@@ -68,7 +71,7 @@ def _due(committer: TableCommitter, kind: TableKind) -> bool:
 def _loop(committer: TableCommitter, stop: threading.Event) -> None:
     source, settings, metrics = committer.source, committer.settings, committer.metrics
     standby_logged = active = False
-    delay = 0.5
+    failures = 0
     while not stop.is_set():
         try:
             if not committer.store.try_lock(source):
@@ -93,13 +96,14 @@ def _loop(committer: TableCommitter, stop: threading.Event) -> None:
                 if _due(committer, kind):
                     committer.commit_pending(kind)
             committer.health.passed(CommitterState.ACTIVE)
-            delay = 0.5
+            failures = 0
             stop.wait(settings.poll_s)
         except RETRIED as exc:
             # Nothing was recorded that the next pass's reconcile does not settle.
             active = False
             metrics.committer_active.labels(source).set(0)
             committer.health.failed(first_line(exc))
+            delay = PASS_RETRY.delay(failures)
+            failures += 1
             log.warning("table_commit_retry", source=source, error=first_line(exc), retry_in_s=delay)
             stop.wait(delay)
-            delay = min(delay * 2, MAX_RETRY_DELAY_S)

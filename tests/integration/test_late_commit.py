@@ -27,7 +27,7 @@ from ingest.build.split import SealedSplit
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Outcome, Published
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from metastore import Metastore
@@ -139,7 +139,11 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
         hook = LookupHook(through_proxy, release_after_the_lookup)
         publisher = Publisher(hook, "src", "w1", backoff=Backoff(0.01, 0.05))
         pipeline = Pipeline(
-            ArrowSegmentBuilder(Registrar(registry, "w1")), publisher, spec, 1, build_threads=1, batch_linger_s=0.0
+            ArrowSegmentBuilder(Registrar(registry, "w1")),
+            publisher,
+            SpecHolder(spec, 1),
+            build_threads=1,
+            batch_linger_s=0.0,
         )
         try:
             pipeline.submit(split)

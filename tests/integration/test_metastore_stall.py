@@ -19,7 +19,7 @@ from ingest.backoff import Backoff
 from ingest.consume.publish_watch import PublishWatch
 from ingest.publish.pipeline import Pipeline, Published
 from ingest.publish.publisher import Publisher
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from metastore import Metastore
@@ -187,7 +187,7 @@ def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
     spec = SourceSpec(
         name="src", topics=("events",), schema=(("ts", "timestamp"),), event_time="ts", segment_store="file:///x"
     )
-    pipeline = Pipeline(FakeBuilder(), publisher, spec, 1, build_threads=1, batch_linger_s=0.0)
+    pipeline = Pipeline(FakeBuilder(), publisher, SpecHolder(spec, 1), build_threads=1, batch_linger_s=0.0)
     watch = PublishWatch(pipeline, source="src", worker_id="w1", bound_s=REPLY_BOUND_S + 1)
     try:
         with capture_logs() as logs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.consume.assignment import REWIND_BACKOFF_S, Assignment, IllegalTransition, PartitionState
+from ingest.consume.assignment import REWIND_BACKOFF, Assignment, IllegalTransition, PartitionState
 from ingest_common.model import PartitionClaim, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -37,11 +37,11 @@ def test_rewinds_back_off_and_a_publish_resets_the_count() -> None:
     owned = owned_at().get(TP)
     assert owned is not None
     delays = [owned.rewind(now=0.0) for _ in range(3)]
-    assert delays == list(REWIND_BACKOFF_S[:3]) and owned.retry_at == REWIND_BACKOFF_S[2]
+    assert delays == [0.5, 1.0, 2.0] and owned.retry_at == REWIND_BACKOFF.delay(2)
     owned.repositioned(7)
     owned.published(20)
     assert owned.failures == 0 and owned.published_end == 20
-    assert owned.rewind(now=0.0) == REWIND_BACKOFF_S[0]
+    assert owned.rewind(now=0.0) == REWIND_BACKOFF.delay(0)
 
 
 def test_a_fenced_partition_never_becomes_active_again_without_a_new_claim() -> None:
@@ -74,3 +74,25 @@ def test_the_table_looks_partitions_up_and_forgets_removed_ones() -> None:
     assert a.lookup("t", 0) is a.get(TP) and a.lookup("t", 1) is None
     assert [o.tp for o in a.remove([TP, TopicPartition("t", 1)])] == [TP]
     assert len(a) == 0 and a.tps() == []
+
+
+def test_one_metastore_call_at_a_time_and_only_for_a_rewinding_or_stopped_partition() -> None:
+    owned = owned_at().get(TP)
+    assert owned is not None
+    with pytest.raises(IllegalTransition):
+        owned.call_started()  # an active partition has nothing to ask the metastore
+    owned.rewind(now=0.0)
+    assert not owned.rewind_due(now=0.0) and owned.rewind_due(now=owned.retry_at)
+    owned.call_started()
+    assert owned.busy and not owned.rewind_due(now=100.0)
+    with pytest.raises(IllegalTransition):
+        owned.call_started()
+    owned.call_ended(retry_at=50.0)  # failed: try again at 50
+    assert not owned.rewind_due(now=49.0) and owned.rewind_due(now=50.0)
+    owned.repositioned(7)
+    owned.refuse(9)
+    assert owned.gap_due(now=0.0) and not owned.rewind_due(now=0.0)
+    owned.call_started(retry_at=5.0)
+    assert owned.retry_at == 5.0 and not owned.gap_due(now=10.0)
+    owned.call_ended()
+    assert owned.gap_due(now=5.0) and not owned.gap_due(now=4.0)

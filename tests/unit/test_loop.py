@@ -3,6 +3,7 @@ rewind, fence or reposition a partition does to what gets published."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from ingest.consume.assignment import PartitionState
+from ingest.spec import SplitLimits
 from ingest_common.model import DesiredState, WorkerState
 from tests.loop_harness import P0, P1, Harness, spec
 
@@ -184,10 +186,7 @@ def test_suspend_seals_and_pauses_then_resume_continues_exactly_once(h: Harness)
     assert tiles(h.published(P0), 0, 20)
 
 
-def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("ingest.consume.assignment.REWIND_BACKOFF_S", (0.01,))
+def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(h: Harness) -> None:
     h.builder.failures[0] = 5
     h.produce(P0, 10)
     h.consumer.group_assigns(P0)
@@ -211,3 +210,21 @@ def test_an_end_of_partition_in_the_same_poll_never_stretches_a_split_over_recor
     with h.store.lock:
         rows = [item.segment.row_count for item in h.store.segments.values()]
     assert rows == [10, 5]
+
+
+def test_a_new_spec_version_applies_from_the_next_split_on_and_is_reported(h: Harness) -> None:
+    h.produce(P0, 10)
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
+    newer = dataclasses.replace(h.spec, split=SplitLimits(max_records=5, max_age_s=60.0))
+    with h.store.lock:
+        h.store.spec, h.store.spec_version = newer.to_json(), 2
+        c = h.store.control_state
+        h.store.control_state = dataclasses.replace(c, spec_version=2)
+    h.step_until(lambda: h.store.reported_spec_versions[-1:] == [2], what="the new version reported")
+    h.produce(P0, 10)
+    h.step_until(lambda: len(h.published(P0)) == 3, what="two splits of the new limit")
+    assert h.published(P0) == [(0, 10), (10, 15), (15, 20)]
+    with h.store.lock:
+        versions = [item.spec_version for item in h.store.segments.values()]
+    assert versions == [1, 2, 2]

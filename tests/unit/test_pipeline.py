@@ -12,13 +12,13 @@ from datetime import UTC, datetime
 import pytest
 
 from ingest.backoff import Backoff
-from ingest.publish.pipeline import Pipeline
+from ingest.publish.pipeline import BUILD_RETRY, Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
-from ingest.spec import SourceSpec
+from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import KillReason, SegmentToPublish, TopicPartition
 from metastore.errors import CommitOutcomeUnknown, Session
-from tests.fakes import FakeBuilder, FakeStore, make_split
+from tests.fakes import FakeBuilder, FakeClock, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)
@@ -41,7 +41,15 @@ def builder() -> FakeBuilder:
 @pytest.fixture
 def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    p = Pipeline(builder, publisher, SPEC, 1, build_threads=2, build_attempts=2, build_retry_s=0.01, batch_linger_s=0.0)
+    p = Pipeline(
+        builder,
+        publisher,
+        SpecHolder(SPEC, 1),
+        build_threads=2,
+        build_attempts=2,
+        build_retry=BUILD_RETRY.on(FakeClock()),
+        batch_linger_s=0.0,
+    )
     yield p
     p.close(timeout=5)
 
@@ -231,7 +239,7 @@ class SilentStore(FakeStore):
 def test_an_unknown_outcome_is_looked_up_only_once_its_session_has_ended() -> None:
     store = SilentStore(serials={P0: 1}, next_offsets={P0: 0})
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    pipeline = Pipeline(FakeBuilder(), publisher, SPEC, 1, build_threads=1, batch_linger_s=0.0)
+    pipeline = Pipeline(FakeBuilder(), publisher, SpecHolder(SPEC, 1), build_threads=1, batch_linger_s=0.0)
     try:
         pipeline.submit(make_split(P0, 0, 10))
         (outcome,) = drain(pipeline, 1)
@@ -263,7 +271,13 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
     builder.gates[0] = gate
     builder.failures[30] = 1
     pipeline = Pipeline(
-        builder, publisher, SPEC, 1, build_threads=1, build_attempts=2, build_retry_s=0.01, batch_linger_s=0.0
+        builder,
+        publisher,
+        SpecHolder(SPEC, 1),
+        build_threads=1,
+        build_attempts=2,
+        build_retry=BUILD_RETRY.on(FakeClock()),
+        batch_linger_s=0.0,
     )
     try:
         pipeline.submit(make_split(P0, 0, 10))  # taken alone; holds the only build thread
@@ -281,7 +295,7 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
 
 def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: FakeStore, builder: FakeBuilder) -> None:
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    pipeline = Pipeline(builder, publisher, SPEC, 1, build_threads=2, batch_linger_s=0.5)
+    pipeline = Pipeline(builder, publisher, SpecHolder(SPEC, 1), build_threads=2, batch_linger_s=0.5)
     try:
         pipeline.submit(make_split(P0, 0, 10))
         time.sleep(0.1)

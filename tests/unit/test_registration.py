@@ -7,7 +7,7 @@ from ingest.build.registration import Registrar
 from ingest.errors import SplitKilled
 from ingest_common.model import BuildRegistration, TopicPartition
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
-from tests.fakes import make_split
+from tests.fakes import FakeClock, make_split
 
 
 class FlakyStore:
@@ -28,12 +28,12 @@ def registration(*split_ids: uuid.UUID) -> BuildRegistration:
 def test_registration_rides_out_an_outage_and_a_lost_reply() -> None:
     store = FlakyStore([MetastoreUnavailable("down"), CommitOutcomeUnknown("lost reply")])
     errors: list[Exception] = []
-    sleeps: list[float] = []
-    registrar = Registrar(store, "w", backoff=Backoff(0.01, 0.02, sleeps.append), on_store_error=errors.append)
+    clock = FakeClock()
+    registrar = Registrar(store, "w", backoff=Backoff(0.01, 0.02, clock=clock), on_store_error=errors.append)
     split = make_split(TopicPartition("t", 0), 0, 10)
     build = registration(split.id)
     registrar.register(build, [split])
-    assert store.registered == [build] and len(errors) == 2 and sleeps == [0.01, 0.02]
+    assert store.registered == [build] and len(errors) == 2 and clock.sleeps == [0.01, 0.02]
 
 
 def test_registration_gives_up_once_every_split_of_the_build_is_killed() -> None:
@@ -45,7 +45,7 @@ def test_registration_gives_up_once_every_split_of_the_build_is_killed() -> None
         attempts.append(delay)
         (a if len(attempts) == 1 else b).kill_switch.trip("revoke")
 
-    registrar = Registrar(store, "w", backoff=Backoff(0.01, 0.01, sleep))
+    registrar = Registrar(store, "w", backoff=Backoff(0.01, 0.01, clock=FakeClock(on_sleep=sleep)))
     with pytest.raises(SplitKilled):
         registrar.register(registration(a.id, b.id), [a, b])
     assert store.registered == [] and len(attempts) == 2  # one killed split is not enough to stop

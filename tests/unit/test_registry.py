@@ -11,13 +11,14 @@ from ingest.consume.background import Background
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest_common.model import DesiredState, WorkerState
 from tests.fakes import MemoryMetastore
+from tests.loop_harness import context
 
 
 @pytest.fixture
 def parts() -> Iterator[tuple[MemoryMetastore, Background, WorkerRegistry]]:
     store = MemoryMetastore()
     background = Background("test-registry")
-    yield store, background, WorkerRegistry(store, "src", "w1", background, interval_s=60.0)
+    yield store, background, WorkerRegistry(context(store, background), interval_s=60.0)
     store.released.set()
     background.close()
 
