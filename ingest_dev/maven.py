@@ -1,6 +1,6 @@
 """The jars the local servers and s3a:// stores need, pinned by poms under scripts/ and
 fetched once from Maven Central into a cache keyed by the pom (scripts/setup.sh runs
-``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars``)."""
+``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry``)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,34 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from ingest.build.spark_jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
 
-KAFKA_POM = Path(__file__).resolve().parent.parent / "scripts" / "kafka" / "pom.xml"
+_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+KAFKA_POM = _SCRIPTS / "kafka" / "pom.xml"
 KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
+SCHEMA_REGISTRY_POM = _SCRIPTS / "schema-registry" / "pom.xml"
+SCHEMA_REGISTRY_SETTINGS = _SCRIPTS / "schema-registry" / "settings.xml"
+SCHEMA_REGISTRY_HOME_ENV = "INGEST_SCHEMA_REGISTRY_HOME"
 
 
-def maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], bool], timeout: float) -> Path:
-    """Copy the dependencies a pom pins from Maven Central into ``libs`` (once). Maven writes
-    into a sibling temporary directory that is renamed into place, so an interrupted fetch
-    never leaves a half-filled classpath behind."""
+def maven_fetch(
+    pom: Path,
+    libs: Path,
+    what: str,
+    complete: Callable[[Path], bool],
+    timeout: float,
+    settings: Path | None = None,
+    unpack: Callable[[Path], None] | None = None,
+) -> Path:
+    """Copy the dependencies a pom pins from Maven Central into ``libs`` (once), with Maven's
+    ``settings`` file if given, then ``unpack`` them in place if given. Maven writes into a
+    sibling temporary directory that is renamed into place once complete, so an interrupted
+    fetch never leaves a half-filled classpath behind."""
     if complete(libs):
         return libs
     mvn = shutil.which("mvn")
@@ -32,14 +46,17 @@ def maven_fetch(pom: Path, libs: Path, what: str, complete: Callable[[Path], boo
         )
     libs.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
+    options = ["-s", str(settings)] if settings else []
     try:
         result = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"],
+            [mvn, "-q", "-B", *options, "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={staging}"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             timeout=timeout,
             check=False,
         )
+        if result.returncode == 0 and unpack is not None:
+            unpack(staging)
         if result.returncode != 0 or not complete(staging):
             raise RuntimeError(
                 f"mvn could not fetch {what} (exit {result.returncode}):\n"
@@ -81,6 +98,59 @@ def fetch_spark_jars(timeout: float = 600.0) -> Path:
     return maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's S3 connector", _has_hadoop_aws, timeout)
 
 
+# ------------------------------------------------------------ the schema registry
+
+
+def schema_registry_home() -> Path:
+    """Where Apicurio Registry's unpacked Quarkus application lives (``quarkus-run.jar`` and
+    ``lib/``): ``$INGEST_SCHEMA_REGISTRY_HOME``, else the cache of
+    ``scripts/schema-registry/pom.xml``."""
+    explicit = os.environ.get(SCHEMA_REGISTRY_HOME_ENV)
+    return Path(explicit) if explicit else maven_cache(SCHEMA_REGISTRY_POM, "schema-registry").with_name("app")
+
+
+def _has_quarkus_app(home: Path) -> bool:
+    return (home / "quarkus-run.jar").is_file() and (home / "lib" / "main").is_dir()
+
+
+def _unpack_assemblies(staging: Path) -> None:
+    """Unpack each ``*.tar.gz`` Maven copied into ``staging`` there, then drop the archive
+    (Maven's local repository keeps a copy)."""
+    for archive in staging.glob("*.tar.gz"):
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                # Python 3.11.4+: refuses absolute paths, links out of the tree, device files.
+                tar.extractall(staging, filter="data")
+            else:
+                # Python before 3.11.4 (Debian 12's 3.11.2): an archive from Maven Central, pinned by the pom.
+                tar.extractall(staging)
+        archive.unlink()
+
+
+def fetch_schema_registry(timeout: float = 900.0) -> Path:
+    """Apicurio Registry's application (the ``tar.gz:all`` assembly the pom pins), fetched from
+    Maven Central and unpacked into :func:`schema_registry_home` once; Maven uses the
+    settings file beside the pom, which keeps it off every other repository."""
+    return maven_fetch(
+        SCHEMA_REGISTRY_POM,
+        schema_registry_home(),
+        "Apicurio Registry",
+        _has_quarkus_app,
+        timeout,
+        settings=SCHEMA_REGISTRY_SETTINGS,
+        unpack=_unpack_assemblies,
+    )
+
+
+def schema_registry_version(home: Path | None = None) -> str:
+    """The fetched registry's version, from its application jar (``apicurio-registry-app-3.3.3.jar``)."""
+    app = home or schema_registry_home()
+    jars = sorted((app / "app").glob("apicurio-registry-app-*.jar")) if (app / "app").is_dir() else []
+    if not jars:
+        raise FileNotFoundError(f"no apicurio-registry-app jar in {app / 'app'}; run scripts/setup.sh")
+    return jars[0].name.removeprefix("apicurio-registry-app-").removesuffix(".jar")
+
+
 def kafka_version(libs: Path | None = None) -> str:
     """The version of the fetched broker, from its jar's name (``kafka_2.13-4.4.0.jar``)."""
     jar = _kafka_jar(libs or kafka_libs_dir())
@@ -90,8 +160,10 @@ def kafka_version(libs: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars``: fetch jars from Maven
-    Central into the cache (scripts/setup.sh)."""
+    """``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry``:
+    fetch jars from Maven Central into the cache (scripts/setup.sh). The registry's fetch also
+    makes sure a Java runtime it can run on is there (:func:`ingest_dev.java.ensure_java`) and
+    records its class-data archive (:func:`ingest_dev.registry.build_class_archive`)."""
     args = sys.argv[1:] if argv is None else argv
     if args == ["fetch-kafka"]:
         libs = fetch_kafka()
@@ -101,7 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         jars = fetch_spark_jars()
         print(f"Spark's S3 connector ({len(list(jars.glob('*.jar')))} jars): {jars}")
         return 0
-    print("usage: python -m ingest_dev.maven fetch-kafka | fetch-spark-jars", file=sys.stderr)
+    if args == ["fetch-schema-registry"]:
+        from ingest_dev.java import ensure_java
+        from ingest_dev.registry import REGISTRY_MIN_JAVA, build_class_archive
+
+        home = fetch_schema_registry()
+        java = ensure_java(REGISTRY_MIN_JAVA)
+        archive = build_class_archive()
+        print(f"Apicurio Registry {schema_registry_version(home)}: {home} (Java: {java}; class data: {archive.name})")
+        return 0
+    usage = "usage: python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry"
+    print(usage, file=sys.stderr)
     return 2
 
 

