@@ -1,8 +1,9 @@
 # The worker image: the same steps scripts/setup.sh runs on a fresh Debian 12 machine.
 
-# Spark's S3 connector (hadoop-aws, the AWS SDK modules it uses, the committer binding) from
-# Maven Central, pinned by scripts/spark-jars/pom.xml: loaded by the workers' local Spark and by
-# the Spark Connect service when a segment store is s3a://.
+# The project's Spark jars (the S3 connector and committer binding, Spark's Kafka source,
+# spark-avro, Iceberg's runtime, PostgreSQL's JDBC driver) from Maven Central, pinned by
+# scripts/spark-jars/pom.xml: loaded by the workers' local Spark when a segment store is s3a://,
+# and always by the Spark Connect service.
 FROM maven:3.9.9-eclipse-temurin-17 AS spark-jars
 COPY scripts/spark-jars/pom.xml /build/pom.xml
 RUN mvn -q -B -f /build/pom.xml dependency:copy-dependencies -DoutputDirectory=/build/libs

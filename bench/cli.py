@@ -2,8 +2,7 @@
 
     python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--skip-spark]
                     [--saturate] [--quick] [--out DIR]
-    python -m bench --setup-peer        # create the peers' own virtualenvs (quixstreams; pyspark 4.2.0
-                                        # with Spark's Kafka source from Maven Central)
+    python -m bench --setup-peer        # create the Quix Streams peer's own virtualenv
 
 Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then
 runs each system against it with a fresh consumer group / source.  Prints one table, writes
@@ -66,15 +65,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--skip-spark", action="store_true", help="skip the Spark Structured Streaming peer (throughput and latency)"
     )
     parser.add_argument(
-        "--spark-python",
-        help=f"Python with pyspark {streaming_peer.SPARK_VERSION} (default: the --setup-peer venv, made on first use)",
-    )
-    parser.add_argument(
         "--saturate",
         action="store_true",
         help="run one busy-loop process per CPU during the produce-to-visible phases (both cores saturated)",
     )
-    parser.add_argument("--setup-peer", action="store_true", help="create the peers' virtualenvs and exit")
+    parser.add_argument("--setup-peer", action="store_true", help="create the Quix Streams peer's virtualenv and exit")
     parser.add_argument("--split-records", type=int, default=200_000, help="split max_records (per partition)")
     parser.add_argument("--max-age", help="split max_age, also the peer's commit interval (default 3s; --quick 2s)")
     parser.add_argument("--rate", type=float, help="steady produce rate, records/s (default 2000; --quick 1000)")
@@ -294,18 +289,6 @@ def _load(args: argparse.Namespace) -> BusyLoops:
     return BusyLoops(n, args.steady_seconds + 180)
 
 
-def _spark_python(args: argparse.Namespace) -> tuple[str | None, str]:
-    """The Spark peer's Python; on first use (no explicit one) the bench creates its venv."""
-    python, why = streaming_peer.find_python(args.spark_python)
-    if python is None and not args.spark_python and not os.environ.get("BENCH_SPARK_PYTHON"):
-        log(f"[spark] setting up the peer's virtualenv (pyspark {streaming_peer.SPARK_VERSION}): {why}")
-        try:
-            python = streaming_peer.setup_venv()
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            return None, f"could not set up the Spark peer (run `python -m bench --setup-peer`): {e}"
-    return python, why
-
-
 def _terminate(signum: int, frame: Any) -> None:
     # SIGTERM's default kills at once; as SystemExit it unwinds through every ``finally`` below,
     # which stops the workers, the broker and PostgreSQL.
@@ -317,7 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     if args.setup_peer:
         print(f"peer virtualenv ready: {peer.setup_venv()}")
-        print(f"spark peer virtualenv ready: {streaming_peer.setup_venv()}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -393,20 +375,22 @@ def main(argv: list[str] | None = None) -> int:
                             break
                     throughput["peer"] = median_run(peer_runs)
 
-            spark_python: str | None = None
+            spark_ran = False
             if args.skip_spark:
                 throughput["spark"] = {"status": "n/a", "reason": "skipped (--skip-spark)"}
             else:
-                spark_python, why = _spark_python(args)
-                if spark_python is None:
+                try:
+                    streaming_peer.fetch_jars()
+                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                    why = f"could not fetch Spark's Kafka source (scripts/setup.sh fetches it): {e}"
                     throughput["spark"] = {"status": "n/a", "reason": why}
                     log(f"[spark] n/a: {why}")
                 else:
-                    log(f"[spark] structured streaming, availableNow, local[2], under {spark_python}")
+                    spark_ran = True
+                    log("[spark] structured streaming, availableNow, local[2]")
                     throughput["spark"] = median_run(
                         [
                             streaming_peer.run_throughput(
-                                spark_python,
                                 broker.bootstrap,
                                 TOPIC,
                                 data.ends,
@@ -477,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                 ends = ends_n
 
             spark_latency: dict[str, Any] | None = None
-            if spark_python is not None and throughput["spark"].get("status") != "n/a":
+            if spark_ran and throughput["spark"].get("status") != "n/a":
                 log(f"[spark] produce-to-visible, processingTime {max_age_s:g} s")
                 latency_ends = dict(ends)
 
@@ -494,7 +478,6 @@ def main(argv: list[str] | None = None) -> int:
 
                 with _load(args):
                     spark_latency = streaming_peer.run_latency(
-                        spark_python,
                         broker.bootstrap,
                         TOPIC,
                         latency_ends,
@@ -551,10 +534,9 @@ def main(argv: list[str] | None = None) -> int:
             "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
             "peer_commit_interval_s": max_age_s,
             "spark_peer": {
-                "pyspark": streaming_peer.SPARK_VERSION,
-                "connector": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{streaming_peer.SPARK_VERSION}",
+                "pyspark": _versions()["pyspark"],
+                "connector": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{streaming_peer.connector_version()}",
                 "master": "local[2]",
-                "why_not_the_pinned_pyspark": "spark-sql-kafka-0-10_2.13 4.3.0 is not on Maven Central",
             },
             "saturate": args.saturate,
             "steady_rate_per_s": args.rate,

@@ -1,10 +1,10 @@
 """The peer a PySpark user would pick: Spark Structured Streaming, Kafka source -> Parquet file sink.
 
-Runs as a plain script under the Python of the peer's own virtualenv (pyspark 4.2.0, see
-bench/peer.py: Spark's Kafka connector is not published for the project's pyspark 4.3.0), so
-it imports nothing from ``bench`` or ``ingest``.
+Runs as a plain script in a subprocess of the project's Python (bench/streaming_peer.py), on the
+product's own pyspark with Spark's Kafka source from the project's pinned jar set; it imports
+nothing from ``bench`` or ``ingest``, so it is set up the way a PySpark user would write it.
 
-    <spark-python> bench/peer_spark.py --bootstrap H:P --topic T --starting-offsets JSON
+    python bench/peer_spark.py --bootstrap H:P --topic T --starting-offsets JSON
         --schema JSON --jars A.jar,B.jar --out DIR --checkpoint DIR --expected N
         (--available-now | --processing-time S) --result FILE [--ready FILE]
 

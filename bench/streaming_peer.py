@@ -1,10 +1,9 @@
-"""Setting up and running the Spark Structured Streaming peer (bench/peer_spark.py) from the project's environment.
+"""Running the Spark Structured Streaming peer (bench/peer_spark.py) from the project's environment.
 
-Spark's Kafka source, ``org.apache.spark:spark-sql-kafka-0-10_2.13``, is not published on
-Maven Central for Spark 4.3.0 (the product's pinned pyspark): the newest release there is
-4.2.0.  The product's pin is not changed for a benchmark; the peer runs under its own
-virtualenv with ``pyspark==4.2.0`` and the 4.2.0 connector (``scripts/spark-kafka-jars/pom.xml``),
-both set up on first use (or by ``python -m bench --setup-peer``, which scripts/setup.sh runs).
+The peer runs on the product's own pyspark, with Spark's Kafka source from the project's one
+pinned jar set (``scripts/spark-jars/pom.xml``, fetched by scripts/setup.sh or on first use), in
+a subprocess of this interpreter so that its process tree (the Python driver and its JVM) is
+measured apart from the bench's.
 """
 
 from __future__ import annotations
@@ -21,66 +20,25 @@ from typing import Any
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles
-from ingest.build.spark_jars import maven_cache
-from ingest_dev.maven import maven_fetch
+from ingest.build.spark_jars import spark_jars
+from ingest_dev.maven import fetch_spark_jars
 
-# Keep equal to <spark.version> in scripts/spark-kafka-jars/pom.xml: connector and engine
-# must be one Spark release.
-SPARK_VERSION = "4.2.0"
-DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ingest-bench" / "spark-venv"
 SCRIPT = Path(__file__).resolve().parent / "peer_spark.py"
-JARS_POM = Path(__file__).resolve().parent.parent / "scripts" / "spark-kafka-jars" / "pom.xml"
-
-
-def _has_connector(libs: Path) -> bool:
-    return libs.is_dir() and any(libs.glob(f"spark-sql-kafka-0-10_2.13-{SPARK_VERSION}.jar"))
+CONNECTOR_PREFIX = "spark-sql-kafka-0-10_2.13-"
 
 
 def fetch_jars(timeout: float = 600.0) -> list[Path]:
-    """The connector and its dependencies, fetched from Maven Central once (cache keyed by the pom)."""
-    libs = maven_fetch(
-        JARS_POM, maven_cache(JARS_POM, "spark-kafka-jars"), "Spark's Kafka source", _has_connector, timeout
-    )
-    return sorted(libs.glob("*.jar"))
+    """The project's Spark jars (the Kafka source among them), fetched from Maven Central once."""
+    return fetch_spark_jars(timeout)
 
 
-def _pyspark_version(python: str) -> str | None:
+def connector_version() -> str:
+    """The version of Spark's Kafka source in the fetched jar set, from its jar's name."""
     try:
-        proc = subprocess.run(
-            [python, "-c", "import pyspark; print(pyspark.__version__)"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def find_python(explicit: str | None = None) -> tuple[str | None, str]:
-    """The peer venv's Python if it has the matching pyspark, or None and why not."""
-    python = explicit or os.environ.get("BENCH_SPARK_PYTHON") or str(DEFAULT_VENV / "bin" / "python")
-    if not Path(python).exists():
-        return None, f"no peer virtualenv at {python} (run `python -m bench --setup-peer`)"
-    found = _pyspark_version(python)
-    if found != SPARK_VERSION:
-        return None, f"{python} has pyspark {found}, the Kafka connector needs {SPARK_VERSION} (run --setup-peer)"
-    return python, ""
-
-
-def setup_venv(venv: Path = DEFAULT_VENV) -> str:
-    """Create the peer's virtualenv with the pinned pyspark and fetch the connector; returns its Python."""
-    python = venv / "bin" / "python"
-    if _pyspark_version(str(python)) != SPARK_VERSION:
-        if not python.exists():
-            venv.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", f"pyspark=={SPARK_VERSION}"], check=True, timeout=1800
-        )
-    fetch_jars()
-    return str(python)
+        names = [j.name for j in spark_jars() if j.name.startswith(CONNECTOR_PREFIX)]
+    except FileNotFoundError:
+        names = []
+    return names[0].removeprefix(CONNECTOR_PREFIX).removesuffix(".jar") if names else "missing"
 
 
 def _offsets_json(topic: str, starts: dict[int, int]) -> str:
@@ -93,7 +51,6 @@ class SparkPeer:
 
     def __init__(
         self,
-        python: str,
         bootstrap: str,
         topic: str,
         starts: dict[int, int],
@@ -112,7 +69,7 @@ class SparkPeer:
         self.log_path = work / "peer.log"
         jars = fetch_jars()
         cmd = [
-            python,
+            sys.executable,
             str(SCRIPT),
             "--bootstrap",
             bootstrap,
@@ -140,8 +97,8 @@ class SparkPeer:
         self.expected_path = work / "expected"
         cmd += ["--expected", str(expected)] if expected is not None else ["--expected-file", str(self.expected_path)]
         cmd += ["--available-now"] if processing_time_s is None else ["--processing-time", str(processing_time_s)]
-        # Not the project's environment: the venv's own pyspark, no PYTHONPATH into the repo.
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME", "PYSPARK_PYTHON")}
+        # The wheel's own Spark, as the workers run it.
+        env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON")}
         self._log = self.log_path.open("wb")
         self.sampler = TreeSampler()
         self.proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=self._log, stderr=subprocess.STDOUT)
@@ -180,7 +137,6 @@ class SparkPeer:
 
 
 def run_throughput(
-    python: str,
     bootstrap: str,
     topic: str,
     ends: dict[int, int],
@@ -193,7 +149,7 @@ def run_throughput(
     """``trigger(availableNow=True)`` over the whole topic from offset 0; the measured span is
     the query's start to its termination (session start-up before it, as the workers' Spark
     start-up is before theirs)."""
-    peer = SparkPeer(python, bootstrap, topic, dict.fromkeys(ends, 0), records, work, timeout, driver_memory)
+    peer = SparkPeer(bootstrap, topic, dict.fromkeys(ends, 0), records, work, timeout, driver_memory)
     raw = peer.finish()
     if raw.get("status") == "n/a":
         return raw
@@ -263,7 +219,6 @@ def latency_summary(samples: list[float], trigger_s: float, records: int, ok: bo
 
 
 def run_latency(
-    python: str,
     bootstrap: str,
     topic: str,
     ends: dict[int, int],
@@ -276,7 +231,7 @@ def run_latency(
     """A processing-time query from the current log ends; once its first batch has run,
     ``produce()`` writes the steady records (returning how many), and the query stops after
     committing exactly that many.  Produce-to-visible per batch, from the sink's files."""
-    peer = SparkPeer(python, bootstrap, topic, ends, None, work, timeout, driver_memory, processing_time_s=trigger_s)
+    peer = SparkPeer(bootstrap, topic, ends, None, work, timeout, driver_memory, processing_time_s=trigger_s)
     if not peer.wait_ready():
         peer.proc.terminate()
         raw = peer.finish()

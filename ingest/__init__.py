@@ -46,7 +46,7 @@ ingest.build (sealed splits into Parquet files, invisible until published)
     output_files   which split each output file belongs to, from its footers
     segment_store  the store's layout and file operations (file://, s3a://, ...)
     spark          the worker's one SparkSession (local, standalone or Spark Connect)
-    spark_jars     where the S3 connector's jars are
+    spark_jars     where the pinned Spark jars are (S3, Kafka source, Avro, Iceberg, JDBC)
 
 ingest.publish (built splits made visible, in offset order per partition)
     pipeline       concurrent batched builds, in-order publishes, outcomes for the loop

@@ -1,14 +1,13 @@
-"""Spark as a reader of the Iceberg tables (tests and checks; nothing in the product uses it).
+"""Spark as a reader of the Iceberg tables (tests and checks; nothing in the product uses it), as
+a Spark user would read them: Iceberg's ``SparkCatalog`` over its ``JdbcCatalog`` on the
+metastore's PostgreSQL (the rows pyiceberg's SQL catalog writes), catalog ``ingest``:
+``ingest.ingest.<source>`` and ``ingest.ingest_rejects.<source>``.
 
-Maven Central has no Iceberg Spark runtime for Spark 4.3 (the product's pinned pyspark): the
-newest, ``iceberg-spark-runtime-4.1_2.13`` (scripts/iceberg-spark-jars/pom.xml), is built for
-Spark 4.1. So the reader runs under its own virtualenv with the pyspark of that line
-(``SPARK_VERSION``), made by :func:`setup_venv` (``python -m ingest_dev.iceberg_spark setup``,
-which scripts/setup.sh runs; idempotent), and ``iceberg_spark_reader.py`` is started there as a
-plain script. It reaches the tables through Iceberg's JdbcCatalog on the metastore's PostgreSQL,
-catalog ``ingest``: ``ingest.ingest.<source>`` and ``ingest.ingest_rejects.<source>``.
+It runs on the product's own pyspark with Iceberg's runtime and PostgreSQL's JDBC driver from the
+project's pinned jar set (``scripts/spark-jars/pom.xml``): in a session of its own, or in a new
+session on an existing SparkContext that has the jars (``create_session(..., connectors=True)``
+or an s3a:// store), such as the tests' ``spark`` fixture.
 
-    python -m ingest_dev.iceberg_spark setup
     python -m ingest_dev.iceberg_spark read [--database-url URL] [--coordinates] SOURCE [--rejects]
 """
 
@@ -17,85 +16,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+import time
 from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
-from ingest.build.spark_jars import maven_cache
 from ingest.table.catalog import CATALOG_NAME, NAMESPACES
-from ingest_dev.maven import maven_fetch
 from metastore.tables import TableKind
 
-# The Spark line iceberg-spark-runtime-4.1_2.13 is built for (scripts/iceberg-spark-jars/pom.xml):
-# keep the two in step.
-SPARK_VERSION = "4.1.4"
-DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ingest-bench" / "iceberg-reader-venv"
-PYTHON_ENV = "INGEST_ICEBERG_SPARK_PYTHON"
-SCRIPT = Path(__file__).resolve().parent / "iceberg_spark_reader.py"
-JARS_POM = Path(__file__).resolve().parent.parent / "scripts" / "iceberg-spark-jars" / "pom.xml"
-PASSWORD_ENV = "INGEST_ICEBERG_JDBC_PASSWORD"
-
-
-class SparkReadFailed(RuntimeError):
-    """The Spark reader exited without a result (its error lines are in the message)."""
-
-
-def _has_runtime(libs: Path) -> bool:
-    return libs.is_dir() and any(libs.glob("iceberg-spark-runtime-*.jar")) and any(libs.glob("postgresql-*.jar"))
-
-
-def fetch_jars(timeout: float = 600.0) -> list[Path]:
-    """Iceberg's Spark runtime and PostgreSQL's JDBC driver, fetched from Maven Central once
-    (cache keyed by the pom)."""
-    libs = maven_fetch(
-        JARS_POM, maven_cache(JARS_POM, "iceberg-spark-jars"), "Iceberg's Spark runtime", _has_runtime, timeout
-    )
-    return sorted(libs.glob("*.jar"))
-
-
-def _pyspark_version(python: str) -> str | None:
-    try:
-        proc = subprocess.run(
-            [python, "-c", "import pyspark; print(pyspark.__version__)"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env=_clean_env(),
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
-def _clean_env() -> dict[str, str]:
-    # Not the project's environment: the venv's own pyspark, no PYTHONPATH into the repo.
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPARK_HOME", "PYSPARK_PYTHON")}
-
-
-def venv_python() -> str:
-    return os.environ.get(PYTHON_ENV) or str(DEFAULT_VENV / "bin" / "python")
-
-
-def setup_venv(venv: Path = DEFAULT_VENV) -> str:
-    """Create the reader's virtualenv with the pinned pyspark (only when it has another or none)
-    and fetch the jars; returns its Python."""
-    python = venv / "bin" / "python"
-    if _pyspark_version(str(python)) != SPARK_VERSION:
-        if not python.exists():
-            venv.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_clean_env())
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"pyspark=={SPARK_VERSION}"],
-            check=True,
-            timeout=1800,
-            env=_clean_env(),  # the checkout on PYTHONPATH would show pip the project's own metadata
-        )
-    fetch_jars()
-    return str(python)
+# Iceberg's metadata column names (org.apache.iceberg.MetadataColumns): Iceberg's Spark scan
+# refuses to read a table column so named ("Table column names conflict with names reserved for
+# Iceberg metadata columns", apache/iceberg#3456), and the tables have `_partition`.
+RESERVED = (
+    "_file",
+    "_pos",
+    "_deleted",
+    "_spec_id",
+    "_partition",
+    "_row_id",
+    "_last_updated_sequence_number",
+    "_change_type",
+    "_change_ordinal",
+    "_commit_snapshot_id",
+)
+REFUSAL = "conflict with names reserved for Iceberg metadata columns"
+# A session of the reader's own: small, one task at a time.
+READER_CONF = {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "1"}
 
 
 def jdbc_settings(database_url: str) -> tuple[str, str, str | None]:
@@ -114,55 +60,127 @@ def jdbc_settings(database_url: str) -> tuple[str, str, str | None]:
     return url, user, None if password is None else str(password)
 
 
+def catalog_conf(database_url: str) -> dict[str, str]:
+    """The Spark settings that make ``ingest`` the metastore's Iceberg catalog (read only: the
+    catalog tables exist, created by migration 0009, and are never altered)."""
+    jdbc_url, user, password = jdbc_settings(database_url)
+    prefix = f"spark.sql.catalog.{CATALOG_NAME}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+        f"{prefix}.uri": jdbc_url,
+        f"{prefix}.jdbc.user": user,
+        # pyiceberg's schema has the iceberg_type column (Iceberg's V1); with V0 Iceberg would
+        # not filter on it, with V1 and no column it would ALTER the table.
+        f"{prefix}.jdbc.schema-version": "V1",
+        # The catalog's tables are the migration's: no CREATE TABLE IF NOT EXISTS from Java.
+        f"{prefix}.jdbc.init-catalog-tables": "false",
+        # Required by JdbcCatalog; used only to place tables it would create, which a reader never does.
+        f"{prefix}.warehouse": "file:///nonexistent-ingest-warehouse",
+        # Hadoop's default local file system for this catalog's files: the product's sessions use
+        # the raw one (no .crc files, ingest/build/spark.py), whose getScheme() Hadoop 3.4 does
+        # not implement, and Iceberg's scan planning asks every table's file system for it.
+        f"{prefix}.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
+    }
+    if password:
+        conf[f"{prefix}.jdbc.password"] = password
+    return conf
+
+
 def spark_table(source: str, kind: TableKind = TableKind.DATA) -> str:
     """The table's name in Spark: catalog ``ingest``, the pyiceberg namespace, the source."""
     return f"{CATALOG_NAME}.{NAMESPACES[kind]}.{source}"
 
 
-def read_tables(
-    database_url: str, tables: list[str], coordinates: bool = False, python: str | None = None, timeout: float = 600.0
-) -> dict[str, Any]:
-    """Read the tables with Spark in a subprocess; returns the reader's JSON (see
-    iceberg_spark_reader.py). Raises :class:`SparkReadFailed` with its error lines."""
-    python = python or venv_python()
-    if not Path(python).exists():
-        raise SparkReadFailed(f"no Spark reader virtualenv at {python}: run `python -m ingest_dev.iceberg_spark setup`")
-    jdbc_url, user, password = jdbc_settings(database_url)
-    jars = fetch_jars()
-    cmd = [python, str(SCRIPT), "--jdbc-url", jdbc_url, "--user", user, "--jars", ",".join(str(j) for j in jars)]
+def read_table(spark: Any, table: str, coordinates: bool) -> dict[str, Any]:
+    """What Spark sees of one table: every row is counted, and identified by the data file it
+    comes from (``_file``, Iceberg's metadata column) and its Kafka topic and offset; the
+    Kafka partition too when Spark can read that column. Returns its columns, the ones Spark
+    refuses to read (``refused_columns``: see RESERVED), the row count, the count of distinct
+    rows by ``key`` (_topic, _partition, _offset; without the refused ones) and by ``_file``
+    plus key, the number of data files, rows per (_topic, _partition) when Spark can read
+    ``_partition``, and with ``coordinates`` every row's [_file, *key], sorted."""
+    columns = list(spark.table(table).columns)
+    refused: dict[str, str] = {}
+    for column in (c for c in columns if c in RESERVED):
+        try:
+            # Not an aggregate: Iceberg answers count(column) from the manifests' metrics, no scan.
+            spark.sql(f"SELECT `{column}` FROM {table} LIMIT 1").collect()
+        except Exception as exc:  # Spark's AnalysisException or py4j's error carrying Iceberg's ValidationException
+            if REFUSAL not in str(exc):
+                raise
+            refused[column] = next(line for line in str(exc).splitlines() if REFUSAL in line).strip(": ")[:500]
+    key = ["_topic", "_partition", "_offset"] if "_partition" not in refused else ["_topic", "_offset"]
+    keys = ", ".join(key)
+    row = spark.sql(
+        f"SELECT count(*) AS n, count(DISTINCT {keys}) AS k, count(DISTINCT _file, {keys}) AS f FROM {table}"
+    ).collect()[0]
+    doc: dict[str, Any] = {
+        "columns": columns,
+        "refused_columns": refused,
+        "rows": int(row["n"]),
+        "key": key,
+        "distinct_keys": int(row["k"]),
+        "distinct_file_keys": int(row["f"]),
+        "files": int(spark.sql(f"SELECT count(*) AS n FROM {table}.files").collect()[0]["n"]),
+        "partitions": None,
+    }
+    if "_partition" not in refused:
+        doc["partitions"] = {
+            f"{r['_topic']}/{r['_partition']}": int(r["n"])
+            for r in spark.sql(
+                f"SELECT _topic, _partition, count(*) AS n FROM {table} GROUP BY 1, 2 ORDER BY 1, 2"
+            ).collect()
+        }
     if coordinates:
-        cmd.append("--coordinates")
-    env = _clean_env()
-    env.pop(PASSWORD_ENV, None)
-    if password:
-        env[PASSWORD_ENV] = password
-    proc = subprocess.run([*cmd, *tables], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
-        errors = [line for line in proc.stderr.splitlines() if "Exception" in line or "Error" in line]
-        raise SparkReadFailed(
-            f"the Spark reader exited {proc.returncode}: "
-            + ("\n".join(errors[:20]) if errors else proc.stderr[-4000:] or proc.stdout[-4000:])
-        )
-    result: dict[str, Any] = json.loads(lines[-1])
+        doc["coordinates"] = [
+            [r["_file"], *(r[k] for k in key)]
+            for r in spark.sql(f"SELECT _file, {keys} FROM {table} ORDER BY _file, {keys}").collect()
+        ]
+    return doc
+
+
+def read_tables(
+    database_url: str, tables: list[str], coordinates: bool = False, spark: Any | None = None
+) -> dict[str, Any]:
+    """Read the tables (``ingest.<namespace>.<name>``) with Spark: ``{"spark_version",
+    "seconds", "tables": {table: read_table(...)}}``. ``spark``: a classic session whose
+    SparkContext has the project's jars; the reader works in a new session on it (its own SQL
+    settings and catalogs, so each read sees the catalog of its own ``database_url``). Without
+    one, a local session is started and stopped here."""
+    from ingest.build.spark import create_session
+
+    started = time.monotonic()
+    own = spark is None
+    base: Any = (
+        spark
+        if spark is not None
+        else create_session("local[1]", "ingest-iceberg-reader", READER_CONF, connectors=True)
+    )
+    try:
+        session = base.newSession()
+        for key, value in catalog_conf(database_url).items():
+            session.conf.set(key, value)
+        result: dict[str, Any] = {
+            "spark_version": session.version,
+            "tables": {table: read_table(session, table, coordinates) for table in tables},
+        }
+    finally:
+        if own:
+            base.stop()
+    result["seconds"] = round(time.monotonic() - started, 3)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ingest_dev.iceberg_spark")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("setup", help="create the reader's virtualenv and fetch its jars (idempotent)")
     read = commands.add_parser("read", help="read a source's table with Spark; prints JSON")
     read.add_argument("--database-url", default=os.environ.get("INGEST_DATABASE_URL"))
     read.add_argument("--rejects", action="store_true", help="the rejects table")
     read.add_argument("--coordinates", action="store_true")
     read.add_argument("source")
     args = parser.parse_args(argv)
-    if args.command == "setup":
-        python = setup_venv()
-        jars = fetch_jars()
-        print(f"Iceberg's Spark reader: pyspark {SPARK_VERSION} in {python}; {', '.join(j.name for j in jars)}")
-        return 0
     if not args.database_url:
         parser.error("--database-url or INGEST_DATABASE_URL is required")
     table = spark_table(args.source, TableKind.REJECTS if args.rejects else TableKind.DATA)

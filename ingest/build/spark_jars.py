@@ -1,6 +1,8 @@
-"""Where Spark's S3 connector jars live (for s3a:// stores): ``$INGEST_SPARK_JARS_DIR`` (the
-image sets it: an installed package has no scripts/ folder), else the Maven cache of
-``scripts/spark-jars/pom.xml`` in a checkout (filled by scripts/setup.sh)."""
+"""Where the project's one pinned set of Spark jars lives (``scripts/spark-jars/pom.xml``: the
+S3 connector, Spark's Kafka source, spark-avro, Iceberg's runtime, PostgreSQL's JDBC driver, all
+for the pinned pyspark's Spark line): ``$INGEST_SPARK_JARS_DIR`` (the image sets it: an installed
+package has no scripts/ folder), else the Maven cache of that pom in a checkout (filled by
+scripts/setup.sh)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,18 @@ def maven_cache(pom: Path, kind: str) -> Path:
 
 
 def spark_jars_dir() -> Path:
-    """Where the S3 connector's jars live: ``$INGEST_SPARK_JARS_DIR``, else the Maven cache of
+    """Where the jars live: ``$INGEST_SPARK_JARS_DIR``, else the Maven cache of
     ``scripts/spark-jars/pom.xml``."""
     explicit = os.environ.get(SPARK_JARS_ENV)
     return Path(explicit) if explicit else maven_cache(SPARK_JARS_POM, "spark-jars")
+
+
+def spark_jars() -> list[Path]:
+    """Every jar of the set, sorted; ``FileNotFoundError`` (saying how to fetch them) when none."""
+    libs = spark_jars_dir()
+    jars = sorted(libs.glob("*.jar")) if libs.is_dir() else []
+    if not jars:
+        raise FileNotFoundError(
+            f"no Spark connector jars in {libs}: run scripts/setup.sh (python -m ingest_dev.maven fetch-spark-jars)"
+        )
+    return jars

@@ -3,8 +3,8 @@
 A smoke test only: it checks that every phase produced numbers and files, never how fast
 anything was (CI machines are shared and small).  The Quix peer column may be "n/a" when
 quixstreams is not installed (it lives in its own virtualenv, see bench/peer.py); the Spark
-Structured Streaming peer must run (scripts/setup.sh sets up its virtualenv and jars, and the
-bench does on first use, see bench/streaming_peer.py).
+Structured Streaming peer must run (on the project's own pyspark, with Spark's Kafka source from
+the jar set scripts/setup.sh fetches and the bench fetches on first use, see bench/streaming_peer.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The Iceberg table committer against a real PostgreSQL (the catalog and the metastore) and a
 local store: the table holds every published segment's rows exactly once, through crashes
 between the Iceberg commit and its record, zombie committers, snapshot expiry, a PostgreSQL
-restart and a SIGKILLed committer process; spec changes evolve the schema; Spark (4.1, in its
-own virtualenv) reads exactly the committed rows through Iceberg's JdbcCatalog."""
+restart and a SIGKILLed committer process; spec changes evolve the schema; Spark (the product's
+own, in the tests' session) reads exactly the committed rows through Iceberg's JdbcCatalog."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
-from ingest_dev.iceberg_spark import SPARK_VERSION, read_tables, setup_venv, spark_table
+from ingest_dev.iceberg_spark import read_tables, spark_table
 from ingest_dev.postgres import LocalPostgres
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableKind, TableStore
@@ -612,17 +612,19 @@ def file_rows(files: list[str]) -> list[tuple[str, str, int, int]]:
     return sorted(rows)
 
 
-def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(database_url: str, tmp_path: Path) -> None:
-    """Spark (Iceberg's runtime for Spark 4.1 under its own virtualenv, ingest_dev/iceberg_spark.py)
-    reads both tables through Iceberg's JdbcCatalog on the metastore's PostgreSQL: it sees exactly
-    the rows of the committed segments' files, each once, the same rows pyiceberg's scan reads,
-    and nothing of a segment published after the commit.
+def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(
+    database_url: str, tmp_path: Path, spark: Any
+) -> None:
+    """Spark (the product's pyspark with Iceberg's runtime from the project's jar set, in a new
+    session on the tests' SparkContext: ingest_dev/iceberg_spark.py) reads both tables through
+    Iceberg's JdbcCatalog on the metastore's PostgreSQL: it sees exactly the rows of the
+    committed segments' files, each once, the same rows pyiceberg's scan reads, and nothing of a
+    segment published after the commit.
 
     Spark cannot select the column ``_partition`` (Iceberg reserves the name for its metadata
     column and refuses the scan), so it identifies each row by ``_file`` (Iceberg's metadata
     column: the data file it was read from), ``_topic`` and ``_offset``; the Kafka partition of
     each row is then that file's."""
-    setup_venv()  # a no-op once made (scripts/setup.sh makes it); without a network this fails loudly
     src = Source(database_url, f"file://{tmp_path}/store", partitions=2)
     try:
         src.publish(10)
@@ -637,10 +639,10 @@ def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(data
         late = src.publish(4, partition=1)  # published, not committed: no reader of the table sees it yet
         late_files = {f for s in src.store.segments(src.name) if s["id"] == late for f in s["files"]}
         tables = {kind: spark_table(src.name, kind) for kind in TableKind}
-        seen = read_tables(database_url, list(tables.values()), coordinates=True)
+        seen = read_tables(database_url, list(tables.values()), coordinates=True, spark=spark)
     finally:
         src.store.close()
-    assert seen["spark_version"] == SPARK_VERSION
+    assert seen["spark_version"] == spark.version
     for kind, files_key, count_key, partitions in (
         (TableKind.DATA, "files", "row_count", {("events", 0): 15, ("events", 1): 13}),
         (TableKind.REJECTS, "rejects_files", "rejects_count", {("events", 0): 1, ("events", 1): 2}),
