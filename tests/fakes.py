@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
 from ingest_common.model import (
@@ -27,34 +27,8 @@ from ingest_common.model import (
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, SourceNotFound
 
 
-@dataclass(frozen=True, slots=True)
-class FakeRecord:
-    _offset: int
-    _value: bytes | None = b"{}"
-    _key: bytes | None = None
-    _ts: int = 1_700_000_000_000
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts)
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self._value or b"")  # as confluent-kafka's Message: the value only
-
-
 def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0) -> SealedSplit:
-    records = tuple(FakeRecord(o) for o in range(start, end))
+    records = tuple(SyntheticRecord(o, topic=tp.topic, partition=tp.partition) for o in range(start, end))
     return SealedSplit(
         id=uuid.uuid4(),
         tp=tp,

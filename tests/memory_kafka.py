@@ -11,54 +11,21 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 
+from ingest.build.split import SyntheticRecord
 from ingest.consume.kafka import Batch, KafkaCallFailed, RebalanceListener
 from ingest_common.model import TopicPartition
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryMessage:
-    _topic: str
-    _partition: int
-    _offset: int
-    _value: bytes | None
-    _key: bytes | None = None
-    _ts: int = 1_700_000_000_000
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts)
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self._value or b"")  # as confluent-kafka's Message: the value only
-
-
 @dataclass
 class MemoryBroker:
-    logs: dict[TopicPartition, list[MemoryMessage]] = field(default_factory=dict)
+    logs: dict[TopicPartition, list[SyntheticRecord]] = field(default_factory=dict)
     # The first offset still in each partition's log (retention moved it past what was deleted).
     earliest: dict[TopicPartition, int] = field(default_factory=dict)
 
     def produce(self, tp: TopicPartition, *values: bytes) -> None:
         log = self.logs.setdefault(tp, [])
         for value in values:
-            log.append(MemoryMessage(tp.topic, tp.partition, len(log), value))
+            log.append(SyntheticRecord(len(log), value, topic=tp.topic, partition=tp.partition))
 
     def delete_before(self, tp: TopicPartition, offset: int) -> None:
         self.earliest[tp] = offset
@@ -114,7 +81,7 @@ class MemoryConsumer:
             }[kind]
             callback(self, tps)
         batch = Batch(records=[])
-        records: list[MemoryMessage] = []
+        records: list[SyntheticRecord] = []
         for tp, position in sorted(self.positions.items()):
             if tp in self._paused or tp in self._refused:
                 continue

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest.build.builder import SparkSegmentBuilder, warm_up_value
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import TopicPartition
-from tests.fakes import FakeRecord, RecordingRegistrar
+from tests.fakes import RecordingRegistrar
 
 TP = TopicPartition("events", 3)
 
@@ -38,7 +38,7 @@ def make_spec(tmp_path: Path, policy: str = "reject", file_partition: str = "non
 
 
 def split_of(values: list[bytes | None], start: int = 100, tp: TopicPartition = TP) -> SealedSplit:
-    records = tuple(FakeRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
+    records = tuple(SyntheticRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
     return SealedSplit(
         id=uuid.uuid4(),
         tp=tp,
