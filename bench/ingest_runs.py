@@ -27,7 +27,7 @@ from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time, stop
 from bench.stats import percentiles
 from ingest.spec import spec_from_dict
 from ingest_dev.kafka_clients import create_topic
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port
 from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 

@@ -26,7 +26,7 @@ from ingest.spec import load_spec_file
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port
 from ingest_dev.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableStore

@@ -47,8 +47,8 @@ from ingest.ops.gc import collect_garbage
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import free_port
 from ingest_dev.s3 import LocalS3
+from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
@@ -785,16 +785,17 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             # Workers start Spark before they join the group (tens of seconds on a loaded
             # machine): produce only once the fleet consumes, so the faults hit production.
             say("waiting for the fleet to own every partition")
-            _wait(
+            wait_until(
                 lambda: _fleet_ready(url, source, config.workers, config.partitions),
                 300,
-                "the workers to join and own every partition",
+                "chaos: the workers to join and own every partition",
+                interval=1.0,
             )
             producer.start()
             monitor.start()
             ownership.start()
             say("fleet ready; producing; waiting for the first segment before injecting faults")
-            _wait(lambda: _published_any(url, source), 180, "the first worker to publish")
+            wait_until(lambda: _published_any(url, source), 180, "chaos: the first worker to publish", interval=1.0)
             plan = _fault_plan(config, rng)
             say(f"fault plan: {', '.join(plan)}")
             for kind in plan:
@@ -830,13 +831,12 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             ends = end_offsets(broker.bootstrap, TOPIC)
             if {p: e for p, e in ends.items() if e} != {p: e for p, e in producer.ends().items() if e}:
                 producer.errors.append(f"Kafka's end offsets {ends} differ from the delivery reports {producer.ends()}")
-            deadline = time.monotonic() + config.catchup_timeout_s
-            caught_up = False
-            while time.monotonic() < deadline:
-                if _caught_up(url, source, ends):
-                    caught_up = True
-                    break
-                time.sleep(1.0)
+            try:
+                caught_up = wait_until(
+                    lambda: _caught_up(url, source, ends), config.catchup_timeout_s, "the catch-up", interval=1.0
+                )
+            except TimeoutError:
+                caught_up = False  # reported with the verification below
             # Let the monitor see the final positions before it stops.
             time.sleep(1.5)
         finally:
@@ -908,15 +908,6 @@ def _published_any(url: str, source: str) -> bool:
             return bool(store.segments(source))
     except MetastoreError:
         return False
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"chaos: timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _iter_kinds(text: str) -> Iterator[str]:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,15 +89,6 @@ class Produced:
     def caught_up(self, store: Metastore, source: str) -> bool:
         positions = published_positions(store, source)
         return all(positions.get((self.topic, p)) == end for p, end in self.ends.items() if end)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def settings(database_url: str, bootstrap: str, **over: Any) -> Settings:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest_dev.testkit import wait_until
 from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -19,7 +20,6 @@ from tests.acceptance.harness import (
     apply_spec,
     assert_exactly_once,
     process_env,
-    wait_until,
     write_spec,
 )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     REPO,
@@ -24,7 +25,6 @@ from tests.acceptance.harness import (
     assert_exactly_once,
     process_env,
     sample_value,
-    wait_until,
     write_spec,
 )
 

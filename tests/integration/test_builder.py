@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -18,6 +19,7 @@ from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import TopicPartition
+from ingest_dev.testkit import wait_until
 from tests.fakes import RecordingRegistrar
 
 TP = TopicPartition("events", 3)
@@ -118,9 +120,8 @@ def trip_once_a_job_runs(spark: Any, switch: KillSwitch, timeout_s: float = 60.0
 
     def watch() -> None:
         tracker = spark.sparkContext.statusTracker()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not tracker.getActiveJobsIds():
-            time.sleep(0.005)
+        with contextlib.suppress(TimeoutError):  # then the trip comes before the job: still killed
+            wait_until(tracker.getActiveJobsIds, timeout_s, "the build's Spark job", interval=0.005)
         switch.trip("revoke")
 
     watcher = threading.Thread(target=watch, daemon=True)

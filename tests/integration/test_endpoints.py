@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from ingest.ops.endpoints import Endpoints
+from ingest_dev.testkit import wait_until
 
 
 @pytest.fixture
@@ -59,10 +60,7 @@ def test_idle_sockets_hold_no_more_than_the_bound_and_scrapes_still_answer(port:
     finally:
         for sock in idle:
             sock.close()
-    deadline = time.monotonic() + 5
-    while http_threads() > before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert http_threads() <= before
+    wait_until(lambda: http_threads() <= before, 5, "the server's threads to end", interval=0.1)
 
 
 def test_a_silent_client_is_disconnected_after_the_read_timeout(port: int) -> None:
