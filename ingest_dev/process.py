@@ -171,14 +171,14 @@ class ManagedProcess:
                 log.info("port %s taken before %s bound it (attempt %d); retrying", ports, self.kind, attempt + 1)
         raise RuntimeError(f"could not find a free port for {self.kind} after {attempts} attempts")
 
-    def _spawn(self, cmd: list[str], ready_timeout: float, **popen_kwargs: Any) -> None:
-        """Start ``cmd`` in ``base_dir`` with its output appended to the log, then wait until
-        ready; a server that is not ready by then is killed with its group."""
+    def _spawn(self, cmd: list[str], ready_timeout: float, *, cwd: Path | None = None, **popen_kwargs: Any) -> None:
+        """Start ``cmd`` in ``cwd`` (``base_dir`` by default) with its output appended to the
+        log, then wait until ready; a server that is not ready by then is killed with its group."""
         self._close_log()
         self._log_fh = self.log_path.open("ab")
         self._proc = subprocess.Popen(
             cmd,
-            cwd=self.base_dir,
+            cwd=cwd or self.base_dir,
             stdin=subprocess.DEVNULL,
             stdout=self._log_fh,
             stderr=subprocess.STDOUT,
