@@ -50,6 +50,7 @@ class Harness:
     metrics: Metrics = field(default_factory=lambda: Metrics("src"))
 
     def __post_init__(self) -> None:
+        self.builder.register_with(self.store, self.worker_id)
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
         self.assignment = Assignment()

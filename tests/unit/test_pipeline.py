@@ -31,8 +31,8 @@ def store() -> FakeStore:
 
 
 @pytest.fixture
-def builder() -> FakeBuilder:
-    return FakeBuilder()
+def builder(store: FakeStore) -> FakeBuilder:
+    return FakeBuilder().register_with(store)
 
 
 @pytest.fixture
@@ -144,16 +144,19 @@ def test_a_split_committed_by_a_session_that_outlived_its_connection_is_answered
     pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
 ) -> None:
     """The reply is lost while the publish waits on the server; the lookup finds nothing;
-    then the orphaned session commits: the retry learns the split is published."""
+    then the orphaned session commits: the retry learns the split is published, and its id."""
+    earlier = make_split(P0, 0, 5)
+    pipeline.submit(earlier)
+    drain(pipeline, 1)
     store.lose_reply = 1
     store.on_lookup = lambda _split_id: store.commit_orphans()
-    split = make_split(P0, 0, 10)
+    split = make_split(P0, 5, 10)
     pipeline.submit(split)
     (outcome,) = drain(pipeline, 1)
     store.on_lookup = None
     assert isinstance(outcome, Published), outcome
-    assert outcome.segment_id == store.segment_for_split(split.id)
-    assert list(store.segments) == [split.id] and store.next_offsets[P0] == 10
+    assert outcome.segment_id == store.segment_for_split(split.id) == 2  # the second segment's, not the first's
+    assert list(store.segments) == [earlier.id, split.id] and store.next_offsets[P0] == 10
     assert builder.discarded == []
 
 
