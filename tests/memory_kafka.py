@@ -62,6 +62,19 @@ class MemoryConsumer:
     def group_loses(self, *tps: TopicPartition) -> None:
         self._events.append(("lost", list(tps)))
 
+    def group_rebalances(self, keep: Sequence[TopicPartition]) -> None:
+        """A member joined: every assigned partition not in ``keep`` moves to it. Cooperative:
+        only those are revoked, then nothing is assigned (an empty assign, as librdkafka calls
+        it). Eager: everything is revoked, then ``keep`` assigned again (tests/contract checks
+        both against a broker)."""
+        assigned = sorted(self.positions)
+        if self._incremental:
+            self.group_revokes(*(tp for tp in assigned if tp not in keep))
+            self.group_assigns()
+        else:
+            self.group_revokes(*assigned)
+            self.group_assigns(*keep)
+
     # -- ingest.consume.kafka.Consumer --------------------------------------------------------
 
     @property
