@@ -4,6 +4,7 @@ topic of two partitions, ``tp`` and ``other``."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,9 @@ from ingest.config import PROTOCOL_PROPERTIES
 from ingest.consume.kafka import ConfluentConsumer, Consumer
 from ingest_common.model import TopicPartition
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
+
+# The shortest the broker allows (it must be at least the session timeout, 6 s).
+MAX_POLL_INTERVAL_S = 6.0
 
 # What a second member joining the group gives the test: the step to call while waiting for
 # the rebalance (a real member must poll to take part), and what the new member holds.
@@ -37,6 +41,8 @@ class Backend:
     committed: Callable[[], dict[TopicPartition, int]]
     # A second member joins the group ``first`` (cooperative or eager) is in.
     second_member: Callable[[Consumer, bool], Joining]
+    # The member does not poll for longer than max.poll.interval.ms: the group drops it.
+    stall: Callable[[Consumer], None]
     consumers: list[Consumer] = field(default_factory=list)
 
     def produce(self, n: int) -> None:
@@ -81,6 +87,11 @@ def _memory() -> Iterator[Backend]:
         first.group_rebalances(keep=[tp])  # the group gives ``other`` to the new member
         return (lambda: None), (lambda: {other})
 
+    def stall(consumer: Consumer) -> None:
+        assert isinstance(consumer, MemoryConsumer)
+        consumer.group_loses(*sorted(consumer.positions))
+        consumer.group_assigns(tp, other)  # it rejoins, alone
+
     backend = Backend(
         "memory",
         tp,
@@ -90,6 +101,7 @@ def _memory() -> Iterator[Backend]:
         lambda o: broker.delete_before(tp, o),
         committed,
         second_member,
+        stall,
     )
     yield backend
 
@@ -111,6 +123,7 @@ def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
             "group.id": group,
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500,
+            "max.poll.interval.ms": int(MAX_POLL_INTERVAL_S * 1000),
             "partition.assignment.strategy": "cooperative-sticky" if incremental else "range",
         }
 
@@ -163,6 +176,7 @@ def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
         delete_before,
         committed,
         second_member,
+        lambda _consumer: time.sleep(MAX_POLL_INTERVAL_S + 2),  # the fault: no poll, on purpose
     )
     yield backend
     for consumer in backend.consumers:

@@ -1,5 +1,5 @@
 """The consumer group side of the Kafka boundary (ingest.consume.kafka.Consumer), run against the
-in-memory consumer and a real broker: the rebalance callbacks the rebalance handler relies on
+in-memory consumer and a real broker: the rebalance callbacks (assign, revoke, lost) the handler relies on
 (when and where they run, what they list under cooperative and eager assignment) and the
 commits of published offsets. What the unit tests drive by hand with ``group_assigns`` and
 ``group_rebalances`` is what a broker does."""
@@ -150,3 +150,16 @@ def test_a_commit_stores_each_partitions_offset_for_the_group_and_the_last_one_w
         return found if found == {backend.tp: 9, backend.other: 3} else None
 
     wait_until(stored, 30, "the committed offsets", interval=0.1, detail=lambda: f"{backend.committed()}")
+
+
+@ASSIGNMENTS
+def test_a_member_that_stops_polling_past_the_interval_loses_its_partitions_then_gets_them_back(
+    backend: Backend, incremental: bool
+) -> None:
+    listener = joined(backend, incremental, {backend.tp: 0, backend.other: 0})
+    wait_until(lambda: listener.poll() and listener.calls, 60, "the first assignment", interval=0)
+    backend.stall(listener.consumer)
+    both = [backend.tp, backend.other]
+    wait_until(lambda: listener.poll() and len(listener.calls) >= 3, 60, "the loss and the new assignment", interval=0)
+    assert listener.calls[:3] == [("assign", both), ("lost", both), ("assign", both)]
+    assert listener.misplaced == []
