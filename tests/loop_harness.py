@@ -4,7 +4,6 @@ registry and background thread. For unit tests of the loop and its helpers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +18,7 @@ from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SplitLimits
 from ingest_common.model import TopicPartition
+from ingest_dev.testkit import wait_until
 from tests.fakes import FakeBuilder, MemoryMetastore
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 
@@ -91,11 +91,7 @@ class Harness:
         self.broker.produce(tp, *(b'{"ts": 1}' for _ in range(n)))
 
     def step_until(self, done: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.loop.step()
-            time.sleep(0.002)
+        wait_until(lambda: done() or self.loop.step(), timeout_s, what, interval=0.002)
 
     def published(self, tp: TopicPartition) -> list[tuple[int, int]]:
         """The offset ranges of ``tp`` published so far, in publish order."""

@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ingest.backoff import Backoff
+from ingest.build.split import SealedSplit
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec
 from ingest_common.model import KillReason, TopicPartition
+from ingest_dev.testkit import wait_until
 from tests.fakes import FakeBuilder, FakeStore, make_split
 
 P0 = TopicPartition("t", 0)
@@ -45,12 +47,19 @@ def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
 
 def drain(pipeline: Pipeline, n: int, timeout: float = 5.0) -> list[Outcome]:
     outcomes: list[Outcome] = []
-    deadline = time.monotonic() + timeout
-    while len(outcomes) < n and time.monotonic() < deadline:
-        outcomes.extend(pipeline.poll())
-        time.sleep(0.005)
+    wait_until(
+        lambda: outcomes.extend(pipeline.poll()) or len(outcomes) >= n,
+        timeout,
+        f"{n} outcome(s)",
+        interval=0.005,
+        detail=lambda: f"{outcomes}",
+    )
     assert len(outcomes) == n, outcomes
     return outcomes
+
+
+def built(builder: FakeBuilder, split: SealedSplit) -> bool:
+    return any(b.id == split.id for b in builder.built)
 
 
 def test_a_partition_publishes_in_offset_order_even_when_a_later_split_builds_first(
@@ -60,13 +69,16 @@ def test_a_partition_publishes_in_offset_order_even_when_a_later_split_builds_fi
     builder.gates[0] = gate
     first, second = make_split(P0, 0, 10), make_split(P0, 10, 20)
     pipeline.submit(first)
-    pipeline.submit(second)
-    time.sleep(0.1)
+    wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)
+    pipeline.submit(second)  # the other build thread takes it
+    wait_until(lambda: built(builder, second), 5, "the later split to be built", interval=0.005)
     assert store.segments == {}  # the second is built but must wait for the first
     gate.set()
     outcomes = drain(pipeline, 2)
     assert [o.split.start for o in outcomes] == [0, 10]
     assert all(isinstance(o, Published) for o in outcomes)
+    assert [b.start for b in builder.built] == [10, 0]  # built before the earlier split was, let alone published
+    assert list(store.segments) == [first.id, second.id]
     assert store.next_offsets[P0] == 20
 
 
@@ -218,7 +230,7 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
     )
     try:
         pipeline.submit(make_split(P0, 0, 10))  # taken alone; holds the only build thread
-        time.sleep(0.05)
+        wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)
         for split in (make_split(P0, 10, 20), make_split(P1, 0, 30), make_split(P1, 30, 40)):
             pipeline.submit(split)
         gate.set()
@@ -256,11 +268,13 @@ def test_a_split_without_records_is_published_in_its_place_without_a_build(
     markers = dataclasses.replace(make_split(P0, 10, 12), records=(), size_bytes=0)
     pipeline.submit(records)
     pipeline.submit(markers)
-    time.sleep(0.1)
-    assert store.next_offsets[P0] == 0  # the empty split did not jump the queue
+    wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)
     gate.set()
     outcomes = drain(pipeline, 2)
+    # Published before the split ahead of it, the empty one would have been refused (offset).
     assert [type(o) for o in outcomes] == [Published, Published]
+    assert [o.split.id for o in outcomes] == [records.id, markers.id]
+    assert list(store.segments) == [records.id, markers.id]  # the empty split did not jump the queue
     assert store.next_offsets[P0] == 12
     assert [s.start for s in builder.built] == [0]  # nothing was built for the markers
     published = store.segments[markers.id].segment
