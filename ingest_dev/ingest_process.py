@@ -18,6 +18,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -37,8 +38,10 @@ class IngestProcess(ManagedProcess):
 
     kind: ClassVar[str] = "ingest"
     dir_prefix: ClassVar[str] = "ingest-process-"
-    # Every process started and not stopped yet, for :func:`kill_leftovers`.
+    # Every process started and not stopped yet, for :func:`kill_leftovers` (the chaos run
+    # starts and stops them from several threads).
     _running: ClassVar[set[IngestProcess]] = set()
+    _running_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(
         self, args: Sequence[str], env: Mapping[str, str], log_dir: Path, name: str, *, cwd: Path = REPO
@@ -73,12 +76,14 @@ class IngestProcess(ManagedProcess):
         cmd = [sys.executable, "-m", "ingest", *self._args]
         self._run_start(lambda: self._spawn(cmd, 30.0, cwd=self._cwd, env=self._env))
         self._popen = self._proc
-        IngestProcess._running.add(self)
+        with IngestProcess._running_lock:
+            IngestProcess._running.add(self)
         return self
 
     def _halt(self, crash: bool, timeout: float) -> None:
         super()._halt(crash, timeout)
-        IngestProcess._running.discard(self)
+        with IngestProcess._running_lock:
+            IngestProcess._running.discard(self)
 
     def _ready_probe(self) -> Callable[[], bool]:
         # Started is all a caller waits for here; what the command does next is in its log.
@@ -152,7 +157,8 @@ def stop_all(processes: Sequence[IngestProcess], timeout: float = 90.0) -> None:
 def kill_leftovers() -> list[str]:
     """SIGKILL every process group still running that an IngestProcess of this process started
     (a test that failed half-way skipped its stops); returns their names."""
-    leftovers = sorted(IngestProcess._running, key=lambda p: p.name)
+    with IngestProcess._running_lock:
+        leftovers = sorted(IngestProcess._running, key=lambda p: p.name)
     for process in leftovers:
         process._halt(crash=True, timeout=0.0)
     return [process.name for process in leftovers]
