@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import cpu_seconds, parse_values
-from ingest.build.builder import SparkSegmentBuilder, SyntheticRecord
+from ingest.build.builder import SparkSegmentBuilder
 from ingest.build.plan import META_COLUMNS
 from ingest.build.spark import create_session
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.config import WARM_UP_RECORDS
 from ingest.logs import configure_logging
 from ingest.spec import SourceSpec, spec_from_dict

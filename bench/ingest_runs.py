@@ -23,11 +23,12 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_steady
-from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time, stop_all
+from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time
 from bench.stats import percentiles
 from ingest.spec import spec_from_dict
+from ingest_dev.ingest_process import stop_all
 from ingest_dev.kafka_clients import create_topic
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port
 from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 
@@ -105,16 +106,17 @@ class Fleet:
     workers: list[WorkerProcess] = field(default_factory=list)
 
     def add(self, name: str) -> WorkerProcess:
-        worker = WorkerProcess.start(name, self.source, self.env, self.ctx.work / "logs", free_port(), REPO)
+        worker = WorkerProcess(name, self.source, self.env, self.ctx.work / "logs", free_port(), REPO).start()
         self.workers.append(worker)
-        self.sampler.add_root(worker.proc.pid)
+        assert worker.pid is not None
+        self.sampler.add_root(worker.pid)
         return worker
 
     def check_alive(self) -> None:
-        dead = [w for w in self.workers if not w.alive() and w.proc.returncode not in (0, None)]
+        dead = [w for w in self.workers if w.poll() not in (0, None)]
         if dead:
             w = dead[0]
-            raise RuntimeError(f"worker {w.name} exited with {w.proc.returncode}; log tail:\n{w.log_tail()}")
+            raise RuntimeError(f"worker {w.name} exited with {w.poll()}; log tail:\n{w.log_tail()}")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e for w in self.workers for e in w.events(name)]
@@ -233,7 +235,7 @@ def run_throughput(
         "cpu_s": cpu,
         "cpu_s_per_million": cpu / data.records * 1e6,
         "peak_rss_mb": fleet.sampler.peak_rss_bytes() / 2**20,
-        "peak_rss_mb_per_worker": [peaks.get(w.proc.pid, 0) / 2**20 for w in fleet.workers],
+        "peak_rss_mb_per_worker": [peaks.get(w.pid or 0, 0) / 2**20 for w in fleet.workers],
         "segments": len(published),
         # How far into the measured span the last worker was still starting (its Spark JVM,
         # then a rebalance to join): with N workers that start-up is part of the run.
@@ -333,7 +335,7 @@ def _settle(
     last: list[int] | None = None
     quiet_since = time.monotonic()
     while time.monotonic() < deadline:
-        live = [w for w in workers if w.alive()]
+        live = [w for w in workers if w.is_running()]
         counts = [_consumed(w) for w in live]
         held = sum(_assigned(w) for w in live)
         if counts != last:
@@ -424,7 +426,7 @@ def _rebalanced_since(workers: Sequence[WorkerProcess], since: float) -> bool:
     return all(
         any(parse_log_time(e["timestamp"]) >= since for e in w.events("partitions_assigned"))
         for w in workers
-        if w.alive()
+        if w.is_running()
     )
 
 
@@ -455,7 +457,7 @@ def run_rebalance(ctx: Context, topic: str, records: int, spark_master: str) -> 
         wait = _settle([a], partitions, quiet_s=1.0, timeout=ctx.timeout, ready=lambda: _consumed(a) >= records)
 
         def snapshot() -> dict[str, int]:
-            return {w.name: _consumed(w) for w in fleet.workers if w.alive()}
+            return {w.name: _consumed(w) for w in fleet.workers if w.is_running()}
 
         def event(
             name: str, before: dict[str, int], after: dict[str, int], since: float, settle_s: float

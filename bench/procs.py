@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+
+from ingest_dev.ingest_process import IngestProcess
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -174,72 +171,18 @@ def parse_log_time(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-@dataclass
-class WorkerProcess:
-    """``python -m ingest worker SOURCE``: its own process group (so the JVM dies with it), JSON log in a file."""
+class WorkerProcess(IngestProcess):
+    """``python -m ingest worker SOURCE`` with its metrics port and worker id set: an
+    IngestProcess (its own process group, so the JVM dies with it; its JSON log in a file of
+    its own, never shared) whose /metrics the benchmark reads."""
 
-    name: str
-    source: str
-    log_path: Path
-    metrics_port: int
-    proc: subprocess.Popen[bytes]
-    started_at: float
-    _log: IO[bytes] = field(repr=False)
-
-    @classmethod
-    def start(
-        cls, name: str, source: str, env: dict[str, str], log_dir: Path, metrics_port: int, cwd: Path
-    ) -> WorkerProcess:
-        log_path = log_dir / f"{name}.log"
-        # "x": a second worker of the same name must not truncate the first one's log, which
-        # the benchmark still reads (its events are its results).
-        log = log_path.open("xb")
+    def __init__(
+        self, name: str, source: str, env: dict[str, str], log_dir: Path, metrics_port: int, cwd: Path
+    ) -> None:
         env = {**env, "INGEST_METRICS_PORT": str(metrics_port), "INGEST_WORKER_ID": name}
-        started_at = time.time()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "worker", source],
-            env=env,
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            # Own group: a stuck worker is killed together with its Spark JVM.
-            process_group=0,
-        )
-        return cls(
-            name=name,
-            source=source,
-            log_path=log_path,
-            metrics_port=metrics_port,
-            proc=proc,
-            started_at=started_at,
-            _log=log,
-        )
-
-    def events(self, name: str | None = None) -> Iterator[dict[str, Any]]:
-        """The JSON events logged so far (Spark's and the JVM's plain lines are skipped)."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return
-        for line in text.splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line still being written
-            if name is None or event.get("event") == name:
-                yield event
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as exc:
-            return f"<no log: {exc}>"
+        super().__init__(["worker", source], env, log_dir, name, cwd=cwd)
+        self.source = source
+        self.metrics_port = metrics_port
 
     def metrics(self) -> dict[str, float]:
         """This worker's /metrics, as ``{name{labels}: value}`` (empty if it does not answer)."""
@@ -249,21 +192,6 @@ class WorkerProcess:
         except OSError:
             return {}
         return parse_prometheus(text)
-
-    def stop(self, timeout: float = 90.0) -> int | None:
-        """SIGTERM (the worker publishes what it holds, bounded), then SIGKILL the group after ``timeout``."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            return None
-        finally:
-            self._log.close()
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -280,14 +208,3 @@ def parse_prometheus(text: str) -> dict[str, float]:
 def metric(values: dict[str, float], name: str) -> float:
     """Sum of every series of ``name`` (whatever its labels)."""
     return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
-
-
-def stop_all(workers: Sequence[WorkerProcess], timeout: float = 90.0) -> None:
-    """SIGTERM every worker at once (their drains overlap), then wait for each."""
-    for w in workers:
-        if w.alive():
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for w in workers:
-        w.stop(timeout=max(1.0, deadline - time.monotonic()))

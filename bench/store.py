@@ -30,10 +30,10 @@ from typing import Any
 
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.stats import percentiles
-from ingest.build.builder import SparkSegmentBuilder, SyntheticRecord
+from ingest.build.builder import SparkSegmentBuilder
 from ingest.build.registration import Registrar
 from ingest.build.spark import create_session
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.logs import configure_logging
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import (

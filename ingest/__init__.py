@@ -39,7 +39,7 @@ ingest.consume (one polling thread: the consumer group's member)
     publish_watch  a publish unfinished past its bound makes the worker unhealthy
 
 ingest.build (sealed splits into Parquet files, invisible until published)
-    split          per-partition buffers, sealed splits, kill switches
+    split          per-partition buffers, sealed splits, kill switches, records made in memory
     registration   every build registered in the metastore before it writes
     builder        the Spark job over a batch of splits: stage, parse, write, account
     plan           the staged files' layout and the expressions that parse them

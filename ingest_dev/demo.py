@@ -20,13 +20,15 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from ingest.spec import load_spec_file
+from ingest_dev.ingest_process import IngestProcess, stop_all
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableStore
@@ -90,14 +92,14 @@ def progress_line(store: Metastore, bootstrap: str) -> tuple[str, bool]:
     return f"published {total:>7}/{sum(ends.values())}  " + "  ".join(cells), done
 
 
-def waiting_for(store: Metastore, workers: list[subprocess.Popen[bytes]], published: int) -> str:
+def waiting_for(store: Metastore, workers: Sequence[IngestProcess], published: int) -> str:
     """What the demo waits for, in words: the first minute is Spark starting, not a hang.
     A worker registers (heartbeats) once its Spark session is up and warmed, before it joins
     the consumer group."""
     exited = [
-        f"worker-{n} exited with code {proc.returncode} (see worker-{n}.log)"
+        f"worker-{n} exited with code {code} (see worker-{n}.log)"
         for n, proc in enumerate(workers)
-        if proc.poll() is not None
+        if (code := proc.poll()) is not None
     ]
     live = store.live_workers("clicks")
     states = Counter(str(w["state"]) for w in live)
@@ -130,14 +132,15 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def table_caught_up(url: str, deadline: float) -> bool:
     """Whether the committer appended every published segment (data and rejects) before ``deadline``."""
     with TableStore(url) as tables:
-        while True:
-            behind = sum(tables.behind("clicks", row.kind)[0] for row in tables.tables("clicks"))
-            if behind == 0:
-                return True
-            if time.monotonic() > deadline:
-                print(f"the table is still {behind} segment(s) behind", file=sys.stderr)
-                return False
-            time.sleep(1)
+
+        def behind() -> int:
+            return sum(tables.behind("clicks", row.kind)[0] for row in tables.tables("clicks"))
+
+        try:
+            return wait_until(lambda: behind() == 0, deadline - time.monotonic(), "the table", interval=1)
+        except TimeoutError:
+            print(f"the table is still {behind()} segment(s) behind", file=sys.stderr)
+            return False
 
 
 def table_matches(query_output: str, ends: dict[int, int]) -> bool:
@@ -196,38 +199,37 @@ def main(argv: list[str] | None = None) -> int:
         enabled = cli(env, "table-enable", "clicks")
         print(enabled.stdout.strip())
         committer_port = free_port()
-        committer = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "table-commit", "clicks", "--interval", "2"],
-            stdout=(work / "committer.log").open("wb"),
-            stderr=subprocess.STDOUT,
-            env={**env, "INGEST_METRICS_PORT": str(committer_port)},
-        )
+        committer = IngestProcess(
+            ["table-commit", "clicks", "--interval", "2"],
+            {**env, "INGEST_METRICS_PORT": str(committer_port)},
+            work,
+            "committer",
+        ).start()
         print(
             f"started the Iceberg table committer; log: {work}/committer.log; metrics: "
             f"http://127.0.0.1:{committer_port}/metrics"
         )
         ports = [free_port() for _ in range(args.workers)]
-        workers = []
-        for n, port in enumerate(ports):
-            log = (work / f"worker-{n}.log").open("wb")
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "ingest", "worker", "clicks"],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={**env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"demo-worker-{n}"},
-                )
+        workers = [
+            IngestProcess.worker(
+                {**env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"demo-worker-{n}"},
+                "clicks",
+                work,
+                f"worker-{n}",
             )
+            for n, port in enumerate(ports)
+        ]
         print(
             f"started {args.workers} workers; logs: {work}/worker-N.log; metrics: "
             + ", ".join(f"http://127.0.0.1:{p}/metrics" for p in ports)
         )
 
         produced_rest = False
-        deadline = time.monotonic() + args.timeout
         ok = False
         with Metastore(url) as store:
-            while time.monotonic() < deadline:
+
+            def caught_up() -> bool:
+                nonlocal produced_rest
                 line, done = progress_line(store, broker.bootstrap)
                 published = sum((published_positions(store, TOPIC).get((TOPIC, p)) or 0) for p in range(PARTITIONS))
                 waiting = "" if done else waiting_for(store, workers, published)
@@ -236,12 +238,12 @@ def main(argv: list[str] | None = None) -> int:
                     produce(broker.bootstrap, first_batch, args.records - first_batch, ends)
                     print(f"produced {args.records - first_batch} more records while the workers run")
                     produced_rest = True
-                    continue
-                if done and produced_rest:
-                    ok = True
-                    break
-                time.sleep(2)
-            if not ok:
+                    return False
+                return done and produced_rest
+
+            try:
+                ok = wait_until(caught_up, args.timeout, "the workers to catch up", interval=2)
+            except TimeoutError:
                 print("timed out before the workers caught up", file=sys.stderr)
             expected = {(TOPIC, p): list(range(end)) for p, end in ends.items()}
             result = verify_exactly_once(store, "clicks", expected)
@@ -286,13 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\neverything keeps running; Ctrl-C to stop")
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
-        for proc in [*workers, committer]:
-            proc.send_signal(signal.SIGTERM)
-        for proc in [*workers, committer]:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all([*workers, committer], timeout=60)
         return 0 if ok and result.ok and table_ok else 1
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Self
 
 from ingest_dev.maven import fetch_kafka, kafka_version
-from ingest_dev.process import LOOPBACK, ManagedProcess, free_port
+from ingest_dev.process import ManagedProcess
+from ingest_dev.testkit import LOOPBACK, free_port
 
 # A logger keeps librdkafka's "Connection refused" lines off stderr: they are expected
 # while the broker starts, and the last error is in the TimeoutError if it never answers.

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ingest_dev.kafka import PROBE_LOG
+from ingest_dev.testkit import wait_until
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30) -> None:
@@ -34,21 +35,25 @@ def create_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"topic {name!r}: not all {partitions} partitions had leaders within {timeout:.1f} s")
+
+    def usable() -> bool:
         # All-topics metadata: asking for one topic by name could auto-create it.
-        metadata = admin.list_topics(timeout=max(0.1, min(remaining, 5.0)))
+        metadata = admin.list_topics(timeout=max(0.1, min(deadline - time.monotonic(), 5.0)))
         topic = metadata.topics.get(name)
-        if topic is not None and topic.error is None:
-            if len(topic.partitions) not in (0, partitions):
-                raise ValueError(f"topic {name!r} exists with {len(topic.partitions)} partitions, wanted {partitions}")
-            if len(topic.partitions) == partitions and all(
-                p.leader >= 0 and p.error is None for p in topic.partitions.values()
-            ):
-                return
-        time.sleep(0.05)
+        if topic is None or topic.error is not None:
+            return False
+        if len(topic.partitions) not in (0, partitions):
+            raise ValueError(f"topic {name!r} exists with {len(topic.partitions)} partitions, wanted {partitions}")
+        return len(topic.partitions) == partitions and all(
+            p.leader >= 0 and p.error is None for p in topic.partitions.values()
+        )
+
+    wait_until(
+        usable,
+        max(0.0, deadline - time.monotonic()),
+        f"every partition of topic {name!r} to have a leader",
+        interval=0.05,
+    )
 
 
 def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 10) -> None:

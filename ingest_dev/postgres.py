@@ -24,7 +24,8 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from ingest_dev.process import LOOPBACK, ManagedProcess, free_port
+from ingest_dev.process import ManagedProcess
+from ingest_dev.testkit import LOOPBACK, free_port, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,11 @@ def create_database_on(server_url: str, name: str, template: str | None = None, 
     stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
         stmt = sql.SQL("{} TEMPLATE {}").format(stmt, sql.Identifier(template))
-    deadline = time.monotonic() + timeout
+    last_error: list[Exception] = []
     # CREATE DATABASE cannot run inside a transaction block: autocommit.
     with psycopg.connect(server_url, autocommit=True, connect_timeout=5) as conn:
-        while True:
+
+        def created() -> bool:
             if template is not None:
                 conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -73,12 +75,17 @@ def create_database_on(server_url: str, name: str, template: str | None = None, 
                 )
             try:
                 conn.execute(stmt)
-                break
-            except pg_errors.ObjectInUse:
+                return True
+            except pg_errors.ObjectInUse as exc:
                 # A terminated backend may take a moment to exit, or a new session arrived.
-                if template is None or time.monotonic() > deadline:
+                if template is None:
                     raise
-                time.sleep(0.05)
+                last_error[:] = [exc]
+                return False
+
+        wait_until(
+            created, timeout, f"database {name} copied from {template}", interval=0.05, detail=lambda: str(last_error)
+        )
     return database_url_for(server_url, name)
 
 

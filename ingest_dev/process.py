@@ -5,7 +5,7 @@ stop, or the caller's, kept), the server's output appended to a log file in it, 
 a process group of its own, a readiness probe polled until a deadline (an early exit or an
 "address in use" is reported with the log's tail), a clean stop (a signal, then SIGKILL of
 the whole group) or a crash (SIGKILL at once), and retries on a fresh port when another
-process took the port between :func:`free_port` and the server's bind.
+process took the port between :func:`ingest_dev.testkit.free_port` and the server's bind.
 
 Subclasses say how to prepare and launch (:meth:`ManagedProcess._launch`, calling
 :meth:`ManagedProcess._spawn`) and how to tell that the server is ready
@@ -19,30 +19,16 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, ClassVar, Self
 
+from ingest_dev.testkit import wait_until
+
 log = logging.getLogger(__name__)
-
-LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago (the kernel picks it).
-
-    There is a small race between closing the probe socket and a server binding the port;
-    the servers retry on a fresh port when the bind fails (:class:`PortInUse`).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def log_tail(path: Path, max_bytes: int = 4000) -> str:
@@ -185,14 +171,14 @@ class ManagedProcess:
                 log.info("port %s taken before %s bound it (attempt %d); retrying", ports, self.kind, attempt + 1)
         raise RuntimeError(f"could not find a free port for {self.kind} after {attempts} attempts")
 
-    def _spawn(self, cmd: list[str], ready_timeout: float, **popen_kwargs: Any) -> None:
-        """Start ``cmd`` in ``base_dir`` with its output appended to the log, then wait until
-        ready; a server that is not ready by then is killed with its group."""
+    def _spawn(self, cmd: list[str], ready_timeout: float, *, cwd: Path | None = None, **popen_kwargs: Any) -> None:
+        """Start ``cmd`` in ``cwd`` (``base_dir`` by default) with its output appended to the
+        log, then wait until ready; a server that is not ready by then is killed with its group."""
         self._close_log()
         self._log_fh = self.log_path.open("ab")
         self._proc = subprocess.Popen(
             cmd,
-            cwd=self.base_dir,
+            cwd=cwd or self.base_dir,
             stdin=subprocess.DEVNULL,
             stdout=self._log_fh,
             stderr=subprocess.STDOUT,
@@ -209,29 +195,34 @@ class ManagedProcess:
             raise
 
     def _wait_ready(self, timeout: float) -> None:
-        assert self._proc is not None
+        proc = self._proc
+        assert proc is not None
         probe = self._ready_probe()
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+        last_error: list[Exception] = []
+
+        def ready() -> bool:
+            if proc.poll() is not None:
                 tail = log_tail(self.log_path)
                 if self._port_in_use(tail):
                     raise PortInUse(tail)
                 raise RuntimeError(
-                    f"{self.kind} exited with code {self._proc.returncode} during startup;"
+                    f"{self.kind} exited with code {proc.returncode} during startup;"
                     f" log tail ({self.log_path}):\n{tail}"
                 )
             try:
-                if probe():
-                    return
+                return probe()
             except self.probe_errors as exc:
-                last_error = exc
-            time.sleep(self.probe_interval_s)
-        raise TimeoutError(
-            f"{self.kind} did not {self._not_ready()} within {timeout:.1f} s"
-            f" (last error: {last_error}); log tail ({self.log_path}):\n{log_tail(self.log_path)}"
-        )
+                last_error[:] = [exc]
+                return False
+
+        try:
+            wait_until(ready, timeout, f"{self.kind} to {self._not_ready()}", interval=self.probe_interval_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.kind} did not {self._not_ready()} within {timeout:.1f} s"
+                f" (last error: {last_error[0] if last_error else None}); log tail ({self.log_path}):\n"
+                f"{log_tail(self.log_path)}"
+            ) from None
 
     def _halt(self, crash: bool, timeout: float) -> None:
         """Stop the process (``stop_signal``, SIGKILL of the group after ``timeout``; at once

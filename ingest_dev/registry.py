@@ -30,7 +30,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ingest_dev.java import ensure_java, runtime_version
 from ingest_dev.maven import fetch_schema_registry, schema_registry_version
-from ingest_dev.process import LOOPBACK, ManagedProcess, free_port, log_tail
+from ingest_dev.process import ManagedProcess, log_tail
+from ingest_dev.testkit import LOOPBACK, free_port
 
 #: Apicurio Registry 3 is built for Java 21 (class file version 65).
 REGISTRY_MIN_JAVA = 21

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-from ingest_dev.process import LOOPBACK, ManagedProcess, free_port
+from ingest_dev.process import ManagedProcess
+from ingest_dev.testkit import LOOPBACK, free_port
 
 # The checkout's root: the server process imports this module from it.
 _ROOT = Path(__file__).resolve().parent.parent

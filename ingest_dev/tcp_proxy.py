@@ -20,7 +20,7 @@ import time
 from types import TracebackType
 from typing import Self
 
-from ingest_dev.process import LOOPBACK
+from ingest_dev.testkit import LOOPBACK
 
 CHUNK = 65536
 

@@ -44,14 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from ingest.ops.gc import collect_garbage
+from ingest_dev.ingest_process import IngestProcess, stop_all
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import free_port
 from ingest_dev.s3 import LocalS3
+from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
-from tests.acceptance.harness import ProcessWorker, apply_spec, process_env, write_spec
+from tests.acceptance.harness import apply_spec, process_env, write_spec
 from tests.chaos_table import Committers, verify_table
 from tests.chaos_table import enable as enable_table
 
@@ -379,8 +380,8 @@ class Fleet:
         self._t0 = t0
         self._lock = threading.RLock()
         self._seq = 0
-        self.live: dict[str, tuple[ProcessWorker, int]] = {}
-        self.all: list[ProcessWorker] = []
+        self.live: dict[str, tuple[IngestProcess, int]] = {}
+        self.all: list[IngestProcess] = []
         self.frozen: set[str] = set()
         self.unplanned_exits = 0
         self.health_restarts = 0
@@ -399,7 +400,7 @@ class Fleet:
             self._seq += 1
             port = free_port()
             env = {**self._env, "INGEST_METRICS_PORT": str(port), "INGEST_WORKER_ID": f"chaos-{name}"}
-            worker = ProcessWorker(env, self._source, self._log_dir, name)
+            worker = IngestProcess.worker(env, self._source, self._log_dir, name)
             self.live[name] = (worker, port)
             self.all.append(worker)
             return name
@@ -413,17 +414,19 @@ class Fleet:
         pool = owners or names
         return rng.choice(pool) if pool else None
 
-    def worker(self, name: str) -> ProcessWorker:
+    def worker(self, name: str) -> IngestProcess:
         with self._lock:
             return self.live[name][0]
 
-    def remove(self, name: str) -> ProcessWorker:
+    def remove(self, name: str) -> IngestProcess:
         with self._lock:
             return self.live.pop(name)[0]
 
     def spark_jvm(self, name: str) -> int | None:
         """Pid of the Spark JVM under a worker process (a child or grandchild running java)."""
-        root = self.worker(name).proc.pid
+        root = self.worker(name).pid
+        if root is None:
+            return None
         out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, check=False)
         children: dict[int, list[tuple[int, str]]] = {}
         for line in out.stdout.splitlines():
@@ -456,7 +459,7 @@ class Fleet:
             return {
                 f"chaos-{worker.name}"
                 for worker in self.all
-                if worker.name not in self.frozen and worker.proc.poll() is None
+                if worker.name not in self.frozen and worker.poll() is None
             }
 
     def _healthz(self, port: int, path: str = "healthz") -> tuple[int, str] | None:
@@ -475,7 +478,7 @@ class Fleet:
             for name, (worker, port) in snapshot:
                 if name in self.frozen:
                     continue
-                code = worker.proc.poll()
+                code = worker.poll()
                 if code is not None:
                     with self._lock:
                         if self.live.pop(name, None) is None:
@@ -500,21 +503,13 @@ class Fleet:
     def shutdown(self, timeout: float = 90.0) -> None:
         self._stop.set()
         self._thread.join(10)
-        for worker in self.all:
-            if worker.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.proc.send_signal(signal.SIGCONT)
-                    worker.proc.send_signal(signal.SIGTERM)
-        for worker in self.all:
-            _stop_worker(worker, timeout)
+        stop_all(self.all, timeout)
 
 
-def _stop_worker(worker: ProcessWorker, timeout: float) -> None:
+def _stop_worker(worker: IngestProcess, timeout: float) -> None:
     """SIGTERM, then SIGKILL after ``timeout`` (as an orchestrator's grace period)."""
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # killed with its group, as a pod would be
         worker.stop(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        worker.kill()
 
 
 # --------------------------------------------------------------------------- the run
@@ -709,7 +704,7 @@ def _caught_up(url: str, source: str, ends: Mapping[int, int]) -> bool:
     return all(positions.get(p) == end for p, end in ends.items() if end)
 
 
-def _count_kills(workers: list[ProcessWorker]) -> Counter[str]:
+def _count_kills(workers: list[IngestProcess]) -> Counter[str]:
     kills: Counter[str] = Counter()
     for worker in workers:
         for event in worker.events():
@@ -785,16 +780,17 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             # Workers start Spark before they join the group (tens of seconds on a loaded
             # machine): produce only once the fleet consumes, so the faults hit production.
             say("waiting for the fleet to own every partition")
-            _wait(
+            wait_until(
                 lambda: _fleet_ready(url, source, config.workers, config.partitions),
                 300,
-                "the workers to join and own every partition",
+                "chaos: the workers to join and own every partition",
+                interval=1.0,
             )
             producer.start()
             monitor.start()
             ownership.start()
             say("fleet ready; producing; waiting for the first segment before injecting faults")
-            _wait(lambda: _published_any(url, source), 180, "the first worker to publish")
+            wait_until(lambda: _published_any(url, source), 180, "chaos: the first worker to publish", interval=1.0)
             plan = _fault_plan(config, rng)
             say(f"fault plan: {', '.join(plan)}")
             for kind in plan:
@@ -830,13 +826,12 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             ends = end_offsets(broker.bootstrap, TOPIC)
             if {p: e for p, e in ends.items() if e} != {p: e for p, e in producer.ends().items() if e}:
                 producer.errors.append(f"Kafka's end offsets {ends} differ from the delivery reports {producer.ends()}")
-            deadline = time.monotonic() + config.catchup_timeout_s
-            caught_up = False
-            while time.monotonic() < deadline:
-                if _caught_up(url, source, ends):
-                    caught_up = True
-                    break
-                time.sleep(1.0)
+            try:
+                caught_up = wait_until(
+                    lambda: _caught_up(url, source, ends), config.catchup_timeout_s, "the catch-up", interval=1.0
+                )
+            except TimeoutError:
+                caught_up = False  # reported with the verification below
             # Let the monitor see the final positions before it stops.
             time.sleep(1.5)
         finally:
@@ -908,15 +903,6 @@ def _published_any(url: str, source: str) -> bool:
             return bool(store.segments(source))
     except MetastoreError:
         return False
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"chaos: timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _iter_kinds(text: str) -> Iterator[str]:

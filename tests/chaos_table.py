@@ -5,8 +5,6 @@ the table holds every published record exactly once."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,9 +13,9 @@ from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
+from ingest_dev.ingest_process import IngestProcess, stop_all
 from metastore.tables import TableKind
 
-REPO = Path(__file__).resolve().parents[1]
 COMMITTERS = 2
 
 
@@ -29,29 +27,18 @@ class Committers:
         self.source = source
         self.log_dir = log_dir
         self.started = 0
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[IngestProcess] = []
         self.kills = 0
 
     def start(self, count: int = COMMITTERS) -> None:
         for _ in range(count):
             self.started += 1
-            log = (self.log_dir / f"committer-{self.started}.log").open("wb")
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "ingest", "table-commit", self.source, "--interval", "2"],
-                    env=self.env,
-                    cwd=REPO,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            log.close()
+            command = ["table-commit", self.source, "--interval", "2"]
+            self.procs.append(IngestProcess(command, self.env, self.log_dir, f"committer-{self.started}").start())
 
     def kill_one(self) -> str:
         """SIGKILL the oldest committer (most likely the one holding the lock); start another."""
-        proc = self.procs.pop(0)
-        proc.kill()
-        proc.wait(30)
+        self.procs.pop(0).kill()
         self.kills += 1
         self.start(1)
         return f"committer-{self.started - COMMITTERS}"
@@ -61,15 +48,7 @@ class Committers:
         return [rc for proc in self.procs if (rc := proc.poll()) is not None]
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+        stop_all(self.procs, timeout=60)
 
 
 def enable(url: str, source: str) -> None:

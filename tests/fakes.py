@@ -7,11 +7,13 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.backoff import Backoff
+from ingest.build.registration import BuildRegistrar, Registrar, RegistrationStore
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
 from ingest_common.model import (
@@ -24,6 +26,7 @@ from ingest_common.model import (
     StartFrom,
     TopicPartition,
 )
+from ingest_common.redact import redact
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, Session, SourceNotFound
 
 
@@ -53,34 +56,8 @@ class FakeClock:
             self._now += seconds
 
 
-@dataclass(frozen=True, slots=True)
-class FakeRecord:
-    _offset: int
-    _value: bytes | None = b"{}"
-    _key: bytes | None = None
-    _ts: int = 1_700_000_000_000
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts)
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self._value or b"")  # as confluent-kafka's Message: the value only
-
-
 def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0) -> SealedSplit:
-    records = tuple(FakeRecord(o) for o in range(start, end))
+    records = tuple(SyntheticRecord(o, topic=tp.topic, partition=tp.partition) for o in range(start, end))
     return SealedSplit(
         id=uuid.uuid4(),
         tp=tp,
@@ -98,17 +75,34 @@ def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch:
 
 
 class FakeBuilder:
-    """Builds instantly unless a gate is set for a split's start offset; can fail N times."""
+    """Builds instantly unless a gate is set for a split's start offset; can fail N times.
 
-    def __init__(self) -> None:
+    Like the real builder, a batch's live splits are registered before anything is built,
+    through its registrar (a worker's, or the one :meth:`register_with` makes): the fake
+    metastores refuse to publish a split with files that no build registered, as PostgreSQL
+    does. Without a registrar nothing is registered, and every publish of its segments is
+    refused.
+    """
+
+    def __init__(self, registrar: BuildRegistrar | None = None) -> None:
         self.gates: dict[int, threading.Event] = {}
         self.failures: dict[int, int] = {}
+        # Start offsets of the splits whose build began (reached its gate, if any), in order.
+        self.started: list[int] = []
         self.built: list[SealedSplit] = []
         self.discarded: list[uuid.UUID] = []
         self.batches: list[list[int]] = []
+        self.registrar = registrar
         self.lock = threading.Lock()
 
-    def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
+    def register_with(self, store: RegistrationStore, worker_id: str = "w1") -> FakeBuilder:
+        """Register every build in ``store`` first, as a worker's builder does."""
+        self.registrar = Registrar(store, worker_id, backoff=Backoff(0.01, 0.05))
+        return self
+
+    def _build_one(self, split: SealedSplit) -> BuiltSegment:
+        with self.lock:
+            self.started.append(split.start)
         gate = self.gates.get(split.start)
         if gate is not None:
             while not gate.wait(0.01):
@@ -130,13 +124,44 @@ class FakeBuilder:
     def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuiltSegment | Exception]:
         with self.lock:
             self.batches.append([split.start for split in splits])
+        live = [split for split in splits if not split.kill_switch.tripped]
+        registered = self._register(live, spec)
         results: list[BuiltSegment | Exception] = []
         for split in splits:
-            try:
-                results.append(self.build(split, spec))
-            except (BuildError, SplitKilled) as exc:
-                results.append(exc)
+            if split.kill_switch.tripped:
+                results.append(SplitKilled(split.kill_switch.reason or "killed"))
+            elif registered is not None:
+                results.append(registered)
+            else:
+                try:
+                    results.append(self._build_one(split))
+                except (BuildError, SplitKilled) as exc:
+                    results.append(exc)
         return results
+
+    def _register(self, live: Sequence[SealedSplit], spec: SourceSpec) -> Exception | None:
+        """Register the batch's live splits; the error every split of it fails with, if that failed."""
+        if not live or self.registrar is None:
+            return None
+        build = uuid.uuid4()
+        root = f"mem://{spec.name}/{{}}/{build}"
+        try:
+            self.registrar.register(
+                BuildRegistration(
+                    build,
+                    spec.name,
+                    root.format("_staging"),
+                    root.format("segments"),
+                    root.format("rejects"),
+                    tuple(split.id for split in live),
+                ),
+                live,
+            )
+        except SplitKilled as exc:
+            return exc
+        except Exception as exc:
+            return BuildError(f"registration failed: {exc}")
+        return None
 
     def discard(self, segment: BuiltSegment) -> None:
         with self.lock:
@@ -146,7 +171,8 @@ class FakeBuilder:
 @dataclass
 class FakeStore:
     """An in-memory metastore with the same publish checks as the real one, idempotent by
-    split id like it (migration 0011): a split already published answers with its id."""
+    split id like it (migration 0011): a split already published answers with its id; one
+    with files that no build registered is refused (migration 0008)."""
 
     serials: dict[TopicPartition, int] = field(default_factory=dict)
     next_offsets: dict[TopicPartition, int | None] = field(default_factory=dict)
@@ -162,7 +188,14 @@ class FakeStore:
     publish_error: Exception | None = None
     # Called with the split id after each ``segment_for_split`` answered.
     on_lookup: Callable[[uuid.UUID], None] | None = None
+    # Splits a build registered, each 'building' until published (migration 0008).
+    splits: dict[uuid.UUID, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def register_build(self, worker: str, build: BuildRegistration) -> None:
+        with self.lock:
+            for split_id in build.split_ids:
+                self.splits.setdefault(split_id, "building")
 
     def publish(self, item: SegmentToPublish) -> int:
         with self.lock:
@@ -187,6 +220,13 @@ class FakeStore:
                 stored = self.next_offsets.get(tp)
                 if stored != r.range.start:  # NULL (never pinned) refuses too (migration 0010)
                     raise PublishConflict("offset", tp, r.range.start, stored)
+            segment = item.segment
+            if self.splits.get(segment.split_id) == "building":
+                self.splits[segment.split_id] = "published"
+            elif segment.split_id in self.splits or segment.files or segment.rejects_files:
+                # A split without files (offsets that hold no record) needs no build.
+                reason = "abandoned" if segment.split_id in self.splits else "unregistered"
+                raise PublishConflict(reason, item.ranges[0].range.tp, None, None)
             for r in item.ranges:
                 self.next_offsets[r.range.tp] = r.range.end
             self.segments[item.segment.split_id] = item
@@ -248,38 +288,39 @@ class MemoryMetastore(FakeStore):
         self.owners: dict[TopicPartition, str | None] = {}
         self.initial: dict[TopicPartition, StartFrom] = {}
         self.control_state = SourceControl(DesiredState.RUNNING, False, 0, 1)
+        # Every beat (worker, state, partitions), and each worker's row as the last beat left
+        # it (ingest_workers: one row per worker id, any source, as migration 0003 has it).
         self.heartbeats: list[tuple[str, str, tuple[str, ...]]] = []
         self.reported_spec_versions: list[int | None] = []
-        self.errors: list[tuple[str, str]] = []
+        self.workers: dict[str, dict[str, Any]] = {}
+        # Every error report as ingest_errors holds it (source, worker, kind, message, at).
+        self.error_rows: list[dict[str, Any]] = []
         self.gaps: list[tuple[TopicPartition, int, int, bool]] = []
-        # As migration 0008 has it, a publish of a split no build registered is refused; off by
-        # default because the unit tests' FakeBuilder does not register.
-        self.require_registration = False
-        self.registered: set[uuid.UUID] = set()
         # Set to make every call wait until it is cleared (a metastore that hangs).
         self.hang = threading.Event()
         self.released = threading.Event()
         self.released.set()
 
-    def _call(self, source: str) -> None:
+    def _call(self, source: str | None) -> None:
+        """Every call: hangs and outages as injected; a source other than this one's is
+        unknown (None: a call that writes for any source, as heartbeats and errors do)."""
         if self.hang.is_set():
             self.released.wait(60)
         if self.unavailable_for > 0:
             self.unavailable_for -= 1
             raise MetastoreUnavailable("injected outage")
-        if source != self.source:
+        if source is not None and source != self.source:
             raise SourceNotFound(source)
+
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        """This source's error reports as (kind, message), oldest first."""
+        return [(r["kind"], r["message"]) for r in self.error_rows if r["source"] == self.source]
 
     def register_build(self, worker: str, build: BuildRegistration) -> None:
         with self.lock:
             self._call(build.source)
-            self.registered.update(build.split_ids)
-
-    def publish(self, item: SegmentToPublish) -> int:
-        if self.require_registration and item.segment.split_id not in self.registered:
-            tp = item.ranges[0].range.tp
-            raise PublishConflict("unregistered", tp, item.ranges[0].serial, None)
-        return super().publish(item)
+        super().register_build(worker, build)
 
     def register_partitions(self, source: str, topic: str, partitions: Iterable[int], initial: StartFrom) -> None:
         with self.lock:
@@ -386,14 +427,50 @@ class MemoryMetastore(FakeStore):
         started_at: datetime | None = None,
     ) -> None:
         with self.lock:
-            self._call(source)
+            self._call(None)
             self.heartbeats.append((worker, state, tuple(partitions)))
             self.reported_spec_versions.append(spec_version)
+            previous = self.workers.get(worker)
+            now = datetime.now(UTC)
+            # A worker id reused by a new process: its row is replaced, its start kept unless given.
+            kept = previous["started_at"] if previous is not None else now
+            self.workers[worker] = {
+                "worker": worker,
+                "source": source,
+                "host": host,
+                "pid": pid,
+                "version": version,
+                "state": state,
+                "partitions": list(partitions),
+                "spec_version": spec_version,
+                "started_at": started_at if started_at is not None else kept,
+                "heartbeat_at": now,
+            }
+
+    def live_workers(self, source: str, expiry_s: float = 30.0) -> list[dict[str, Any]]:
+        """As the metastore's status query: workers of ``source`` that beat within ``expiry_s``
+        and neither stopped nor failed, by worker id."""
+        with self.lock:
+            self._call(None)
+            since = datetime.now(UTC) - timedelta(seconds=expiry_s)
+            return [
+                {k: v for k, v in row.items() if k != "source"}
+                for _, row in sorted(self.workers.items())
+                if row["source"] == source and row["heartbeat_at"] > since and row["state"] not in ("stopped", "failed")
+            ]
 
     def record_error(self, source: str, worker: str, kind: str, message: str) -> None:
         with self.lock:
-            self._call(source)
-            self.errors.append((kind, message))
+            self._call(None)
+            row = {"source": source, "worker": worker, "kind": kind, "message": redact(message)[:2000]}
+            self.error_rows.append(row | {"at": datetime.now(UTC)})
+
+    def recent_errors(self, source: str, limit: int = 10) -> list[dict[str, Any]]:
+        """As the metastore's status query: ``source``'s last ``limit`` error reports, newest first."""
+        with self.lock:
+            self._call(None)
+            rows = [{k: v for k, v in r.items() if k != "source"} for r in self.error_rows if r["source"] == source]
+            return rows[::-1][:limit]
 
     def control(self, source: str) -> SourceControl:
         with self.lock:

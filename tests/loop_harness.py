@@ -4,7 +4,6 @@ registry and background thread. For unit tests of the loop and its helpers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
 from ingest_common.model import KillReason, TopicPartition
+from ingest_dev.testkit import wait_until
 from tests.fakes import FakeBuilder, FakeClock, MemoryMetastore
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 
@@ -57,6 +57,7 @@ class Harness:
     tick_s: float = 0.1
 
     def __post_init__(self) -> None:
+        self.builder.register_with(self.store, self.worker_id)
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
         self.assignment = Assignment()
@@ -99,12 +100,11 @@ class Harness:
         self.broker.produce(tp, *(b'{"ts": 1}' for _ in range(n)))
 
     def step_until(self, done: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        def tick() -> None:
             self.clock.advance(self.tick_s)
             self.loop.step()
-            time.sleep(0.002)
+
+        wait_until(lambda: done() or tick(), timeout_s, what, interval=0.002)
 
     def published(self, tp: TopicPartition) -> list[tuple[int, int]]:
         """The offset ranges of ``tp`` published so far, in publish order."""

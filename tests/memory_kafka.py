@@ -11,54 +11,21 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 
+from ingest.build.split import SyntheticRecord
 from ingest.consume.kafka import Batch, KafkaCallFailed, RebalanceListener
 from ingest_common.model import TopicPartition
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryMessage:
-    _topic: str
-    _partition: int
-    _offset: int
-    _value: bytes | None
-    _key: bytes | None = None
-    _ts: int = 1_700_000_000_000
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, self._ts)
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def headers(self) -> list[tuple[str, bytes | None]] | None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self._value or b"")  # as confluent-kafka's Message: the value only
-
-
 @dataclass
 class MemoryBroker:
-    logs: dict[TopicPartition, list[MemoryMessage]] = field(default_factory=dict)
+    logs: dict[TopicPartition, list[SyntheticRecord]] = field(default_factory=dict)
     # The first offset still in each partition's log (retention moved it past what was deleted).
     earliest: dict[TopicPartition, int] = field(default_factory=dict)
 
     def produce(self, tp: TopicPartition, *values: bytes) -> None:
         log = self.logs.setdefault(tp, [])
         for value in values:
-            log.append(MemoryMessage(tp.topic, tp.partition, len(log), value))
+            log.append(SyntheticRecord(len(log), value, topic=tp.topic, partition=tp.partition))
 
     def delete_before(self, tp: TopicPartition, offset: int) -> None:
         self.earliest[tp] = offset
@@ -95,6 +62,19 @@ class MemoryConsumer:
     def group_loses(self, *tps: TopicPartition) -> None:
         self._events.append(("lost", list(tps)))
 
+    def group_rebalances(self, keep: Sequence[TopicPartition]) -> None:
+        """A member joined: every assigned partition not in ``keep`` moves to it. Cooperative:
+        only those are revoked, then nothing is assigned (an empty assign, as librdkafka calls
+        it). Eager: everything is revoked, then ``keep`` assigned again (tests/contract checks
+        both against a broker)."""
+        assigned = sorted(self.positions)
+        if self._incremental:
+            self.group_revokes(*(tp for tp in assigned if tp not in keep))
+            self.group_assigns()
+        else:
+            self.group_revokes(*assigned)
+            self.group_assigns(*keep)
+
     # -- ingest.consume.kafka.Consumer --------------------------------------------------------
 
     @property
@@ -114,7 +94,7 @@ class MemoryConsumer:
             }[kind]
             callback(self, tps)
         batch = Batch(records=[])
-        records: list[MemoryMessage] = []
+        records: list[SyntheticRecord] = []
         for tp, position in sorted(self.positions.items()):
             if tp in self._paused or tp in self._refused:
                 continue

@@ -36,7 +36,7 @@ import structlog
 from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, make_plan, stage_records
 from ingest.build.registration import BuildRegistrar
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
 from ingest.spec import SourceSpec
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, PartitionBy, TopicPartition
@@ -84,34 +84,6 @@ def warm_up_value(spec: SourceSpec) -> bytes:
         for name, ctype in spec.schema
     }
     return json.dumps(doc).encode()
-
-
-class SyntheticRecord:
-    """A stand-in for a Kafka message (the builder's Record protocol), for warm-ups and benchmarks."""
-
-    __slots__ = ("_offset", "_value")
-
-    def __init__(self, offset: int, value: bytes) -> None:
-        self._offset = offset
-        self._value = value
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 946_684_800_000)
-
-    def key(self) -> bytes | None:
-        return None
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self._value)
 
 
 def _utc(micros: int | None) -> datetime | None:

@@ -1,4 +1,4 @@
-"""Per-partition buffers, sealed splits and their kill switches.
+"""Per-partition buffers, sealed splits and their kill switches; records made in memory.
 
 Invariants:
 - A buffer belongs to exactly one partition and one assignment (serial). It is
@@ -39,6 +39,58 @@ class Record(Protocol):
     def __len__(self) -> int:
         """The value's length (0 without one), as confluent-kafka's Message defines it."""
         ...
+
+
+class SyntheticRecord:
+    """A record made in memory rather than consumed: the builder's warm-up, the benchmarks'
+    splits, and the one record double of the tests (the in-memory consumer delivers it too,
+    so it names its topic and partition as a consumed message does)."""
+
+    __slots__ = ("_key", "_offset", "_partition", "_timestamp_ms", "_topic", "_value")
+
+    def __init__(
+        self,
+        offset: int,
+        value: bytes | None = b"{}",
+        key: bytes | None = None,
+        *,
+        timestamp_ms: int = 1_700_000_000_000,
+        topic: str = "",
+        partition: int = 0,
+    ) -> None:
+        self._offset = offset
+        self._value = value
+        self._key = key
+        self._timestamp_ms = timestamp_ms
+        self._topic = topic
+        self._partition = partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._timestamp_ms)  # TIMESTAMP_CREATE_TIME
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def __len__(self) -> int:
+        return len(self._value or b"")  # as confluent-kafka's Message: the value only
+
+    def __repr__(self) -> str:
+        return f"SyntheticRecord({self._topic}[{self._partition}]@{self._offset}, {self._value!r})"
 
 
 # What a consumed record holds beyond the bytes of its value, key and headers, measured with

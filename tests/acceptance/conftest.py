@@ -7,12 +7,21 @@ import pytest
 
 from ingest.build.builder import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings
+from ingest_dev.ingest_process import kill_leftovers
 from tests.acceptance.harness import StartWorker, ThreadWorker
 
 
 @pytest.fixture
 def spark_builder(spark: Any) -> BuilderFactory:
     return lambda registrar: SparkSegmentBuilder(spark, registrar)
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test() -> Iterator[None]:
+    """Worker and committer processes a test left running (it failed before its stops) are
+    killed with their groups: they would outlive the servers and load the machine."""
+    yield
+    kill_leftovers()
 
 
 @pytest.fixture

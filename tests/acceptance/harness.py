@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,15 +88,6 @@ class Produced:
         return all(positions.get((self.topic, p)) == end for p, end in self.ends.items() if end)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def settings(database_url: str, bootstrap: str, **over: Any) -> Settings:
     base: dict[str, Any] = {
         "database_url": database_url,
@@ -170,50 +157,6 @@ def process_env(database_url: str, bootstrap: str, group_protocol: str = "classi
         env["INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS"] = "500"
     env.update(extra)
     return env
-
-
-class ProcessWorker:
-    """``python -m ingest worker SOURCE`` as a child process, its JSON log in a file."""
-
-    def __init__(self, env: dict[str, str], source: str, log_dir: Path, name: str) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "worker", source],
-            env=env,
-            cwd=REPO,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def events(self) -> Iterator[dict[str, Any]]:
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-
-    def has_event(self, name: str, **fields: Any) -> bool:
-        return any(e.get("event") == name and all(e.get(k) == v for k, v in fields.items()) for e in self.events())
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def stop(self, timeout: float = 90) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._log.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
-        self._log.close()
 
 
 def assert_exactly_once(database_url: str, source: str, produced: Produced) -> Verification:

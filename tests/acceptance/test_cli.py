@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 
 from ingest.build.builder import BuilderFactory
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     REPO,
@@ -25,7 +25,6 @@ from tests.acceptance.harness import (
     assert_exactly_once,
     process_env,
     settings,
-    wait_until,
     write_spec,
 )
 

@@ -14,6 +14,7 @@ import pytest
 
 from ingest.build.builder import BuilderFactory
 from ingest.consume import heartbeats as registry_module
+from ingest_dev.testkit import wait_until
 from ingest_dev.verify import Verification, verify_epochs, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -24,7 +25,6 @@ from tests.acceptance.harness import (
     assert_exactly_once,
     process_env,
     settings,
-    wait_until,
     write_spec,
 )
 from tests.acceptance.test_cli import assert_one_line_error, ingest

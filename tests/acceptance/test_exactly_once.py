@@ -15,6 +15,7 @@ from ingest.build.split import SealedSplit
 from ingest.errors import ParseFailure
 from ingest.spec import SourceSpec
 from ingest_common.model import BuiltSegment
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
@@ -22,7 +23,6 @@ from tests.acceptance.harness import (
     apply_spec,
     assert_exactly_once,
     settings,
-    wait_until,
     write_spec,
 )
 

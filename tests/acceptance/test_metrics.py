@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.build.builder import BuilderFactory
 from ingest.ops.status import source_status
 from ingest_common.model import PARSE_ERRORS, WorkerState
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
@@ -23,7 +23,6 @@ from tests.acceptance.harness import (
     ThreadWorker,
     apply_spec,
     settings,
-    wait_until,
     write_spec,
 )
 

@@ -10,6 +10,7 @@ import pytest
 
 from ingest.build.builder import BuilderFactory
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.testkit import wait_until
 from metastore import Metastore, apply_migrations
 from tests.acceptance.harness import (
     Produced,
@@ -17,7 +18,6 @@ from tests.acceptance.harness import (
     apply_spec,
     assert_exactly_once,
     settings,
-    wait_until,
     write_spec,
 )
 

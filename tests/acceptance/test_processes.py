@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from ingest_dev.ingest_process import IngestProcess
+from ingest_dev.testkit import wait_until
 from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
     GROUP_PROTOCOLS,
-    ProcessWorker,
     Produced,
     apply_spec,
     assert_exactly_once,
     process_env,
-    wait_until,
     write_spec,
 )
 
@@ -52,7 +52,7 @@ def test_rebalances_under_load_publish_every_offset_exactly_once(
     apply_spec(database_url, spec_path)
     env = process_env(database_url, kafka_bootstrap, group_protocol)
     produced = Produced(kafka_bootstrap, topic, 6)
-    workers = [ProcessWorker(env, source, tmp_path, f"w{i}") for i in range(3)]
+    workers = [IngestProcess.worker(env, source, tmp_path, f"w{i}") for i in range(3)]
     try:
         producer = background_producer(produced, batches=30, batch=2000, pause_s=1.0)
         with Metastore(database_url) as store:
@@ -61,14 +61,14 @@ def test_rebalances_under_load_publish_every_offset_exactly_once(
             time.sleep(3)
             workers[1].kill()  # crash: its partitions move after the session timeout
             time.sleep(3)
-            workers.append(ProcessWorker(env, source, tmp_path, "w3"))  # scale up again
+            workers.append(IngestProcess.worker(env, source, tmp_path, "w3"))  # scale up again
             producer.join(120)
             assert not producer.is_alive()
             wait_until(lambda: produced.caught_up(store, source), 240, "the fleet to catch up")
     finally:
         for w in workers:
-            w.stop(timeout=60) if w.proc.poll() is None else None
-    assert workers[0].proc.returncode == 0
+            w.stop(timeout=60)
+    assert workers[0].poll() == 0
     result = assert_exactly_once(database_url, source, produced)
     assert result.rows == 60_000
 
@@ -82,17 +82,19 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(2000)
     # The zombie pauses 4 s between building a split and publishing it: the window to freeze it in.
-    zombie = ProcessWorker(
+    zombie = IngestProcess.worker(
         process_env(database_url, kafka_bootstrap, group_protocol, INGEST_FAULT_PUBLISH_DELAY_S="4"),
         source,
         tmp_path,
         "zombie",
     )
-    other: ProcessWorker | None = None
+    other: IngestProcess | None = None
     try:
         wait_until(lambda: zombie.has_event("split_sealed"), 90, "the zombie to seal a split")
         zombie.signal(signal.SIGSTOP)
-        other = ProcessWorker(process_env(database_url, kafka_bootstrap, group_protocol), source, tmp_path, "other")
+        other = IngestProcess.worker(
+            process_env(database_url, kafka_bootstrap, group_protocol), source, tmp_path, "other"
+        )
         with Metastore(database_url) as store:
             wait_until(lambda: produced.caught_up(store, source), 120, "the other worker to take over")
         published_while_frozen = sum(1 for e in zombie.events() if e.get("event") == "segment_published")
@@ -126,14 +128,14 @@ def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
     env = process_env(database_url, kafka_bootstrap, group_protocol)
     produced = Produced(kafka_bootstrap, topic, 4)
     produced.produce(20_000)
-    first = [ProcessWorker(env, source, tmp_path, f"a{i}") for i in range(2)]
+    first = [IngestProcess.worker(env, source, tmp_path, f"a{i}") for i in range(2)]
     with Metastore(database_url) as store:
         wait_until(lambda: len(store.segments(source)) >= 2, 120, "some segments")
         for w in first:
             w.kill()
         assert not produced.caught_up(store, source)
         produced.produce(10_000)
-        second = [ProcessWorker(env, source, tmp_path, f"b{i}") for i in range(2)]
+        second = [IngestProcess.worker(env, source, tmp_path, f"b{i}") for i in range(2)]
         try:
             wait_until(lambda: produced.caught_up(store, source), 180, "the new fleet to catch up")
         finally:
@@ -156,8 +158,8 @@ def test_a_latest_source_loses_nothing_produced_after_its_first_claim(
     before = dict(produced.ends)
     env = process_env(database_url, kafka_bootstrap)
     # Builds, then waits 600 s before each publish: it dies with everything it read unpublished.
-    first = ProcessWorker({**env, "INGEST_FAULT_PUBLISH_DELAY_S": "600"}, source, tmp_path, "first")
-    second: ProcessWorker | None = None
+    first = IngestProcess.worker({**env, "INGEST_FAULT_PUBLISH_DELAY_S": "600"}, source, tmp_path, "first")
+    second: IngestProcess | None = None
     try:
         with Metastore(database_url) as store:
 
@@ -172,7 +174,7 @@ def test_a_latest_source_loses_nothing_produced_after_its_first_claim(
             first.kill()
             assert store.segments(source) == []
             produced.produce(1200)
-            second = ProcessWorker(env, source, tmp_path, "second")
+            second = IngestProcess.worker(env, source, tmp_path, "second")
             wait_until(lambda: produced.caught_up(store, source), 120, "the second worker to publish everything")
     finally:
         first.kill()

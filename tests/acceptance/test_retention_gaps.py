@@ -24,9 +24,10 @@ from ingest.cli import main as cli_main
 from ingest.config import Settings
 from ingest.ops.status import source_status
 from ingest_dev.kafka_clients import produce_records
+from ingest_dev.testkit import wait_until
 from ingest_dev.verify import read_coordinates, verify_exactly_once
 from metastore import Metastore
-from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, wait_until, write_spec
+from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, write_spec
 from tests.acceptance.test_apache_kafka import topic_configs_setter
 
 PARTITIONS = 4

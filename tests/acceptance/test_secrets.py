@@ -14,7 +14,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 from ingest_dev.postgres import PostgresServer
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port
 from metastore import Metastore, redact_url
 from tests.acceptance.harness import REPO, apply_spec, process_env, write_spec
 from tests.fixtures.servers import MakeTopic

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from ingest_dev.ingest_process import IngestProcess
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     REPO,
-    ProcessWorker,
     Produced,
     apply_spec,
     assert_exactly_once,
     process_env,
     sample_value,
-    wait_until,
     write_spec,
 )
 
@@ -43,25 +43,23 @@ def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 2)
     produced.produce(4000, bad_every_500)
-    worker = ProcessWorker(
+    worker = IngestProcess.worker(
         process_env(database_url, kafka_bootstrap, INGEST_SPARK_MASTER=spark_connect), source, tmp_path, "connect"
     )
     try:
         with Metastore(database_url) as store:
             wait_until(
                 lambda: (
-                    produced.caught_up(store, source)
-                    or worker.proc.poll() is not None
-                    or worker.has_event("build_failed")
+                    produced.caught_up(store, source) or worker.poll() is not None or worker.has_event("build_failed")
                 ),
                 240,
                 "the worker on Spark Connect to publish everything",
             )
     finally:
-        code = worker.stop(timeout=90)
+        worker.stop(timeout=90)
     failures = [e["error"] for e in worker.events() if e.get("event") in ("build_retry", "build_failed")]
     assert not failures, failures[:3]
-    assert code == 0, worker.log_path.read_text()[-3000:]
+    assert worker.poll() == 0, worker.log_path.read_text()[-3000:]
     assert worker.has_event("worker_started", spark_master=spark_connect)
     result = assert_exactly_once(database_url, source, produced)
     # Rejects went through the server too (a second write job), in the same transaction.

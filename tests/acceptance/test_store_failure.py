@@ -13,6 +13,7 @@ import pytest
 from ingest.build.builder import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.ops.status import source_status
+from ingest_dev.testkit import wait_until
 from ingest_dev.verify import published_positions
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -21,7 +22,6 @@ from tests.acceptance.harness import (
     apply_spec,
     assert_exactly_once,
     settings,
-    wait_until,
     write_spec,
 )
 

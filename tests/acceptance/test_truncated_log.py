@@ -14,8 +14,9 @@ from ingest.ops.status import source_status
 from ingest.ops.status_text import render
 from ingest_common.model import TopicPartition
 from ingest_dev.kafka_clients import produce_records
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
-from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, wait_until, write_spec
+from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, write_spec
 from tests.fakes import FakeBuilder
 
 STORED = 50

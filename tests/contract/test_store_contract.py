@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_common.redact import redact
 from metastore import Metastore, PublishConflict, SourceNotFound
 from tests.fakes import MemoryMetastore
 
@@ -32,7 +34,6 @@ NEW = TopicPartition("t", 9)
 def store(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "memory":
         s: Any = MemoryMetastore("src")
-        s.require_registration = True
     else:
         s = Metastore(request.getfixturevalue("database_url"))
         s.apply_source("src", {"name": "src"}, "name = 'src'")
@@ -42,17 +43,21 @@ def store(request: pytest.FixtureRequest) -> Iterator[Any]:
         s.close()
 
 
-def publish(store: Any, *ranges: tuple[TopicPartition, int, int, int]) -> int:
+def publish(
+    store: Any, *ranges: tuple[TopicPartition, int, int, int], registered: bool = True, files: bool = True
+) -> int:
     """Register a build of one split (as the builder does first), then publish it."""
     split_id, build = uuid.uuid4(), uuid.uuid4()
     root = f"file:///st/src/{{}}/{build}"
-    store.register_build(
-        "w1",
-        BuildRegistration(
-            build, "src", root.format("_staging"), root.format("segments"), root.format("rejects"), (split_id,)
-        ),
-    )
-    seg = BuiltSegment(split_id, root.format("segments"), (root.format("segments") + "/f.parquet",), 1, 1)
+    if registered:
+        store.register_build(
+            "w1",
+            BuildRegistration(
+                build, "src", root.format("_staging"), root.format("segments"), root.format("rejects"), (split_id,)
+            ),
+        )
+    written = (root.format("segments") + "/f.parquet",) if files else ()
+    seg = BuiltSegment(split_id, root.format("segments"), written, 1 if files else 0, 1 if files else 0)
     item = SegmentToPublish(
         "src", 1, "w1", seg, tuple(PublishRange(OffsetRange(tp, lo, hi), serial) for tp, serial, lo, hi in ranges)
     )
@@ -127,6 +132,33 @@ def test_a_refused_publish_writes_nothing_and_names_the_reason(
     assert store.partition_state("src", P0) == (2, 10)
 
 
+def test_a_split_with_files_that_no_build_registered_is_refused(store: Any) -> None:
+    claim(store, "w1", [P0])
+    with pytest.raises(PublishConflict) as refused:
+        publish(store, (P0, 1, 0, 10), registered=False)
+    assert (refused.value.reason, refused.value.tp, refused.value.expected, refused.value.actual) == (
+        "unregistered",
+        P0,
+        None,
+        None,
+    )
+    assert store.partition_state("src", P0) == (1, 0)
+
+
+def test_a_split_without_files_needs_no_build(store: Any) -> None:
+    """Offsets that hold no record (transaction markers) are published without a build."""
+    claim(store, "w1", [P0])
+    publish(store, (P0, 1, 0, 2), registered=False, files=False)
+    assert store.partition_state("src", P0) == (1, 2)
+
+
+def test_an_offset_conflict_is_named_before_a_missing_registration(store: Any) -> None:
+    claim(store, "w1", [P0])
+    with pytest.raises(PublishConflict) as refused:
+        publish(store, (P0, 1, 5, 10), registered=False)
+    assert (refused.value.reason, refused.value.expected, refused.value.actual) == ("offset", 5, 0)
+
+
 def test_skipping_a_gap_is_guarded_like_a_publish(store: Any) -> None:
     claim(store, "w1", [P0])
     publish(store, (P0, 1, 0, 10))
@@ -151,17 +183,81 @@ def test_release_clears_the_owner_only_for_the_current_claim(store: Any) -> None
     assert store.reclaim_partitions("src", "w2", [(P0, 3)]) == {}  # nothing moved
 
 
-def test_heartbeats_controls_errors_and_specs(store: Any) -> None:
-    store.heartbeat("src", "w1", "host", 1, "0", "running", ["t[0]"], 1)
+def workers(store: Any, source: str = "src") -> list[tuple[Any, ...]]:
+    """What ``ingest status`` lists of the live workers: read through the status query."""
+    return [
+        (r["worker"], r["host"], r["pid"], r["version"], r["state"], list(r["partitions"]), r["spec_version"])
+        for r in store.live_workers(source)
+    ]
+
+
+def test_a_heartbeat_writes_the_workers_row_and_the_next_beat_replaces_it(store: Any) -> None:
+    store.heartbeat("src", "w1", "host-a", 11, "1.0", "starting", [], None)
+    store.heartbeat("src", "w2", "host-b", 12, "1.0", "running", ["t[1]"], 1)
+    assert workers(store) == [
+        ("w1", "host-a", 11, "1.0", "starting", [], None),
+        ("w2", "host-b", 12, "1.0", "running", ["t[1]"], 1),
+    ]
+    # The next beat of w1 (the same id reused by a new process: another host, pid, version).
+    store.heartbeat("src", "w1", "host-c", 13, "1.1", "running", ["t[0]", "t[2]"], 2)
+    assert workers(store) == [
+        ("w1", "host-c", 13, "1.1", "running", ["t[0]", "t[2]"], 2),
+        ("w2", "host-b", 12, "1.0", "running", ["t[1]"], 1),
+    ]
+
+
+def test_a_heartbeat_is_listed_under_the_source_it_names_and_only_while_the_worker_runs(store: Any) -> None:
+    store.heartbeat("other", "w9", "host", 1, "1.0", "running", [], None)  # written, as the table has no check
+    store.heartbeat("src", "w1", "host", 2, "1.0", "stopped", [], 1)
+    store.heartbeat("src", "w2", "host", 3, "1.0", "failed", [], 1)
+    store.heartbeat("src", "w3", "host", 4, "1.0", "draining", ["t[0]"], 1)
+    assert workers(store) == [("w3", "host", 4, "1.0", "draining", ["t[0]"], 1)]
+    assert workers(store, "other") == [("w9", "host", 1, "1.0", "running", [], None)]
+
+
+def test_a_workers_start_is_its_first_beat_unless_the_process_reports_its_own(store: Any) -> None:
+    first = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    store.heartbeat("src", "w1", "host", 1, "1.0", "running", [], 1, started_at=first)
+    store.heartbeat("src", "w1", "host", 1, "1.0", "running", [], 1)  # no start given: kept
+    assert [r["started_at"] for r in store.live_workers("src")] == [first]
+    restarted = first + timedelta(hours=1)
+    store.heartbeat("src", "w1", "host", 2, "1.0", "running", [], 1, started_at=restarted)
+    assert [r["started_at"] for r in store.live_workers("src")] == [restarted]
+
+
+def test_a_recorded_error_is_kept_redacted_and_cut_to_2000_characters_newest_first(store: Any) -> None:
     store.record_error("src", "w1", "BUILD_FAILED", "t[0]: boom")
+    long = "connecting to postgresql://ingest:hunter22@db/ingest failed: " + "x" * 3000
+    store.record_error("src", "w2", "METASTORE_UNAVAILABLE", long)
+    store.record_error("other", "w3", "BUILD_FAILED", "not this source's")
+    errors = [(r["worker"], r["kind"], r["message"]) for r in store.recent_errors("src")]
+    assert errors == [
+        ("w2", "METASTORE_UNAVAILABLE", redact(long)[:2000]),
+        ("w1", "BUILD_FAILED", "t[0]: boom"),
+    ]
+    assert "hunter22" not in errors[0][2] and len(errors[0][2]) == 2000
+    assert [r["kind"] for r in store.recent_errors("src", limit=1)] == ["METASTORE_UNAVAILABLE"]
+
+
+def test_controls_are_read_and_set(store: Any) -> None:
     control = store.control("src")
     assert (control.desired_state, control.drain_stay) == (DesiredState.RUNNING, False)
     store.set_control("src", DesiredState.SUSPENDED)
     assert store.control("src").desired_state is DesiredState.SUSPENDED
-    version, doc = store.latest_spec("src")
-    assert version == 1 and doc["name"] == "src"
+    store.set_control("src", DesiredState.DRAINING, stay=True)
+    control = store.control("src")
+    assert (control.desired_state, control.drain_stay) == (DesiredState.DRAINING, True)
+
+
+def test_the_latest_spec_is_read_with_its_version(store: Any) -> None:
+    assert store.latest_spec("src") == (1, {"name": "src"})
+
+
+def test_an_unknown_source_has_no_controls_and_no_spec(store: Any) -> None:
     with pytest.raises(SourceNotFound):
         store.control("nope")
+    with pytest.raises(SourceNotFound):
+        store.latest_spec("nope")
 
 
 def test_a_split_published_again_answers_with_its_segment_and_writes_nothing(
@@ -173,9 +269,12 @@ def test_a_split_published_again_answers_with_its_segment_and_writes_nothing(
     publish_once = store.publish
     monkeypatch.setattr(store, "publish", lambda item: sent.append(item) or publish_once(item))
     claim(store, "w1", [P0])
-    segment_id = publish(store, (P0, 1, 0, 10))
-    assert store.publish(sent[0]) == segment_id
+    earlier = publish(store, (P0, 1, 0, 5))
+    segment_id = publish(store, (P0, 1, 5, 10))
+    assert segment_id != earlier
+    assert store.publish(sent[1]) == segment_id
     store.claim_partitions("src", "w2", [P0])
-    assert store.publish(sent[0]) == segment_id
-    assert store.segment_for_split(sent[0].segment.split_id) == segment_id
+    assert store.publish(sent[1]) == segment_id
+    assert store.segment_for_split(sent[1].segment.split_id) == segment_id
+    assert store.segment_for_split(sent[0].segment.split_id) == earlier
     assert store.partition_state("src", P0) == (2, 10)

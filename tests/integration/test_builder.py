@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -14,11 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest.build.builder import SparkSegmentBuilder, warm_up_value
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import TopicPartition
-from tests.fakes import FakeRecord, RecordingRegistrar
+from ingest_dev.testkit import wait_until
+from tests.fakes import RecordingRegistrar
 
 TP = TopicPartition("events", 3)
 
@@ -38,7 +40,7 @@ def make_spec(tmp_path: Path, policy: str = "reject", file_partition: str = "non
 
 
 def split_of(values: list[bytes | None], start: int = 100, tp: TopicPartition = TP) -> SealedSplit:
-    records = tuple(FakeRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
+    records = tuple(SyntheticRecord(start + i, v, f"k{i}".encode() if i % 2 else None) for i, v in enumerate(values))
     return SealedSplit(
         id=uuid.uuid4(),
         tp=tp,
@@ -118,9 +120,8 @@ def trip_once_a_job_runs(spark: Any, switch: KillSwitch, timeout_s: float = 60.0
 
     def watch() -> None:
         tracker = spark.sparkContext.statusTracker()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not tracker.getActiveJobsIds():
-            time.sleep(0.005)
+        with contextlib.suppress(TimeoutError):  # then the trip comes before the job: still killed
+            wait_until(tracker.getActiveJobsIds, timeout_s, "the build's Spark job", interval=0.005)
         switch.trip("revoke")
 
     watcher = threading.Thread(target=watch, daemon=True)

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,7 @@ import yaml
 from ingest.build.spark_jars import spark_jars_dir
 from ingest.ops.metrics import Metrics
 from ingest.table.metrics import TableMetrics
-from ingest_dev.process import free_port
-from tests.fixtures.spark_connect import port_open
+from ingest_dev.testkit import free_port, port_open, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "deploy" / "prometheus"
@@ -148,11 +146,12 @@ def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> No
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 300
-        while not port_open(port):
+
+        def listening() -> bool:
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
-            assert time.monotonic() < deadline, "the Spark Connect server did not listen within 300 s"
-            time.sleep(1)
+            return port_open(port)
+
+        wait_until(listening, 300, "the Spark Connect server to listen", interval=1)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

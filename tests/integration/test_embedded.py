@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from ingest_dev.kafka_clients import create_topic, produce_records
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port, wait_until
 from tests.fixtures.servers import MakeTopic
 
 pytestmark = pytest.mark.timeout(60)
@@ -128,14 +128,17 @@ def test_produce_and_consume_back(kafka_bootstrap: str, make_topic: MakeTopic) -
         consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
         seen: dict[tuple[bytes | None, bytes | None], int] = {}
         last_offset: dict[int, int] = {}
-        deadline = time.monotonic() + 15
-        while len(seen) < 1000 and time.monotonic() < deadline:
+
+        def consumed_all() -> bool:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
                 assert msg.error() is None, msg.error()
                 partition, offset = msg.partition(), msg.offset()
                 assert partition is not None and offset is not None
                 seen[(msg.key(), msg.value())] = partition
                 last_offset[partition] = max(last_offset.get(partition, -1), offset)
+            return len(seen) >= 1000
+
+        wait_until(consumed_all, 15, "the 1000 records", interval=0, detail=lambda: f"{len(seen)} consumed")
     finally:
         consumer.close()
 

@@ -8,7 +8,6 @@ network path does: the server's session survives, unlike one ended by pg_termina
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from ingest.publish.settle import Outcome, Published
 from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from metastore.errors import Session
 from tests.fakes import make_split
@@ -88,13 +88,6 @@ class LookupHook:
         return found
 
 
-def _wait(condition: Callable[[], object], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def admin(database_url: str) -> Iterator[Metastore]:
     with Metastore(database_url) as store:
@@ -134,7 +127,12 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
             # The lookup ran while the orphaned session still waited: it found nothing. Now
             # the lock goes, the orphan commits, and only then may the retry come.
             locker.rollback()
-            _wait(lambda: watcher.segment_for_split(split.id) is not None, "the orphaned session to commit")
+            wait_until(
+                lambda: watcher.segment_for_split(split.id) is not None,
+                WAIT_S,
+                "the orphaned session to commit",
+                interval=0.02,
+            )
 
         hook = LookupHook(through_proxy, release_after_the_lookup)
         publisher = Publisher(hook, "src", "w1", backoff=Backoff(0.01, 0.05))
@@ -157,10 +155,12 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
                 waiting.extend(row or ())
                 return row is not None
 
-            _wait(publish_waits_on_the_lock, "the publish to wait for the row lock")
+            wait_until(publish_waits_on_the_lock, WAIT_S, "the publish to wait for the row lock", interval=0.02)
             assert proxy.cut() == 1  # the publisher's connection, and only its client side
             outcomes: list[Outcome] = []
-            _wait(lambda: outcomes.extend(pipeline.poll()) or outcomes, "the split's outcome")
+            wait_until(
+                lambda: outcomes.extend(pipeline.poll()) or outcomes, WAIT_S, "the split's outcome", interval=0.02
+            )
             orphan_alive = activity.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (waiting[0],)).fetchone()
         finally:
             pipeline.close(timeout=30)

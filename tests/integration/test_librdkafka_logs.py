@@ -14,7 +14,7 @@ SCRIPT = """
 import time
 from confluent_kafka import Consumer
 from ingest.config import kafka_client
-from ingest_dev.process import free_port
+from ingest_dev.testkit import free_port
 from ingest.logs import configure_logging
 
 configure_logging("json")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.testkit import wait_until
 from metastore import Metastore, PublishConflict, SourceNotFound, apply_migrations
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, SchemaMissing
 
@@ -248,12 +248,14 @@ def test_a_publish_whose_connection_dies_has_an_unknown_outcome(store: Metastore
     with row_locked(database_url, T0), psycopg.connect(database_url, autocommit=True) as admin:
         thread = threading.Thread(target=run)
         thread.start()
-        deadline = time.monotonic() + 10
-        while not admin.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
-        ).fetchone():
-            assert time.monotonic() < deadline, "the publish never waited for the row lock"
-            time.sleep(0.02)
+        wait_until(
+            lambda: admin.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
+            ).fetchone(),
+            10,
+            "the publish to wait for the row lock",
+            interval=0.02,
+        )
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         thread.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], CommitOutcomeUnknown)

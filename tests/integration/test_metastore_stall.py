@@ -22,11 +22,11 @@ from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from metastore.connection import ConnectionLimits, connect
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 from metastore.migrations import yoyo_url
-from tests.acceptance.harness import wait_until
 from tests.fakes import FakeBuilder, make_split
 from tests.integration.test_metastore import item, register
 
@@ -150,7 +150,7 @@ def test_once_the_session_is_ended_the_lookup_is_final(store: Metastore, proxy: 
     session = unknown.session
     assert session is not None
     # Ended from another connection while the publish is still held on its way to it.
-    wait_until(lambda: store.end_session(session), 10, "the session to end", 0.05)
+    wait_until(lambda: store.end_session(session), 10, "the session to end", interval=0.05)
     assert store.segment_for_split(publish.segment.split_id) is None
     proxy.resume()  # the held publish reaches a closed socket
     segment_id = store.publish(publish)  # the retry: the only commit
@@ -199,11 +199,11 @@ def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
                 watch.check()
                 return watch.stalled_reason is not None
 
-            wait_until(stalled, REPLY_BOUND_S + 10, "the health check to report the stuck publish", 0.05)
+            wait_until(stalled, REPLY_BOUND_S + 10, "the health check to report the stuck publish", interval=0.05)
             reason = watch.stalled_reason
             assert reason is not None and f"publish of {T0} [0, 10) unfinished" in reason, reason
             # The publish call itself came back within its bound, as an unknown outcome.
-            wait_until(lambda: bool(errors), REPLY_BOUND_S + 10, "the first attempt to end", 0.05)
+            wait_until(lambda: bool(errors), REPLY_BOUND_S + 10, "the first attempt to end", interval=0.05)
             assert errors[0][0] - paused_at < REPLY_BOUND_S + 3 and isinstance(errors[0][1], CommitOutcomeUnknown)
             proxy.resume()
 
@@ -211,7 +211,7 @@ def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
                 watch.check()
                 return pipeline.inflight_count == 0
 
-            wait_until(done, 30, "the publish to finish once the path works", 0.05)
+            wait_until(done, 30, "the publish to finish once the path works", interval=0.05)
         (outcome,) = pipeline.poll()
         assert isinstance(outcome, Published), outcome
         assert watch.stalled_reason is None

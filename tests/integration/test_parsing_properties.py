@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ingest.build.builder import SparkSegmentBuilder
-from ingest.build.split import KillSwitch, SealedSplit
+from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.spec import spec_from_dict
 from ingest_common.model import TopicPartition
-from tests.fakes import FakeRecord, RecordingRegistrar
+from tests.fakes import RecordingRegistrar
 
 GOOD_TS = st.sampled_from(
     [
@@ -121,7 +121,7 @@ def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
             "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "note": "string"},
         }
     )
-    fakes = tuple(FakeRecord(i, value) for i, (value, _) in enumerate(records))
+    fakes = tuple(SyntheticRecord(i, value) for i, (value, _) in enumerate(records))
     split = SealedSplit(
         id=uuid.uuid4(),
         tp=TopicPartition("t", 0),

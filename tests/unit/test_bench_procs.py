@@ -16,7 +16,7 @@ def test_a_worker_name_already_logged_is_refused_before_anything_starts(tmp_path
     (tmp_path / "ingest_1-0.log").write_text('{"event": "segment_published", "publish_ms": 1.0}\n')
 
     with pytest.raises(FileExistsError):
-        WorkerProcess.start("ingest_1-0", "src", {}, tmp_path, 0, tmp_path)
+        WorkerProcess("ingest_1-0", "src", {}, tmp_path, 0, tmp_path).start()
 
     assert (tmp_path / "ingest_1-0.log").read_text().startswith('{"event": "segment_published"')
 

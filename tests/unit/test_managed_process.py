@@ -1,7 +1,9 @@
-"""ManagedProcess, the base of the local servers: readiness deadline, log capture, port retries, cleanup."""
+"""ManagedProcess, the base of the local servers and of IngestProcess: readiness deadline, log
+capture, port retries, cleanup."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +11,9 @@ from typing import Self
 
 import pytest
 
+from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.process import ManagedProcess
+from ingest_dev.testkit import wait_until
 
 
 class Script(ManagedProcess):
@@ -83,3 +87,15 @@ def test_a_server_not_ready_by_the_deadline_is_killed() -> None:
         proc.start()
     assert not proc.is_running()
     assert proc._base_dir is None
+
+
+def test_an_ingest_command_runs_in_its_own_group_logs_to_its_file_and_reports_its_exit(tmp_path: Path) -> None:
+    proc = IngestProcess(["--version"], dict(os.environ), tmp_path, "version").start()
+    assert proc.pid is not None and os.getpgid(proc.pid) == proc.pid
+    assert wait_until(lambda: proc.poll() is not None, 60, "ingest --version to exit", interval=0.05)
+    proc.stop()
+    assert proc.poll() == 0
+    assert proc.log_path == tmp_path / "version.log" and proc.log_path.read_text().strip()
+    # A second process of the same name would write into this one's log: refused.
+    with pytest.raises(FileExistsError):
+        IngestProcess(["--version"], dict(os.environ), tmp_path, "version").start()

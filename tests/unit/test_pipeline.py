@@ -12,11 +12,13 @@ from datetime import UTC, datetime
 import pytest
 
 from ingest.backoff import Backoff
+from ingest.build.split import SealedSplit
 from ingest.publish.pipeline import BUILD_RETRY, Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import KillReason, SegmentToPublish, TopicPartition
+from ingest_dev.testkit import wait_until
 from metastore.errors import CommitOutcomeUnknown, Session
 from tests.fakes import FakeBuilder, FakeClock, FakeStore, make_split
 
@@ -34,8 +36,8 @@ def store() -> FakeStore:
 
 
 @pytest.fixture
-def builder() -> FakeBuilder:
-    return FakeBuilder()
+def builder(store: FakeStore) -> FakeBuilder:
+    return FakeBuilder().register_with(store)
 
 
 @pytest.fixture
@@ -56,12 +58,19 @@ def pipeline(store: FakeStore, builder: FakeBuilder) -> Iterator[Pipeline]:
 
 def drain(pipeline: Pipeline, n: int, timeout: float = 5.0) -> list[Outcome]:
     outcomes: list[Outcome] = []
-    deadline = time.monotonic() + timeout
-    while len(outcomes) < n and time.monotonic() < deadline:
-        outcomes.extend(pipeline.poll())
-        time.sleep(0.005)
+    wait_until(
+        lambda: outcomes.extend(pipeline.poll()) or len(outcomes) >= n,
+        timeout,
+        f"{n} outcome(s)",
+        interval=0.005,
+        detail=lambda: f"{outcomes}",
+    )
     assert len(outcomes) == n, outcomes
     return outcomes
+
+
+def built(builder: FakeBuilder, split: SealedSplit) -> bool:
+    return any(b.id == split.id for b in builder.built)
 
 
 def test_a_partition_publishes_in_offset_order_even_when_a_later_split_builds_first(
@@ -71,13 +80,16 @@ def test_a_partition_publishes_in_offset_order_even_when_a_later_split_builds_fi
     builder.gates[0] = gate
     first, second = make_split(P0, 0, 10), make_split(P0, 10, 20)
     pipeline.submit(first)
-    pipeline.submit(second)
-    time.sleep(0.1)
+    wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)
+    pipeline.submit(second)  # the other build thread takes it
+    wait_until(lambda: built(builder, second), 5, "the later split to be built", interval=0.005)
     assert store.segments == {}  # the second is built but must wait for the first
     gate.set()
     outcomes = drain(pipeline, 2)
     assert [o.split.start for o in outcomes] == [0, 10]
     assert all(isinstance(o, Published) for o in outcomes)
+    assert [b.start for b in builder.built] == [10, 0]  # built before the earlier split was, let alone published
+    assert list(store.segments) == [first.id, second.id]
     assert store.next_offsets[P0] == 20
 
 
@@ -155,16 +167,19 @@ def test_a_split_committed_by_a_session_that_outlived_its_connection_is_answered
     pipeline: Pipeline, builder: FakeBuilder, store: FakeStore
 ) -> None:
     """The reply is lost while the publish waits on the server; the lookup finds nothing;
-    then the orphaned session commits: the retry learns the split is published."""
+    then the orphaned session commits: the retry learns the split is published, and its id."""
+    earlier = make_split(P0, 0, 5)
+    pipeline.submit(earlier)
+    drain(pipeline, 1)
     store.lose_reply = 1
     store.on_lookup = lambda _split_id: store.commit_orphans()
-    split = make_split(P0, 0, 10)
+    split = make_split(P0, 5, 10)
     pipeline.submit(split)
     (outcome,) = drain(pipeline, 1)
     store.on_lookup = None
     assert isinstance(outcome, Published), outcome
-    assert outcome.segment_id == store.segment_for_split(split.id)
-    assert list(store.segments) == [split.id] and store.next_offsets[P0] == 10
+    assert outcome.segment_id == store.segment_for_split(split.id) == 2  # the second segment's, not the first's
+    assert list(store.segments) == [earlier.id, split.id] and store.next_offsets[P0] == 10
     assert builder.discarded == []
 
 
@@ -239,7 +254,9 @@ class SilentStore(FakeStore):
 def test_an_unknown_outcome_is_looked_up_only_once_its_session_has_ended() -> None:
     store = SilentStore(serials={P0: 1}, next_offsets={P0: 0})
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    pipeline = Pipeline(FakeBuilder(), publisher, SpecHolder(SPEC, 1), build_threads=1, batch_linger_s=0.0)
+    pipeline = Pipeline(
+        FakeBuilder().register_with(store), publisher, SpecHolder(SPEC, 1), build_threads=1, batch_linger_s=0.0
+    )
     try:
         pipeline.submit(make_split(P0, 0, 10))
         (outcome,) = drain(pipeline, 1)
@@ -281,7 +298,7 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
     )
     try:
         pipeline.submit(make_split(P0, 0, 10))  # taken alone; holds the only build thread
-        time.sleep(0.05)
+        wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)
         for split in (make_split(P0, 10, 20), make_split(P1, 0, 30), make_split(P1, 30, 40)):
             pipeline.submit(split)
         gate.set()
@@ -319,11 +336,13 @@ def test_a_split_without_records_is_published_in_its_place_without_a_build(
     markers = dataclasses.replace(make_split(P0, 10, 12), records=(), size_bytes=0)
     pipeline.submit(records)
     pipeline.submit(markers)
-    time.sleep(0.1)
-    assert store.next_offsets[P0] == 0  # the empty split did not jump the queue
+    wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)
     gate.set()
     outcomes = drain(pipeline, 2)
+    # Published before the split ahead of it, the empty one would have been refused (offset).
     assert [type(o) for o in outcomes] == [Published, Published]
+    assert [o.split.id for o in outcomes] == [records.id, markers.id]
+    assert list(store.segments) == [records.id, markers.id]  # the empty split did not jump the queue
     assert store.next_offsets[P0] == 12
     assert [s.start for s in builder.built] == [0]  # nothing was built for the markers
     published = store.segments[markers.id].segment

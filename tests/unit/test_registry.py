@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -10,6 +11,7 @@ import pytest
 from ingest.consume.background import Background
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest_common.model import DesiredState, WorkerState
+from ingest_dev.testkit import wait_until
 from tests.fakes import MemoryMetastore
 from tests.loop_harness import context
 
@@ -24,11 +26,16 @@ def parts() -> Iterator[tuple[MemoryMetastore, Background, WorkerRegistry]]:
 
 
 def until(done: Callable[[], bool], background: Background) -> None:
-    deadline = time.monotonic() + 5
-    while not done():
-        assert time.monotonic() < deadline
-        background.apply_done()
-        time.sleep(0.002)
+    """Apply finished background calls (as the polling thread does) until ``done()``."""
+    wait_until(lambda: done() or background.apply_done(), 5, "the background calls", interval=0.002)
+
+
+def finished(background: Background) -> threading.Event:
+    """Set once every call submitted so far has run (one call at a time, in order); their
+    results are not applied."""
+    marker = threading.Event()
+    background.submit(marker.set)
+    return marker
 
 
 def test_controls_change_only_when_the_polling_thread_applies_the_result(
@@ -37,8 +44,8 @@ def test_controls_change_only_when_the_polling_thread_applies_the_result(
     store, background, registry = parts
     store.set_control("src", DesiredState.SUSPENDED)
     registry.beat(WorkerState.RUNNING, ["t[0]"], force=True)
-    until(lambda: bool(store.heartbeats), background)
-    time.sleep(0.05)
+    assert finished(background).wait(5)
+    assert store.heartbeats == [("w1", "running", ("t[0]",))]
     assert registry.desired_state is DesiredState.RUNNING  # read, not applied yet
     background.apply_done()
     assert registry.control is not None and registry.control.desired_state is DesiredState.SUSPENDED

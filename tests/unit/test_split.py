@@ -7,21 +7,20 @@ from contextlib import contextmanager
 import pytest
 from confluent_kafka import Message
 
-from ingest.build.split import KillSwitch, PartitionBuffer, held_bytes
+from ingest.build.split import KillSwitch, PartitionBuffer, SyntheticRecord, held_bytes
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
 from ingest_common.model import TopicPartition
-from tests.fakes import FakeRecord
 
 TP = TopicPartition("t", 0)
 UNBOUNDED = SplitLimits(max_records=10**9, max_bytes=10**18, max_age_s=3600.0)
-# What one FakeRecord with the default value holds.
-HELD = held_bytes(FakeRecord(0), TP.topic)
+# What one SyntheticRecord with the default value holds.
+HELD = held_bytes(SyntheticRecord(0), TP.topic)
 
 
 def add(buf: PartitionBuffer, offset: int, size: int) -> bool:
     """One record of ``size`` bytes through the consumer loop's path (``take``); True if kept."""
-    _, added, _ = buf.take([FakeRecord(offset, b"x" * size)], 0, 1, 0.0, UNBOUNDED)
+    _, added, _ = buf.take([SyntheticRecord(offset, b"x" * size)], 0, 1, 0.0, UNBOUNDED)
     return added == 1
 
 
@@ -52,7 +51,7 @@ def test_logical_start_takes_the_first_record_offset() -> None:
 
 def test_take_stops_at_the_record_that_fills_the_buffer_and_the_rest_starts_the_next_split() -> None:
     limits = SplitLimits(max_records=3, max_bytes=10_000, max_age_s=60.0)
-    run = [FakeRecord(o) for o in range(10, 15)]
+    run = [SyntheticRecord(o) for o in range(10, 15)]
     buf = PartitionBuffer(TP, serial=1, position=10)
     assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (3, 3, 3 * HELD)
     assert buf.full(limits) == "records"
@@ -65,7 +64,7 @@ def test_take_stops_at_the_record_that_fills_the_buffer_and_the_rest_starts_the_
 
 def test_take_drops_records_before_the_position_or_repeated_and_counts_only_what_it_kept() -> None:
     limits = SplitLimits(max_records=100, max_bytes=10_000, max_age_s=60.0)
-    run = [FakeRecord(o) for o in (98, 99, 100, 100, 101)]
+    run = [SyntheticRecord(o) for o in (98, 99, 100, 100, 101)]
     buf = PartitionBuffer(TP, serial=1, position=100)
     assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (5, 2, 2 * HELD)
     split = buf.seal("age")
@@ -73,7 +72,7 @@ def test_take_drops_records_before_the_position_or_repeated_and_counts_only_what
 
 
 def test_take_stops_on_bytes_and_a_logical_start_takes_the_first_offset() -> None:
-    run = [FakeRecord(o, b"abc") for o in (42, 43, 44)]
+    run = [SyntheticRecord(o, b"abc") for o in (42, 43, 44)]
     each = held_bytes(run[0], TP.topic)
     limits = SplitLimits(max_records=100, max_bytes=2 * each - 1, max_age_s=60.0)
     buf = PartitionBuffer(TP, serial=1, position=None)
