@@ -51,7 +51,9 @@ def registry_from_dict(doc: object) -> RegistrySettings:
         raise ConfigError(
             f"registry: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_REGISTRY_KEYS))}"
         )
-    url = doc.get("url")
+    if "url" not in doc:
+        raise ConfigError("registry.url: missing (required: the registry's base URL)")
+    url = doc["url"]
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"registry.url: expected an http:// or https:// URL, got {shown(url)}")
     if "@" in url.partition("://")[2].partition("/")[0]:
