@@ -17,6 +17,7 @@ ingest (top level: the shared base, and the worker process that wires the layers
     errors         the worker's exceptions under ingest_common's root (exit codes there)
     backoff        every retry and wait schedule (Backoff) and the clock it runs on (Clock)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
+    formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
     config         settings from the environment; librdkafka client configuration
     logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
     worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop
@@ -43,6 +44,7 @@ ingest.build (sealed splits into Parquet files, invisible until published)
     registration   every build registered in the metastore before it writes
     builder        the Spark job over a batch of splits: stage, parse, write, account
     plan           the staged files' layout and the expressions that parse them
+    writer_schemas a batch's Avro writer schemas, fetched from the registry once and cached
     output_files   which split each output file belongs to, from its footers
     segment_store  the store's layout and file operations (file://, s3a://, ...)
     spark          the worker's one SparkSession (local, standalone or Spark Connect)

@@ -35,7 +35,9 @@ WARM_UP_RECORDS = 2000
 # Secrets the process reads from the environment without naming them in a setting: S3A (in the
 # Spark JVM), pyarrow and the Iceberg catalog's file IO take the AWS credentials, libpq the
 # metastore password when INGEST_DATABASE_URL has none. Their values are redacted like the rest.
-SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD")
+# INGEST_SCHEMA_REGISTRY_USER_INFO is "user:password" (the registry client's basic auth); its
+# password is also registered alone (secret_values).
+SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD", "INGEST_SCHEMA_REGISTRY_USER_INFO")
 # Properties the protocol depends on: a user may not override them.
 PROTOCOL_PROPERTIES = {
     "enable.auto.commit": "false",
@@ -143,6 +145,7 @@ class Settings:
         from the environment (SECRET_ENV_VARS)."""
         values = [v for k, v in self.kafka_properties.items() if is_secret_name(k)]
         values.extend(self.environment_secrets)
+        values.extend(v.partition(":")[2] for v in self.environment_secrets if ":" in v)
         # A string libpq does not accept fails at connect, its message redacted by pattern.
         with contextlib.suppress(psycopg.Error):
             values.append(str(conninfo_to_dict(self.database_url).get("password", "")))

@@ -10,11 +10,21 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from ingest.errors import ConfigError, shown
+from ingest.formats import (
+    FORMATS,
+    FRAMED_FORMATS,
+    RegistrySettings,
+    SchemaFrom,
+    avro_columns,
+    avro_reader_schema,
+    latest_schema,
+    registry_from_dict,
+)
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
@@ -49,6 +59,8 @@ _TOP_LEVEL_KEYS = {
     "consumer_group",
     "on_offset_out_of_range",
     "file_partition",
+    "registry",
+    "schema_from",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 
@@ -80,6 +92,12 @@ class SourceSpec:
     # build): every file then lies in one partition of an Iceberg table partitioned by it or
     # by a coarser transform (Iceberg registers a file only whole).
     file_partition: PartitionBy = PartitionBy.NONE
+    # Formats avro and json_schema: the registry their records' schema ids refer to.
+    registry: RegistrySettings | None = None
+    # Format avro: where the reader schema comes from, and the reader schema itself (Avro
+    # JSON), fixed when the spec is applied (resolve_registry_schema) and stored with it.
+    schema_from: SchemaFrom = "spec"
+    reader_schema: str = ""
 
     @property
     def group_id(self) -> str:
@@ -109,6 +127,9 @@ class SourceSpec:
             # Specs stored before the option existed had the "fail" behaviour.
             on_offset_out_of_range=doc.get("on_offset_out_of_range", "fail"),
             file_partition=PartitionBy(doc.get("file_partition", PartitionBy.NONE)),
+            registry=RegistrySettings(**doc["registry"]) if doc.get("registry") else None,
+            schema_from=doc.get("schema_from", "spec"),
+            reader_schema=doc.get("reader_schema", ""),
         )
 
 
@@ -206,7 +227,9 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         raise ConfigError(
             f"unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TOP_LEVEL_KEYS))}"
         )
-    for required in ("name", "topics", "schema", "event_time"):
+    schema_from = _choice("schema_from", doc.get("schema_from", "spec"), ("spec", "registry"))
+    fmt = _choice("format", doc.get("format", "json"), FORMATS)
+    for required in ("name", "topics", "event_time", *(("schema",) if schema_from == "spec" else ())):
         if required not in doc:
             raise ConfigError(f"{required}: missing (required)")
     name = validate_source_name(doc["name"])
@@ -220,30 +243,22 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     if len(set(topics)) != len(topics):
         raise ConfigError("topics: lists a topic twice")
 
-    schema = doc["schema"]
-    if not isinstance(schema, dict) or not schema:
-        raise ConfigError("schema: expected a table of column = type with at least one column")
-    columns: list[tuple[str, str]] = []
-    for column, ctype in schema.items():
-        if not _COLUMN_RE.fullmatch(column):
-            raise ConfigError(
-                f"schema.{column}: invalid column name (letter first, then letters, digits, _; "
-                "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
-            )
-        if not isinstance(ctype, str) or ctype.strip().lower() not in ALLOWED_TYPES:
-            raise ConfigError(f"schema.{column}: type {shown(ctype)} is not one of {', '.join(ALLOWED_TYPES)}")
-        columns.append((column, ctype.strip().lower()))
-    if len({c.lower() for c, _ in columns}) != len(columns):
-        raise ConfigError("schema: column names must be unique ignoring case")
-
+    registry = registry_from_dict(doc["registry"]) if "registry" in doc else None
+    if fmt in FRAMED_FORMATS and registry is None:
+        raise ConfigError(f'format = "{fmt}": needs a [registry] section with url = the schema registry\'s URL')
+    if schema_from == "registry":
+        if fmt != "avro":
+            raise ConfigError('schema_from = "registry": only with format = "avro"')
+        if "schema" in doc:
+            raise ConfigError('schema: not allowed with schema_from = "registry" (the columns come from the registry)')
+        columns: list[tuple[str, str]] = []
+    else:
+        columns = _columns(doc["schema"])
     event_time = doc["event_time"]
-    types = dict(columns)
     if not isinstance(event_time, str):
         raise ConfigError(f"event_time: expected the name of a timestamp column, got {shown(event_time)}")
-    if event_time not in types:
-        raise ConfigError(f"event_time: {shown(event_time)} is not a column of [schema]")
-    if types[event_time] != "timestamp":
-        raise ConfigError(f"event_time: column {shown(event_time)} must have type timestamp, has {types[event_time]}")
+    if columns:
+        _check_event_time(tuple(columns), event_time)
 
     split_doc = doc.get("split", {})
     if not isinstance(split_doc, dict):
@@ -279,7 +294,10 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
             doc.get("segment_store", "file:///var/lib/ingest/segments"), base_dir=base_dir
         ),
         start_from=cast(StartFrom, _choice("start_from", doc.get("start_from", "earliest"), ("earliest", "latest"))),
-        format=_choice("format", doc.get("format", "json"), ("json",)),
+        format=fmt,
+        registry=registry,
+        schema_from=cast(SchemaFrom, schema_from),
+        reader_schema=avro_reader_schema(tuple(columns)) if fmt == "avro" and columns else "",
         on_parse_error=cast(
             ParseErrorPolicy, _choice("on_parse_error", doc.get("on_parse_error", "reject"), ("reject", "skip", "fail"))
         ),
@@ -293,6 +311,47 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
             _choice("file_partition", doc.get("file_partition", "none"), tuple(p.value for p in PartitionBy))
         ),
     )
+
+
+def _columns(schema: object) -> list[tuple[str, str]]:
+    if not isinstance(schema, dict) or not schema:
+        raise ConfigError("schema: expected a table of column = type with at least one column")
+    columns: list[tuple[str, str]] = []
+    for column, ctype in schema.items():
+        if not _COLUMN_RE.fullmatch(column):
+            raise ConfigError(
+                f"schema.{column}: invalid column name (letter first, then letters, digits, _; "
+                "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
+            )
+        if not isinstance(ctype, str) or ctype.strip().lower() not in ALLOWED_TYPES:
+            raise ConfigError(f"schema.{column}: type {shown(ctype)} is not one of {', '.join(ALLOWED_TYPES)}")
+        columns.append((column, ctype.strip().lower()))
+    if len({c.lower() for c, _ in columns}) != len(columns):
+        raise ConfigError("schema: column names must be unique ignoring case")
+    return columns
+
+
+def _check_event_time(columns: tuple[tuple[str, str], ...], event_time: str) -> None:
+    types = dict(columns)
+    if event_time not in types:
+        raise ConfigError(f"event_time: {shown(event_time)} is not a column of [schema]")
+    if types[event_time] != "timestamp":
+        raise ConfigError(f"event_time: column {shown(event_time)} must have type timestamp, has {types[event_time]}")
+
+
+def resolve_registry_schema(spec: SourceSpec) -> SourceSpec:
+    """With ``schema_from = "registry"``, the spec with its reader schema and columns taken from
+    the latest version of the (first) topic's subject, as applied: later versions reach the
+    spec only through another ``source apply``. Any other spec is returned as it is."""
+    if spec.schema_from != "registry" or spec.registry is None:
+        return spec
+    schema = latest_schema(spec.registry, spec.topics[0])
+    columns = avro_columns(schema)
+    for column, _ in columns:
+        if not _COLUMN_RE.fullmatch(column):
+            raise ConfigError(f"schema_from = registry: field {column!r} is not a valid column name")
+    _check_event_time(columns, spec.event_time)
+    return replace(spec, schema=columns, reader_schema=schema)
 
 
 def load_spec_file(path: Path) -> tuple[SourceSpec, str]:

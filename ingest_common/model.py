@@ -12,7 +12,18 @@ StartFrom = Literal["earliest", "latest"]
 
 # Why a record could not be parsed: the builder's `_error` values, the reason label of
 # ingest_records_rejected_total / ingest_records_skipped_total. A fixed set (no label explosion).
-PARSE_ERRORS = ("invalid_json", "type_mismatch", "invalid_utf8", "null_value", "missing_event_time")
+PARSE_ERRORS = (
+    "invalid_json",
+    "type_mismatch",
+    "invalid_utf8",
+    "null_value",
+    "missing_event_time",
+    # Formats avro and json_schema (the Confluent wire format): no zero magic byte and 4-byte
+    # schema id; an id the registry does not know; an Avro body that does not decode.
+    "not_confluent_framed",
+    "unknown_schema_id",
+    "undecodable",
+)
 
 
 # The label values of the worker's counters. Each set is fixed (no label explosion), and every

@@ -37,9 +37,10 @@ from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, make_plan, stage_records
 from ingest.build.registration import BuildRegistrar
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.build.writer_schemas import WriterSchemas
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
 from ingest.spec import SourceSpec
-from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, PartitionBy, TopicPartition
+from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
 
 log = structlog.get_logger(__name__)
 
@@ -96,8 +97,9 @@ class SparkSegmentBuilder:
     def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
         self._spark = spark
         self._registrar = registrar
-        self._plans: dict[tuple[tuple[tuple[str, str], ...], str, PartitionBy], Plan] = {}
+        self._plans: dict[tuple[Any, ...], Plan] = {}
         self._plans_lock = threading.Lock()
+        self._writer_schemas = WriterSchemas()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
         """One split on its own: its segment, or the exception its build ended with."""
@@ -254,15 +256,29 @@ class SparkSegmentBuilder:
             write_statistics=False,
         )
 
-    def _plan(self, spec: SourceSpec) -> Plan:
-        """The column expressions of a build, made once per (schema, event time): building
-        them costs hundreds of Py4J round trips, which would otherwise be paid per batch and
-        contend for the GIL with the consumer thread."""
-        key = (spec.schema, spec.event_time, spec.file_partition)
+    def _plan(self, spec: SourceSpec, splits: Sequence[SealedSplit]) -> Plan:
+        """The column expressions of a build, made once per (format, schema, event time, and
+        for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
+        which would otherwise be paid per batch and contend for the GIL with the consumer
+        thread. Avro's writer schemas are fetched here, before the job (a registry that does
+        not answer fails the build, ingest.build.writer_schemas)."""
+        writers: dict[int, str] = {}
+        if spec.format == "avro":
+            assert spec.registry is not None  # validated with the spec
+            writers = self._writer_schemas.for_batch(splits, spec.registry)
+        key = (
+            spec.format,
+            spec.registry,
+            spec.schema,
+            spec.event_time,
+            spec.file_partition,
+            spec.reader_schema,
+            tuple(writers),
+        )
         with self._plans_lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = make_plan(spec)
+                plan = self._plans[key] = make_plan(spec, writers)
             return plan
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
@@ -292,7 +308,7 @@ class SparkSegmentBuilder:
     def _run(
         self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_dir: str, rejects_dir: str
     ) -> dict[uuid.UUID, BuildResult]:
-        plan = self._plan(spec)
+        plan = self._plan(spec, splits)
         total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:

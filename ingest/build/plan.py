@@ -11,12 +11,14 @@ coordinates (``META_COLUMNS``) beside the schema's columns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from ingest.build.split import SealedSplit
+from ingest.formats import DECODED_FIELD, HEADER_BYTES, reader_for_writer
 from ingest.spec import SourceSpec
 from ingest_common.model import PartitionBy
 
@@ -98,7 +100,27 @@ _FILE_PARTITION_FORMATS = {
 }
 
 
-def make_plan(spec: SourceSpec) -> Plan:
+def _framing() -> tuple[Any, Any, Any]:
+    """The Confluent wire format in Spark: whether a value is framed, its schema id, its body."""
+    from pyspark.sql import functions as F
+
+    value = F.col("_value")
+    framed = (F.length(value) >= HEADER_BYTES) & (F.substring(value, 1, 1) == F.lit(bytes([0])))
+    schema_id = F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
+    body = F.expr(f"substring(_value, {HEADER_BYTES + 1}, length(_value) - {HEADER_BYTES})")
+    return framed, schema_id, body
+
+
+def make_plan(spec: SourceSpec, writers: Mapping[int, str] | None = None) -> Plan:
+    """``writers``: for format avro, the writer schema (Avro JSON) of every schema id the batch
+    holds that the registry knows; a framed record with any other id is ``unknown_schema_id``."""
+    if spec.format == "avro":
+        return _plan(spec, *_avro_parse(spec, writers or {}))
+    return _plan(spec, *_json_parse(spec))
+
+
+def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
+    """The parsed struct of format json (json_schema: after the header) and the error column."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -107,14 +129,19 @@ def make_plan(spec: SourceSpec) -> Plan:
         + [T.StructField(CORRUPT, T.StringType(), True)]
     )
     value = F.col("_value")
+    framed, _, body = _framing()
+    if spec.format == "json_schema":
+        value = body
     text = value.cast("string")
     parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     event_time = F.col("_p").getField(spec.event_time)
     corrupt = F.col("_p").getField(CORRUPT)
     # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
+    error = F.when(F.col("_value").isNull(), F.lit("null_value"))
+    if spec.format == "json_schema":
+        error = error.when(~framed, F.lit("not_confluent_framed"))
     error = (
-        F.when(value.isNull(), F.lit("null_value"))
-        .when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
+        error.when(~F.is_valid_utf8(value), F.lit("invalid_utf8"))
         # from_json gives a null struct (not a corrupt record) for blank input and `null`.
         .when(F.col("_p").isNull(), F.lit("invalid_json"))
         .when(corrupt.isNull() & event_time.isNotNull(), F.lit(None).cast("string"))
@@ -122,6 +149,48 @@ def make_plan(spec: SourceSpec) -> Plan:
         .when(F.json_object_keys(text).isNull(), F.lit("invalid_json"))
         .otherwise(F.lit("type_mismatch"))
     )
+    return parsed, error
+
+
+def _avro_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any, Any]:
+    """Format avro: one from_avro per writer schema of the batch, chosen by the record's schema
+    id (one job for a batch of several writers), each resolved to the reader schema by Avro's
+    rules. PERMISSIVE: a body that does not decode gives a row of nulls (DECODED_FIELD null
+    too), never a failed job."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    from pyspark.sql.avro.functions import from_avro
+
+    framed, schema_id, body = _framing()
+    from_spec = spec.schema_from == "spec"
+    no_writer = F.lit(None).cast(
+        T.StructType(
+            [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
+            + [T.StructField(DECODED_FIELD, T.BooleanType(), True)]
+        )
+    )
+    parsed: Any = None
+    for sid, writer in sorted(writers.items()):
+        reader = reader_for_writer(spec.reader_schema, writer, from_spec)
+        decoded = from_avro(body, writer, {"mode": "PERMISSIVE", "avroSchema": reader})
+        parsed = (F.when if parsed is None else parsed.when)(framed & (schema_id == F.lit(sid)), decoded)
+    parsed = no_writer if parsed is None else parsed
+    known = schema_id.isin(*sorted(writers)) if writers else F.lit(False)
+    error = (
+        F.when(F.col("_value").isNull(), F.lit("null_value"))
+        .when(~framed, F.lit("not_confluent_framed"))
+        .when(~known, F.lit("unknown_schema_id"))
+        .when(F.col("_p").isNull() | F.col("_p").getField(DECODED_FIELD).isNull(), F.lit("undecodable"))
+        .when(F.col("_p").getField(spec.event_time).isNull(), F.lit("missing_event_time"))
+        .otherwise(F.lit(None).cast("string"))
+    )
+    return parsed, error
+
+
+def _plan(spec: SourceSpec, parsed: Any, error: Any) -> Plan:
+    from pyspark.sql import functions as F
+
+    value = F.col("_value")
     return Plan(
         staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
         error=error,
