@@ -35,6 +35,6 @@ def spark_jars() -> list[Path]:
     jars = sorted(libs.glob("*.jar")) if libs.is_dir() else []
     if not jars:
         raise FileNotFoundError(
-            f"no Spark connector jars in {libs}: run scripts/setup.sh (python -m ingest_dev.maven fetch-spark-jars)"
+            f"no Spark connector jars in {libs}: run scripts/setup.sh, or set INGEST_SPARK_JARS_DIR"
         )
     return jars

@@ -139,7 +139,7 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
         assert not any(set(rejected.files) & set(s["files"]) for s in segments)
         assert store.conflict_counts(source) == {"serial": 1}
         positions = {r["partition"]: r["next_offset"] for r in store.partitions(source)}
-    assert positions[0] is None  # partition 0 never published: fenced at its first split
+    assert positions[0] == 0  # partition 0 never published: fenced at its first split, still at its pinned start
     assert positions[1] == produced.ends[1]
     assert not any(Path(f.removeprefix("file://")).exists() for f in rejected.files)
     # A new worker claims partition 0 and publishes it; everything exactly once.

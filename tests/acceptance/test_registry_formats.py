@@ -21,6 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.build import segment_store
 from ingest.build.builder import BuilderFactory
+from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     Produced,
@@ -28,7 +29,6 @@ from tests.acceptance.harness import (
     apply_spec,
     assert_exactly_once,
     settings,
-    wait_until,
 )
 
 MakeTopic = Callable[..., str]
