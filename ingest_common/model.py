@@ -18,6 +18,8 @@ PARSE_ERRORS = (
     "invalid_utf8",
     "null_value",
     "missing_event_time",
+    # An event time outside years 1-9999 (UTC), which no Python datetime holds.
+    "event_time_out_of_range",
     # Formats avro and json_schema (the Confluent wire format): no zero magic byte and 4-byte
     # schema id; an id the registry does not know; an Avro body that does not decode.
     "not_confluent_framed",

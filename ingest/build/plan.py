@@ -187,10 +187,22 @@ def _avro_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any, Any]
     return parsed, error
 
 
+#: Event times a segment can carry: those a Python datetime holds (years 1 to 9999, UTC). The
+#: segment's event-time range is kept as datetimes (metastore, table, readers); one record
+#: outside it would fail every build of its split, so it is a reject of its own instead.
+EVENT_TIME_MIN_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
+EVENT_TIME_END_US = 253_402_300_800_000_000  # 10000-01-01T00:00:00Z
+
+
 def _plan(spec: SourceSpec, parsed: Any, error: Any) -> Plan:
     from pyspark.sql import functions as F
 
     value = F.col("_value")
+    event_us = F.unix_micros(F.col("_p").getField(spec.event_time))
+    error = F.when(
+        error.isNull() & ((event_us < F.lit(EVENT_TIME_MIN_US)) | (event_us >= F.lit(EVENT_TIME_END_US))),
+        F.lit("event_time_out_of_range"),
+    ).otherwise(error)
     return Plan(
         staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
         error=error,

@@ -31,6 +31,8 @@ GOOD_TS = st.sampled_from(
         "2026-11-22T10:00:00.123456+05:30",
     ]
 )
+# Valid timestamps whose instant lies outside years 1-9999 in UTC.
+FAR_TS = st.sampled_from(["9999-12-31T23:30:00-05:00", "0001-01-01T00:00:00+05:30"])
 WRONG = {
     "id": st.sampled_from(["abc", [1], {"x": 1}, 1.5]),
     "ok": st.sampled_from(["maybe", [True], {"b": 1}]),
@@ -62,7 +64,9 @@ def good_object(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def record(draw: st.DrawFn) -> tuple[bytes | None, str | None]:
     """A Kafka value and the expected error (None: a good row)."""
-    kind = draw(st.sampled_from(["good", "good", "good", "wrong", "no_ts", "null", "utf8", "truncated", "bytes"]))
+    kind = draw(
+        st.sampled_from(["good", "good", "good", "wrong", "no_ts", "null", "utf8", "truncated", "bytes", "far"])
+    )
     if kind == "null":
         return None, "null_value"
     obj = draw(good_object())
@@ -72,6 +76,9 @@ def record(draw: st.DrawFn) -> tuple[bytes | None, str | None]:
         field = draw(st.sampled_from(sorted(WRONG)))
         obj[field] = draw(WRONG[field])
         return json.dumps(obj).encode(), "type_mismatch"
+    if kind == "far":
+        obj["ts"] = draw(FAR_TS)
+        return json.dumps(obj).encode(), "event_time_out_of_range"
     if kind == "no_ts":
         obj.pop("ts")
         return json.dumps(obj).encode(), "missing_event_time"
@@ -109,6 +116,13 @@ def _not_json_object(b: bytes) -> bool:
 @given(st.lists(record(), min_size=1, max_size=40))
 # Blank input and a JSON `null` parse to a null struct, not a corrupt record.
 @example(records=[(b"", "invalid_json"), (b"null", "invalid_json"), (b"  ", "invalid_json"), (b"[]", "invalid_json")])
+@example(
+    records=[
+        (b'{"ts": "9999-12-31T23:30:00-05:00"}', "event_time_out_of_range"),
+        (b'{"ts": "0001-01-01T00:00:00+05:30"}', "event_time_out_of_range"),
+        (b'{"ts": "9999-12-31T23:59:59Z"}', None),
+    ]
+)
 def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
     spark: Any, tmp_path: Path, records: list[tuple[bytes | None, str | None]]
 ) -> None:
