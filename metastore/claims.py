@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ingest_common.model import PartitionClaim, StartFrom, TopicPartition
 from metastore.base import Row, StoreBase
@@ -68,12 +69,7 @@ class ClaimsMixin(StoreBase):
             "serials": [c.serial for c, _ in ordered],
             "offsets": [offset for _, offset in ordered],
         }
-        with wrap_exceptions(self.url):
-            conn = self._connection()
-            with conn.transaction():
-                conn.execute(query("lock_partitions"), params)
-                rows = conn.execute(query("pin_start_offsets"), params).fetchall()
-        return _claims(rows)
+        return self._under_row_locks("pin_start_offsets", params)
 
     def claim_from(
         self, source: str, worker: str, tps: Sequence[TopicPartition], start: int
@@ -114,11 +110,17 @@ class ClaimsMixin(StoreBase):
             "partitions": [tp.partition for tp, _ in ordered],
             "serials": [serial for _, serial in ordered],
         }
+        return self._under_row_locks("reclaim_partitions", params)
+
+    def _under_row_locks(self, name: str, params: dict[str, Any]) -> dict[TopicPartition, PartitionClaim]:
+        """Run the claims query ``name`` in one transaction after locking the partitions' rows
+        in (topic, partition) order (``params`` sorted so), as publishes lock them: the same
+        order everywhere, so no two transactions deadlock."""
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
                 conn.execute(query("lock_partitions"), params)
-                rows = conn.execute(query("reclaim_partitions"), params).fetchall()
+                rows = conn.execute(query(name), params).fetchall()
         return _claims(rows)
 
     def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None:
