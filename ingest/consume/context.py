@@ -131,12 +131,12 @@ class LoopContext:
         return self.specs.spec.name
 
     def on_failure(
-        self, event: str, *, release: Callable[[], None] | None = None, count: bool = True, **fields: Any
+        self, event: str, *, release: Callable[[], None] | None = None, **fields: Any
     ) -> Callable[[Exception], None]:
         """The ``failed`` callback of a background metastore call (every part's is this one):
         ``release`` what the call held (a busy flag; when to try again), then raise anything but
         a metastore error on the polling thread (a bug: the worker stops); a metastore error is
-        counted in ``ingest_metastore_errors`` (unless ``count`` is off) and logged as ``event``,
+        counted in ``ingest_metastore_errors`` (every one: a heartbeat's too) and logged as ``event``,
         and the caller tries again on its own schedule."""
 
         def failed(exc: Exception) -> None:
@@ -144,8 +144,7 @@ class LoopContext:
                 release()
             if not isinstance(exc, MetastoreError):
                 raise exc
-            if count:
-                self.metrics.metastore_errors.labels(self.source).inc()
+            self.metrics.metastore_errors.labels(self.source).inc()
             log.warning(event, source=self.source, worker=self.worker_id, error=str(exc), **fields)
 
         return failed

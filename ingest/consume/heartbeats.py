@@ -46,9 +46,9 @@ class WorkerRegistry:
         self._interval_s = HEARTBEAT_INTERVAL_S if interval_s is None else interval_s
         # Set by the LISTEN thread when the source's controls changed: beat at once.
         self._changed = changed
-        # Best effort: a heartbeat or error report that fails is logged, not counted as a
-        # metastore error (the next beat tries again).
-        self._beat_failed = ctx.on_failure("heartbeat_failed", release=self._beat_ended, count=False)
+        # A heartbeat that fails is counted and logged like every metastore call; the next
+        # beat tries again.
+        self._beat_failed = ctx.on_failure("heartbeat_failed", release=self._beat_ended)
         # What operators asked for, as of the last heartbeat that reached the metastore.
         self.control: SourceControl | None = None
 
@@ -116,5 +116,5 @@ class WorkerRegistry:
         self._background.submit(
             lambda: self._store.record_error(self._source, self._worker_id, kind, message),
             None,
-            self._ctx.on_failure("error_report_failed", count=False, kind=kind),
+            self._ctx.on_failure("error_report_failed", kind=kind),
         )

@@ -49,9 +49,3 @@ def test_anything_else_is_a_bug_raised_on_the_polling_thread_after_the_release(c
     with pytest.raises(ZeroDivisionError):
         failed(ZeroDivisionError("a bug"))
     assert released == ["busy cleared"] and errors_counted(ctx) == 0
-
-
-def test_best_effort_calls_are_logged_but_not_counted(ctx: LoopContext) -> None:
-    with capture_logs() as logs:
-        ctx.on_failure("heartbeat_failed", count=False)(MetastoreUnavailable("down"))
-    assert errors_counted(ctx) == 0 and [e["event"] for e in logs] == ["heartbeat_failed"]

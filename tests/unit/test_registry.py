@@ -25,6 +25,10 @@ def parts() -> Iterator[tuple[MemoryMetastore, Background, WorkerRegistry]]:
     background.close()
 
 
+def registry_errors(registry: WorkerRegistry) -> float:
+    return float(registry._ctx.metrics.metastore_errors.labels("src")._value.get())
+
+
 def until(done: Callable[[], bool], background: Background) -> None:
     """Apply finished background calls (as the polling thread does) until ``done()``."""
     wait_until(lambda: done() or background.apply_done(), 5, "the background calls", interval=0.002)
@@ -73,10 +77,14 @@ def test_a_failed_heartbeat_is_logged_and_the_next_one_goes_out(
     parts: tuple[MemoryMetastore, Background, WorkerRegistry],
 ) -> None:
     store, background, registry = parts
-    store.unavailable_for = 1
+    store.unavailable_for = 2
     registry.beat(WorkerState.RUNNING, [], force=True)
+    registry.error("SOME_ERROR", "message")
     until(lambda: background.pending == 0, background)
-    assert registry.control is None and store.heartbeats == []
+    assert registry.control is None and store.heartbeats == [] and store.errors == []
+    # Both failures count in ingest_metastore_errors: a metastore that refuses heartbeats is
+    # what an operator looks for there.
+    assert registry_errors(registry) == 2
     registry.beat(WorkerState.RUNNING, [], force=True)
     until(lambda: registry.control is not None, background)
     assert len(store.heartbeats) == 1
