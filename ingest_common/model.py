@@ -19,10 +19,12 @@ PARSE_ERRORS = (
     "null_value",
     "missing_event_time",
     # Formats avro and json_schema (the Confluent wire format): no zero magic byte and 4-byte
-    # schema id; an id the registry does not know; an Avro body that does not decode.
+    # schema id; an id the registry does not know; an Avro body that does not decode; a writer
+    # schema that Avro's resolution rules cannot read as the reader schema (checked per id).
     "not_confluent_framed",
     "unknown_schema_id",
     "undecodable",
+    "unresolvable_writer_schema",
 )
 
 
