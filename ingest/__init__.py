@@ -18,6 +18,8 @@ ingest (top level: the shared base, and the worker process that wires the layers
     backoff        every retry and wait schedule (Backoff) and the clock it runs on (Clock)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
     formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
+    avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
+    evolution      what ``source apply`` refuses when an Avro source's reader schema changes
     config         settings from the environment; librdkafka client configuration
     logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
     worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop

@@ -7,6 +7,7 @@ stores it) without loss.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
@@ -341,17 +342,37 @@ def _check_event_time(columns: tuple[tuple[str, str], ...], event_time: str) -> 
 
 def resolve_registry_schema(spec: SourceSpec) -> SourceSpec:
     """With ``schema_from = "registry"``, the spec with its reader schema and columns taken from
-    the latest version of the (first) topic's subject, as applied: later versions reach the
-    spec only through another ``source apply``. Any other spec is returned as it is."""
+    the latest version of its topics' subjects, as applied: later versions reach the spec only
+    through another ``source apply``. Every topic's subject must give the same fields (one
+    reader schema for the source's segments and table), else the spec is refused. Any other
+    spec is returned as it is."""
     if spec.schema_from != "registry" or spec.registry is None:
         return spec
-    schema = latest_schema(spec.registry, spec.topics[0])
+    latest: dict[str, str] = {}
+    for topic in spec.topics:
+        subject = spec.registry.subject(topic)
+        if subject not in latest:
+            latest[subject] = latest_schema(spec.registry, topic)
+    (first, schema), *others = latest.items()
+    for subject, other in others:
+        if _fields(other) != _fields(schema):
+            raise ConfigError(
+                f"schema_from = registry: the latest schemas of subjects {first!r} and {subject!r} have "
+                "different fields; every topic's subject must give one reader schema "
+                '(or use subject_strategy = "record", or a [schema] table)'
+            )
     columns = avro_columns(schema)
     for column, _ in columns:
         if not _COLUMN_RE.fullmatch(column):
             raise ConfigError(f"schema_from = registry: field {column!r} is not a valid column name")
     _check_event_time(columns, spec.event_time)
     return replace(spec, schema=columns, reader_schema=schema)
+
+
+def _fields(schema: str) -> str:
+    """An Avro record schema's fields in one canonical text (names, types, defaults, order)."""
+    doc = json.loads(schema)
+    return json.dumps(doc.get("fields") if isinstance(doc, dict) else doc, sort_keys=True)
 
 
 def load_spec_file(path: Path) -> tuple[SourceSpec, str]:

@@ -21,10 +21,12 @@ PARSE_ERRORS = (
     # An event time outside years 1-9999 (UTC), which no Python datetime holds.
     "event_time_out_of_range",
     # Formats avro and json_schema (the Confluent wire format): no zero magic byte and 4-byte
-    # schema id; an id the registry does not know; an Avro body that does not decode.
+    # schema id; an id the registry does not know; an Avro body that does not decode; a writer
+    # schema that Avro's resolution rules cannot read as the reader schema (checked per id).
     "not_confluent_framed",
     "unknown_schema_id",
     "undecodable",
+    "unresolvable_writer_schema",
 )
 
 

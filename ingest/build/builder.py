@@ -37,7 +37,7 @@ from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, make_plan, stage_records
 from ingest.build.registration import BuildRegistrar
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
-from ingest.build.writer_schemas import WriterSchemas
+from ingest.build.writer_schemas import WriterSchemas, resolvable
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
 from ingest.spec import SourceSpec
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
@@ -261,11 +261,14 @@ class SparkSegmentBuilder:
         for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
         which would otherwise be paid per batch and contend for the GIL with the consumer
         thread. Avro's writer schemas are fetched here, before the job (a registry that does
-        not answer fails the build, ingest.build.writer_schemas)."""
+        not answer fails the build, ingest.build.writer_schemas), and each is checked against
+        the reader schema: a writer it cannot resolve is left out of the job, its records
+        rejects (a from_avro it cannot resolve would fail the job or decode nothing)."""
         writers: dict[int, str] = {}
+        unresolvable: frozenset[int] = frozenset()
         if spec.format == "avro":
             assert spec.registry is not None  # validated with the spec
-            writers = self._writer_schemas.for_batch(splits, spec.registry)
+            writers, unresolvable = resolvable(spec, self._writer_schemas.for_batch(splits, spec.registry))
         key = (
             spec.format,
             spec.registry,
@@ -274,11 +277,12 @@ class SparkSegmentBuilder:
             spec.file_partition,
             spec.reader_schema,
             tuple(writers),
+            tuple(sorted(unresolvable)),
         )
         with self._plans_lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = make_plan(spec, writers)
+                plan = self._plans[key] = make_plan(spec, writers, unresolvable)
             return plan
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:

@@ -111,11 +111,15 @@ def _framing() -> tuple[Any, Any, Any]:
     return framed, schema_id, body
 
 
-def make_plan(spec: SourceSpec, writers: Mapping[int, str] | None = None) -> Plan:
+def make_plan(
+    spec: SourceSpec, writers: Mapping[int, str] | None = None, unresolvable: frozenset[int] = frozenset()
+) -> Plan:
     """``writers``: for format avro, the writer schema (Avro JSON) of every schema id the batch
-    holds that the registry knows; a framed record with any other id is ``unknown_schema_id``."""
+    holds that the registry knows and the reader schema resolves; ``unresolvable``: the ids the
+    registry knows whose writer schema the reader cannot resolve (``unresolvable_writer_schema``,
+    never given to from_avro); a framed record with any other id is ``unknown_schema_id``."""
     if spec.format == "avro":
-        return _plan(spec, *_avro_parse(spec, writers or {}))
+        return _plan(spec, *_avro_parse(spec, writers or {}, unresolvable))
     return _plan(spec, *_json_parse(spec))
 
 
@@ -152,7 +156,7 @@ def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
     return parsed, error
 
 
-def _avro_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any, Any]:
+def _avro_parse(spec: SourceSpec, writers: Mapping[int, str], unresolvable: frozenset[int]) -> tuple[Any, Any]:
     """Format avro: one from_avro per writer schema of the batch, chosen by the record's schema
     id (one job for a batch of several writers), each resolved to the reader schema by Avro's
     rules. PERMISSIVE: a body that does not decode gives a row of nulls (DECODED_FIELD null
@@ -179,6 +183,9 @@ def _avro_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any, Any]
     error = (
         F.when(F.col("_value").isNull(), F.lit("null_value"))
         .when(~framed, F.lit("not_confluent_framed"))
+        .when(
+            schema_id.isin(*sorted(unresolvable)) if unresolvable else F.lit(False), F.lit("unresolvable_writer_schema")
+        )
         .when(~known, F.lit("unknown_schema_id"))
         .when(F.col("_p").isNull() | F.col("_p").getField(DECODED_FIELD).isNull(), F.lit("undecodable"))
         .when(F.col("_p").getField(spec.event_time).isNull(), F.lit("missing_event_time"))

@@ -3,6 +3,11 @@ before the Spark job (which then needs no registry): every distinct schema id am
 batch's framed records, each fetched once per registry and kept for the worker's life, so a
 schema fetched once keeps decoding through a registry outage.
 
+Each writer schema is checked against the reader schema before the job (Avro's resolution
+rules, ingest.avro_resolution): a writer the reader cannot resolve is never given to from_avro,
+and its records are rejects (``unresolvable_writer_schema``); the check runs once per (reader,
+writer) for the worker's life.
+
 An id the registry answers 404 for is unknown: its records are rejects (``unknown_schema_id``),
 and the id is asked again in a later batch (it may be registered by then). Any other failure
 (no answer, a 5xx, a timeout) is not bad input: :class:`RegistryUnavailable` fails the build,
@@ -11,15 +16,18 @@ which the pipeline retries; no record is rejected or skipped for it.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
+from ingest.avro_resolution import resolution_problem
 from ingest.build.split import SealedSplit
 from ingest.errors import BuildError, first_line
-from ingest.formats import RegistrySettings, registry_client, schema_id
+from ingest.formats import RegistrySettings, reader_for_writer, registry_client, schema_id
+from ingest.spec import SourceSpec
 
 log = structlog.get_logger(__name__)
 
@@ -74,3 +82,24 @@ class WriterSchemas:
         with self._lock:
             self._schemas[key] = text
         return text
+
+
+def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, str], frozenset[int]]:
+    """The writers the spec's reader schema resolves, and the ids of those it cannot."""
+    ok: dict[int, str] = {}
+    refused: set[int] = set()
+    for sid, writer in writers.items():
+        if _problem(spec.name, spec.reader_schema, spec.schema_from == "spec", sid, writer) is None:
+            ok[sid] = writer
+        else:
+            refused.add(sid)
+    return ok, frozenset(refused)
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem(source: str, reader: str, from_spec: bool, sid: int, writer: str) -> str | None:
+    """Checked (and logged) once per (reader, writer): schemas are immutable once registered."""
+    problem = resolution_problem(writer, reader_for_writer(reader, writer, from_spec))
+    if problem is not None:
+        log.warning("unresolvable_writer_schema", source=source, schema_id=sid, problem=problem)
+    return problem

@@ -1,13 +1,16 @@
 """An Avro build while the schema registry is down, against a real registry and Spark: a schema
 fetched before keeps decoding; a schema never fetched fails the build (a BuildError the
 pipeline retries), rejecting and skipping nothing, and the same split builds once the
-registry is back."""
+registry is back. Writer schemas the reader cannot resolve are rejects, never a failed build."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.build.builder import SparkSegmentBuilder
@@ -59,3 +62,46 @@ def test_a_registry_outage_fails_the_build_and_rejects_nothing(
     [again] = builder.build_batch([mixed], spec)
     assert isinstance(again, BuiltSegment), again
     assert (again.row_count, again.rejects_count, again.skipped_count) == (40, 0, 0)
+
+
+def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
+    spark: Any, tmp_path: Path, schema_registry_url: str
+) -> None:
+    """Checked per writer id before the job: a field whose type changed incompatibly (spec's
+    reader), and a reader field without default that the writer lacks (registry's reader)."""
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    v1 = serializer(schema_registry_url, V1)
+    # Registered under a subject of its own: a registry enforcing compatibility on the orders
+    # subject would refuse it, a producer using another subject gets it through.
+    wrong = V1.replace('"name": "amount", "type": "double"', '"name": "amount", "type": "string"')
+    assert wrong != V1
+    bad = AvroSerializer(
+        SchemaRegistryClient({"url": schema_registry_url}),
+        wrong,
+        conf={"auto.register.schemas": True, "subject.name.strategy": lambda _ctx, _name: "orders-wrong-value"},
+    )
+    good = [v1(order(i), ctx) for i in range(30)]
+    strings = [bad({**order(i), "amount": "12.5"}, ctx) for i in range(30, 40)]
+    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
+    doc: dict[str, Any] = {
+        "name": "orders",
+        "topics": ["orders"],
+        "event_time": "ts",
+        "segment_store": str(tmp_path / "store"),
+        "format": "avro",
+        "schema": {"id": "long", "ts": "timestamp", "amount": "double"},
+        "registry": {"url": schema_registry_url},
+    }
+    spec = spec_from_dict(doc)
+    built = builder.build(split_of([*good, *strings]), spec)
+    assert (built.row_count, built.rejects_count) == (30, 10)
+    assert built.parse_errors == (("unresolvable_writer_schema", 10),)
+
+    # A registry reader (schema_from = "registry") with a field no writer here has, no default.
+    reader = V1.replace("]}", ', {"name": "region", "type": "string"}]}')
+    registry_spec = replace(
+        spec, schema_from="registry", schema=(*spec.schema, ("region", "string")), reader_schema=reader
+    )
+    built = builder.build(split_of([*good, *strings], start=500), registry_spec)
+    assert (built.row_count, built.rejects_count) == (0, 40)
+    assert built.parse_errors == (("unresolvable_writer_schema", 40),)

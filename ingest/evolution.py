@@ -1,0 +1,65 @@
+"""What ``ingest source apply`` refuses when an Avro source's reader schema changes.
+
+A source's segments, and its Iceberg table, are read as one schema: each column keeps one
+type across spec versions. So a new version of a ``format = "avro"`` spec (whether its
+reader schema comes from ``[schema]`` or from the registry's latest version) is refused, with
+one line, when:
+
+- a column both versions have changes type other than by the widening Iceberg and Parquet
+  readers accept (``int`` to ``long``, ``float`` to ``double``); or
+- the previous reader schema came from the registry (a schema writers used) and the new
+  reader schema cannot resolve records written with it by Avro's rules
+  (ingest.avro_resolution): e.g. a registry version adding a field without a default, which
+  would make every record written so far an ``unresolvable_writer_schema`` reject.
+
+Adding columns (a field with a default, or any ``[schema]`` column, which is nullable) and
+dropping columns are allowed: older rows read an added column as null, later rows a dropped
+one. Other formats and a first version are not checked here (the table committer still stops
+at a change Iceberg refuses).
+"""
+
+from __future__ import annotations
+
+from ingest.avro_resolution import resolution_problem
+from ingest.errors import ConfigError
+from ingest.formats import reader_for_writer
+from ingest.spec import SourceSpec
+from metastore import Metastore
+from metastore.errors import SourceNotFound
+
+#: Column type changes every reader of earlier segments and of the table accepts.
+WIDENINGS = frozenset({("int", "long"), ("float", "double")})
+
+
+def evolution_problem(previous: SourceSpec, new: SourceSpec) -> str | None:
+    """Why ``new`` cannot follow ``previous`` as the source's next spec version, or None."""
+    if previous.format != "avro" or new.format != "avro" or not previous.reader_schema:
+        return None
+    before = dict(previous.schema)
+    for column, ctype in new.schema:
+        old = before.get(column)
+        if old is not None and old != ctype and (old, ctype) not in WIDENINGS:
+            return (
+                f"column {column!r} changes type from {old} to {ctype}: earlier segments and the table "
+                "could no longer be read as one schema (allowed: adding or dropping columns, int to long, "
+                "float to double; or apply it as a new source)"
+            )
+    if previous.schema_from != "registry":
+        # A spec's reader schema (every field nullable) is no schema a writer used.
+        return None
+    reader = reader_for_writer(new.reader_schema, previous.reader_schema, new.schema_from == "spec")
+    problem = resolution_problem(previous.reader_schema, reader)
+    if problem is not None:
+        return f"the new reader schema cannot read records written with the previous one: {problem}"
+    return None
+
+
+def check_evolution(store: Metastore, new: SourceSpec) -> None:
+    """Raise ConfigError (one line) when ``new`` may not follow the source's stored spec."""
+    try:
+        version, doc = store.latest_spec(new.name)
+    except SourceNotFound:
+        return
+    problem = evolution_problem(SourceSpec.from_json(doc), new)
+    if problem is not None:
+        raise ConfigError(f"source {new.name}: refused against version {version}: {problem}")
