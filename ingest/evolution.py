@@ -47,7 +47,7 @@ def evolution_problem(previous: SourceSpec, new: SourceSpec) -> str | None:
     if previous.schema_from != "registry":
         # A spec's reader schema (every field nullable) is no schema a writer used.
         return None
-    reader = reader_for_writer(new.reader_schema, previous.reader_schema, new.schema_from == "spec")
+    reader = reader_for_writer(new.reader_schema, previous.reader_schema)
     problem = resolution_problem(previous.reader_schema, reader)
     if problem is not None:
         return f"the new reader schema cannot read records written with the previous one: {problem}"

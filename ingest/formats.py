@@ -116,11 +116,13 @@ def _logical(avro: Any) -> str | None:
 DECODED_FIELD = "_ingest_decoded"
 
 
-def reader_for_writer(reader: str, writer: str, from_spec: bool) -> str:
+def reader_for_writer(reader: str, writer: str) -> str:
     """The reader schema one writer's records are resolved to: the record's name taken from the
-    writer (Avro resolves named types by name), :data:`DECODED_FIELD` added, and for a spec's
-    reader each timestamp read in the writer's precision (micros or millis; the Spark column is
-    the same)."""
+    writer (Avro resolves named types by name), :data:`DECODED_FIELD` added, and each top-level
+    timestamp read in the writer's precision. Avro's resolution sees two longs in a millis
+    writer and a micros reader (or the reverse) and would hand the value over unscaled, 1000
+    times off; the Spark column is a timestamp either way, so reading the writer's precision
+    loses nothing."""
     doc = copy.deepcopy(json.loads(reader))
     wdoc = json.loads(writer)
     doc["fields"] = [*doc["fields"], {"name": DECODED_FIELD, "type": "boolean", "default": True}]
@@ -131,12 +133,22 @@ def reader_for_writer(reader: str, writer: str, from_spec: bool) -> str:
         doc["namespace"] = wdoc["namespace"]
     else:
         doc.pop("namespace", None)
-    if from_spec:
-        written = {f["name"]: _logical(f["type"]) for f in wdoc.get("fields", [])}
-        for field in doc["fields"]:
-            if _logical(field["type"]) == "timestamp-millis" and written.get(field["name"]) == "timestamp-micros":
-                field["type"] = ["null", {"type": "long", "logicalType": "timestamp-micros"}]
+    written = {f["name"]: _logical(f["type"]) for f in wdoc.get("fields", []) if isinstance(f, dict)}
+    for field in doc["fields"]:
+        precision = written.get(field["name"])
+        if precision in _TIMESTAMPS and _logical(field["type"]) in _TIMESTAMPS:
+            field["type"] = _with_logical(field["type"], precision)
     return json.dumps(doc, separators=(",", ":"))
+
+
+_TIMESTAMPS = ("timestamp-millis", "timestamp-micros")
+
+
+def _with_logical(avro: Any, logical: str) -> Any:
+    """``avro`` (a timestamp, or a union holding one) with that timestamp's logical type set."""
+    if isinstance(avro, list):
+        return [_with_logical(b, logical) if _logical(b) in _TIMESTAMPS else b for b in avro]
+    return {**avro, "logicalType": logical}
 
 
 _AVRO_SCALARS = {"string": "string", "long": "long", "int": "int", "double": "double", "float": "float"}

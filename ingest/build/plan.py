@@ -166,7 +166,6 @@ def _avro_parse(spec: SourceSpec, writers: Mapping[int, str], unresolvable: froz
     from pyspark.sql.avro.functions import from_avro
 
     framed, schema_id, body = _framing()
-    from_spec = spec.schema_from == "spec"
     no_writer = F.lit(None).cast(
         T.StructType(
             [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
@@ -175,7 +174,7 @@ def _avro_parse(spec: SourceSpec, writers: Mapping[int, str], unresolvable: froz
     )
     parsed: Any = None
     for sid, writer in sorted(writers.items()):
-        reader = reader_for_writer(spec.reader_schema, writer, from_spec)
+        reader = reader_for_writer(spec.reader_schema, writer)
         decoded = from_avro(body, writer, {"mode": "PERMISSIVE", "avroSchema": reader})
         parsed = (F.when if parsed is None else parsed.when)(framed & (schema_id == F.lit(sid)), decoded)
     parsed = no_writer if parsed is None else parsed

@@ -89,7 +89,7 @@ def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, 
     ok: dict[int, str] = {}
     refused: set[int] = set()
     for sid, writer in writers.items():
-        if _problem(spec.name, spec.reader_schema, spec.schema_from == "spec", sid, writer) is None:
+        if _problem(spec.name, spec.reader_schema, sid, writer) is None:
             ok[sid] = writer
         else:
             refused.add(sid)
@@ -97,9 +97,9 @@ def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, 
 
 
 @functools.lru_cache(maxsize=1024)
-def _problem(source: str, reader: str, from_spec: bool, sid: int, writer: str) -> str | None:
+def _problem(source: str, reader: str, sid: int, writer: str) -> str | None:
     """Checked (and logged) once per (reader, writer): schemas are immutable once registered."""
-    problem = resolution_problem(writer, reader_for_writer(reader, writer, from_spec))
+    problem = resolution_problem(writer, reader_for_writer(reader, writer))
     if problem is not None:
         log.warning("unresolvable_writer_schema", source=source, schema_id=sid, problem=problem)
     return problem

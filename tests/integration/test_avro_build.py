@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -105,3 +106,30 @@ def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
     built = builder.build(split_of([*good, *strings], start=500), registry_spec)
     assert (built.row_count, built.rejects_count) == (0, 40)
     assert built.parse_errors == (("unresolvable_writer_schema", 40),)
+
+
+def test_a_registry_reader_reads_each_timestamp_in_its_writer_precision(
+    spark: Any, tmp_path: Path, schema_registry_url: str
+) -> None:
+    """A registry's reader in micros and a writer in millis: Avro resolves long to long, so
+    without following the writer the instants would come out 1000 times too late."""
+    ctx = SerializationContext("orders", MessageField.VALUE)
+    records = [order(i) for i in range(12)]
+    values = [serializer(schema_registry_url, V1)(r, ctx) for r in records]
+    micros_reader = V1.replace("timestamp-millis", "timestamp-micros")
+    spec = spec_from_dict(
+        {
+            "name": "orders",
+            "topics": ["orders"],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / "store"),
+            "format": "avro",
+            "schema": {"id": "long", "ts": "timestamp"},
+            "registry": {"url": schema_registry_url},
+        }
+    )
+    spec = replace(spec, schema_from="registry", reader_schema=micros_reader)
+    built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split_of(values), spec)
+    assert (built.row_count, built.rejects_count) == (12, 0)
+    rows = pq.read_table([f.removeprefix("file://") for f in built.files], columns=["id", "ts"]).to_pylist()
+    assert {r["id"]: r["ts"] for r in rows} == {r["id"]: r["ts"] for r in records}

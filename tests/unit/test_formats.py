@@ -120,13 +120,26 @@ def test_the_reader_follows_each_writer_name_and_timestamp_precision() -> None:
         "namespace": "acme",
         "fields": [{"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}}],
     }
-    reader = json.loads(reader_for_writer(spec.reader_schema, json.dumps(writer), from_spec=True))
+    reader = json.loads(reader_for_writer(spec.reader_schema, json.dumps(writer)))
     assert (reader["name"], reader["namespace"]) == ("Order", "acme")
     assert reader["fields"][1]["type"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
     assert reader["fields"][-1] == {"name": DECODED_FIELD, "type": "boolean", "default": True}
-    # A registry's reader keeps its own types.
-    kept = json.loads(reader_for_writer(spec.reader_schema, json.dumps(writer), from_spec=False))
-    assert kept["fields"][1]["type"] == ["null", {"type": "long", "logicalType": "timestamp-millis"}]
+    # A registry's reader (not nullable here) in micros follows a millis writer, and the
+    # reverse: Avro would hand the long over unscaled, 1000 times off.
+    registry_reader = {
+        "type": "record",
+        "name": "Order",
+        "fields": [{"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}}],
+    }
+    millis_writer = {
+        "type": "record",
+        "name": "Order",
+        "fields": [{"name": "ts", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}]}],
+    }
+    followed = json.loads(reader_for_writer(json.dumps(registry_reader), json.dumps(millis_writer)))
+    assert followed["fields"][0]["type"] == {"type": "long", "logicalType": "timestamp-millis"}
+    back = json.loads(reader_for_writer(json.dumps(millis_writer), json.dumps(registry_reader)))
+    assert back["fields"][0]["type"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
 
 
 def test_registry_credentials_from_the_environment_are_redacted() -> None:
