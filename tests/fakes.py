@@ -425,6 +425,8 @@ class MemoryMetastore(FakeStore):
         spec_version: int | None = None,
         *,
         started_at: datetime | None = None,
+        registry_waiting: Sequence[str] = (),
+        registry_error: str | None = None,
     ) -> None:
         with self.lock:
             self._call(None)
@@ -445,6 +447,8 @@ class MemoryMetastore(FakeStore):
                 "spec_version": spec_version,
                 "started_at": started_at if started_at is not None else kept,
                 "heartbeat_at": now,
+                "registry_waiting": list(registry_waiting),
+                "registry_error": registry_error,
             }
 
     def live_workers(self, source: str, expiry_s: float = 30.0) -> list[dict[str, Any]]:

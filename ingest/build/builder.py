@@ -50,7 +50,8 @@ WRITE_MODE = "error"
 
 
 # What building one split of a batch gave: its segment, or why there is none (SplitKilled,
-# ParseFailure under policy "fail", BuildError).
+# ParseFailure under policy "fail", BuildError; RegistryUnavailable, a BuildError: not built
+# yet, the schema registry did not answer for one of its writer schema ids).
 BuildResult = BuiltSegment | Exception
 
 
@@ -117,8 +118,17 @@ class SparkSegmentBuilder:
                 results[split.id] = SplitKilled(split.kill_switch.reason or "killed")
             else:
                 live.append(split)
+        writers: dict[int, str] = {}
+        if live and spec.format == "avro":
+            # Fetched before the build registers or writes anything: a split holding an id the
+            # registry did not answer for is not built now, and waits (ingest.build.writer_schemas).
+            assert spec.registry is not None  # validated with the spec
+            fetched = self._writer_schemas.for_batch(live, spec.registry)
+            writers = fetched.schemas
+            results.update(fetched.waiting)
+            live = [split for split in live if split.id not in fetched.waiting]
         if live:
-            results.update(self._build_live(live, spec))
+            results.update(self._build_live(live, spec, writers))
         elapsed = time.monotonic() - started
         log.debug("batch_built", splits=len(splits), records=sum(len(s) for s in splits), seconds=round(elapsed, 3))
         return [
@@ -168,7 +178,9 @@ class SparkSegmentBuilder:
 
     # -- internals -----------------------------------------------------------------
 
-    def _build_live(self, splits: list[SealedSplit], spec: SourceSpec) -> dict[uuid.UUID, BuildResult]:
+    def _build_live(
+        self, splits: list[SealedSplit], spec: SourceSpec, writers: dict[int, str]
+    ) -> dict[uuid.UUID, BuildResult]:
         build = uuid.uuid4()
         dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
         staged = {split.id: segment_store.staging_file(dirs.staging, split.id) for split in splits}
@@ -189,7 +201,7 @@ class SparkSegmentBuilder:
                 raise SplitKilled("killed")
             self._spark.addTag(tag)
             try:
-                return self._run(splits, spec, staged, dirs.data, dirs.rejects)
+                return self._run(splits, spec, writers, staged, dirs.data, dirs.rejects)
             finally:
                 self._spark.removeTag(tag)
         except Exception as exc:
@@ -256,16 +268,11 @@ class SparkSegmentBuilder:
             write_statistics=False,
         )
 
-    def _plan(self, spec: SourceSpec, splits: Sequence[SealedSplit]) -> Plan:
+    def _plan(self, spec: SourceSpec, writers: dict[int, str]) -> Plan:
         """The column expressions of a build, made once per (format, schema, event time, and
         for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
         which would otherwise be paid per batch and contend for the GIL with the consumer
-        thread. Avro's writer schemas are fetched here, before the job (a registry that does
-        not answer fails the build, ingest.build.writer_schemas)."""
-        writers: dict[int, str] = {}
-        if spec.format == "avro":
-            assert spec.registry is not None  # validated with the spec
-            writers = self._writer_schemas.for_batch(splits, spec.registry)
+        thread."""
         key = (
             spec.format,
             spec.registry,
@@ -306,9 +313,15 @@ class SparkSegmentBuilder:
         return int(observation.get["total"])
 
     def _run(
-        self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_dir: str, rejects_dir: str
+        self,
+        splits: list[SealedSplit],
+        spec: SourceSpec,
+        writers: dict[int, str],
+        staged: dict[uuid.UUID, str],
+        data_dir: str,
+        rejects_dir: str,
     ) -> dict[uuid.UUID, BuildResult]:
-        plan = self._plan(spec, splits)
+        plan = self._plan(spec, writers)
         total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:
