@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,9 @@ class BatchSchemas:
 class WriterSchemas:
     """Writer schemas by (registry URL, id); safe from several build threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: Callable[[RegistrySettings], Any] = registry_client) -> None:
+        # Makes a registry's client (confluent-kafka's SchemaRegistryClient; tests pass a fake).
+        self._client = client
         self._clients: dict[RegistrySettings, Any] = {}
         self._schemas: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
@@ -90,7 +92,7 @@ class WriterSchemas:
             cached = self._schemas.get(key)
             client = self._clients.get(registry)
             if client is None:
-                client = self._clients[registry] = registry_client(registry)
+                client = self._clients[registry] = self._client(registry)
         if cached is not None:
             return cached
         from confluent_kafka.schema_registry.error import SchemaRegistryError
