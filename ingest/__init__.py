@@ -40,6 +40,7 @@ ingest.consume (one polling thread: the consumer group's member)
     group_offsets  published offsets committed to the group as advice for Kafka's tools
     loop_metrics   lag and the loop's gauges
     publish_watch  a publish unfinished past its bound makes the worker unhealthy
+    registry_watch partitions waiting for the schema registry: paused, reported (readyz, status, metrics)
 
 ingest.build (sealed splits into Parquet files, invisible until published)
     split          per-partition buffers, sealed splits, kill switches, records made in memory
@@ -56,6 +57,7 @@ ingest.publish (built splits made visible, in offset order per partition)
     pipeline       concurrent batched builds, in-order publishes, outcomes for the loop
     settle         one built split published or not, the outcome types, who may delete its files
     publisher      the serial-guarded publish transaction, retried, never twice
+    registry_wait  splits waiting for the schema registry: their partitions, since when, its last error
 
 ingest.ops (what operators see and run; reads the metastore, never the worker's runtime)
     metrics        every metric the worker exports

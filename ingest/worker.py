@@ -99,11 +99,14 @@ class Worker:
 
     def ready_check(self) -> tuple[bool, str]:
         """Ready: alive and consuming assigned partitions, or idle by design (the group gave
-        this worker no partition: more workers than partitions)."""
+        this worker no partition: more workers than partitions). Not ready while partitions
+        wait for the schema registry (alive all the same: /healthz stays ok)."""
         ok, reason = self.healthy()
         if not ok:
             return ok, reason
         assert self.loop is not None
+        if (waiting := self.loop.registry_wait) is not None:
+            return False, waiting
         owned = len(self.assignment)
         if owned:
             return True, f"{owned} partition(s) assigned"

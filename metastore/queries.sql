@@ -150,17 +150,20 @@ WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 -- A worker id is reused by the next process (a Kubernetes pod's container restart keeps the pod
 -- name, the host name and pid 1): the row describes the process that beats now, so its host,
 -- pid, version and start time are replaced too (started_at NULL: the first beat's time, kept).
-INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions, spec_version, started_at)
+INSERT INTO ingest_workers (worker, source, host, pid, version, state, partitions, spec_version, started_at,
+                            registry_waiting, registry_error)
 VALUES (%(worker)s, %(source)s, %(host)s, %(pid)s, %(version)s, %(state)s, %(partitions)s, %(spec_version)s,
-        coalesce(%(started_at)s::timestamptz, now()))
+        coalesce(%(started_at)s::timestamptz, now()), %(registry_waiting)s, %(registry_error)s)
 ON CONFLICT (worker) DO UPDATE
 SET source = EXCLUDED.source, host = EXCLUDED.host, pid = EXCLUDED.pid, version = EXCLUDED.version,
     started_at = coalesce(%(started_at)s::timestamptz, ingest_workers.started_at),
     state = EXCLUDED.state, partitions = EXCLUDED.partitions, spec_version = EXCLUDED.spec_version,
+    registry_waiting = EXCLUDED.registry_waiting, registry_error = EXCLUDED.registry_error,
     heartbeat_at = now();
 
 -- name: live_workers
-SELECT worker, host, pid, version, state, partitions, spec_version, started_at, heartbeat_at
+SELECT worker, host, pid, version, state, partitions, spec_version, started_at, heartbeat_at,
+       registry_waiting, registry_error
 FROM ingest_workers
 WHERE source = %(source)s AND heartbeat_at > now() - make_interval(secs => %(expiry_s)s)
   AND state NOT IN ('stopped', 'failed')

@@ -561,8 +561,22 @@ CREATE TABLE public.ingest_workers (
     partitions text[] DEFAULT '{}'::text[] NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
-    spec_version integer
+    spec_version integer,
+    registry_waiting text[] DEFAULT '{}'::text[] NOT NULL,
+    registry_error text
 );
+
+--
+-- Name: COLUMN ingest_workers.registry_waiting; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_workers.registry_waiting IS 'partitions (topic[partition]) paused while their splits wait for the schema registry';
+
+--
+-- Name: COLUMN ingest_workers.registry_error; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_workers.registry_error IS 'the schema registry''s last error while partitions wait for it';
 
 --
 -- Name: ingest_errors id; Type: DEFAULT; Schema: public; Owner: -

@@ -111,6 +111,8 @@ class SourcesMixin(StoreBase):
         spec_version: int | None = None,
         *,
         started_at: datetime | None = None,
+        registry_waiting: Sequence[str] = (),
+        registry_error: str | None = None,
     ) -> None:
         with wrap_exceptions(self.url):
             conn = self._connection()
@@ -126,6 +128,8 @@ class SourcesMixin(StoreBase):
                     "partitions": list(partitions),
                     "spec_version": spec_version,
                     "started_at": started_at,
+                    "registry_waiting": list(registry_waiting),
+                    "registry_error": None if registry_error is None else redact(registry_error)[:2000],
                 },
             )
             # Rows of workers dead for a day are only noise.

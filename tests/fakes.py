@@ -14,6 +14,7 @@ from typing import Any
 from ingest.backoff import Backoff
 from ingest.build.registration import BuildRegistrar, Registrar, RegistrationStore
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.build.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
 from ingest_common.model import (
@@ -82,9 +83,14 @@ class FakeBuilder:
     metastores refuse to publish a split with files that no build registered, as PostgreSQL
     does. Without a registrar nothing is registered, and every publish of its segments is
     refused.
+
+    A schema registry outage: while ``registry_down`` is set, a split in ``needs_registry`` (by
+    partition and start offset: it holds a writer schema id not fetched yet) is not built and
+    gets RegistryUnavailable, as the real builder gives it; each such refusal is recorded in
+    ``refused`` (start offset, ``clock`` time).
     """
 
-    def __init__(self, registrar: BuildRegistrar | None = None) -> None:
+    def __init__(self, registrar: BuildRegistrar | None = None, clock: FakeClock | None = None) -> None:
         self.gates: dict[int, threading.Event] = {}
         self.failures: dict[int, int] = {}
         # Start offsets of the splits whose build began (reached its gate, if any), in order.
@@ -94,6 +100,10 @@ class FakeBuilder:
         self.batches: list[list[int]] = []
         self.registrar = registrar
         self.lock = threading.Lock()
+        self.clock = clock or FakeClock()
+        self.registry_down = False
+        self.needs_registry: set[tuple[TopicPartition, int]] = set()
+        self.refused: list[tuple[int, float]] = []
 
     def register_with(self, store: RegistrationStore, worker_id: str = "w1") -> FakeBuilder:
         """Register every build in ``store`` first, as a worker's builder does."""
@@ -125,11 +135,16 @@ class FakeBuilder:
         with self.lock:
             self.batches.append([split.start for split in splits])
         live = [split for split in splits if not split.kill_switch.tripped]
-        registered = self._register(live, spec)
+        waiting = {s.id for s in live if self.registry_down and (s.tp, s.start) in self.needs_registry}
+        registered = self._register([split for split in live if split.id not in waiting], spec)
         results: list[BuiltSegment | Exception] = []
         for split in splits:
             if split.kill_switch.tripped:
                 results.append(SplitKilled(split.kill_switch.reason or "killed"))
+            elif split.id in waiting:
+                with self.lock:
+                    self.refused.append((split.start, self.clock.monotonic()))
+                results.append(RegistryUnavailable("schema registry http://127.0.0.1:1 did not answer"))
             elif registered is not None:
                 results.append(registered)
             else:
@@ -425,6 +440,8 @@ class MemoryMetastore(FakeStore):
         spec_version: int | None = None,
         *,
         started_at: datetime | None = None,
+        registry_waiting: Sequence[str] = (),
+        registry_error: str | None = None,
     ) -> None:
         with self.lock:
             self._call(None)
@@ -445,6 +462,8 @@ class MemoryMetastore(FakeStore):
                 "spec_version": spec_version,
                 "started_at": started_at if started_at is not None else kept,
                 "heartbeat_at": now,
+                "registry_waiting": list(registry_waiting),
+                "registry_error": registry_error,
             }
 
     def live_workers(self, source: str, expiry_s: float = 30.0) -> list[dict[str, Any]]:

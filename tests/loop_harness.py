@@ -16,7 +16,7 @@ from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
+from ingest.publish.pipeline import REGISTRY_RETRY, Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
 from ingest_common.model import KillReason, TopicPartition
@@ -58,6 +58,7 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.builder.register_with(self.store, self.worker_id)
+        self.builder.clock = self.clock
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
         self.assignment = Assignment()
@@ -65,7 +66,13 @@ class Harness:
         self.specs = SpecHolder(self.spec, 1)
         publisher = Publisher(self.store, "src", self.worker_id, backoff=Backoff(0.01, 0.02))
         self.pipeline = Pipeline(
-            self.builder, publisher, self.specs, build_threads=1, build_attempts=1, batch_linger_s=0.0
+            self.builder,
+            publisher,
+            self.specs,
+            build_threads=1,
+            build_attempts=1,
+            batch_linger_s=0.0,
+            registry_retry=REGISTRY_RETRY.on(self.clock),
         )
         self.ctx = LoopContext(
             worker_id=self.worker_id,

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from ingest.build import output_files, segment_store
-from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, make_plan, stage_records
+from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, stage_records
 from ingest.build.registration import BuildRegistrar
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import WriterSchemas, resolvable
@@ -50,7 +50,8 @@ WRITE_MODE = "error"
 
 
 # What building one split of a batch gave: its segment, or why there is none (SplitKilled,
-# ParseFailure under policy "fail", BuildError).
+# ParseFailure under policy "fail", BuildError; RegistryUnavailable, a BuildError: not built
+# yet, the schema registry did not answer for one of its writer schema ids).
 BuildResult = BuiltSegment | Exception
 
 
@@ -97,8 +98,7 @@ class SparkSegmentBuilder:
     def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
         self._spark = spark
         self._registrar = registrar
-        self._plans: dict[tuple[Any, ...], Plan] = {}
-        self._plans_lock = threading.Lock()
+        self._plans = PlanCache()
         self._writer_schemas = WriterSchemas()
 
     def build(self, split: SealedSplit, spec: SourceSpec) -> BuiltSegment:
@@ -117,8 +117,17 @@ class SparkSegmentBuilder:
                 results[split.id] = SplitKilled(split.kill_switch.reason or "killed")
             else:
                 live.append(split)
+        writers: dict[int, str] = {}
+        if live and spec.format == "avro":
+            # Fetched before the build registers or writes anything: a split holding an id the
+            # registry did not answer for is not built now, and waits (ingest.build.writer_schemas).
+            assert spec.registry is not None  # validated with the spec
+            fetched = self._writer_schemas.for_batch(live, spec.registry)
+            writers = fetched.schemas
+            results.update(fetched.waiting)
+            live = [split for split in live if split.id not in fetched.waiting]
         if live:
-            results.update(self._build_live(live, spec))
+            results.update(self._build_live(live, spec, writers))
         elapsed = time.monotonic() - started
         log.debug("batch_built", splits=len(splits), records=sum(len(s) for s in splits), seconds=round(elapsed, 3))
         return [
@@ -168,7 +177,9 @@ class SparkSegmentBuilder:
 
     # -- internals -----------------------------------------------------------------
 
-    def _build_live(self, splits: list[SealedSplit], spec: SourceSpec) -> dict[uuid.UUID, BuildResult]:
+    def _build_live(
+        self, splits: list[SealedSplit], spec: SourceSpec, writers: dict[int, str]
+    ) -> dict[uuid.UUID, BuildResult]:
         build = uuid.uuid4()
         dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
         staged = {split.id: segment_store.staging_file(dirs.staging, split.id) for split in splits}
@@ -189,7 +200,7 @@ class SparkSegmentBuilder:
                 raise SplitKilled("killed")
             self._spark.addTag(tag)
             try:
-                return self._run(splits, spec, staged, dirs.data, dirs.rejects)
+                return self._run(splits, spec, writers, staged, dirs.data, dirs.rejects)
             finally:
                 self._spark.removeTag(tag)
         except Exception as exc:
@@ -256,34 +267,15 @@ class SparkSegmentBuilder:
             write_statistics=False,
         )
 
-    def _plan(self, spec: SourceSpec, splits: Sequence[SealedSplit]) -> Plan:
-        """The column expressions of a build, made once per (format, schema, event time, and
-        for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
-        which would otherwise be paid per batch and contend for the GIL with the consumer
-        thread. Avro's writer schemas are fetched here, before the job (a registry that does
-        not answer fails the build, ingest.build.writer_schemas), and each is checked against
-        the reader schema: a writer it cannot resolve is left out of the job, its records
-        rejects (a from_avro it cannot resolve would fail the job or decode nothing)."""
-        writers: dict[int, str] = {}
+    def _plan(self, spec: SourceSpec, writers: dict[int, str]) -> Plan:
+        """Avro's writer schemas were fetched before (a registry that does not answer makes
+        the splits wait, ingest.build.writer_schemas); each is checked against the reader
+        schema here: a writer it cannot resolve is left out of the job, its records rejects
+        (a from_avro it cannot resolve would fail the job or decode nothing)."""
         unresolvable: frozenset[int] = frozenset()
         if spec.format == "avro":
-            assert spec.registry is not None  # validated with the spec
-            writers, unresolvable = resolvable(spec, self._writer_schemas.for_batch(splits, spec.registry))
-        key = (
-            spec.format,
-            spec.registry,
-            spec.schema,
-            spec.event_time,
-            spec.file_partition,
-            spec.reader_schema,
-            tuple(writers),
-            tuple(sorted(unresolvable)),
-        )
-        with self._plans_lock:
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._plans[key] = make_plan(spec, writers, unresolvable)
-            return plan
+            writers, unresolvable = resolvable(spec, writers)
+        return self._plans.get(spec, writers, unresolvable)
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
         """One Spark job: parse the staged files, write the good (or the bad) rows to
@@ -310,9 +302,15 @@ class SparkSegmentBuilder:
         return int(observation.get["total"])
 
     def _run(
-        self, splits: list[SealedSplit], spec: SourceSpec, staged: dict[uuid.UUID, str], data_dir: str, rejects_dir: str
+        self,
+        splits: list[SealedSplit],
+        spec: SourceSpec,
+        writers: dict[int, str],
+        staged: dict[uuid.UUID, str],
+        data_dir: str,
+        rejects_dir: str,
     ) -> dict[uuid.UUID, BuildResult]:
-        plan = self._plan(spec, splits)
+        plan = self._plan(spec, writers)
         total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:

@@ -11,6 +11,7 @@ coordinates (``META_COLUMNS``) beside the schema's columns.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,33 @@ def _framing() -> tuple[Any, Any, Any]:
     schema_id = F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
     body = F.expr(f"substring(_value, {HEADER_BYTES + 1}, length(_value) - {HEADER_BYTES})")
     return framed, schema_id, body
+
+
+class PlanCache:
+    """The column expressions of a build, made once per (format, schema, event time, and for
+    Avro the batch's writer schemas): building them costs hundreds of Py4J round trips, which
+    would otherwise be paid per batch and contend for the GIL with the consumer thread."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._lock = threading.Lock()
+
+    def get(self, spec: SourceSpec, writers: Mapping[int, str], unresolvable: frozenset[int]) -> Plan:
+        key = (
+            spec.format,
+            spec.registry,
+            spec.schema,
+            spec.event_time,
+            spec.file_partition,
+            spec.reader_schema,
+            tuple(writers),
+            tuple(sorted(unresolvable)),
+        )
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = make_plan(spec, writers, unresolvable)
+            return plan
 
 
 def make_plan(

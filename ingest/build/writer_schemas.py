@@ -10,15 +10,19 @@ writer) for the worker's life.
 
 An id the registry answers 404 for is unknown: its records are rejects (``unknown_schema_id``),
 and the id is asked again in a later batch (it may be registered by then). Any other failure
-(no answer, a 5xx, a timeout) is not bad input: :class:`RegistryUnavailable` fails the build,
-which the pipeline retries; no record is rejected or skipped for it.
+(no answer, a 5xx, a timeout) is not bad input: the splits that hold an id not fetched yet
+are not built (:class:`RegistryUnavailable`, their result), and wait, retried by the pipeline
+(ingest.publish.pipeline) for as long as the registry stays down; no record is rejected or
+skipped for it. The batch's other splits, whose ids are all cached, build as usual.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -38,19 +42,57 @@ class RegistryUnavailable(BuildError):
     """The schema registry did not answer (or answered with an error other than 404)."""
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSchemas:
+    """What a batch of splits gets from the registry: the writer schema of every id the
+    splits that can build hold (ids the registry does not know are left out), and the splits
+    that cannot build yet, each with the error of the registry that did not answer."""
+
+    schemas: dict[int, str]
+    waiting: dict[uuid.UUID, RegistryUnavailable]
+
+
 class WriterSchemas:
     """Writer schemas by (registry URL, id); safe from several build threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: Callable[[RegistrySettings], Any] = registry_client) -> None:
+        # Makes a registry's client (confluent-kafka's SchemaRegistryClient; tests pass a fake).
+        self._client = client
         self._clients: dict[RegistrySettings, Any] = {}
         self._schemas: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
 
-    def for_batch(self, splits: Sequence[SealedSplit], registry: RegistrySettings) -> dict[int, str]:
-        """The writer schema of every id among the splits' framed records that the registry
-        knows (ids it does not know are left out)."""
-        ids = {sid for split in splits for r in split.records if (sid := schema_id(r.value())) is not None}
-        return {sid: schema for sid in sorted(ids) if (schema := self.get(registry, sid)) is not None}
+    def for_batch(self, splits: Sequence[SealedSplit], registry: RegistrySettings) -> BatchSchemas:
+        """The writer schemas of the splits' framed records. Once the registry failed to answer
+        for one id, ids not cached are not asked for again in this batch (each could take the
+        client's timeout): the splits holding any of them wait."""
+        needs = {
+            split.id: {sid for r in split.records if (sid := schema_id(r.value())) is not None} for split in splits
+        }
+        found: dict[int, str] = {}
+        missing: set[int] = set()
+        failure: RegistryUnavailable | None = None
+        for sid in sorted(set().union(*needs.values())):
+            if failure is not None and not self.cached(registry, sid):
+                missing.add(sid)
+                continue
+            try:
+                schema = self.get(registry, sid)
+            except RegistryUnavailable as exc:
+                failure = exc
+                missing.add(sid)
+                continue
+            if schema is not None:
+                found[sid] = schema
+        if failure is None:
+            return BatchSchemas(found, {})
+        waiting = {split.id: failure for split in splits if needs[split.id] & missing}
+        building = set().union(*(ids for split_id, ids in needs.items() if split_id not in waiting))
+        return BatchSchemas({sid: text for sid, text in found.items() if sid in building}, waiting)
+
+    def cached(self, registry: RegistrySettings, sid: int) -> bool:
+        with self._lock:
+            return (registry.url, sid) in self._schemas
 
     def get(self, registry: RegistrySettings, sid: int) -> str | None:
         key = (registry.url, sid)
@@ -58,7 +100,7 @@ class WriterSchemas:
             cached = self._schemas.get(key)
             client = self._clients.get(registry)
             if client is None:
-                client = self._clients[registry] = registry_client(registry)
+                client = self._clients[registry] = self._client(registry)
         if cached is not None:
             return cached
         from confluent_kafka.schema_registry.error import SchemaRegistryError

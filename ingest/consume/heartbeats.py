@@ -60,10 +60,20 @@ class WorkerRegistry:
     def drain_stay(self) -> bool:
         return self.control.drain_stay if self.control is not None else False
 
-    def beat(self, state: WorkerState, partitions: Sequence[str], *, force: bool = False) -> None:
+    def beat(
+        self,
+        state: WorkerState,
+        partitions: Sequence[str],
+        *,
+        force: bool = False,
+        registry_waiting: Sequence[str] = (),
+        registry_error: str | None = None,
+    ) -> None:
         """Heartbeat (at most every interval unless forced or notified) and read the controls,
         in the background; the controls read apply in a later ``Background.apply_done``.
-        One heartbeat at a time: a slow metastore delays the next, it never queues them."""
+        One heartbeat at a time: a slow metastore delays the next, it never queues them.
+        ``registry_waiting``: the partitions paused while the schema registry does not answer,
+        ``registry_error`` its last error (``ingest status`` shows them)."""
         now = self._clock.monotonic()
         notified = self._changed is not None and self._changed.is_set()
         if self._in_flight or (not force and not notified and now < self._due):
@@ -74,6 +84,7 @@ class WorkerRegistry:
             self._changed.clear()
         self._in_flight = True
         snapshot = (str(state), list(partitions), self._specs.version)
+        waiting = (list(registry_waiting), registry_error if registry_waiting else None)
 
         def call() -> SourceControl:
             self._store.heartbeat(
@@ -86,6 +97,8 @@ class WorkerRegistry:
                 snapshot[1],
                 snapshot[2],
                 started_at=self._started_at,
+                registry_waiting=waiting[0],
+                registry_error=waiting[1],
             )
             return self._store.control(self._source)
 

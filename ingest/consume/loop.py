@@ -32,6 +32,7 @@ from ingest.consume.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandle
 from ingest.consume.positioning import Positioner
 from ingest.consume.publish_watch import UNHEALTHY_AFTER_PUBLISH_STALL_S, PublishWatch
 from ingest.consume.rebalance import RebalanceHandler
+from ingest.consume.registry_watch import RegistryWatch
 from ingest.errors import WorkerFailed
 from ingest.publish.pipeline import Pipeline
 from ingest_common.model import DesiredState, WorkerState
@@ -84,6 +85,7 @@ class ConsumeLoop:
         )
         self._controls = Controls(ctx, positioner=self._positioner, registry=registry)
         self._gauges = LoopGauges(ctx, pipeline)
+        self._registry_watch = RegistryWatch(ctx, pipeline, registry)
         self._publish_watch = PublishWatch(
             pipeline, source=ctx.source, worker_id=ctx.worker_id, bound_s=options.unhealthy_after_publish_stall_s
         )
@@ -132,6 +134,7 @@ class ConsumeLoop:
         self._seal_due(now, holding)
         self._outcomes.handle(self._pipeline.poll(), draining=False)
         self._publish_watch.check()
+        self._registry_watch.check()
         if self._group_offsets is not None:
             self._group_offsets.commit_due(self._consumer, set(self._assignment.tps()), now)
         self._positioner.rewinds_due(now)
@@ -139,7 +142,12 @@ class ConsumeLoop:
         self._apply_backpressure(holding)
         state = self.state
         self._gauges.update(state, now)
-        self._registry.beat(state, [str(tp) for tp in self._assignment.tps()])
+        self._registry.beat(
+            state,
+            [str(tp) for tp in self._assignment.tps()],
+            registry_waiting=self._registry_watch.reported(),
+            registry_error=self._registry_watch.error,
+        )
         self._controls.apply(now)
 
     def drain(self) -> bool:
@@ -182,6 +190,12 @@ class ConsumeLoop:
     def publish_stall(self) -> str | None:
         """A publish unfinished past its bound (ingest.consume.publish_watch): /healthz only."""
         return self._publish_watch.stalled_reason
+
+    @property
+    def registry_wait(self) -> str | None:
+        """Partitions paused while the schema registry does not answer: /readyz only (the
+        worker is healthy; ingest.consume.registry_watch)."""
+        return self._registry_watch.reason
 
     @property
     def state(self) -> WorkerState:
@@ -273,4 +287,6 @@ class ConsumeLoop:
         limits = self._specs.spec.split
         held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
         full = self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes or holding
-        self._consumer.set_paused(o.tp for o in self._assignment if full or not o.active)
+        # A partition whose split waits for the schema registry reads nothing more meanwhile.
+        waiting = self._registry_watch.partitions
+        self._consumer.set_paused(o.tp for o in self._assignment if full or not o.active or o.tp in waiting)

@@ -121,6 +121,19 @@ class Metrics:
             registry=r,
         )
         self.worker_up = Gauge("ingest_worker_up", "1 while the worker runs its loop", ["source"], registry=r)
+        # Only for sources with a [registry] section (set by ingest.consume.registry_watch).
+        self.schema_registry_up = Gauge(
+            "ingest_schema_registry_up",
+            "0 while splits of this worker wait for the schema registry (it did not answer), else 1",
+            ["source"],
+            registry=r,
+        )
+        self.schema_registry_waiting_partitions = Gauge(
+            "ingest_schema_registry_waiting_partitions",
+            "Partitions paused because their splits wait for the schema registry",
+            ["source"],
+            registry=r,
+        )
         self.worker_state = Gauge(
             "ingest_worker_state",
             "The worker's state: 1 for the current one, 0 for the others",

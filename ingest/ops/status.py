@@ -13,6 +13,8 @@ from ingest.config import Settings, admin_config, kafka_client
 from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
+WAITING_FOR_REGISTRY = "WAITING_FOR_SCHEMA_REGISTRY"
+
 
 def watermarks(
     settings: Settings, tps: list[tuple[str, int]], timeout: float = 5.0
@@ -44,8 +46,10 @@ def partition_state(
     now: datetime,
     stuck_after_s: float,
     past_log_end: bool = False,
+    waiting_for_registry: bool = False,
 ) -> str:
-    """OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored offset is past the log end), STUCK or OK.
+    """OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored offset is past the log end),
+    WAITING_FOR_SCHEMA_REGISTRY, STUCK or OK.
 
     Past the log end: Kafka's log ends below the stored offset (an unclean leader election
     truncated it, the topic was re-created). A worker stops such a partition; its lag reads 0,
@@ -55,9 +59,15 @@ def partition_state(
     ``stuck_after_s`` — since the last publish, or since its owner started when it never
     published. That is a broker stalling silently, a fetcher that stopped, or builds that
     keep failing. A lag Kafka cannot tell (no watermark) is not evidence either way.
+
+    WAITING_FOR_SCHEMA_REGISTRY: its owner reports (heartbeat) that a split of it waits for a
+    schema registry that does not answer: paused, nothing rejected or skipped, it resumes by
+    itself. More specific than STUCK, which it would become.
     """
     if stopped_at_gap or past_log_end:
         return "OFFSET_OUT_OF_RANGE"
+    if waiting_for_registry:
+        return WAITING_FOR_REGISTRY
     since = last_publish_at or owner_started_at
     if lag and since is not None and (now - since).total_seconds() > stuck_after_s:
         return "STUCK"
@@ -74,6 +84,10 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     stopped_at = {(g["topic"], g["partition"], g["from_offset"]): g for g in offset_gaps if not g["skipped"]}
     live = store.live_workers(source)
     started = {w["worker"]: w["started_at"] for w in live}
+    # Partitions each live worker holds back for the schema registry, with its last error.
+    registry_waits = {
+        (w["worker"], tp): w.get("registry_error") or "" for w in live for tp in w.get("registry_waiting") or ()
+    }
     now = datetime.now(UTC)
     partitions = []
     total_lag = 0
@@ -84,6 +98,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         total_lag += lag or 0
         gap = stopped_at.get((r["topic"], r["partition"], next_offset))
         past_log_end = high is not None and next_offset is not None and next_offset > high
+        registry_error = registry_waits.get((r["owner"], f"{r['topic']}[{r['partition']}]"))
         partitions.append(
             {
                 "topic": r["topic"],
@@ -96,7 +111,9 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
                     now=now,
                     stuck_after_s=settings.stuck_after_s,
                     past_log_end=past_log_end,
+                    waiting_for_registry=registry_error is not None,
                 ),
+                "registry_error": registry_error,
                 "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
                 "past_log_end": past_log_end,
                 "next_offset": next_offset,
@@ -121,6 +138,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
             "started_at": _iso(w["started_at"]),
             "heartbeat_at": _iso(w["heartbeat_at"]),
             "spec_version": w.get("spec_version"),
+            "registry_waiting": list(w.get("registry_waiting") or ()),
+            "registry_error": w.get("registry_error"),
         }
         for w in live
     ]
@@ -188,6 +207,9 @@ def _state(
         return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
     if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
         return "UNHEALTHY", "OFFSET_OUT_OF_RANGE"
+    if any(p["state"] == WAITING_FOR_REGISTRY for p in partitions):
+        # Like an unreachable Kafka: an outside service stops ingestion, which resumes by itself.
+        return "UNHEALTHY", "SCHEMA_REGISTRY_UNAVAILABLE"
     if any(w["state"] == WorkerState.UNHEALTHY for w in workers):
         return "UNHEALTHY", "SPLITS_FAILING"
     if any(p["state"] == "STUCK" for p in partitions):

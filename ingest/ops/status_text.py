@@ -120,6 +120,12 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
                 f"partition {p['topic']}[{p['partition']}]: STUCK, lag {p['lag']} and no publish since "
                 f"{when(p['last_publish_at'], now) if p['last_publish_at'] else 'its owner started'}"
             )
+        if p.get("registry_error") is not None:
+            problems.append(
+                f"partition {p['topic']}[{p['partition']}]: WAITING_FOR_SCHEMA_REGISTRY on {p['owner']}: paused,"
+                " nothing rejected or skipped; it resumes by itself once the registry answers."
+                f" Last error: {p['registry_error']}"
+            )
         if p["lost_range"] is not None:
             problems.append(
                 f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "

@@ -13,6 +13,9 @@ Invariants:
 - Files of a split are deleted only when it is certain they were not published and never
   will be (ingest.publish.settle).
 - Consumer calls never happen here: results go back to the polling thread via ``poll()``.
+- A split whose build found the schema registry not answering is not failed: it waits, in
+  its place, and is built again on ``registry_retry``'s schedule, without limit, until the
+  registry answers or the split is killed (``registry_wait`` says which partitions wait).
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from ingest.backoff import Backoff
 from ingest.build import segment_store
 from ingest.build.builder import SegmentBuilder
 from ingest.build.split import SealedSplit
-from ingest.errors import BuildError
+from ingest.build.writer_schemas import RegistryUnavailable
+from ingest.errors import BuildError, SplitKilled
 from ingest.publish.publisher import Publisher
+from ingest.publish.registry_wait import RegistryWait, RegistryWaits
 from ingest.publish.settle import Killed, Outcome, Published, PublishInProgress, Settler
 from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
@@ -41,6 +46,9 @@ log = structlog.get_logger(__name__)
 
 # Before the n-th retry of a split whose build failed: 1 s, 2 s, ... (build_attempts bounds them).
 BUILD_RETRY = Backoff.linear(1.0)
+# Before the n-th build of a split waiting for the schema registry: 1 s, 2 s, 4 s, ... 30 s,
+# for as long as the registry does not answer.
+REGISTRY_RETRY = Backoff(1.0, 30.0)
 
 
 @dataclass(slots=True)
@@ -51,6 +59,10 @@ class _Entry:
     spec: SourceSpec
     spec_version: int = 0
     submitted_at: float = field(default_factory=time.monotonic)
+    # Waiting for the schema registry: not built again before this time (registry_retry's clock),
+    # and how many builds found the registry not answering.
+    retry_at: float = 0.0
+    registry_waits: int = 0
 
 
 class Pipeline:
@@ -65,6 +77,7 @@ class Pipeline:
         batch_linger_s: float = 0.5,
         build_attempts: int = 3,
         build_retry: Backoff = BUILD_RETRY,
+        registry_retry: Backoff = REGISTRY_RETRY,
         publish_delay_s: float = 0.0,
     ) -> None:
         self._builder = builder
@@ -73,6 +86,8 @@ class Pipeline:
         self._specs = specs
         self._build_attempts = build_attempts
         self._build_retry = build_retry
+        self._registry_retry = registry_retry
+        self._registry_waits = RegistryWaits(registry_retry.clock)
         self._max_batch_splits = max_batch_splits
         self._batch_linger_s = batch_linger_s
         self._cond = threading.Condition()
@@ -147,6 +162,11 @@ class Pipeline:
         return self._settler.publishing
 
     @property
+    def registry_wait(self) -> RegistryWait | None:
+        """The partitions whose splits wait for the schema registry, or None."""
+        return self._registry_waits.current()
+
+    @property
     def inflight_count(self) -> int:
         return self._inflight_count
 
@@ -184,7 +204,10 @@ class Pipeline:
             unbuilt, self._unbuilt = list(self._unbuilt), deque()
             self._cond.notify_all()
         for entry in unbuilt:
-            entry.built.cancel()
+            # One waiting for the registry was built before (its future runs): resolved here.
+            if not entry.built.cancel() and not entry.built.done():
+                entry.built.set_exception(SplitKilled(KillReason.SHUTDOWN))
+            self._registry_waits.resolved(entry.split.id)
         deadline = time.monotonic() + timeout
         for thread in self._builders:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -218,34 +241,29 @@ class Pipeline:
         """Wait for splits to build; None once closing. A batch has one spec (version)."""
         with self._cond:
             while True:
-                while not self._unbuilt:
+                while not (due := _due(self._unbuilt, self._registry_retry.clock.monotonic())):
                     if self._closing:
                         return None
                     self._cond.wait(0.1)
                 # Splits sealed by age come a few hundred milliseconds apart: waiting that
                 # long for them makes one batch (one job) where there would be several.
-                linger_until = self._unbuilt[0].submitted_at + self._batch_linger_s
+                linger_until = due[0].submitted_at + self._batch_linger_s
                 while (
-                    self._unbuilt
-                    and len(self._unbuilt) < self._max_batch_splits
+                    len(due) < self._max_batch_splits
                     and not self._closing
                     and (remaining := linger_until - time.monotonic()) > 0
                 ):
                     self._cond.wait(remaining)
-                if self._unbuilt:  # another build thread may have taken them meanwhile
+                    due = _due(self._unbuilt, self._registry_retry.clock.monotonic())
+                if due:  # another build thread may have taken them meanwhile
                     break
-            spec = self._unbuilt[0].spec
-            batch: list[_Entry] = []
-            rest: deque[_Entry] = deque()
-            while self._unbuilt:
-                entry = self._unbuilt.popleft()
-                if entry.spec is spec and len(batch) < self._max_batch_splits:
-                    batch.append(entry)
-                else:
-                    rest.append(entry)
-            self._unbuilt = rest
-        # A future cancelled by close() is not built; it resolves as Killed("shutdown").
-        return [e for e in batch if e.built.set_running_or_notify_cancel()]
+            spec = due[0].spec
+            batch = [e for e in due if e.spec is spec][: self._max_batch_splits]
+            taken = {id(e) for e in batch}
+            self._unbuilt = deque(e for e in self._unbuilt if id(e) not in taken)
+        # A future cancelled by close() is not built; it resolves as Killed("shutdown"). One
+        # waiting for the registry runs already (its first build started it).
+        return [e for e in batch if e.built.running() or e.built.set_running_or_notify_cancel()]
 
     def _build_loop(self) -> None:
         while (batch := self._take_batch()) is not None:
@@ -265,6 +283,10 @@ class Pipeline:
                 results = [exc] * len(pending)
             retry: list[_Entry] = []
             for entry, result in zip(pending, results, strict=True):
+                if isinstance(result, RegistryUnavailable):
+                    self._wait_for_registry(entry, result)
+                    continue
+                self._registry_waits.resolved(entry.split.id)
                 if isinstance(result, BuildError) and attempt < self._build_attempts:
                     retry.append(entry)
                     log.warning(
@@ -286,6 +308,22 @@ class Pipeline:
                 )
                 attempt += 1
             pending = retry
+
+    def _wait_for_registry(self, entry: _Entry, error: RegistryUnavailable) -> None:
+        """Put the split back among those to build, due after the registry retry's backoff: it
+        keeps its place in its partition's publish order, and no build attempt is used up."""
+        delay = self._registry_retry.delay(entry.registry_waits)
+        entry.registry_waits += 1
+        self._registry_waits.waiting(entry.split, error, retry=entry.registry_waits, retry_in_s=delay)
+        with self._cond:
+            entry.retry_at = self._registry_retry.clock.monotonic() + delay
+            if self._closing:
+                # close() has taken the queue already: resolve it here.
+                entry.built.set_exception(SplitKilled(KillReason.SHUTDOWN))
+                self._registry_waits.resolved(entry.split.id)
+            else:
+                self._unbuilt.append(entry)
+            self._cond.notify_all()
 
     def _next_ready(self) -> _Entry | None:
         for queue in self._queues.values():
@@ -321,6 +359,12 @@ class Pipeline:
             self._outcomes.append(outcome)
             self._cond.notify_all()
         self._trip(later, KillReason.PREDECESSOR_FAILED, None)
+
+
+def _due(unbuilt: Iterable[_Entry], now: float) -> list[_Entry]:
+    """Entries to build now: all but those waiting for the registry whose retry is not due
+    (a killed one is due at once: its build resolves it as killed)."""
+    return [e for e in unbuilt if e.retry_at <= now or e.split.kill_switch.tripped]
 
 
 def _all_killed(splits: list[SealedSplit]) -> bool:

@@ -1,7 +1,8 @@
 """An Avro build while the schema registry is down, against a real registry and Spark: a schema
-fetched before keeps decoding; a schema never fetched fails the build (a BuildError the
-pipeline retries), rejecting and skipping nothing, and the same split builds once the
-registry is back. Writer schemas the reader cannot resolve are rejects, never a failed build."""
+fetched before keeps decoding; a split holding a schema never fetched is not built
+(RegistryUnavailable: the pipeline makes it wait), rejecting and skipping nothing, and the
+same split builds once the registry is back. Writer schemas the reader cannot resolve are
+rejects, never a failed build; timestamps are read in their writer's precision."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.build.builder import SparkSegmentBuilder
-from ingest.errors import BuildError
+from ingest.build.writer_schemas import RegistryUnavailable
 from ingest.spec import spec_from_dict
 from ingest_common.model import BuiltSegment
 from ingest_dev.registry import LocalSchemaRegistry
@@ -54,7 +55,7 @@ def test_a_registry_outage_fails_the_build_and_rejects_nothing(
     mixed = split_of([*old, *new], start=300)
     files_before = sorted((tmp_path / "store").rglob("*.parquet"))
     [result] = builder.build_batch([mixed], spec)
-    assert isinstance(result, BuildError), result
+    assert isinstance(result, RegistryUnavailable), result
     assert "did not answer" in str(result)
     # Nothing written, no reject file: the failed build left the store as it was.
     assert sorted((tmp_path / "store").rglob("*.parquet")) == files_before

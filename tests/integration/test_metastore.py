@@ -378,3 +378,19 @@ def test_a_restarted_worker_with_the_same_id_is_shown_as_the_new_process(store: 
     store.heartbeat("src", "pod-0", "pod-0", 1, "0.2.0", "running", ["events[1]"], 1)  # no start given: kept
     [row] = store.live_workers("src")
     assert (row["started_at"], row["partitions"]) == (restarted, ["events[1]"])
+
+
+def test_a_heartbeat_carries_the_partitions_waiting_for_the_schema_registry(store: Metastore) -> None:
+    """What `ingest status` shows as WAITING_FOR_SCHEMA_REGISTRY: written with each beat, gone
+    with the first beat after the wait, the error redacted like every error report."""
+    error = "schema registry http://reg:secret@registry:8081 did not answer for schema id 7: Connection refused"
+    store.heartbeat(
+        "src", "pod-0", "pod-0", 1, "0.1.0", "running", ["events[0]", "events[1]"], 1,
+        registry_waiting=["events[1]"], registry_error=error,
+    )  # fmt: skip
+    [row] = store.live_workers("src")
+    assert row["registry_waiting"] == ["events[1]"]
+    assert "did not answer for schema id 7" in row["registry_error"] and "secret" not in row["registry_error"]
+    store.heartbeat("src", "pod-0", "pod-0", 1, "0.1.0", "running", ["events[0]", "events[1]"], 1)
+    [row] = store.live_workers("src")
+    assert (row["registry_waiting"], row["registry_error"]) == ([], None)

@@ -22,10 +22,12 @@ def state(
     gap: bool = False,
     stuck_after_s: float = 300.0,
     past_log_end: bool = False,
+    registry: bool = False,
 ) -> str:
     return partition_state(
         stopped_at_gap=gap,
         past_log_end=past_log_end,
+        waiting_for_registry=registry,
         lag=lag,
         now=NOW,
         stuck_after_s=stuck_after_s,
@@ -61,6 +63,12 @@ def test_a_stored_offset_past_the_log_end_is_out_of_range_not_caught_up() -> Non
     assert state(lag=0, published_s_ago=10, past_log_end=True) == "OFFSET_OUT_OF_RANGE"
 
 
+def test_a_partition_waiting_for_the_schema_registry_says_so_rather_than_stuck() -> None:
+    assert state(lag=5, published_s_ago=10_000, registry=True) == "WAITING_FOR_SCHEMA_REGISTRY"
+    assert state(lag=5, published_s_ago=1, registry=True) == "WAITING_FOR_SCHEMA_REGISTRY"
+    assert state(lag=5, published_s_ago=10_000, gap=True, registry=True) == "OFFSET_OUT_OF_RANGE"
+
+
 def _p(state: str) -> dict[str, Any]:
     return {"state": state}
 
@@ -76,6 +84,11 @@ def test_source_state_precedence() -> None:
         "UNHEALTHY",
         "OFFSET_OUT_OF_RANGE",
     )
+    # An outside service stops those partitions, as an unreachable Kafka does: more specific
+    # than a stall or failing splits, less than a gap that needs an operator.
+    waiting = _p("WAITING_FOR_SCHEMA_REGISTRY")
+    assert _state([_p("STUCK"), waiting], [_w("unhealthy")], True, 10) == ("UNHEALTHY", "SCHEMA_REGISTRY_UNAVAILABLE")
+    assert _state([_p("OFFSET_OUT_OF_RANGE"), waiting], [_w("running")], True, 10)[1] == "OFFSET_OUT_OF_RANGE"
     assert _state([_p("OK")], [_w("running")], True, 10) == ("RUNNING", "RUNNING")
     assert _state([_p("OK")], [_w("running")], True, 0) == ("IDLE", "CAUGHT_UP")
 

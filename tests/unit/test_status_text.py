@@ -94,6 +94,17 @@ def test_a_partition_stored_past_the_log_end_gets_a_problem_line() -> None:
     assert "partition clicks[0]: OFFSET_OUT_OF_RANGE, next offset 50 is past the log end 10" in text
 
 
+def test_a_partition_waiting_for_the_schema_registry_gets_a_problem_line_with_the_error() -> None:
+    error = "schema registry http://registry:8081 did not answer for schema id 7: Connection refused"
+    waiting = partition(0, state="WAITING_FOR_SCHEMA_REGISTRY", registry_error=error)
+    lines = render(status(partitions=[waiting, partition(1, registry_error=None)]), NOW)
+    problems = [line for line in lines if "WAITING_FOR_SCHEMA_REGISTRY on" in line]
+    assert problems == [
+        "partition clicks[0]: WAITING_FOR_SCHEMA_REGISTRY on w-short: paused, nothing rejected or skipped; it"
+        f" resumes by itself once the registry answers. Last error: {error}"
+    ]
+
+
 def test_no_python_syntax_in_the_summary() -> None:
     summary = render(status(), NOW)[0]
     assert "publish conflicts: abandoned 1, serial 2" in summary
