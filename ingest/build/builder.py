@@ -257,15 +257,19 @@ class SparkSegmentBuilder:
         )
 
     def _plan(self, spec: SourceSpec, splits: Sequence[SealedSplit]) -> Plan:
-        """The column expressions of a build, made once per (format, schema, event time, and
-        for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
+        """The column expressions of a build, made once per (format, key format, schema, event
+        time, and for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
         which would otherwise be paid per batch and contend for the GIL with the consumer
         thread. Avro's writer schemas are fetched here, before the job (a registry that does
         not answer fails the build, ingest.build.writer_schemas)."""
         writers: dict[int, str] = {}
+        key_writers: dict[int, str] = {}
         if spec.format == "avro":
             assert spec.registry is not None  # validated with the spec
             writers = self._writer_schemas.for_batch(splits, spec.registry)
+        if spec.key_format == "avro":
+            assert spec.registry is not None  # validated with the spec
+            key_writers = self._writer_schemas.for_batch(splits, spec.registry, keys=True)
         key = (
             spec.format,
             spec.registry,
@@ -273,12 +277,15 @@ class SparkSegmentBuilder:
             spec.event_time,
             spec.file_partition,
             spec.reader_schema,
+            spec.key_format,
+            spec.key_schema,
             tuple(writers),
+            tuple(key_writers),
         )
         with self._plans_lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = make_plan(spec, writers)
+                plan = self._plans[key] = make_plan(spec, writers, key_writers)
             return plan
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:

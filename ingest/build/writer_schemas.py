@@ -38,10 +38,17 @@ class WriterSchemas:
         self._schemas: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
 
-    def for_batch(self, splits: Sequence[SealedSplit], registry: RegistrySettings) -> dict[int, str]:
-        """The writer schema of every id among the splits' framed records that the registry
-        knows (ids it does not know are left out)."""
-        ids = {sid for split in splits for r in split.records if (sid := schema_id(r.value())) is not None}
+    def for_batch(
+        self, splits: Sequence[SealedSplit], registry: RegistrySettings, keys: bool = False
+    ) -> dict[int, str]:
+        """The writer schema of every id among the splits' framed values (``keys``: keys) that
+        the registry knows (ids it does not know are left out)."""
+        ids = {
+            sid
+            for split in splits
+            for r in split.records
+            if (sid := schema_id(r.key() if keys else r.value())) is not None
+        }
         return {sid: schema for sid in sorted(ids) if (schema := self.get(registry, sid)) is not None}
 
     def get(self, registry: RegistrySettings, sid: int) -> str | None:
