@@ -147,9 +147,7 @@ def test_key_formats_and_their_columns_round_trip() -> None:
     assert (binary.key_format, binary.key_columns) == ("binary", ())
     text = spec_from_dict(base(key_format="string"))
     assert text.key_columns == (("_key_string", "string"),)
-    avro = spec_from_dict(
-        base(key_format="avro", key_schema={"id": "long", "Region": "STRING"}, registry=REGISTRY)
-    )
+    avro = spec_from_dict(base(key_format="avro", key_schema={"id": "long", "Region": "STRING"}, registry=REGISTRY))
     assert avro.key_schema == (("id", "long"), ("Region", "string"))
     assert avro.key_columns == (("_key_id", "long"), ("_key_Region", "string"))
     for spec in (binary, text, avro):
@@ -165,7 +163,7 @@ def test_key_formats_and_their_columns_round_trip() -> None:
     [
         ({"key_format": "protobuf"}, "key_format: 'protobuf' is not one of binary, string, avro, json_schema"),
         ({"key_format": "avro", "key_schema": {"id": "long"}}, 'key_format = "avro": needs a \\[registry\\]'),
-        ({"key_format": "json_schema", "registry": REGISTRY}, 'key_schema: missing \\(required with key_format'),
+        ({"key_format": "json_schema", "registry": REGISTRY}, "key_schema: missing \\(required with key_format"),
         ({"key_format": "string", "key_schema": {"id": "long"}}, 'key_schema: only with key_format = "avro"'),
         ({"key_schema": {"id": "long"}}, 'key_schema: only with key_format = "avro" or "json_schema", not "binary"'),
         ({"key_format": "avro", "key_schema": {}, "registry": REGISTRY}, "key_schema: expected a table"),
