@@ -258,11 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         ends: dict[int, int] = {}
         first_batch = args.records * 2 // 3
         produce(broker.bootstrap, 0, first_batch, ends, encode_first)
-        print(
-            f"produced {first_batch} {args.format} records"
-            + (" (writer schema v1)" if registry else "")
-            + " (every 500th is unparseable on purpose)"
-        )
+        written = " in Avro with writer schema v1" if registry else " in JSON"
+        print(f"produced {first_batch} records{written} (every 500th is unparseable on purpose)")
 
         spec_path = work / "clicks.toml"
         spec_path.write_text(spec_text(work / "segments", registry.url if registry else None))
@@ -322,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                     produce(broker.bootstrap, first_batch, args.records - first_batch, ends, encode_rest)
                     print(
                         f"produced {args.records - first_batch} more records while the workers run"
-                        + (" (writer schema v2)" if registry else "")
+                        + (" with writer schema v2" if registry else "")
                     )
                     produced_rest = True
                     return False
