@@ -22,6 +22,13 @@ from ingest.errors import ConfigError, shown
 #: Formats of a spec; the two last ones are framed (Confluent wire format).
 FORMATS = ("json", "avro", "json_schema")
 FRAMED_FORMATS = ("avro", "json_schema")
+#: What a record's key is decoded as (``key_format``): kept as bytes in ``_key`` only (binary),
+#: UTF-8 text, or a framed format read with the spec's ``[key_schema]``. ``_key`` always stays.
+KEY_FORMATS = ("binary", "string", "avro", "json_schema")
+#: Decoded key fields are output columns named with this prefix; spec columns cannot start
+#: with "_", so they clash with none. A string key is the one column ``_key_string``.
+KEY_COLUMN_PREFIX = "_key_"
+STRING_KEY_COLUMN = "_key_string"
 HEADER_BYTES = 5
 MAGIC_BYTE = 0
 USER_INFO_ENV = "INGEST_SCHEMA_REGISTRY_USER_INFO"

@@ -19,6 +19,9 @@ from ingest.errors import ConfigError, shown
 from ingest.formats import (
     FORMATS,
     FRAMED_FORMATS,
+    KEY_COLUMN_PREFIX,
+    KEY_FORMATS,
+    STRING_KEY_COLUMN,
     RegistrySettings,
     SchemaFrom,
     avro_columns,
@@ -62,6 +65,8 @@ _TOP_LEVEL_KEYS = {
     "file_partition",
     "registry",
     "schema_from",
+    "key_format",
+    "key_schema",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 
@@ -99,6 +104,17 @@ class SourceSpec:
     # JSON), fixed when the spec is applied (resolve_registry_schema) and stored with it.
     schema_from: SchemaFrom = "spec"
     reader_schema: str = ""
+    # How keys are decoded beside ``_key`` (which stays binary): KEY_FORMATS; avro and
+    # json_schema read the fields of ``key_schema`` (column = type, as ``schema``).
+    key_format: str = "binary"
+    key_schema: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key_columns(self) -> tuple[tuple[str, str], ...]:
+        """The output columns of the decoded key, after ``_key`` and before the schema's."""
+        if self.key_format == "string":
+            return ((STRING_KEY_COLUMN, "string"),)
+        return tuple((KEY_COLUMN_PREFIX + name, ctype) for name, ctype in self.key_schema)
 
     @property
     def group_id(self) -> str:
@@ -109,6 +125,7 @@ class SourceSpec:
         doc = asdict(self)
         doc["topics"] = list(self.topics)
         doc["schema"] = [list(c) for c in self.schema]
+        doc["key_schema"] = [list(c) for c in self.key_schema]
         return doc
 
     @classmethod
@@ -131,6 +148,8 @@ class SourceSpec:
             registry=RegistrySettings(**doc["registry"]) if doc.get("registry") else None,
             schema_from=doc.get("schema_from", "spec"),
             reader_schema=doc.get("reader_schema", ""),
+            key_format=doc.get("key_format", "binary"),
+            key_schema=tuple((c[0], c[1]) for c in doc.get("key_schema", ())),
         )
 
 
@@ -255,6 +274,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         columns: list[tuple[str, str]] = []
     else:
         columns = _columns(doc["schema"])
+    key_format, key_columns = _key_format(doc, registry)
     event_time = doc["event_time"]
     if not isinstance(event_time, str):
         raise ConfigError(f"event_time: expected the name of a timestamp column, got {shown(event_time)}")
@@ -299,6 +319,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         registry=registry,
         schema_from=cast(SchemaFrom, schema_from),
         reader_schema=avro_reader_schema(tuple(columns)) if fmt == "avro" and columns else "",
+        key_format=key_format,
+        key_schema=tuple(key_columns),
         on_parse_error=cast(
             ParseErrorPolicy, _choice("on_parse_error", doc.get("on_parse_error", "reject"), ("reject", "skip", "fail"))
         ),
@@ -314,21 +336,38 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     )
 
 
-def _columns(schema: object) -> list[tuple[str, str]]:
+def _key_format(doc: dict[str, Any], registry: RegistrySettings | None) -> tuple[str, list[tuple[str, str]]]:
+    """``key_format`` and the fields of ``[key_schema]`` (required by, and only allowed with,
+    the framed key formats)."""
+    key_format = _choice("key_format", doc.get("key_format", "binary"), KEY_FORMATS)
+    if key_format not in FRAMED_FORMATS:
+        if "key_schema" in doc:
+            raise ConfigError(f'key_schema: only with key_format = "avro" or "json_schema", not "{key_format}"')
+        return key_format, []
+    if registry is None:
+        raise ConfigError(
+            f'key_format = "{key_format}": needs a [registry] section with url = the schema registry\'s URL'
+        )
+    if "key_schema" not in doc:
+        raise ConfigError(f'key_schema: missing (required with key_format = "{key_format}": the key\'s fields)')
+    return key_format, _columns(doc["key_schema"], "key_schema")
+
+
+def _columns(schema: object, field: str = "schema") -> list[tuple[str, str]]:
     if not isinstance(schema, dict) or not schema:
-        raise ConfigError("schema: expected a table of column = type with at least one column")
+        raise ConfigError(f"{field}: expected a table of column = type with at least one column")
     columns: list[tuple[str, str]] = []
     for column, ctype in schema.items():
         if not _COLUMN_RE.fullmatch(column):
             raise ConfigError(
-                f"schema.{column}: invalid column name (letter first, then letters, digits, _; "
+                f"{field}.{column}: invalid column name (letter first, then letters, digits, _; "
                 "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
             )
         if not isinstance(ctype, str) or ctype.strip().lower() not in ALLOWED_TYPES:
-            raise ConfigError(f"schema.{column}: type {shown(ctype)} is not one of {', '.join(ALLOWED_TYPES)}")
+            raise ConfigError(f"{field}.{column}: type {shown(ctype)} is not one of {', '.join(ALLOWED_TYPES)}")
         columns.append((column, ctype.strip().lower()))
     if len({c.lower() for c, _ in columns}) != len(columns):
-        raise ConfigError("schema: column names must be unique ignoring case")
+        raise ConfigError(f"{field}: column names must be unique ignoring case")
     return columns
 
 

@@ -220,6 +220,8 @@ class Worker:
                         settings.spark_master,
                         f"ingest-{spec.name}",
                         stores=[spec.segment_store],
+                        # from_avro is spark-avro's, in the pinned jar set (not in pyspark's jars).
+                        connectors="avro" in (spec.format, spec.key_format),
                     )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc

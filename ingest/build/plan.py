@@ -1,12 +1,13 @@
 """What a build's Spark job does to a batch of splits, as data: the layout of the staged files
 (one per split: Kafka coordinates plus the raw key and value bytes) and the column expressions
-that parse the values against the source's schema, classify each bad record's error and name
-the file partition of each good one.
+that parse the values against the source's schema (and the keys against its key schema),
+classify each bad record's error and name the file partition of each good one.
 
 A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
 time, file partition): making it costs hundreds of Py4J round trips (the builder caches it).
 Every parse error a plan can give is one of ``PARSE_ERRORS``; the good rows keep the staged
-coordinates (``META_COLUMNS``) beside the schema's columns.
+coordinates (``META_COLUMNS``), then the decoded key's columns (``SourceSpec.key_columns``),
+then the schema's columns.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Any
 import pyarrow as pa
 
 from ingest.build.split import SealedSplit
-from ingest.formats import DECODED_FIELD, HEADER_BYTES, reader_for_writer
+from ingest.formats import (
+    DECODED_FIELD,
+    HEADER_BYTES,
+    KEY_COLUMN_PREFIX,
+    STRING_KEY_COLUMN,
+    avro_reader_schema,
+    reader_for_writer,
+)
 from ingest.spec import SourceSpec
 from ingest_common.model import PartitionBy
 
@@ -101,27 +109,34 @@ _FILE_PARTITION_FORMATS = {
 }
 
 
-def _framing() -> tuple[Any, Any, Any]:
-    """The Confluent wire format in Spark: whether a value is framed, its schema id, its body."""
+def _framing(column: str = "_value") -> tuple[Any, Any, Any]:
+    """The Confluent wire format in Spark: whether a value (or key) is framed, its schema id, its body."""
     from pyspark.sql import functions as F
 
-    value = F.col("_value")
+    value = F.col(column)
     framed = (F.length(value) >= HEADER_BYTES) & (F.substring(value, 1, 1) == F.lit(bytes([0])))
     schema_id = F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
-    body = F.expr(f"substring(_value, {HEADER_BYTES + 1}, length(_value) - {HEADER_BYTES})")
+    body = F.expr(f"substring({column}, {HEADER_BYTES + 1}, length({column}) - {HEADER_BYTES})")
     return framed, schema_id, body
 
 
 class PlanCache:
-    """The column expressions of a build, made once per (format, schema, event time, and for
-    Avro the batch's writer schemas): building them costs hundreds of Py4J round trips, which
-    would otherwise be paid per batch and contend for the GIL with the consumer thread."""
+    """The column expressions of a build, made once per (format, key format, schema, event
+    time, and for Avro the batch's writer schemas): building them costs hundreds of Py4J round
+    trips, which would otherwise be paid per batch and contend for the GIL with the consumer
+    thread."""
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._lock = threading.Lock()
 
-    def get(self, spec: SourceSpec, writers: Mapping[int, str], unresolvable: frozenset[int]) -> Plan:
+    def get(
+        self,
+        spec: SourceSpec,
+        writers: Mapping[int, str],
+        unresolvable: frozenset[int],
+        key_writers: Mapping[int, str],
+    ) -> Plan:
         key = (
             spec.format,
             spec.registry,
@@ -129,26 +144,32 @@ class PlanCache:
             spec.event_time,
             spec.file_partition,
             spec.reader_schema,
+            spec.key_format,
+            spec.key_schema,
             tuple(writers),
             tuple(sorted(unresolvable)),
+            tuple(key_writers),
         )
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = make_plan(spec, writers, unresolvable)
+                plan = self._plans[key] = make_plan(spec, writers, unresolvable, key_writers)
             return plan
 
 
 def make_plan(
-    spec: SourceSpec, writers: Mapping[int, str] | None = None, unresolvable: frozenset[int] = frozenset()
+    spec: SourceSpec,
+    writers: Mapping[int, str] | None = None,
+    unresolvable: frozenset[int] = frozenset(),
+    key_writers: Mapping[int, str] | None = None,
 ) -> Plan:
     """``writers``: for format avro, the writer schema (Avro JSON) of every schema id the batch
     holds that the registry knows and the reader schema resolves; ``unresolvable``: the ids the
     registry knows whose writer schema the reader cannot resolve (``unresolvable_writer_schema``,
-    never given to from_avro); a framed record with any other id is ``unknown_schema_id``."""
-    if spec.format == "avro":
-        return _plan(spec, *_avro_parse(spec, writers or {}, unresolvable))
-    return _plan(spec, *_json_parse(spec))
+    never given to from_avro); a framed record with any other id is ``unknown_schema_id``.
+    ``key_writers``: the same for the keys of key_format avro."""
+    parsed, error = _avro_parse(spec, writers or {}, unresolvable) if spec.format == "avro" else _json_parse(spec)
+    return _plan(spec, parsed, error, *_key_parse(spec, key_writers or {}))
 
 
 def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
@@ -184,29 +205,39 @@ def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
     return parsed, error
 
 
-def _avro_parse(spec: SourceSpec, writers: Mapping[int, str], unresolvable: frozenset[int]) -> tuple[Any, Any]:
-    """Format avro: one from_avro per writer schema of the batch, chosen by the record's schema
-    id (one job for a batch of several writers), each resolved to the reader schema by Avro's
-    rules. PERMISSIVE: a body that does not decode gives a row of nulls (DECODED_FIELD null
-    too), never a failed job."""
+def _avro_decode(
+    column: str, columns: tuple[tuple[str, str], ...], reader_schema: str, writers: Mapping[int, str]
+) -> tuple[Any, Any, Any, Any]:
+    """One from_avro per writer schema of the batch, chosen by the record's schema id (one job
+    for a batch of several writers), each resolved to the reader schema by Avro's rules.
+    PERMISSIVE: a body that does not decode gives a row of nulls (DECODED_FIELD null too),
+    never a failed job. Returns the decoded struct, whether the column is framed, its schema
+    id and whether that id is one of ``writers``."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
     from pyspark.sql.avro.functions import from_avro
 
-    framed, schema_id, body = _framing()
+    framed, schema_id, body = _framing(column)
     no_writer = F.lit(None).cast(
         T.StructType(
-            [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
+            [T.StructField(name, spark_type(ctype), True) for name, ctype in columns]
             + [T.StructField(DECODED_FIELD, T.BooleanType(), True)]
         )
     )
     parsed: Any = None
     for sid, writer in sorted(writers.items()):
-        reader = reader_for_writer(spec.reader_schema, writer)
+        reader = reader_for_writer(reader_schema, writer)
         decoded = from_avro(body, writer, {"mode": "PERMISSIVE", "avroSchema": reader})
         parsed = (F.when if parsed is None else parsed.when)(framed & (schema_id == F.lit(sid)), decoded)
-    parsed = no_writer if parsed is None else parsed
     known = schema_id.isin(*sorted(writers)) if writers else F.lit(False)
+    return (no_writer if parsed is None else parsed), framed, schema_id, known
+
+
+def _avro_parse(spec: SourceSpec, writers: Mapping[int, str], unresolvable: frozenset[int]) -> tuple[Any, Any]:
+    """Format avro: the value decoded with its writer schema (:func:`_avro_decode`), and the error column."""
+    from pyspark.sql import functions as F
+
+    parsed, framed, schema_id, known = _avro_decode("_value", spec.schema, spec.reader_schema, writers)
     error = (
         F.when(F.col("_value").isNull(), F.lit("null_value"))
         .when(~framed, F.lit("not_confluent_framed"))
@@ -228,7 +259,49 @@ EVENT_TIME_MIN_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
 EVENT_TIME_END_US = 253_402_300_800_000_000  # 10000-01-01T00:00:00Z
 
 
-def _plan(spec: SourceSpec, parsed: Any, error: Any) -> Plan:
+def _key_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any | None, Any | None]:
+    """The decoded key struct (key_format avro and json_schema) and the key's error column (None
+    for binary keys). A null key is no error: its decoded columns are null."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    key = F.col("_key")
+    if spec.key_format == "string":
+        return None, F.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("key_undecodable"))
+    if spec.key_format == "avro":
+        reader = avro_reader_schema(spec.key_schema)
+        parsed, framed, _, known = _avro_decode("_key", spec.key_schema, reader, writers)
+        decoded = F.col("_k").isNotNull() & F.col("_k").getField(DECODED_FIELD).isNotNull()
+    elif spec.key_format == "json_schema":
+        # As json_schema values: the JSON path on the body, the schema id not looked up.
+        framed, _, body = _framing("_key")
+        schema = T.StructType(
+            [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.key_schema]
+            + [T.StructField(CORRUPT, T.StringType(), True)]
+        )
+        parsed = F.from_json(body.cast("string"), schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+        known = F.lit(True)
+        decoded = F.is_valid_utf8(body) & F.col("_k").isNotNull() & F.col("_k").getField(CORRUPT).isNull()
+    else:
+        return None, None
+    error = (
+        F.when(key.isNull(), F.lit(None).cast("string"))
+        .when(~framed, F.lit("key_not_confluent_framed"))
+        .when(~known, F.lit("key_unknown_schema_id"))
+        .when(~decoded, F.lit("key_undecodable"))
+    )
+    return parsed, error
+
+
+def _key_columns(spec: SourceSpec) -> tuple[Any, ...]:
+    from pyspark.sql import functions as F
+
+    if spec.key_format == "string":
+        return (F.col("_key").cast("string").alias(STRING_KEY_COLUMN),)
+    return tuple(F.col("_k").getField(name).alias(KEY_COLUMN_PREFIX + name) for name, _ in spec.key_schema)
+
+
+def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key_error: Any | None) -> Plan:
     from pyspark.sql import functions as F
 
     value = F.col("_value")
@@ -238,12 +311,19 @@ def _plan(spec: SourceSpec, parsed: Any, error: Any) -> Plan:
         F.lit("event_time_out_of_range"),
     ).otherwise(error)
     return Plan(
-        staged_columns=(*(F.col(c) for c in META_COLUMNS), value, parsed.alias("_p")),
-        error=error,
+        staged_columns=(
+            *(F.col(c) for c in META_COLUMNS),
+            value,
+            parsed.alias("_p"),
+            *(() if parsed_key is None else (parsed_key.alias("_k"),)),
+        ),
+        # A record's value is checked first: its reason wins over its key's.
+        error=error if key_error is None else F.coalesce(error, key_error),
         total=F.count(F.lit(1)).alias("total"),
         good=F.col("_error").isNull(),
         output_columns=(
             *(F.col(c) for c in META_COLUMNS),
+            *_key_columns(spec),
             *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
         ),
         file_partition=(

@@ -123,7 +123,9 @@ def start_abandoned() -> bool:
     return any(t.is_alive() for t in _abandoned)
 
 
-def create_session_within(timeout_s: float, master: str, app_name: str, stores: Iterable[str] = ()) -> Any:
+def create_session_within(
+    timeout_s: float, master: str, app_name: str, stores: Iterable[str] = (), connectors: bool = False
+) -> Any:
     """``create_session`` that gives up after ``timeout_s`` with ``TimeoutError``. The attempt
     goes on in a daemon thread (neither a JVM start nor a gRPC retry can be interrupted); the
     caller is expected to exit, which ends it."""
@@ -131,7 +133,7 @@ def create_session_within(timeout_s: float, master: str, app_name: str, stores: 
 
     def start() -> None:
         try:
-            outcome.put((create_session(master, app_name, stores=stores), None))
+            outcome.put((create_session(master, app_name, stores=stores, connectors=connectors), None))
         except BaseException as exc:  # handed to the caller, which raises it
             outcome.put((None, exc))
 

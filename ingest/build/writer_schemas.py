@@ -22,7 +22,7 @@ import functools
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -50,6 +50,8 @@ class BatchSchemas:
 
     schemas: dict[int, str]
     waiting: dict[uuid.UUID, RegistryUnavailable]
+    # The same as ``schemas`` for the keys' ids (key_format avro).
+    key_schemas: dict[int, str] = field(default_factory=dict)
 
 
 class WriterSchemas:
@@ -62,13 +64,15 @@ class WriterSchemas:
         self._schemas: dict[tuple[str, int], str] = {}
         self._lock = threading.Lock()
 
-    def for_batch(self, splits: Sequence[SealedSplit], registry: RegistrySettings) -> BatchSchemas:
-        """The writer schemas of the splits' framed records. Once the registry failed to answer
-        for one id, ids not cached are not asked for again in this batch (each could take the
-        client's timeout): the splits holding any of them wait."""
-        needs = {
-            split.id: {sid for r in split.records if (sid := schema_id(r.value())) is not None} for split in splits
-        }
+    def for_batch(
+        self, splits: Sequence[SealedSplit], registry: RegistrySettings, *, values: bool = True, keys: bool = False
+    ) -> BatchSchemas:
+        """The writer schemas of the splits' framed values and (``keys``) keys. Once the
+        registry failed to answer for one id, ids not cached are not asked for again in this
+        batch (each could take the client's timeout): the splits holding any of them wait."""
+        value_ids = {split.id: _ids(split, keys=False) if values else set() for split in splits}
+        key_ids = {split.id: _ids(split, keys=True) if keys else set() for split in splits}
+        needs = {split.id: value_ids[split.id] | key_ids[split.id] for split in splits}
         found: dict[int, str] = {}
         missing: set[int] = set()
         failure: RegistryUnavailable | None = None
@@ -84,11 +88,13 @@ class WriterSchemas:
                 continue
             if schema is not None:
                 found[sid] = schema
-        if failure is None:
-            return BatchSchemas(found, {})
-        waiting = {split.id: failure for split in splits if needs[split.id] & missing}
-        building = set().union(*(ids for split_id, ids in needs.items() if split_id not in waiting))
-        return BatchSchemas({sid: text for sid, text in found.items() if sid in building}, waiting)
+        waiting = {} if failure is None else {split.id: failure for split in splits if needs[split.id] & missing}
+
+        def building(ids: dict[uuid.UUID, set[int]]) -> dict[int, str]:
+            held = set().union(*(i for split_id, i in ids.items() if split_id not in waiting))
+            return {sid: text for sid, text in found.items() if sid in held}
+
+        return BatchSchemas(building(value_ids), waiting, building(key_ids))
 
     def cached(self, registry: RegistrySettings, sid: int) -> bool:
         with self._lock:
@@ -124,6 +130,10 @@ class WriterSchemas:
         with self._lock:
             self._schemas[key] = text
         return text
+
+
+def _ids(split: SealedSplit, *, keys: bool) -> set[int]:
+    return {sid for r in split.records if (sid := schema_id(r.key() if keys else r.value())) is not None}
 
 
 def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, str], frozenset[int]]:

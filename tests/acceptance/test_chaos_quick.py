@@ -2,7 +2,9 @@
 of faults against worker processes, then every published Parquet file is checked. On a local
 directory the Iceberg table is on (``--table``): two committers beside the workers through
 every fault and a SIGKILLed committer, and the table must hold every record exactly once; that
-variant's source starts at ``latest`` after records were produced, which must stay out."""
+variant's source starts at ``latest`` after records were produced, which must stay out. The S3
+variant's records are Avro through a local schema registry, three writer schema versions in turn
+while the faults go on (``--format avro``)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from tests.chaos import ChaosConfig, run
 
 
 @pytest.mark.parametrize(
-    ("store", "table", "start_from"),
-    [("file", True, "latest"), ("s3", False, "earliest")],
-    ids=["file-table-latest", "s3"],
+    ("store", "table", "start_from", "format"),
+    [("file", True, "latest", "json"), ("s3", False, "earliest", "avro")],
+    ids=["file-table-latest", "s3-avro"],
 )
-def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, store: str, table: bool, start_from: str) -> None:
+def test_quick_chaos_run_loses_and_duplicates_nothing(
+    tmp_path: Path, store: str, table: bool, start_from: str, format: str
+) -> None:
     """On a local directory and on an S3 API (Spark through S3A and its magic committer)."""
-    config = ChaosConfig.quick(seed=7, workdir=tmp_path, store=store, table=table, start_from=start_from)
+    config = ChaosConfig.quick(seed=7, workdir=tmp_path, store=store, table=table, start_from=start_from, format=format)
     result = run(config, log=print)
     print(result.summary())
     assert len(result.faults) == config.fault_count
@@ -33,4 +37,7 @@ def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path, store: str
         assert "table_kill" in config.faults
         assert result.table_errors == [], result.summary()
         assert result.table_rows == result.produced
+    if format == "avro":
+        # Every record of every writer version decoded (none rejected) with its payload intact.
+        assert result.payload_rows == result.produced, result.summary()
     assert result.ok, result.summary()

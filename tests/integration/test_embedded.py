@@ -5,7 +5,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -164,3 +166,29 @@ def test_create_topic_is_idempotent_but_checks_partition_count(kafka_bootstrap: 
     create_topic(kafka_bootstrap, topic, 2, timeout=10)
     with pytest.raises(ValueError, match="wanted 3"):
         create_topic(kafka_bootstrap, topic, 3, timeout=10)
+
+
+@pytest.mark.timeout(240)  # the session's registry may start here (~3-30 s, with the load)
+def test_the_demo_avro_data_goes_through_the_registry(schema_registry_url: str) -> None:
+    """The demo's default data: two writer versions under ``<topic>-value``, the key's schema
+    under ``<topic>-key``, and records any Confluent client decodes through the registry."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from ingest_dev import avro_samples
+    from ingest_dev.demo import avro_encoder, sample_record
+
+    topic = "demo-" + uuid.uuid4().hex[:8]
+    v1, v2 = avro_samples.writers(schema_registry_url, topic, (avro_samples.CLICK_V1, avro_samples.CLICK_V2))
+    key = avro_samples.key_writer(schema_registry_url, topic)
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    assert client.get_versions(f"{topic}-value") == [1, 2]
+    assert client.get_versions(f"{topic}-key") == [1]
+    deserialize = AvroDeserializer(client)
+    for writer, version in ((v1, 1), (v2, 2)):
+        k, value = avro_encoder(writer, key, version)(42)
+        assert deserialize(k, SerializationContext(topic, MessageField.KEY)) == {"user": "user-42"}
+        record = sample_record(42, version)
+        written = {**record, "ts": datetime.fromtimestamp(int(str(record["ts"])) / 1000, tz=UTC)}
+        assert deserialize(value, SerializationContext(topic, MessageField.VALUE)) == written

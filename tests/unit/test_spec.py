@@ -137,3 +137,41 @@ def test_deeply_nested_toml_is_one_line(tmp_path: Path) -> None:
     path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_spec_file(path)
+
+
+REGISTRY = {"url": "http://127.0.0.1:8081"}
+
+
+def test_key_formats_and_their_columns_round_trip() -> None:
+    binary = spec_from_dict(base())
+    assert (binary.key_format, binary.key_columns) == ("binary", ())
+    text = spec_from_dict(base(key_format="string"))
+    assert text.key_columns == (("_key_string", "string"),)
+    avro = spec_from_dict(base(key_format="avro", key_schema={"id": "long", "Region": "STRING"}, registry=REGISTRY))
+    assert avro.key_schema == (("id", "long"), ("Region", "string"))
+    assert avro.key_columns == (("_key_id", "long"), ("_key_Region", "string"))
+    for spec in (binary, text, avro):
+        assert SourceSpec.from_json(spec.to_json()) == spec
+    # A spec stored before key formats existed reads as binary keys.
+    old = binary.to_json()
+    del old["key_format"], old["key_schema"]
+    assert SourceSpec.from_json(old) == binary
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"key_format": "protobuf"}, "key_format: 'protobuf' is not one of binary, string, avro, json_schema"),
+        ({"key_format": "avro", "key_schema": {"id": "long"}}, 'key_format = "avro": needs a \\[registry\\]'),
+        ({"key_format": "json_schema", "registry": REGISTRY}, "key_schema: missing \\(required with key_format"),
+        ({"key_format": "string", "key_schema": {"id": "long"}}, 'key_schema: only with key_format = "avro"'),
+        ({"key_schema": {"id": "long"}}, 'key_schema: only with key_format = "avro" or "json_schema", not "binary"'),
+        ({"key_format": "avro", "key_schema": {}, "registry": REGISTRY}, "key_schema: expected a table"),
+        ({"key_format": "avro", "key_schema": {"_id": "long"}, "registry": REGISTRY}, "key_schema._id: invalid"),
+        ({"key_format": "avro", "key_schema": {"id": "decimal"}, "registry": REGISTRY}, "key_schema.id: type"),
+        ({"key_format": "avro", "key_schema": {"a": "long", "A": "int"}, "registry": REGISTRY}, "key_schema: column"),
+    ],
+)
+def test_invalid_key_formats_name_the_field(override: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        spec_from_dict(base(**override))
