@@ -196,7 +196,14 @@ WHERE name = %(name)s AND desired_state = 'terminating'
 RETURNING terminated_at;
 
 -- name: get_control
-SELECT desired_state, drain_stay, reset_generation, version, terminated_at FROM ingest_sources WHERE name = %(name)s;
+-- With the source's last `ingest audit` (its findings and end; NULL: never audited), which
+-- workers export as metrics.
+SELECT s.desired_state, s.drain_stay, s.reset_generation, s.version, s.terminated_at,
+       a.findings AS audit_findings, a.finished_at AS audit_finished_at
+FROM ingest_sources s
+LEFT JOIN LATERAL (SELECT findings, finished_at FROM ingest_audits
+                   WHERE source = s.name ORDER BY id DESC LIMIT 1) a ON true
+WHERE s.name = %(name)s;
 
 -- name: lock_source_partitions
 SELECT topic, partition, serial, next_offset, initial_position, last_segment_id

@@ -101,6 +101,8 @@ def test_epochs_gaps_and_pinned_starts_tile_and_a_hole_in_one_epoch_is_found(
     with Metastore(database_url) as store:
         last = store.last_audit(src.name)
         assert last is not None and last["findings"] == 2 and last["by_kind"] == {"hole": 2}
+        exported = store.control(src.name).last_audit  # what workers export with their heartbeat
+        assert exported is not None and (exported.findings, exported.finished_at) == (2, last["finished_at"])
     src.store.close()
 
 
