@@ -66,6 +66,7 @@ ingest.ops (what operators see and run; reads the metastore, never the worker's 
     status_text    the status document as text: tables and one line per problem
     history        ``ingest source history``: spec versions and what changed
     gc             garbage collection of the segment store, decided by the metastore
+    audit          ``ingest audit``: offsets tiled by current segments and skipped gaps; files' footers
 
 ingest.table (published segments as Iceberg tables, each appended exactly once)
     committer      the table committer: reconcile, choose a batch, append, record
@@ -77,13 +78,14 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     status         ``ingest table`` and ``ingest query`` (DuckDB)
     metrics        the committer's metrics
     errors         the tables' errors
+    audit          ``ingest audit``'s check of the tables: exactly the current segments' files, once
 
 ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
     __init__       main and run: an IngestError becomes one line and its exit code
     parser         every command, its flags and the examples its --help ends with
     common         the settings from the environment, a command's result (--json or text)
     sources        migrate, source apply / list / history, worker
-    observe        status, health, segments, gaps list / ack
+    observe        status, health, segments, gaps list / ack, audit
     actions        suspend, resume, drain, reset, terminate, gc
     tables         table-enable, table, table-commit, query
     __main__       ``python -m ingest.cli``

@@ -232,6 +232,14 @@ class SegmentToPublish:
 
 
 @dataclass(frozen=True, slots=True)
+class LastAudit:
+    """The result of a source's newest ``ingest audit`` run (ingest_audits)."""
+
+    findings: int
+    finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class SourceControl:
     """What operators asked of a source, as workers read it with their heartbeat."""
 
@@ -241,6 +249,9 @@ class SourceControl:
     reset_generation: int
     # The latest applied spec version.
     spec_version: int
+    # The source's last `ingest audit` (None: never audited): exported, not a control, so a
+    # new audit is no control change.
+    last_audit: LastAudit | None = field(default=None, compare=False)
 
     @property
     def terminated(self) -> bool:

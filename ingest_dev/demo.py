@@ -362,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
             print("worker 0 metrics:\n  " + "\n  ".join(lines))
         except OSError as exc:
             print(f"(metrics of worker 0 unavailable: {exc})")
+        # The production proof, last: every offset in one segment, every file as listed, the table.
+        print("\ningest audit clicks --files")
+        audited = cli(env, "audit", "clicks", "--files")
+        print((audited.stdout + audited.stderr).rstrip())
+        audit_ok = audited.returncode == 0
         print(
             f"\nlook around:\n  psql '{url}' -c 'SELECT * FROM ingest_partition_status ORDER BY partition'"
             f"\n  psql '{url}' -c 'SELECT id, row_count, rejects_count, files FROM ingest_segments LIMIT 5'"
@@ -373,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
         stop_all([*workers, committer], timeout=60)
-        return 0 if ok and result.ok and table_ok else 1
+        return 0 if ok and result.ok and table_ok and audit_ok else 1
 
 
 if __name__ == "__main__":

@@ -74,7 +74,10 @@ RETURNING topic, partition, serial, next_offset, initial_position;
 -- log (start_from's earliest or latest, asked of Kafka once), only while that claim is the
 -- current one; a stored offset is never replaced. Rows are locked first (lock_partitions,
 -- fixed order) in the same transaction.
-UPDATE ingest_partitions p SET next_offset = coalesce(p.next_offset, u.o)
+-- start_offset records where epoch 0 starts, for `ingest audit` (migrations/0013).
+UPDATE ingest_partitions p
+SET next_offset = coalesce(p.next_offset, u.o),
+    start_offset = CASE WHEN p.next_offset IS NULL AND p.start_offset IS NULL THEN u.o ELSE p.start_offset END
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[], %(offsets)s::bigint[]) AS u(t, part, s, o)
 WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part AND p.serial = u.s
 RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
@@ -196,7 +199,14 @@ WHERE name = %(name)s AND desired_state = 'terminating'
 RETURNING terminated_at;
 
 -- name: get_control
-SELECT desired_state, drain_stay, reset_generation, version, terminated_at FROM ingest_sources WHERE name = %(name)s;
+-- With the source's last `ingest audit` (its findings and end; NULL: never audited), which
+-- workers export as metrics.
+SELECT s.desired_state, s.drain_stay, s.reset_generation, s.version, s.terminated_at,
+       a.findings AS audit_findings, a.finished_at AS audit_finished_at
+FROM ingest_sources s
+LEFT JOIN LATERAL (SELECT findings, finished_at FROM ingest_audits
+                   WHERE source = s.name ORDER BY id DESC LIMIT 1) a ON true
+WHERE s.name = %(name)s;
 
 -- name: lock_source_partitions
 SELECT topic, partition, serial, next_offset, initial_position, last_segment_id
@@ -270,7 +280,8 @@ RETURNING id;
 INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, skipped, skipped_at)
 VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s, true, now())
 ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
-SET to_offset = EXCLUDED.to_offset, worker = EXCLUDED.worker, skipped = true, skipped_at = now()
+SET to_offset = EXCLUDED.to_offset, worker = EXCLUDED.worker, skipped = true, skipped_at = now(),
+    epoch = EXCLUDED.epoch
 RETURNING id;
 
 -- name: skip_offsets
@@ -279,7 +290,7 @@ WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: list_gaps
 SELECT id, topic, partition, from_offset, to_offset, skipped, worker, detected_at, skipped_at,
-       acknowledged_at, acknowledged_by
+       acknowledged_at, acknowledged_by, epoch
 FROM ingest_offset_gaps WHERE source = %(source)s ORDER BY id;
 
 -- name: ack_gaps
@@ -430,3 +441,44 @@ FROM ingest_table_segments WHERE source = %(source)s AND kind = %(kind)s AND seq
 -- Every data and rejects file of the source's published segments (table maintenance must
 -- never delete one of them).
 SELECT f FROM ingest_segments s, unnest(s.files || s.rejects_files) AS f WHERE s.source = %(source)s;
+
+-- name: current_segments
+-- THE current segments of a source, for `ingest audit` (ingest/ops/audit.py, ingest/table/audit.py):
+-- the segments readers see, with their ranges and the tables that record them as held. This
+-- WHERE clause is the one place that says which segments are current (every published one
+-- until compaction marks segments it replaced).
+SELECT s.id, s.location, s.files, s.rejects_files, s.row_count, s.rejects_count, s.skipped_count,
+       coalesce((SELECT json_agg(json_build_object('topic', r.topic, 'partition', r.partition, 'epoch', r.epoch,
+                                                  'start', r.start_offset, 'end', r.end_offset)
+                                 ORDER BY r.topic, r.partition)
+                 FROM ingest_segment_ranges r WHERE r.segment_id = s.id), '[]') AS ranges,
+       ARRAY(SELECT t.kind FROM ingest_table_segments t
+             WHERE t.source = s.source AND t.segment_id = s.id AND t.seq IS NOT NULL ORDER BY t.kind) AS tables
+FROM ingest_segments s
+WHERE s.source = %(source)s
+ORDER BY s.id;
+
+-- name: audit_partitions
+-- Each partition's current epoch and its bounds (migrations/0013): epoch 0 starts at
+-- start_offset; epoch N > 0 starts at the new_offset of its N-th reset (starts, in reset
+-- order) and epoch N - 1 ends at that reset's old_offset (ends); the current one at next_offset.
+SELECT p.topic, p.partition, p.next_offset, p.epoch, p.start_offset,
+       coalesce(array_agg(rp.new_offset ORDER BY rp.reset_id) FILTER (WHERE rp.reset_id IS NOT NULL), '{}') AS starts,
+       coalesce(array_agg(rp.old_offset ORDER BY rp.reset_id) FILTER (WHERE rp.reset_id IS NOT NULL), '{}') AS ends
+FROM ingest_partitions p
+LEFT JOIN (ingest_reset_partitions rp JOIN ingest_resets r ON r.id = rp.reset_id AND r.source = %(source)s)
+    ON rp.topic = p.topic AND rp.partition = p.partition
+WHERE p.source = %(source)s
+GROUP BY p.source, p.topic, p.partition
+ORDER BY p.topic, p.partition;
+
+-- name: record_audit
+INSERT INTO ingest_audits (source, started_at, files, tables, partitions, segments, files_read, findings, by_kind,
+                           first_lines)
+VALUES (%(source)s, %(started_at)s, %(files)s, %(tables)s, %(partitions)s, %(segments)s, %(files_read)s,
+        %(findings)s, %(by_kind)s, %(first_lines)s)
+RETURNING id, finished_at;
+
+-- name: last_audit
+SELECT id, started_at, finished_at, files, tables, partitions, segments, files_read, findings, by_kind, first_lines
+FROM ingest_audits WHERE source = %(source)s ORDER BY id DESC LIMIT 1;

@@ -175,6 +175,46 @@ CREATE TABLE public.iceberg_tables (
 );
 
 --
+-- Name: ingest_audits; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.ingest_audits (
+    id bigint NOT NULL,
+    source text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    files boolean NOT NULL,
+    tables boolean NOT NULL,
+    partitions integer NOT NULL,
+    segments integer NOT NULL,
+    files_read integer NOT NULL,
+    findings integer NOT NULL,
+    by_kind jsonb DEFAULT '{}'::jsonb NOT NULL,
+    first_lines text[] DEFAULT '{}'::text[] NOT NULL,
+    CONSTRAINT ingest_audits_files_read_check CHECK ((files_read >= 0)),
+    CONSTRAINT ingest_audits_findings_check CHECK ((findings >= 0)),
+    CONSTRAINT ingest_audits_partitions_check CHECK ((partitions >= 0)),
+    CONSTRAINT ingest_audits_segments_check CHECK ((segments >= 0))
+);
+
+--
+-- Name: ingest_audits_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.ingest_audits_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: ingest_audits_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.ingest_audits_id_seq OWNED BY public.ingest_audits.id;
+
+--
 -- Name: ingest_builds; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -257,6 +297,7 @@ CREATE TABLE public.ingest_offset_gaps (
     skipped_at timestamp with time zone,
     acknowledged_at timestamp with time zone,
     acknowledged_by text,
+    epoch integer DEFAULT 0 NOT NULL,
     CONSTRAINT ingest_offset_gaps_check CHECK ((to_offset > from_offset)),
     CONSTRAINT ingest_offset_gaps_from_offset_check CHECK ((from_offset >= 0)),
     CONSTRAINT ingest_offset_gaps_partition_check CHECK ((partition >= 0))
@@ -296,9 +337,11 @@ CREATE TABLE public.ingest_partitions (
     last_segment_id bigint,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     epoch integer DEFAULT 0 NOT NULL,
+    start_offset bigint,
     CONSTRAINT ingest_partitions_initial_position_check CHECK ((initial_position = ANY (ARRAY['earliest'::text, 'latest'::text]))),
     CONSTRAINT ingest_partitions_next_offset_check CHECK ((next_offset >= 0)),
-    CONSTRAINT ingest_partitions_partition_check CHECK ((partition >= 0))
+    CONSTRAINT ingest_partitions_partition_check CHECK ((partition >= 0)),
+    CONSTRAINT ingest_partitions_start_offset_check CHECK ((start_offset >= 0))
 );
 
 --
@@ -306,6 +349,12 @@ CREATE TABLE public.ingest_partitions (
 --
 
 COMMENT ON COLUMN public.ingest_partitions.next_offset IS 'The first offset not yet published. NULL only until the partition''s first claim pins its start position.';
+
+--
+-- Name: COLUMN ingest_partitions.start_offset; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_partitions.start_offset IS 'Where epoch 0 starts: the offset the first claim pinned. Never changed afterwards (a reset starts a new epoch at its ingest_reset_partitions.new_offset).';
 
 --
 -- Name: ingest_publish_conflicts; Type: TABLE; Schema: public; Owner: -
@@ -579,6 +628,12 @@ COMMENT ON COLUMN public.ingest_workers.registry_waiting IS 'partitions (topic[p
 COMMENT ON COLUMN public.ingest_workers.registry_error IS 'the schema registry''s last error while partitions wait for it';
 
 --
+-- Name: ingest_audits id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_audits ALTER COLUMN id SET DEFAULT nextval('public.ingest_audits_id_seq'::regclass);
+
+--
 -- Name: ingest_errors id; Type: DEFAULT; Schema: public; Owner: -
 --
 
@@ -621,6 +676,13 @@ ALTER TABLE ONLY public.iceberg_namespace_properties
 
 ALTER TABLE ONLY public.iceberg_tables
     ADD CONSTRAINT iceberg_tables_pkey PRIMARY KEY (catalog_name, table_namespace, table_name);
+
+--
+-- Name: ingest_audits ingest_audits_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_audits
+    ADD CONSTRAINT ingest_audits_pkey PRIMARY KEY (id);
 
 --
 -- Name: ingest_builds ingest_builds_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -742,6 +804,12 @@ ALTER TABLE ONLY public.ingest_workers
     ADD CONSTRAINT ingest_workers_pkey PRIMARY KEY (worker);
 
 --
+-- Name: ingest_audits_source_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ingest_audits_source_idx ON public.ingest_audits USING btree (source, id DESC);
+
+--
 -- Name: ingest_builds_open_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -796,6 +864,12 @@ CREATE INDEX ingest_table_segments_seq_idx ON public.ingest_table_segments USING
 CREATE INDEX ingest_workers_source_idx ON public.ingest_workers USING btree (source, heartbeat_at);
 
 --
+-- Name: ingest_offset_gaps ingest_offset_gaps_epoch; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER ingest_offset_gaps_epoch BEFORE INSERT ON public.ingest_offset_gaps FOR EACH ROW EXECUTE FUNCTION public.ingest_range_epoch();
+
+--
 -- Name: ingest_segment_ranges ingest_segment_ranges_epoch; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -806,6 +880,13 @@ CREATE TRIGGER ingest_segment_ranges_epoch BEFORE INSERT ON public.ingest_segmen
 --
 
 CREATE TRIGGER ingest_sources_notify AFTER INSERT OR UPDATE ON public.ingest_sources FOR EACH ROW EXECUTE FUNCTION public.ingest_notify_control();
+
+--
+-- Name: ingest_audits ingest_audits_source_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_audits
+    ADD CONSTRAINT ingest_audits_source_fkey FOREIGN KEY (source) REFERENCES public.ingest_sources(name);
 
 --
 -- Name: ingest_builds ingest_builds_source_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -11,7 +11,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ingest_common.errors import ConfigError
-from ingest_common.model import DesiredState, SourceControl
+from ingest_common.model import DesiredState, LastAudit, SourceControl
 from ingest_common.redact import redact
 from ingest_common.store_uri import canonical_store_uri, overlap
 from metastore.base import Row, StoreBase
@@ -97,6 +97,9 @@ class SourcesMixin(StoreBase):
             bool(row["drain_stay"]),
             int(row["reset_generation"]),
             int(row["version"]),
+            None
+            if row["audit_finished_at"] is None
+            else LastAudit(int(row["audit_findings"]), row["audit_finished_at"]),
         )
 
     def heartbeat(

@@ -21,6 +21,9 @@ from ingest.build import segment_store
 from ingest.build.split import SealedSplit
 from ingest.errors import BuildError
 
+# The meta columns that place a row in the log: its footers say which split a file holds.
+OFFSET_COLUMNS = ("_topic", "_partition", "_offset")
+
 
 @dataclass(frozen=True, slots=True)
 class OutputFile:
@@ -51,7 +54,7 @@ def attribute(
         if meta.num_rows == 0:
             segment_store.delete(uri)
             continue
-        stats = _column_ranges(meta, uri, ("_topic", "_partition", "_offset", *([event_time] if event_time else [])))
+        stats = column_ranges(meta, uri, (*OFFSET_COLUMNS, *([event_time] if event_time else [])))
         topic, partition, offsets = stats["_topic"], stats["_partition"], stats["_offset"]
         if topic[0] != topic[1] or partition[0] != partition[1]:
             raise BuildError(
@@ -86,7 +89,7 @@ def attribute(
     return out
 
 
-def _column_ranges(meta: pq.FileMetaData, uri: str, names: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+def column_ranges(meta: pq.FileMetaData, uri: str, names: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     """(min, max) of top-level columns over every row group; event-time columns as raw
     INT64 microseconds (the session writes TIMESTAMP_MICROS)."""
     first = meta.row_group(0)
@@ -103,7 +106,7 @@ def _column_ranges(meta: pq.FileMetaData, uri: str, names: Sequence[str]) -> dic
                 continue
             if st is None or not st.has_min_max:
                 raise BuildError(f"output file {uri} has no statistics for {name!r}")
-            raw = name not in ("_topic", "_partition", "_offset")
+            raw = name not in OFFSET_COLUMNS
             if raw and st.physical_type != "INT64":
                 raise BuildError(f"output file {uri}: {name!r} is {st.physical_type}, expected INT64 micros")
             lows.append(st.min_raw if raw else st.min)
@@ -112,3 +115,10 @@ def _column_ranges(meta: pq.FileMetaData, uri: str, names: Sequence[str]) -> dic
             raise BuildError(f"output file {uri} has rows but no values in {name!r}")
         ranges[name] = (min(lows), max(highs))
     return ranges
+
+
+def read_metadata(uri: str) -> pq.FileMetaData:
+    """A Parquet file's footer (no data read); OSError when it cannot be read."""
+    fs, path = segment_store.filesystem(uri)
+    with fs.open_input_file(path) as handle:
+        return pq.read_metadata(handle)

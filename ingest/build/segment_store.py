@@ -67,6 +67,12 @@ def _uri_of(base_uri: str, base_path: str, path: str) -> str:
     return base_uri.rstrip("/") + path[len(base_path.rstrip("/")) :]
 
 
+def exists(uri: str) -> bool:
+    """Whether a file is at ``uri`` (OSError when the store cannot say)."""
+    fs, path = filesystem(uri)
+    return bool(fs.get_file_info(path).type == pafs.FileType.File)
+
+
 def ensure_parent(uri: str) -> None:
     fs, path = filesystem(uri)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)

@@ -9,7 +9,7 @@ examples.
     parser   every command, its flags and examples (``build_parser``)
     common   the settings from the environment, and a command's result (``--json`` or text)
     sources  migrate, source apply / list / history, worker
-    observe  status, health, segments, gaps list / ack
+    observe  status, health, segments, gaps list / ack, audit
     actions  suspend, resume, drain, reset, terminate, gc
     tables   table-enable, table, table-commit, query (the Iceberg tables)
 

@@ -7,7 +7,7 @@ import argparse
 
 from ingest import __version__
 from ingest.cli.actions import cmd_control, cmd_gc, cmd_reset, cmd_terminate
-from ingest.cli.observe import cmd_gaps_ack, cmd_gaps_list, cmd_health, cmd_segments, cmd_status
+from ingest.cli.observe import cmd_audit, cmd_gaps_ack, cmd_gaps_list, cmd_health, cmd_segments, cmd_status
 from ingest.cli.sources import cmd_migrate, cmd_source_apply, cmd_source_history, cmd_source_list, cmd_worker
 from ingest.cli.tables import TABLE_EXAMPLES, add_table_commands
 
@@ -32,6 +32,11 @@ EXAMPLES = {
         "ingest segments clicks --since 2026-11-25T04:00:00Z",
     ],
     "health": ["ingest health clicks || echo unhealthy"],
+    "audit": [
+        "ingest audit clicks              # the metastore: every offset in one segment or one skipped gap",
+        "ingest audit clicks --files      # and every listed file, its footer, the Iceberg tables",
+        "ingest audit clicks --files --json | jq .findings",
+    ],
     "suspend": ["ingest suspend clicks"],
     "resume": ["ingest resume clicks"],
     "drain": ["ingest drain clicks --timeout 120   # before an upgrade", "ingest drain clicks --stay"],
@@ -154,6 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="exit 0 if the source is healthy, 1 if not")
     health.add_argument("source")
     health.set_defaults(func=cmd_health)
+
+    audit = sub.add_parser(
+        "audit", help="prove every offset is in exactly one current segment or skipped gap; exit 1 on any finding"
+    )
+    audit.add_argument("source")
+    audit.add_argument(
+        "--files",
+        action="store_true",
+        help="also read every listed file's footer (rows, offsets) and check the Iceberg tables",
+    )
+    audit.set_defaults(func=cmd_audit)
 
     gc = sub.add_parser("gc", help="delete segment files that no published segment points to")
     gc.add_argument("source")

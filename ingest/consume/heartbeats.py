@@ -123,6 +123,7 @@ class WorkerRegistry:
                 notified=notified,
             )
         self.control = control
+        self._ctx.metrics.set_audit(control.last_audit)
 
     def error(self, kind: str, message: str) -> None:
         """Report an error (``ingest status`` lists the recent ones), in the background."""

@@ -17,6 +17,7 @@ from ingest_common.model import (
     FailureStage,
     GapAction,
     KillReason,
+    LastAudit,
     RebalanceKind,
     TopicPartition,
     WorkerState,
@@ -167,6 +168,18 @@ class Metrics:
         self.segment_bytes = Histogram(
             "ingest_segment_bytes", "Bytes per published segment", ["source"], buckets=_BYTES_BUCKETS, registry=r
         )
+        # The source's last `ingest audit`, as read with the heartbeat (every worker of the
+        # source exports the same values: the one-shot command cannot be scraped).
+        self.audit_findings = Gauge(
+            "ingest_audit_findings", "Findings of the source's last `ingest audit`", ["source"], registry=r
+        )
+        self.audit_last_run = Gauge(
+            "ingest_audit_last_run_timestamp_seconds",
+            "When the source's last `ingest audit` finished (Unix time; 0: never)",
+            ["source"],
+            registry=r,
+        )
+        self.audit_last_run.labels(source).set(0)
 
         # Every reason and state exists from the start (at 0), so rate() and alerts see the first increase.
         for reason in PARSE_ERRORS:
@@ -189,6 +202,12 @@ class Metrics:
         """One-hot: the state's series is 1, every other WorkerState's is 0."""
         for known in WorkerState:
             self.worker_state.labels(self.source, known.value).set(1 if known is state else 0)
+
+    def set_audit(self, audit: LastAudit | None) -> None:
+        """The source's last audit: findings absent until there is one."""
+        if audit is not None:
+            self.audit_findings.labels(self.source).set(audit.findings)
+            self.audit_last_run.labels(self.source).set(audit.finished_at.timestamp())
 
     def count_parse_errors(self, segment: BuiltSegment) -> None:
         """Rejected and skipped records of a published segment, by reason."""

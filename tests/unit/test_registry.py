@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import pytest
 
 from ingest.consume.background import Background
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest_common.model import DesiredState, WorkerState
+from ingest_common.model import DesiredState, LastAudit, WorkerState
 from ingest_dev.testkit import wait_until
 from tests.fakes import MemoryMetastore
 from tests.loop_harness import context
@@ -88,3 +90,27 @@ def test_a_failed_heartbeat_is_logged_and_the_next_one_goes_out(
     registry.beat(WorkerState.RUNNING, [], force=True)
     until(lambda: registry.control is not None, background)
     assert len(store.heartbeats) == 1
+
+
+def test_the_last_audit_read_with_the_heartbeat_is_exported() -> None:
+    store = MemoryMetastore()
+    background = Background("test-registry")
+    ctx = context(store, background)
+    registry = WorkerRegistry(ctx, interval_s=60.0)
+    try:
+
+        def value(name: str) -> float | None:
+            return ctx.metrics.registry.get_sample_value(name, {"source": ctx.source})
+
+        assert (value("ingest_audit_findings"), value("ingest_audit_last_run_timestamp_seconds")) == (None, 0)
+        at = datetime(2026, 11, 26, 3, 0, tzinfo=UTC)
+        store.control_state = dataclasses.replace(store.control_state, last_audit=LastAudit(3, at))
+        registry.beat(WorkerState.RUNNING, [], force=True)
+        until(lambda: registry.control is not None, background)
+        assert (value("ingest_audit_findings"), value("ingest_audit_last_run_timestamp_seconds")) == (
+            3,
+            at.timestamp(),
+        )
+    finally:
+        store.released.set()
+        background.close()

@@ -1,0 +1,72 @@
+"""What ``ingest audit`` reads (the current segments, each partition's epochs) and its record
+of each audit's result (migrations/0013_audit.sql)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from psycopg.types.json import Jsonb
+
+from metastore.base import Row, StoreBase
+from metastore.connection import wrap_exceptions
+from metastore.queries import query
+
+
+class AuditsMixin(StoreBase):
+    """The audit's inputs, and its results, newest last."""
+
+    def current_segments(self, source: str) -> list[Row]:
+        """The source's current segments (the one definition: ``current_segments`` in
+        queries.sql), oldest first, with their ranges and the tables that hold them."""
+        return self._fetch("current_segments", source=source)
+
+    def audit_partitions(self, source: str) -> list[Row]:
+        """Each partition's next_offset, epoch, epoch 0's start and its resets' offsets."""
+        return self._fetch("audit_partitions", source=source)
+
+    def audit_snapshot(self, source: str) -> tuple[list[Row], list[Row], list[Row]]:
+        """The partitions (``audit_partitions``), the current segments and the gap ledger, read
+        in one REPEATABLE READ transaction: one snapshot, so a publish, reset or skipped gap that
+        commits meanwhile is seen whole or not at all."""
+        params = {"source": source}
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                partitions = conn.execute(query("audit_partitions"), params).fetchall()
+                segments = conn.execute(query("current_segments"), params).fetchall()
+                gaps = conn.execute(query("list_gaps"), params).fetchall()
+        return partitions, segments, gaps
+
+    def record_audit(
+        self,
+        source: str,
+        *,
+        started_at: datetime,
+        files: bool,
+        tables: bool,
+        partitions: int,
+        segments: int,
+        files_read: int,
+        by_kind: Mapping[str, int],
+        first_lines: Sequence[str],
+    ) -> Row:
+        rows = self._fetch(
+            "record_audit",
+            source=source,
+            started_at=started_at,
+            files=files,
+            tables=tables,
+            partitions=partitions,
+            segments=segments,
+            files_read=files_read,
+            findings=sum(by_kind.values()),
+            by_kind=Jsonb(dict(by_kind)),
+            first_lines=list(first_lines),
+        )
+        return rows[0]
+
+    def last_audit(self, source: str) -> Row | None:
+        rows = self._fetch("last_audit", source=source)
+        return rows[0] if rows else None
