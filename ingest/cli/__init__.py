@@ -25,12 +25,15 @@ from collections.abc import Sequence
 
 from ingest.cli.parser import build_parser
 from ingest.errors import ExitCode, IngestError
-from ingest.logs import install_excepthooks
+from ingest.logs import configure_logging, install_excepthooks
 from ingest_common.redact import redact
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Every command's log events go to stderr, redacted (stdout carries --json documents
+    # only); the long-running commands configure them again from their settings.
+    configure_logging(os.environ.get("INGEST_LOG_FORMAT", "auto"))
     install_excepthooks()
     try:
         return int(args.func(args))

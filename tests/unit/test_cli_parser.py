@@ -88,3 +88,32 @@ def test_every_command_has_examples_that_parse() -> None:
                 words.pop(0)
             assert words[0] == "ingest" and " ".join(words[1:]).startswith(command), line
             build_parser().parse_args(words[1:])  # SystemExit (argparse's error) fails the test
+
+
+def test_a_command_logs_to_stderr_and_its_json_alone_goes_to_stdout(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc, reset and the others log events while they run: with --json, stdout must stay one
+    document whatever they log."""
+    import json
+
+    import structlog
+
+    import ingest.cli as cli
+
+    def command(_args: argparse.Namespace) -> int:
+        structlog.get_logger("ingest.ops.gc").warning("gc_abandoned_splits", source="s", splits=1)
+        print(json.dumps({"schema_version": 1}))
+        return 0
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=command)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setenv("INGEST_LOG_FORMAT", "json")
+    try:
+        assert cli.main([]) == 0
+        out, err = capsys.readouterr()
+    finally:
+        structlog.reset_defaults()
+    assert json.loads(out) == {"schema_version": 1}
+    assert json.loads(err.strip().splitlines()[-1])["event"] == "gc_abandoned_splits"
