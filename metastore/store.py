@@ -6,7 +6,8 @@ shared connection (``metastore/base.py``); a new concern gets a mixin of its own
 - ``claims.py``: partitions, their owners and serials;
 - ``segments.py``: the serial-guarded publish, the split registry, published segments;
 - ``sources.py``: spec versions, controls, workers' heartbeats and errors;
-- ``resets.py``: operator resets and the offset-gap ledger.
+- ``resets.py``: operator resets and the offset-gap ledger;
+- ``compaction.py``: segments replaced by compaction, and their files' deletion.
 
 One ``Metastore`` owns one connection and is used by one thread at a time; the worker
 gives its polling thread and its publisher thread one each. A broken connection is
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from metastore.base import Row
 from metastore.claims import ClaimsMixin
+from metastore.compaction import CompactionMixin
 from metastore.resets import ResetsMixin
 from metastore.segments import SegmentsMixin
 from metastore.sources import SourcesMixin, group_id
@@ -24,5 +26,5 @@ from metastore.sources import SourcesMixin, group_id
 __all__ = ["Metastore", "Row", "group_id"]
 
 
-class Metastore(ClaimsMixin, SegmentsMixin, SourcesMixin, ResetsMixin):
+class Metastore(ClaimsMixin, SegmentsMixin, SourcesMixin, ResetsMixin, CompactionMixin):
     """Every metastore operation, one connection (``StoreBase``)."""
