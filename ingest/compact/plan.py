@@ -9,10 +9,11 @@ left alone (workers publish one partition per segment, and so does compaction).
 
 Runs of contiguous small segments are cut into chunks of at most the target size, oldest
 offsets first. A chunk is compacted only if it has two segments or more and no segment of it
-holds more than half its bytes: a file near the target is not rewritten again and again to
-add a few small ones (each byte is rewritten about log2(target / segment size) times at
-most). A chunk whose largest segment dominates loses everything up to and including that
-segment, and the rest is considered again.
+holds more than half its bytes, unless that segment is below a sixteenth of the target (cheap
+to copy again): a file grown near the target is not rewritten again and again to add a few
+small ones (each byte is rewritten about log2(target / segment size) times at most). A chunk
+whose largest segment dominates loses everything up to and including that segment, and the
+rest is considered again.
 """
 
 from __future__ import annotations
@@ -133,25 +134,26 @@ def _runs(group: Sequence[Candidate]) -> list[list[Candidate]]:
 
 
 def _pack(run: list[Candidate], target_bytes: int) -> list[Chunk]:
+    cheap = target_bytes // 16
     chunks: list[Chunk] = []
     current: list[Candidate] = []
     for c in run:
         if current and (
             sum(s.size_bytes for s in current) + c.size_bytes > target_bytes or len(current) >= MAX_SEGMENTS_PER_CHUNK
         ):
-            chunks.extend(_worth(current))
+            chunks.extend(_worth(current, cheap))
             current = []
         current.append(c)
-    chunks.extend(_worth(current))
+    chunks.extend(_worth(current, cheap))
     return chunks
 
 
-def _worth(segments: list[Candidate]) -> list[Chunk]:
+def _worth(segments: list[Candidate], cheap: int) -> list[Chunk]:
     """The chunk, if rewriting it is worth it; otherwise what is left after its dominant segment."""
     while len(segments) >= 2:
         total = sum(s.size_bytes for s in segments)
         largest = max(range(len(segments)), key=lambda i: segments[i].size_bytes)
-        if 2 * segments[largest].size_bytes <= total:
+        if 2 * segments[largest].size_bytes <= total or segments[largest].size_bytes < cheap:
             return [Chunk(tuple(segments))]
         segments = segments[largest + 1 :]
     return []

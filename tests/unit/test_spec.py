@@ -137,3 +137,16 @@ def test_deeply_nested_toml_is_one_line(tmp_path: Path) -> None:
     path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_spec_file(path)
+
+
+def test_compaction_target_is_a_size_defaulting_to_256_mib_and_stored_specs_without_it_read_back() -> None:
+    assert spec_from_dict(base()).compaction.target_file_bytes == 256 * 1024**2
+    spec = spec_from_dict(base(compaction={"target_file_size": "64MiB"}))
+    assert spec.compaction.target_file_bytes == 64 * 1024**2
+    assert SourceSpec.from_json(spec.to_json()) == spec
+    stored = spec.to_json()
+    del stored["compaction"]  # applied before compaction existed
+    assert SourceSpec.from_json(stored).compaction.target_file_bytes == 256 * 1024**2
+    for bad, field in (({"target_file_size": 0}, "compaction.target_file_size"), ({"target": 1}, "compaction")):
+        with pytest.raises(ConfigError, match=field):
+            spec_from_dict(base(compaction=bad))
