@@ -77,6 +77,7 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
 ingest.compact (small published segments rewritten near a target size, replaced exactly once)
     plan           which segments: contiguous runs of small ones per partition, cut near the target
     job            one chunk: registered, rewritten by Spark, checked by its footers, replaced
+    runner         the long-running role: one active per source (a lock), standbys, retries
 
 ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
     __init__       main and run: an IngestError becomes one line and its exit code

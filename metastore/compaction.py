@@ -10,13 +10,43 @@ import psycopg
 
 from ingest_common.model import OffsetRange, TopicPartition
 from metastore.base import Row, StoreBase
-from metastore.connection import wrap_exceptions
+from metastore.connection import BoundedConnection, connect, wrap_exceptions
 from metastore.errors import CommitOutcomeUnknown, ReplaceRefused
 from metastore.queries import query
 
 
 class CompactionMixin(StoreBase):
-    """Replace segments; list and delete what replaced segments leave behind."""
+    """Replace segments; list and delete what replaced segments leave behind; the compactor's
+    lock (on a connection of its own, held until it closes)."""
+
+    _compact_lock_conn: BoundedConnection[Row] | None = None
+
+    def try_compact_lock(self, source: str) -> bool:
+        """Take (or still hold) the source's compactor lock; False if another compactor holds it."""
+        conn = self._compact_lock_conn
+        if conn is not None:
+            try:
+                conn.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                self.release_compact_lock()
+        with wrap_exceptions(self.url):
+            conn = connect(self.url, self._limits)
+            row = conn.execute(query("compact_lock"), {"source": source}).fetchone()
+            if row is not None and row["locked"]:
+                self._compact_lock_conn = conn
+                return True
+            conn.close()
+            return False
+
+    def close(self) -> None:
+        self.release_compact_lock()
+        super().close()
+
+    def release_compact_lock(self) -> None:
+        if self._compact_lock_conn is not None:
+            self._compact_lock_conn.close()
+            self._compact_lock_conn = None
 
     def replace_segments(
         self,

@@ -478,3 +478,11 @@ UPDATE ingest_segments SET files_deleted_at = now() WHERE id = %(segment_id)s AN
 -- gc's report: replaced segments whose files are still there, and all replaced segments.
 SELECT count(*) FILTER (WHERE files_deleted_at IS NULL) AS pending, count(*) AS total
 FROM ingest_segments WHERE source = %(source)s AND replaced_by IS NOT NULL;
+
+-- name: compact_lock
+-- One active compactor per source (ingest/compact/runner.py): a session lock held by the
+-- compactor's own connection for as long as it runs, keyed like table_lock by a 64-bit hash of
+-- the source's name under a prefix of its own. It saves compactors wasted work only: two
+-- replacements of the same segments are refused by the metastore whatever the lock says.
+SELECT pg_try_advisory_lock((k >> 32)::int4, k::bit(32)::int4) AS locked
+FROM (SELECT hashtextextended('ingest_compact:' || %(source)s, 0) AS k) AS key;

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+from typing import TYPE_CHECKING
 
 from ingest.cli.common import emit, load_settings
-from ingest.config import default_worker_id
+from ingest.config import default_worker_id, non_negative_seconds
 from ingest.spec import SourceSpec, parse_size
 from metastore import Metastore
+
+if TYPE_CHECKING:
+    from ingest.compact.job import Compactor
 
 EXAMPLES = {
     "compact": [
         "ingest compact clicks --dry-run",
         "ingest compact clicks                         # target: the spec's [compaction] target_file_size",
         "ingest compact clicks --target-size 128MiB --max-chunks 10",
+        "ingest compact clicks --every 600   # the long-running role: one active per source, others stand by",
     ],
 }
 
@@ -27,6 +34,11 @@ def add_compact_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     compact.add_argument("--target-size", help='files near this size, like "256MiB" (default: the spec\'s)')
     compact.add_argument("--max-chunks", type=int, help="compact at most this many runs now (default: all)")
     compact.add_argument("--dry-run", action="store_true", help="say which segments would be compacted; change nothing")
+    compact.add_argument(
+        "--every",
+        help="run until SIGTERM/SIGINT, a pass every this many seconds; one compactor per source is "
+        "active (a lock), the others stand by",
+    )
     compact.set_defaults(func=cmd_compact)
 
 
@@ -35,6 +47,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from ingest.compact.job import Compactor
 
     target = parse_size("--target-size", args.target_size) if args.target_size is not None else None
+    every = non_negative_seconds("--every", args.every) if args.every is not None else None
     settings = load_settings()
 
     def spark(spec: SourceSpec) -> object:
@@ -44,6 +57,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
     with Metastore(settings.database_url) as store:
         compactor = Compactor(store, spark, f"compact-{settings.worker_id or default_worker_id()}")
+        if every is not None:
+            return _run_role(compactor, store, args.source, every, target)
         result = compactor.run(args.source, target, args.max_chunks, dry_run=args.dry_run)
     would = "would " if args.dry_run else ""
     chosen = [
@@ -99,6 +114,21 @@ def cmd_compact(args: argparse.Namespace) -> int:
         ],
     )
     return 1 if result.refused else 0
+
+
+def _run_role(compactor: Compactor, store: Metastore, source: str, every: float, target: int | None) -> int:
+    from ingest.compact.runner import run_compactor
+
+    store.latest_spec(source)  # SourceNotFound before the role starts
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    run_compactor(compactor, store, source, every, stop, target)
+    return 0
 
 
 def _ids(ids: tuple[int, ...]) -> str:
