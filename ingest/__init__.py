@@ -8,7 +8,7 @@ and act through ``ops`` and ``cli``; ``table`` appends published segments to Ice
 Layers, lowest first; a module imports only from its own layer and the ones below it, and
 the three in one row not from each other (tests/unit/test_layers.py checks this)::
 
-    ingest_common < metastore < ingest (shared) < build < publish | ops | table
+    ingest_common < metastore < ingest (shared) < build < publish | ops | table | compact
         < consume < ingest.worker < cli
 
 Module map:
@@ -80,6 +80,11 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     errors         the tables' errors
     audit          ``ingest audit``'s check of the tables: exactly the current segments' files, once
 
+ingest.compact (small published segments rewritten near a target size, replaced exactly once)
+    plan           which segments: contiguous runs of small ones per partition, cut near the target
+    job            one chunk: registered, rewritten by Spark, checked by its footers, replaced
+    runner         the long-running role: one active per source (a lock), standbys, retries
+
 ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
     __init__       main and run: an IngestError becomes one line and its exit code
     parser         every command, its flags and the examples its --help ends with
@@ -87,6 +92,7 @@ ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected fa
     sources        migrate, source apply / list / history, worker
     observe        status, health, segments, gaps list / ack, audit
     actions        suspend, resume, drain, reset, terminate, gc
+    compact        ``ingest compact``: one compaction of a source
     tables         table-enable, table, table-commit, query
     __main__       ``python -m ingest.cli``
 """

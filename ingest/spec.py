@@ -67,8 +67,10 @@ _TOP_LEVEL_KEYS = {
     "schema_from",
     "key_format",
     "key_schema",
+    "compaction",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
+_COMPACTION_KEYS = {"target_file_size"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,14 @@ class SplitLimits:
     # Backpressure: past either bound the worker pauses its partitions (poll() keeps going).
     max_in_flight: int = 16
     max_in_flight_bytes: int = 512 * 1024**2
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSettings:
+    """``ingest compact``: segments whose files are smaller than the target are rewritten into
+    files of about the target (ingest.compact)."""
+
+    target_file_bytes: int = 256 * 1024**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +125,7 @@ class SourceSpec:
         if self.key_format == "string":
             return ((STRING_KEY_COLUMN, "string"),)
         return tuple((KEY_COLUMN_PREFIX + name, ctype) for name, ctype in self.key_schema)
+    compaction: CompactionSettings = CompactionSettings()
 
     @property
     def group_id(self) -> str:
@@ -150,6 +161,8 @@ class SourceSpec:
             reader_schema=doc.get("reader_schema", ""),
             key_format=doc.get("key_format", "binary"),
             key_schema=tuple((c[0], c[1]) for c in doc.get("key_schema", ())),
+            # Specs stored before compaction existed have its defaults.
+            compaction=CompactionSettings(**doc.get("compaction", {})),
         )
 
 
@@ -300,6 +313,20 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         ),
     )
 
+    compaction_doc = doc.get("compaction", {})
+    if not isinstance(compaction_doc, dict):
+        raise ConfigError("compaction: expected a table")
+    if unknown := set(compaction_doc) - _COMPACTION_KEYS:
+        raise ConfigError(
+            f"compaction: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_COMPACTION_KEYS))}"
+        )
+    compaction = CompactionSettings(
+        target_file_bytes=parse_size(
+            "compaction.target_file_size",
+            compaction_doc.get("target_file_size", CompactionSettings().target_file_bytes),
+        )
+    )
+
     group = doc.get("consumer_group", "")
     if not isinstance(group, str) or (group and not _TOPIC_RE.fullmatch(group)):
         raise ConfigError(
@@ -333,6 +360,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         file_partition=PartitionBy(
             _choice("file_partition", doc.get("file_partition", "none"), tuple(p.value for p in PartitionBy))
         ),
+        compaction=compaction,
     )
 
 

@@ -190,7 +190,13 @@ def verify_epochs(store: Metastore, source: str, ends: dict[Coord, int]) -> Veri
         result.rejects += int(seg["rejects_count"])
         result.skipped += int(seg["skipped_count"])
 
-        def epoch(coord: Coord, segment_id: int = int(seg["id"])) -> int:
+        stored_epochs = {(r["topic"], r["partition"]): int(r["epoch"]) for r in seg["ranges"] if "epoch" in r}
+
+        def epoch(coord: Coord, segment_id: int = int(seg["id"]), stored: dict[Coord, int] = stored_epochs) -> int:
+            # The range's own epoch where listed: a compaction's segment keeps the epoch of the
+            # ranges it replaced, while its id may be newer than a later reset's last segment.
+            if coord in stored:
+                return stored[coord]
             return sum(1 for last, _new, _old in bounds.get(coord, []) if segment_id > last)
 
         for uri in list(seg["files"]) + list(seg["rejects_files"]):

@@ -123,3 +123,17 @@ class InvalidReset(MetastoreError):
     """An ``ingest reset`` named partitions the source does not have, or negative offsets."""
 
     exit_code = ExitCode.INVALID_INPUT
+
+
+class ReplaceRefused(MetastoreError):
+    """A segment replacement (compaction, migrations/0017) wrote nothing: an old segment is no
+    longer current (``replaced``: another compactor was first) or not the source's
+    (``missing``), the source feeds an Iceberg table (``table``), the old segments differ in
+    spec version (``spec_version``), their ranges are not contiguous per partition
+    (``ranges``), the new files' row count differs (``row_count``), or gc gave the
+    compaction's split up (``abandoned``; ``unregistered``: no build registered it)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"segment replacement refused ({reason}): {detail}")
+        self.reason = reason
+        self.detail = detail

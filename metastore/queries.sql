@@ -119,17 +119,19 @@ SELECT * FROM ingest_lock_ranges(%(source)s, %(topics)s::text[], %(partitions)s:
 SELECT id FROM ingest_segments WHERE split_id = %(split_id)s;
 
 -- name: list_segments
--- A source's segments, oldest first: all of them (since and limit NULL), or for `ingest segments
--- --since --limit` the newest `limit` published at or after `since`.
+-- A source's current segments (replaced ones are no longer, migrations/0017), oldest first: all
+-- of them (since and limit NULL), or for `ingest segments --since --limit` the newest `limit`
+-- published at or after `since`. Each range with its epoch.
 SELECT * FROM (
 SELECT s.id, s.split_id, s.spec_version, s.worker, s.location, s.files, s.row_count, s.size_bytes,
        s.min_event_time, s.max_event_time, s.rejects_location, s.rejects_files, s.rejects_count,
        s.skipped_count, s.published_at,
        coalesce(json_agg(json_build_object('topic', r.topic, 'partition', r.partition,
-                                           'start', r.start_offset, 'end', r.end_offset)
+                                           'start', r.start_offset, 'end', r.end_offset, 'epoch', r.epoch)
                          ORDER BY r.topic, r.partition) FILTER (WHERE r.segment_id IS NOT NULL), '[]') AS ranges
 FROM ingest_segments s LEFT JOIN ingest_segment_ranges r ON r.segment_id = s.id
-WHERE s.source = %(source)s AND (%(since)s::timestamptz IS NULL OR s.published_at >= %(since)s::timestamptz)
+WHERE s.source = %(source)s AND s.replaced_by IS NULL
+  AND (%(since)s::timestamptz IS NULL OR s.published_at >= %(since)s::timestamptz)
 GROUP BY s.id
 ORDER BY s.id DESC
 LIMIT %(limit)s
@@ -378,8 +380,11 @@ ORDER BY v.source, v.version DESC;
 
 -- name: table_enable
 -- ingest table enable: a table of this kind for the source; enabling again changes nothing
--- (the partition transform of an existing table is the table's own).
-INSERT INTO ingest_tables (source, kind, partition_by) VALUES (%(source)s, %(kind)s, %(partition_by)s)
+-- (the partition transform of an existing table is the table's own). The source's row is locked
+-- so that a segment replacement in progress (it holds the row shared: migrations/0017) ends
+-- first, and one that comes later sees the table.
+INSERT INTO ingest_tables (source, kind, partition_by)
+SELECT s.name, %(kind)s, %(partition_by)s FROM ingest_sources s WHERE s.name = %(source)s FOR NO KEY UPDATE
 ON CONFLICT (source, kind) DO NOTHING
 RETURNING kind;
 
@@ -403,12 +408,13 @@ FROM (SELECT hashtextextended('ingest_table_commit:' || %(source)s, 0) AS k) AS 
 SELECT committed_seq FROM ingest_tables WHERE source = %(source)s AND kind = %(kind)s FOR UPDATE;
 
 -- name: table_pending
--- Published segments the table does not hold yet, in publish order, with the files of the
--- table's kind (data files, or rejects files); after_id pages through them.
+-- Current published segments the table does not hold yet, in publish order, with the files of
+-- the table's kind (data files, or rejects files); after_id pages through them. (A source with a
+-- table has no replaced segments: migrations/0017 refuses the replacement.)
 SELECT s.id, s.spec_version, s.published_at,
        CASE WHEN %(kind)s = 'data' THEN s.files ELSE s.rejects_files END AS files
 FROM ingest_segments s
-WHERE s.source = %(source)s AND s.id > %(after_id)s
+WHERE s.source = %(source)s AND s.id > %(after_id)s AND s.replaced_by IS NULL
   AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t
                   WHERE t.source = s.source AND t.kind = %(kind)s AND t.segment_id = s.id)
 ORDER BY s.id
@@ -418,7 +424,7 @@ LIMIT %(limit)s;
 -- How far the table is behind the published segments: count and the oldest publish time.
 SELECT count(*) AS segments, min(s.published_at) AS oldest
 FROM ingest_segments s
-WHERE s.source = %(source)s
+WHERE s.source = %(source)s AND s.replaced_by IS NULL
   AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t
                   WHERE t.source = s.source AND t.kind = %(kind)s AND t.segment_id = s.id);
 
@@ -455,7 +461,7 @@ SELECT s.id, s.location, s.files, s.rejects_files, s.row_count, s.rejects_count,
        ARRAY(SELECT t.kind FROM ingest_table_segments t
              WHERE t.source = s.source AND t.segment_id = s.id AND t.seq IS NOT NULL ORDER BY t.kind) AS tables
 FROM ingest_segments s
-WHERE s.source = %(source)s
+WHERE s.source = %(source)s AND s.replaced_by IS NULL
 ORDER BY s.id;
 
 -- name: audit_partitions
@@ -482,3 +488,56 @@ RETURNING id, finished_at;
 -- name: last_audit
 SELECT id, started_at, finished_at, files, tables, partitions, segments, files_read, findings, by_kind, first_lines
 FROM ingest_audits WHERE source = %(source)s ORDER BY id DESC LIMIT 1;
+
+-- name: replace_segments
+-- Compaction (migrations/0017): the old segments replaced by one of the new files, in one
+-- transaction; one row: segment_id set, or why nothing was written (reason, detail).
+SELECT * FROM ingest_replace_segments(
+    p_source => %(source)s, p_split_id => %(split_id)s, p_worker => %(worker)s,
+    p_old_ids => %(old_ids)s::bigint[], p_location => %(location)s, p_files => %(files)s::text[],
+    p_row_count => %(row_count)s, p_size_bytes => %(size_bytes)s);
+
+-- name: replaced_to_delete
+-- gc, step 3 (the rule is ingest/ops/gc.py's): replaced segments of the source whose files gc
+-- has not deleted yet, replaced longer than the grace period ago, each with the files to delete:
+-- those it lists that no current segment of the source lists (a replacement carries its old
+-- segments' rejects files) and that lie under a directory a build of the source registered.
+-- A replaced segment's files never become listed by a later segment: a replacement names
+-- current segments only.
+WITH listed AS (
+    SELECT DISTINCT f FROM ingest_segments c, unnest(c.files || c.rejects_files) AS f
+    WHERE c.source = %(source)s AND c.replaced_by IS NULL
+)
+SELECT s.id, s.replaced_by,
+       ARRAY(SELECT f FROM unnest(s.files || s.rejects_files) AS f
+             WHERE f NOT IN (SELECT l.f FROM listed l)
+               AND EXISTS (SELECT 1 FROM ingest_builds b
+                           WHERE b.source = s.source
+                             AND (starts_with(f, b.data || '/') OR starts_with(f, b.rejects || '/')))) AS files
+FROM ingest_segments s
+WHERE s.source = %(source)s AND s.replaced_by IS NOT NULL AND s.files_deleted_at IS NULL
+  AND s.replaced_at < now() - make_interval(secs => %(grace_s)s)
+ORDER BY s.id;
+
+-- name: lock_replaced_for_delete
+-- Held while gc deletes one replaced segment's files (Metastore.delete_replaced_files): another
+-- gc skips the segment.
+SELECT id FROM ingest_segments
+WHERE id = %(segment_id)s AND source = %(source)s AND replaced_by IS NOT NULL AND files_deleted_at IS NULL
+FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: mark_files_deleted
+UPDATE ingest_segments SET files_deleted_at = now() WHERE id = %(segment_id)s AND source = %(source)s;
+
+-- name: replaced_counts
+-- gc's report: replaced segments whose files are still there, and all replaced segments.
+SELECT count(*) FILTER (WHERE files_deleted_at IS NULL) AS pending, count(*) AS total
+FROM ingest_segments WHERE source = %(source)s AND replaced_by IS NOT NULL;
+
+-- name: compact_lock
+-- One active compactor per source (ingest/compact/runner.py): a session lock held by the
+-- compactor's own connection for as long as it runs, keyed like table_lock by a 64-bit hash of
+-- the source's name under a prefix of its own. It saves compactors wasted work only: two
+-- replacements of the same segments are refused by the metastore whatever the lock says.
+SELECT pg_try_advisory_lock((k >> 32)::int4, k::bit(32)::int4) AS locked
+FROM (SELECT hashtextextended('ingest_compact:' || %(source)s, 0) AS k) AS key;

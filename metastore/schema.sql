@@ -126,9 +126,11 @@ CREATE FUNCTION public.ingest_range_epoch() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    SELECT p.epoch INTO NEW.epoch FROM ingest_partitions p
-    WHERE p.source = NEW.source AND p.topic = NEW.topic AND p.partition = NEW.partition;
-    NEW.epoch := coalesce(NEW.epoch, 0);
+    IF NEW.epoch IS NULL THEN
+        SELECT p.epoch INTO NEW.epoch FROM ingest_partitions p
+        WHERE p.source = NEW.source AND p.topic = NEW.topic AND p.partition = NEW.partition;
+        NEW.epoch := coalesce(NEW.epoch, 0);
+    END IF;
     RETURN NEW;
 END;
 $$;
@@ -148,6 +150,127 @@ CREATE FUNCTION public.ingest_register_build(p_build_id uuid, p_source text, p_w
     ON CONFLICT (split_id) DO UPDATE
         SET build_id = EXCLUDED.build_id, registered_at = now()
         WHERE ingest_splits.state = 'building' AND ingest_splits.source = EXCLUDED.source;
+$$;
+
+--
+-- Name: ingest_replace_segments(text, uuid, text, bigint[], text, text[], bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.ingest_replace_segments(p_source text, p_split_id uuid, p_worker text, p_old_ids bigint[], p_location text, p_files text[], p_row_count bigint, p_size_bytes bigint) RETURNS TABLE(segment_id bigint, reason text, detail text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    old record;
+    bad record;
+    new_id bigint;
+    split_state text;
+BEGIN
+    -- Share: ordered after an apply, a reset or a table-enable of the source (they take the
+    -- row for update), while publishes (a key share) go on.
+    PERFORM 1 FROM ingest_sources s WHERE s.name = p_source FOR SHARE;
+    -- Fixed order: two replacements of overlapping segments never deadlock; the later one
+    -- waits, then sees the old segments replaced.
+    PERFORM 1 FROM ingest_segments s WHERE s.id = ANY(p_old_ids) ORDER BY s.id FOR UPDATE;
+
+    SELECT s.id INTO new_id FROM ingest_segments s WHERE s.split_id = p_split_id AND s.source = p_source;
+    IF new_id IS NOT NULL THEN
+        RETURN QUERY SELECT new_id, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM ingest_tables t WHERE t.source = p_source) THEN
+        RETURN QUERY SELECT NULL::bigint, 'table'::text, 'the source feeds an Iceberg table'::text;
+        RETURN;
+    END IF;
+
+    SELECT count(*) AS n,
+           count(*) FILTER (WHERE s.replaced_by IS NULL) AS current,
+           count(DISTINCT s.spec_version) AS versions,
+           min(s.spec_version) AS spec_version,
+           coalesce(sum(s.row_count), 0) AS row_count,
+           coalesce(sum(s.rejects_count), 0) AS rejects_count,
+           coalesce(sum(s.skipped_count), 0) AS skipped_count,
+           min(s.min_event_time) AS min_event_time,
+           max(s.max_event_time) AS max_event_time,
+           CASE WHEN count(DISTINCT s.rejects_location) = 1 THEN min(s.rejects_location) END AS rejects_location
+    INTO old
+    FROM ingest_segments s WHERE s.id = ANY(p_old_ids) AND s.source = p_source;
+
+    IF cardinality(p_old_ids) = 0 OR old.n <> (SELECT count(DISTINCT u) FROM unnest(p_old_ids) AS u) THEN
+        RETURN QUERY SELECT NULL::bigint, 'missing'::text,
+            format('%s of %s old segments are segments of %s', old.n, cardinality(p_old_ids), p_source);
+        RETURN;
+    END IF;
+    IF old.current <> old.n THEN
+        RETURN QUERY SELECT NULL::bigint, 'replaced'::text,
+            format('%s of the %s old segments are no longer current', old.n - old.current, old.n);
+        RETURN;
+    END IF;
+    IF old.versions > 1 THEN
+        RETURN QUERY SELECT NULL::bigint, 'spec_version'::text,
+            format('the old segments were written under %s spec versions', old.versions);
+        RETURN;
+    END IF;
+    IF old.row_count <> p_row_count THEN
+        RETURN QUERY SELECT NULL::bigint, 'row_count'::text,
+            format('the new files hold %s rows, the old segments %s', p_row_count, old.row_count);
+        RETURN;
+    END IF;
+
+    -- Per partition, the old ranges must follow each other without gap or overlap, in one epoch.
+    SELECT g.topic, g.partition, g.start_offset, g.prev_end, g.min_epoch, g.max_epoch INTO bad
+    FROM (SELECT r.topic, r.partition, r.start_offset,
+                 lag(r.end_offset) OVER w AS prev_end,
+                 min(r.epoch) OVER p AS min_epoch, max(r.epoch) OVER p AS max_epoch
+          FROM ingest_segment_ranges r WHERE r.segment_id = ANY(p_old_ids)
+          WINDOW p AS (PARTITION BY r.topic, r.partition),
+                 w AS (PARTITION BY r.topic, r.partition ORDER BY r.start_offset)) g
+    WHERE g.min_epoch <> g.max_epoch OR (g.prev_end IS NOT NULL AND g.prev_end <> g.start_offset)
+    LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT NULL::bigint, 'ranges'::text,
+            CASE WHEN bad.min_epoch <> bad.max_epoch
+                 THEN format('the old ranges of %s/%s span epochs %s to %s', bad.topic, bad.partition,
+                             bad.min_epoch, bad.max_epoch)
+                 ELSE format('the old ranges of %s/%s are not contiguous: one ends at %s, the next starts at %s',
+                             bad.topic, bad.partition, bad.prev_end, bad.start_offset) END;
+        RETURN;
+    END IF;
+
+    -- Locks the split's row: gc's abandon and this replacement are serialized on it.
+    UPDATE ingest_splits s SET state = 'published', settled_at = now()
+    WHERE s.split_id = p_split_id AND s.source = p_source AND s.state = 'building'
+    RETURNING s.state INTO split_state;
+    IF split_state IS NULL THEN
+        SELECT s.state INTO split_state FROM ingest_splits s WHERE s.split_id = p_split_id AND s.source = p_source;
+        RETURN QUERY SELECT NULL::bigint,
+            CASE WHEN split_state IS NULL THEN 'unregistered' ELSE 'abandoned' END,
+            format('the compaction''s split %s is %s', p_split_id, coalesce(split_state, 'not registered'));
+        RETURN;
+    END IF;
+
+    INSERT INTO ingest_segments (
+        source, split_id, spec_version, worker, location, files, row_count, size_bytes,
+        min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count)
+    VALUES (
+        p_source, p_split_id, old.spec_version, p_worker, p_location, p_files, p_row_count, p_size_bytes,
+        old.min_event_time, old.max_event_time, old.rejects_location,
+        coalesce((SELECT array_agg(f ORDER BY s.id, u.n) FROM ingest_segments s, unnest(s.rejects_files)
+                  WITH ORDINALITY AS u(f, n) WHERE s.id = ANY(p_old_ids)), '{}'),
+        old.rejects_count, old.skipped_count)
+    RETURNING id INTO new_id;
+
+    -- The old ranges leave the unique index before the new ones enter it.
+    UPDATE ingest_segment_ranges r SET replaced_by = new_id WHERE r.segment_id = ANY(p_old_ids);
+    INSERT INTO ingest_segment_ranges (segment_id, source, topic, partition, start_offset, end_offset, epoch)
+    SELECT new_id, p_source, r.topic, r.partition, min(r.start_offset), max(r.end_offset), min(r.epoch)
+    FROM ingest_segment_ranges r WHERE r.segment_id = ANY(p_old_ids)
+    GROUP BY r.topic, r.partition;
+    UPDATE ingest_segments s SET replaced_by = new_id, replaced_at = now() WHERE s.id = ANY(p_old_ids);
+
+    RETURN QUERY SELECT new_id, NULL::text, NULL::text;
+END;
 $$;
 
 --
@@ -297,7 +420,7 @@ CREATE TABLE public.ingest_offset_gaps (
     skipped_at timestamp with time zone,
     acknowledged_at timestamp with time zone,
     acknowledged_by text,
-    epoch integer DEFAULT 0 NOT NULL,
+    epoch integer NOT NULL,
     CONSTRAINT ingest_offset_gaps_check CHECK ((to_offset > from_offset)),
     CONSTRAINT ingest_offset_gaps_from_offset_check CHECK ((from_offset >= 0)),
     CONSTRAINT ingest_offset_gaps_partition_check CHECK ((partition >= 0))
@@ -385,7 +508,8 @@ CREATE TABLE public.ingest_segment_ranges (
     partition integer NOT NULL,
     start_offset bigint NOT NULL,
     end_offset bigint NOT NULL,
-    epoch integer DEFAULT 0 NOT NULL,
+    epoch integer NOT NULL,
+    replaced_by bigint,
     CONSTRAINT ingest_segment_ranges_check CHECK ((end_offset > start_offset)),
     CONSTRAINT ingest_segment_ranges_start_offset_check CHECK ((start_offset >= 0))
 );
@@ -411,11 +535,34 @@ CREATE TABLE public.ingest_segments (
     rejects_count bigint DEFAULT 0 NOT NULL,
     skipped_count bigint DEFAULT 0 NOT NULL,
     published_at timestamp with time zone DEFAULT now() NOT NULL,
+    replaced_by bigint,
+    replaced_at timestamp with time zone,
+    files_deleted_at timestamp with time zone,
+    CONSTRAINT ingest_segments_files_deleted_check CHECK (((files_deleted_at IS NULL) OR (replaced_by IS NOT NULL))),
     CONSTRAINT ingest_segments_rejects_count_check CHECK ((rejects_count >= 0)),
+    CONSTRAINT ingest_segments_replaced_check CHECK (((replaced_by IS NULL) = (replaced_at IS NULL))),
     CONSTRAINT ingest_segments_row_count_check CHECK ((row_count >= 0)),
     CONSTRAINT ingest_segments_size_bytes_check CHECK ((size_bytes >= 0)),
     CONSTRAINT ingest_segments_skipped_count_check CHECK ((skipped_count >= 0))
 );
+
+--
+-- Name: COLUMN ingest_segments.replaced_by; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_segments.replaced_by IS 'the segment that replaced this one (compaction); NULL: current';
+
+--
+-- Name: COLUMN ingest_segments.replaced_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_segments.replaced_at IS 'when it was replaced';
+
+--
+-- Name: COLUMN ingest_segments.files_deleted_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_segments.files_deleted_at IS 'when gc deleted the files of this replaced segment that no current segment lists';
 
 --
 -- Name: ingest_partition_status; Type: VIEW; Schema: public; Owner: -
@@ -433,7 +580,7 @@ CREATE VIEW public.ingest_partition_status AS
     s.max_event_time AS last_event_time,
     ( SELECT count(*) AS count
            FROM public.ingest_segment_ranges r
-          WHERE ((r.source = p.source) AND (r.topic = p.topic) AND (r.partition = p.partition))) AS segments,
+          WHERE ((r.source = p.source) AND (r.topic = p.topic) AND (r.partition = p.partition) AND (r.replaced_by IS NULL))) AS segments,
     ( SELECT count(*) AS count
            FROM public.ingest_publish_conflicts c
           WHERE ((c.source = p.source) AND (c.topic = p.topic) AND (c.partition = p.partition))) AS publish_conflicts
@@ -831,7 +978,13 @@ CREATE INDEX ingest_resets_source_idx ON public.ingest_resets USING btree (sourc
 -- Name: ingest_segment_ranges_start_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE UNIQUE INDEX ingest_segment_ranges_start_idx ON public.ingest_segment_ranges USING btree (source, topic, partition, epoch, start_offset);
+CREATE UNIQUE INDEX ingest_segment_ranges_start_idx ON public.ingest_segment_ranges USING btree (source, topic, partition, epoch, start_offset) WHERE (replaced_by IS NULL);
+
+--
+-- Name: ingest_segments_replaced_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ingest_segments_replaced_idx ON public.ingest_segments USING btree (source, replaced_at) WHERE ((replaced_by IS NOT NULL) AND (files_deleted_at IS NULL));
 
 --
 -- Name: ingest_segments_source_idx; Type: INDEX; Schema: public; Owner: -
@@ -924,11 +1077,25 @@ ALTER TABLE ONLY public.ingest_resets
     ADD CONSTRAINT ingest_resets_source_fkey FOREIGN KEY (source) REFERENCES public.ingest_sources(name);
 
 --
+-- Name: ingest_segment_ranges ingest_segment_ranges_replaced_by_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_segment_ranges
+    ADD CONSTRAINT ingest_segment_ranges_replaced_by_fkey FOREIGN KEY (replaced_by) REFERENCES public.ingest_segments(id);
+
+--
 -- Name: ingest_segment_ranges ingest_segment_ranges_segment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.ingest_segment_ranges
     ADD CONSTRAINT ingest_segment_ranges_segment_id_fkey FOREIGN KEY (segment_id) REFERENCES public.ingest_segments(id);
+
+--
+-- Name: ingest_segments ingest_segments_replaced_by_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_segments
+    ADD CONSTRAINT ingest_segments_replaced_by_fkey FOREIGN KEY (replaced_by) REFERENCES public.ingest_segments(id);
 
 --
 -- Name: ingest_segments ingest_segments_source_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

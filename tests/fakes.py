@@ -29,6 +29,7 @@ from ingest_common.model import (
 )
 from ingest_common.redact import redact
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, PublishConflict, Session, SourceNotFound
+from tests.fake_compaction import CompactionFake
 
 
 class FakeClock:
@@ -291,7 +292,7 @@ class RecordingRegistrar:
         return any(uri.startswith(loc + "/") for b in self.builds for loc in (b.staging, b.data, b.rejects))
 
 
-class MemoryMetastore(FakeStore):
+class MemoryMetastore(CompactionFake, FakeStore):
     """The metastore calls of a worker's loop, rebalance handler and registry, in memory, for
     one source. tests/contract runs the same tests against it and the real Metastore."""
 

@@ -5,7 +5,8 @@ directory. Every Spark task reads one staged file (``spark.sql.files.openCostInB
 set so that small files are never packed into one task), so every output file holds rows
 of exactly one split. The footers prove it: a file's ``_topic`` and ``_partition`` are
 constant and its ``_offset`` range lies inside one split's ``[start, end)``. A file that
-does not is a BuildError, never a guess.
+does not is a BuildError, never a guess. A compaction (ingest.compact) checks its output the
+same way, against the one range its new segment covers.
 """
 
 from __future__ import annotations
@@ -13,13 +14,29 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow.parquet as pq
 
 from ingest.build import segment_store
-from ingest.build.split import SealedSplit
 from ingest.errors import BuildError
+from ingest_common.model import TopicPartition
+
+
+class Bounds(Protocol):
+    """What files are attributed to: a sealed split, or a compaction's new segment."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def tp(self) -> TopicPartition: ...
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
 
 # The meta columns that place a row in the log: its footers say which split a file holds.
 OFFSET_COLUMNS = ("_topic", "_partition", "_offset")
@@ -38,11 +55,11 @@ class OutputFile:
 
 
 def attribute(
-    dir_uri: str, splits: Sequence[SealedSplit], event_time: str | None = None
+    dir_uri: str, splits: Sequence[Bounds], event_time: str | None = None
 ) -> dict[uuid.UUID, list[OutputFile]]:
     """The non-empty files of ``dir_uri`` by split id (empty files are deleted: Spark writes
     one to carry the schema when a job outputs no rows at all)."""
-    by_tp: dict[tuple[str, int], list[SealedSplit]] = {}
+    by_tp: dict[tuple[str, int], list[Bounds]] = {}
     for split in splits:
         by_tp.setdefault((split.tp.topic, split.tp.partition), []).append(split)
     out: dict[uuid.UUID, list[OutputFile]] = {split.id: [] for split in splits}

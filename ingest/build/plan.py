@@ -109,6 +109,16 @@ _FILE_PARTITION_FORMATS = {
 }
 
 
+def file_partition_value(event_time: Any, partition_by: PartitionBy) -> Any | None:
+    """The directory value a row's file lies under, from its event-time column (None: files are
+    not cut). The session's time zone is UTC (ingest.build.spark), as are Iceberg's transforms."""
+    from pyspark.sql import functions as F
+
+    if partition_by is PartitionBy.NONE:
+        return None
+    return F.date_format(event_time, _FILE_PARTITION_FORMATS[partition_by])
+
+
 def _framing(column: str = "_value") -> tuple[Any, Any, Any]:
     """The Confluent wire format in Spark: whether a value (or key) is framed, its schema id, its body."""
     from pyspark.sql import functions as F
@@ -326,10 +336,5 @@ def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key
             *_key_columns(spec),
             *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
         ),
-        file_partition=(
-            None
-            if spec.file_partition is PartitionBy.NONE
-            # The session's time zone is UTC (ingest.build.spark), as are Iceberg's transforms.
-            else F.date_format(F.col("_p").getField(spec.event_time), _FILE_PARTITION_FORMATS[spec.file_partition])
-        ),
+        file_partition=file_partition_value(F.col("_p").getField(spec.event_time), spec.file_partition),
     )

@@ -261,6 +261,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
             "unsafe": list(result.unsafe),
             "uncommitted_jobs": result.uncommitted_jobs,
             "multipart_uploads": result.multipart_note,
+            "replaced_deleted": result.replaced,
+            "replaced_waiting": result.replaced_waiting,
         },
         [
             f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "
@@ -268,6 +270,14 @@ def cmd_gc(args: argparse.Namespace) -> int:
             f"kept {result.kept} published file(s); {result.building} build(s) wait for splits still building, "
             f"{result.open - result.building} for a sweep once their registration or last sweep is older "
             "than the grace period",
+            *(
+                [
+                    f"{would}delete{'' if would else 'd'} the files of {result.replaced} replaced segment(s); "
+                    f"{result.replaced_waiting} replaced segment(s) wait for the grace period"
+                ]
+                if result.replaced or result.replaced_waiting
+                else []
+            ),
             *(
                 [f"found {result.uncommitted_jobs} build(s) with an uncommitted S3A magic-committer job"]
                 if result.uncommitted_jobs

@@ -7,6 +7,8 @@ import argparse
 
 from ingest import __version__
 from ingest.cli.actions import cmd_control, cmd_gc, cmd_reset, cmd_terminate
+from ingest.cli.compact import EXAMPLES as COMPACT_EXAMPLES
+from ingest.cli.compact import add_compact_command
 from ingest.cli.observe import cmd_audit, cmd_gaps_ack, cmd_gaps_list, cmd_health, cmd_segments, cmd_status
 from ingest.cli.sources import cmd_migrate, cmd_source_apply, cmd_source_history, cmd_source_list, cmd_worker
 from ingest.cli.tables import TABLE_EXAMPLES, add_table_commands
@@ -53,6 +55,7 @@ EXAMPLES = {
         "ingest gc clicks --grace 0 --force   # only when no worker of the source runs",
     ],
     **TABLE_EXAMPLES,
+    **COMPACT_EXAMPLES,
 }
 
 
@@ -186,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a grace below 1 h: only when none of the source's workers is running",
     )
     gc.set_defaults(func=cmd_gc)
+    add_compact_command(sub)
     add_table_commands(sub)
     _finish(parser)
     return parser

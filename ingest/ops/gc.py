@@ -9,6 +9,11 @@
    it is building, it is not closed, and its last sweep, or its registration if it was never
    swept, is older than the grace period. A sweep that is not the build's first and finds
    nothing to delete closes the build: it is never listed again.
+3. Then the files of every segment replaced by compaction (migrations/0017) longer than the
+   grace period ago are deleted, each segment once: the files it lists that no current
+   segment lists (a replacement carries its old segments' rejects files as they are) and
+   that lie under a directory one of the source's builds registered. A reader that listed
+   the segment just before its replacement has the grace period to read them.
 
 Safety: a file is deleted only under a registered directory of one of the source's own
 builds, only while no split of that build is building, and never while a published segment
@@ -91,6 +96,9 @@ class GcResult:
     uncommitted_jobs: int = 0
     # Set for a source on an s3a:// store: what gc cannot see there.
     multipart_note: str | None = None
+    # Replaced segments whose files were deleted now, and those whose files wait for their grace.
+    replaced: int = 0
+    replaced_waiting: int = 0
 
 
 def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> GcResult:
@@ -120,6 +128,7 @@ def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRAC
         if any(_is_magic(uri, str(build["data"])) for uri in deleted):
             result.uncommitted_jobs += 1
             log.warning("gc_uncommitted_job", source=source, build=str(build["id"]), dry_run=dry_run)
+    _delete_replaced(store, source, grace_s, dry_run, result)
     counts = store.build_counts(source)
     result.open, result.building, result.unswept = int(counts["open"]), int(counts["building"]), int(counts["unswept"])
     result.multipart_note = MULTIPART_NOTE if s3a else None
@@ -135,6 +144,37 @@ def _sweep(source: str, build: dict[str, Any], dry_run: bool, deleted: list[str]
         for uri in delete_unlisted(location, frozenset() if location == build["staging"] else keep, dry_run):
             log.info("gc_deleted", source=source, build=str(build["id"]), uri=uri, dry_run=dry_run)
             deleted.append(uri)
+    return len(deleted)
+
+
+def _delete_replaced(store: Metastore, source: str, grace_s: float, dry_run: bool, result: GcResult) -> None:
+    """Step 3: the files of segments replaced longer than ``grace_s`` ago (the metastore says
+    which: never one a current segment lists)."""
+    for segment in store.replaced_to_delete(source, grace_s):
+        deleted: list[str] = []
+        try:
+            remove = partial(_delete_files, source, segment, dry_run, deleted)
+            if dry_run:
+                remove()
+            elif not store.delete_replaced_files(source, int(segment["id"]), remove):
+                continue  # another gc holds the segment, or deleted its files since it was read
+        except (UnsafePath, OSError) as exc:
+            result.unsafe.append(f"segment {segment['id']}: {exc}")
+            log.error("gc_replaced_skipped", source=source, segment=segment["id"], error=str(exc))
+            continue
+        finally:
+            result.deleted.extend(deleted)
+        result.replaced += 1
+    pending = int(store.replaced_counts(source)["pending"])
+    # A dry run deleted nothing: what it would delete is still pending.
+    result.replaced_waiting = max(0, pending - result.replaced) if dry_run else pending
+
+
+def _delete_files(source: str, segment: dict[str, Any], dry_run: bool, deleted: list[str]) -> int:
+    for uri in segment["files"]:
+        for gone in delete_unlisted(uri, frozenset(), dry_run):
+            log.info("gc_deleted", source=source, replaced_segment=segment["id"], uri=gone, dry_run=dry_run)
+            deleted.append(gone)
     return len(deleted)
 
 

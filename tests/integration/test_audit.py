@@ -72,6 +72,9 @@ def test_epochs_gaps_and_pinned_starts_tile_and_a_hole_in_one_epoch_is_found(
         src.store.reset_offsets(src.name, {tp: offset}, actor="t", reason="", target=str(offset), confirmed=True)
         reclaim(src, tp, offset)
     replayed = src.publish(4)
+    # A gap skipped after the reset belongs to epoch 1 (its partition's), not to epoch 0.
+    src.store.skip_gap(src.name, "w", T0, src.serials[T0], 14, 16)
+    src.next[T0] = 16
     src.publish(2, partition=1)
     # A partition pinned at 100 (start_from latest): its epoch 0 starts there.
     claims = src.store.claim_from(src.name, "w", [T2], start=100)

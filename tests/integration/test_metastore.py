@@ -113,8 +113,8 @@ def test_publish_advances_offsets_and_records_the_segment(store: Metastore) -> N
     segments = store.segments("src")
     assert next(s["id"] for s in segments) == seg_id
     assert [s["ranges"] for s in segments] == [
-        [{"topic": "events", "partition": 0, "start": 0, "end": 10}],
-        [{"topic": "events", "partition": 0, "start": 10, "end": 25}],
+        [{"topic": "events", "partition": 0, "start": 0, "end": 10, "epoch": 0}],
+        [{"topic": "events", "partition": 0, "start": 10, "end": 25, "epoch": 0}],
     ]
     assert store.partition_state("src", T0) == (claim.serial, 25)
 

@@ -28,8 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ingest.build",),
     # publish: the pipeline and the publish transaction (builds through ingest.build);
     # ops: what operators see and run, never the worker's runtime (gc reads the store's
-    # layout from ingest.build); table: the Iceberg committer over published segments.
-    ("ingest.publish", "ingest.ops", "ingest.table"),
+    # layout from ingest.build); table: the Iceberg committer over published segments;
+    # compact: published segments rewritten and replaced (builds through ingest.build).
+    ("ingest.publish", "ingest.ops", "ingest.table", "ingest.compact"),
     # The polling thread: hands splits to ingest.publish, counts into ingest.ops.metrics.
     ("ingest.consume",),
     ("ingest.worker",),

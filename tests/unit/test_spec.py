@@ -175,3 +175,16 @@ def test_key_formats_and_their_columns_round_trip() -> None:
 def test_invalid_key_formats_name_the_field(override: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         spec_from_dict(base(**override))
+
+
+def test_compaction_target_is_a_size_defaulting_to_256_mib_and_stored_specs_without_it_read_back() -> None:
+    assert spec_from_dict(base()).compaction.target_file_bytes == 256 * 1024**2
+    spec = spec_from_dict(base(compaction={"target_file_size": "64MiB"}))
+    assert spec.compaction.target_file_bytes == 64 * 1024**2
+    assert SourceSpec.from_json(spec.to_json()) == spec
+    stored = spec.to_json()
+    del stored["compaction"]  # applied before compaction existed
+    assert SourceSpec.from_json(stored).compaction.target_file_bytes == 256 * 1024**2
+    for bad, field in (({"target_file_size": 0}, "compaction.target_file_size"), ({"target": 1}, "compaction")):
+        with pytest.raises(ConfigError, match=field):
+            spec_from_dict(base(compaction=bad))

@@ -1,0 +1,276 @@
+"""One compaction: each chosen chunk (ingest.compact.plan) rewritten by one Spark job into
+files near the target size, checked, then replaced in one metastore transaction.
+
+Per chunk, in this order, as a worker's build does:
+
+1. A build of one split (the new segment's) is registered in the metastore before anything is
+   written (``ingest.build.registration``'s rule): a compaction that dies from here on leaves
+   files nobody lists, and gc abandons its split and sweeps them after the grace period.
+2. One Spark job reads the old segments' data files and writes them as zstd Parquet into the
+   build's data directory: one task, so one file per ``file_partition`` value (the chunk is at
+   most the target size), sorted by ``_partition, _offset`` within a file.
+3. The job's row count and the new files' footers are checked like a build's
+   (``ingest.build.output_files``): every file of the chunk's partition, its offsets inside the
+   chunk's range, the rows adding up to the old segments' rows.
+4. ``Metastore.replace_segments`` replaces the old segments by the new one, or refuses (another
+   compactor was first, gc gave the split up, ...): then the new files are deleted.
+
+Nothing here touches offsets: the new segment covers exactly the old ones' ranges, and the
+metastore checks that again under its locks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow.parquet as pq
+import structlog
+
+from ingest.backoff import Backoff
+from ingest.build import output_files, segment_store
+from ingest.build.plan import FILE_PARTITION_COLUMN, file_partition_value
+from ingest.compact.plan import Chunk, choose
+from ingest.errors import BuildError
+from ingest.spec import SourceSpec
+from ingest_common.model import BuildRegistration, TopicPartition
+from metastore.base import Row
+from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, ReplaceRefused, Session
+
+log = structlog.get_logger(__name__)
+
+# An unknown outcome (or an outage) is resolved by ending the old session and replacing again
+# (idempotent by split id): this many attempts, these far apart.
+REPLACE_BACKOFF = Backoff(initial_s=0.5, max_s=10.0)
+REPLACE_ATTEMPTS = 8
+
+
+class CompactionStore(Protocol):
+    """The part of ``metastore.Metastore`` a compaction needs."""
+
+    def latest_spec(self, name: str) -> tuple[int, dict[str, Any]]: ...
+
+    def spec_versions(self, name: str) -> list[Row]: ...
+
+    def segments(self, source: str) -> list[Row]: ...
+
+    def register_build(self, worker: str, build: BuildRegistration) -> None: ...
+
+    def end_session(self, session: Session) -> bool: ...
+
+    def replace_segments(
+        self,
+        source: str,
+        split_id: uuid.UUID,
+        worker: str,
+        old_ids: list[int],
+        location: str,
+        files: list[str],
+        row_count: int,
+        size_bytes: int,
+    ) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _NewSegment:
+    """What the new files are attributed to (``output_files.Bounds``)."""
+
+    id: uuid.UUID
+    tp: TopicPartition
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """One chunk compacted: the new segment and what it replaced."""
+
+    segment_id: int
+    replaced: tuple[int, ...]
+    tp: TopicPartition
+    start: int
+    end: int
+    rows: int
+    files_before: int
+    bytes_before: int
+    files_after: int
+    bytes_after: int
+    seconds: float
+
+
+@dataclass(slots=True)
+class CompactionResult:
+    source: str
+    target_bytes: int
+    chosen: list[Chunk] = field(default_factory=list)
+    replaced: list[Replacement] = field(default_factory=list)
+    # Chunks whose replacement the metastore refused: (old segment ids, reason, detail).
+    refused: list[tuple[tuple[int, ...], str, str]] = field(default_factory=list)
+
+
+class Compactor:
+    """Compacts one source at a time with one SparkSession (``spark``: made on first need)."""
+
+    def __init__(self, store: CompactionStore, spark: Callable[[SourceSpec], Any], worker_id: str) -> None:
+        self._store = store
+        self._spark_factory = spark
+        self._spark: Any = None
+        self._worker = worker_id
+
+    def plan(self, source: str, target_bytes: int | None = None) -> tuple[SourceSpec, list[Chunk]]:
+        """The source's latest spec and the chunks worth compacting now."""
+        spec = SourceSpec.from_json(self._store.latest_spec(source)[1])
+        target = target_bytes or spec.compaction.target_file_bytes
+        return spec, choose(self._store.segments(source), target)
+
+    def run(
+        self, source: str, target_bytes: int | None = None, max_chunks: int | None = None, dry_run: bool = False
+    ) -> CompactionResult:
+        spec, chunks = self.plan(source, target_bytes)
+        result = CompactionResult(source, target_bytes or spec.compaction.target_file_bytes, chunks[:max_chunks])
+        if dry_run:
+            return result
+        specs = {int(v["version"]): SourceSpec.from_json(v["spec"]) for v in self._store.spec_versions(source)}
+        for chunk in result.chosen:
+            try:
+                result.replaced.append(self.compact(spec, specs[chunk.spec_version], chunk))
+            except ReplaceRefused as exc:
+                result.refused.append((chunk.ids, exc.reason, exc.detail))
+        return result
+
+    def compact(self, spec: SourceSpec, written_under: SourceSpec, chunk: Chunk) -> Replacement:
+        """Rewrite one chunk and replace its segments. ``spec``: the source's latest spec (where
+        to write); ``written_under``: the spec version the chunk's files were written under
+        (their event-time column and file cut). Raises ReplaceRefused when the metastore refused
+        (the new files are deleted then)."""
+        started = time.monotonic()
+        split_id, build = uuid.uuid4(), uuid.uuid4()
+        dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
+        self._store.register_build(
+            self._worker, BuildRegistration(build, spec.name, dirs.staging, dirs.data, dirs.rejects, (split_id,))
+        )
+        log.info("compaction_registered", source=spec.name, build=str(build), segments=len(chunk.segments))
+        unknown = False
+        try:
+            new_files = self._rewrite(written_under, chunk, split_id, dirs.data) if chunk.files else []
+            size = sum(f.size_bytes for f in new_files) + _sizes(chunk)
+            uris = [f.uri for f in new_files]
+            try:
+                segment_id = self._replace(spec.name, split_id, chunk, dirs.data, uris, size)
+            except (CommitOutcomeUnknown, MetastoreUnavailable):
+                unknown = True  # it may have committed: its files are gc's to judge
+                raise
+        except ReplaceRefused as exc:
+            log.warning("compaction_refused", source=spec.name, segments=list(chunk.ids), reason=exc.reason)
+            _cleanup(dirs.data)
+            raise
+        except Exception:
+            if not unknown:
+                _cleanup(dirs.data)
+            raise
+        done = Replacement(
+            segment_id=segment_id,
+            replaced=chunk.ids,
+            tp=chunk.tp,
+            start=chunk.start,
+            end=chunk.end,
+            rows=chunk.rows,
+            files_before=len(chunk.files),
+            bytes_before=chunk.size_bytes,
+            files_after=len(uris),
+            bytes_after=size,
+            seconds=time.monotonic() - started,
+        )
+        log.info(
+            "compaction_replaced",
+            source=spec.name,
+            segment=segment_id,
+            replaced=len(done.replaced),
+            files_before=done.files_before,
+            files_after=done.files_after,
+            seconds=round(done.seconds, 3),
+        )
+        return done
+
+    def _rewrite(
+        self, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str
+    ) -> list[output_files.OutputFile]:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        if self._spark is None:
+            self._spark = self._spark_factory(spec)
+        # The files' own column order (all were written under one spec version).
+        fs, path = segment_store.filesystem(chunk.files[0])
+        columns = pq.read_schema(path, filesystem=fs).names
+        observation = Observation(f"compact-{split_id.hex}")
+        df = self._spark.read.parquet(*chunk.files).select(*columns)
+        df = df.observe(observation, F.count(F.lit(1)).alias("total")).coalesce(1)
+        cut = file_partition_value(F.col(spec.event_time), spec.file_partition)
+        if cut is None:
+            writer = df.sortWithinPartitions("_partition", "_offset").write
+        else:
+            df = df.withColumn(FILE_PARTITION_COLUMN, cut)
+            writer = df.sortWithinPartitions(FILE_PARTITION_COLUMN, "_partition", "_offset").write
+            writer = writer.partitionBy(FILE_PARTITION_COLUMN)
+        writer.mode("error").option("compression", "zstd").parquet(out_dir)
+        total = int(observation.get["total"])
+        if total != chunk.rows:
+            raise BuildError(f"compaction read {total} rows, the {len(chunk.segments)} segments hold {chunk.rows}")
+        bounds = _NewSegment(split_id, chunk.tp, chunk.start, chunk.end)
+        files = output_files.attribute(out_dir, [bounds], spec.event_time)[split_id]
+        if (rows := sum(f.rows for f in files)) != chunk.rows:
+            raise BuildError(f"compaction wrote {rows} rows, the {len(chunk.segments)} segments hold {chunk.rows}")
+        return files
+
+    def _replace(
+        self, source: str, split_id: uuid.UUID, chunk: Chunk, location: str, files: list[str], size: int
+    ) -> int:
+        delays = REPLACE_BACKOFF.delays()
+        for attempt in range(1, REPLACE_ATTEMPTS + 1):
+            try:
+                return self._store.replace_segments(
+                    source, split_id, self._worker, list(chunk.ids), location, files, chunk.rows, size
+                )
+            except MetastoreUnavailable as exc:
+                if attempt == REPLACE_ATTEMPTS:
+                    raise
+                delay = next(delays)
+                log.warning("compaction_replace_retry", source=source, error=str(exc), retry_in_s=delay)
+                REPLACE_BACKOFF.sleep(delay)
+                session = exc.session if isinstance(exc, CommitOutcomeUnknown) else None
+                # The old session may still commit: it is ended before the replacement is sent
+                # again (which then answers with the segment if it did).
+                for _ in range(REPLACE_ATTEMPTS):
+                    if session is None or self._end(session):
+                        break
+                    REPLACE_BACKOFF.sleep(next(delays))
+                else:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _end(self, session: Session) -> bool:
+        try:
+            return self._store.end_session(session)
+        except MetastoreUnavailable:
+            return False
+
+
+def _sizes(chunk: Chunk) -> int:
+    """The bytes of the rejects files the new segment carries as they are."""
+    total = 0
+    for seg in chunk.segments:
+        for uri in seg.rejects_files:
+            fs, path = segment_store.filesystem(uri)
+            total += int(fs.get_file_info(path).size or 0)
+    return total
+
+
+def _cleanup(uri: str) -> None:
+    try:
+        segment_store.delete(uri)
+    except (OSError, segment_store.UnsafePath) as exc:
+        log.warning("cleanup_failed", uri=uri, error=str(exc))

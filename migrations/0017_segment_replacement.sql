@@ -1,0 +1,207 @@
+-- Compaction: published segments replaced by one segment that covers exactly their offsets.
+--
+-- A segment is *current* while replaced_by IS NULL; every reader of segments (`ingest
+-- segments`, status, the table committer, the exactly-once checker, `ingest audit`) sees
+-- current segments only. A replacement (ingest_replace_segments, below) happens in one
+-- transaction: the old segments' rows are locked, each must still be current, the new segment
+-- gets exactly the union of their ranges (per partition: contiguous, one epoch) and their row
+-- count, and the old segments and their ranges point to it from then on. next_offset and the
+-- partition rows are never touched: a replacement changes which files hold the records, never
+-- which offsets are published.
+--
+-- The new segment's files are written under a build registered beforehand with one split (the
+-- compaction's), which the replacement moves to 'published' like a publish does: a compaction
+-- that dies before it leaves nothing visible, gc abandons its split after the grace period
+-- (after which its replacement is refused) and sweeps its directories.
+--
+-- A replaced segment's files stay until gc deletes them one grace period after the
+-- replacement (readers that listed them a moment before must not fail), and never a file a
+-- current segment lists (a replacement carries its old segments' rejects files as they are);
+-- files_deleted_at records that gc did.
+
+ALTER TABLE ingest_segments
+    ADD COLUMN replaced_by bigint REFERENCES ingest_segments (id),
+    ADD COLUMN replaced_at timestamptz,
+    ADD COLUMN files_deleted_at timestamptz,
+    ADD CONSTRAINT ingest_segments_replaced_check CHECK ((replaced_by IS NULL) = (replaced_at IS NULL)),
+    ADD CONSTRAINT ingest_segments_files_deleted_check CHECK (files_deleted_at IS NULL OR replaced_by IS NOT NULL);
+
+COMMENT ON COLUMN ingest_segments.replaced_by IS
+    'the segment that replaced this one (compaction); NULL: current';
+COMMENT ON COLUMN ingest_segments.replaced_at IS 'when it was replaced';
+COMMENT ON COLUMN ingest_segments.files_deleted_at IS
+    'when gc deleted the files of this replaced segment that no current segment lists';
+
+CREATE INDEX ingest_segments_replaced_idx ON ingest_segments (source, replaced_at)
+    WHERE replaced_by IS NOT NULL AND files_deleted_at IS NULL;
+
+-- A range is current with its segment. The second line of defence (no two ranges of one
+-- partition and epoch start at the same offset) holds among current ranges: a replacement's
+-- first range starts where its first old range did.
+ALTER TABLE ingest_segment_ranges ADD COLUMN replaced_by bigint REFERENCES ingest_segments (id);
+DROP INDEX ingest_segment_ranges_start_idx;
+CREATE UNIQUE INDEX ingest_segment_ranges_start_idx
+    ON ingest_segment_ranges (source, topic, partition, epoch, start_offset) WHERE replaced_by IS NULL;
+
+-- A range inserted without an epoch (a publish) takes its partition's, as before; a
+-- replacement gives its ranges the epoch of the ranges they replace (a reset since then moved
+-- the partition to a later epoch, not them).
+ALTER TABLE ingest_segment_ranges ALTER COLUMN epoch DROP DEFAULT;
+CREATE OR REPLACE FUNCTION ingest_range_epoch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.epoch IS NULL THEN
+        SELECT p.epoch INTO NEW.epoch FROM ingest_partitions p
+        WHERE p.source = NEW.source AND p.topic = NEW.topic AND p.partition = NEW.partition;
+        NEW.epoch := coalesce(NEW.epoch, 0);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE VIEW ingest_partition_status AS
+SELECT p.source,
+       p.topic,
+       p.partition,
+       p.next_offset,
+       p.serial,
+       p.owner,
+       p.assigned_at,
+       p.last_publish_at,
+       s.max_event_time AS last_event_time,
+       (SELECT count(*) FROM ingest_segment_ranges r
+         WHERE r.source = p.source AND r.topic = p.topic AND r.partition = p.partition
+           AND r.replaced_by IS NULL) AS segments,
+       (SELECT count(*) FROM ingest_publish_conflicts c
+         WHERE c.source = p.source AND c.topic = p.topic AND c.partition = p.partition) AS publish_conflicts
+FROM ingest_partitions p
+LEFT JOIN ingest_segments s ON s.id = p.last_segment_id;
+
+-- Replace the segments p_old_ids of p_source by one segment of the files p_files, written under
+-- the build that registered p_split_id. One row: segment_id set (the new segment, or the one
+-- p_split_id already has: a retry after a lost reply), or why nothing was written (reason,
+-- detail):
+--   table         the source has an Iceberg table (the committer does not follow replacements)
+--   missing       an old segment does not exist or belongs to another source
+--   replaced      an old segment is no longer current (another compaction replaced it)
+--   spec_version  the old segments were written under different spec versions
+--   row_count     p_row_count is not the old segments' row count
+--   ranges        a partition's old ranges are not contiguous or span epochs
+--   abandoned / unregistered   the split is not registered by this source and building
+CREATE FUNCTION ingest_replace_segments(
+    p_source text, p_split_id uuid, p_worker text, p_old_ids bigint[], p_location text, p_files text[],
+    p_row_count bigint, p_size_bytes bigint)
+RETURNS TABLE (segment_id bigint, reason text, detail text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    old record;
+    bad record;
+    new_id bigint;
+    split_state text;
+BEGIN
+    -- Share: ordered after an apply, a reset or a table-enable of the source (they take the
+    -- row for update), while publishes (a key share) go on.
+    PERFORM 1 FROM ingest_sources s WHERE s.name = p_source FOR SHARE;
+    -- Fixed order: two replacements of overlapping segments never deadlock; the later one
+    -- waits, then sees the old segments replaced.
+    PERFORM 1 FROM ingest_segments s WHERE s.id = ANY(p_old_ids) ORDER BY s.id FOR UPDATE;
+
+    SELECT s.id INTO new_id FROM ingest_segments s WHERE s.split_id = p_split_id AND s.source = p_source;
+    IF new_id IS NOT NULL THEN
+        RETURN QUERY SELECT new_id, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM ingest_tables t WHERE t.source = p_source) THEN
+        RETURN QUERY SELECT NULL::bigint, 'table'::text, 'the source feeds an Iceberg table'::text;
+        RETURN;
+    END IF;
+
+    SELECT count(*) AS n,
+           count(*) FILTER (WHERE s.replaced_by IS NULL) AS current,
+           count(DISTINCT s.spec_version) AS versions,
+           min(s.spec_version) AS spec_version,
+           coalesce(sum(s.row_count), 0) AS row_count,
+           coalesce(sum(s.rejects_count), 0) AS rejects_count,
+           coalesce(sum(s.skipped_count), 0) AS skipped_count,
+           min(s.min_event_time) AS min_event_time,
+           max(s.max_event_time) AS max_event_time,
+           CASE WHEN count(DISTINCT s.rejects_location) = 1 THEN min(s.rejects_location) END AS rejects_location
+    INTO old
+    FROM ingest_segments s WHERE s.id = ANY(p_old_ids) AND s.source = p_source;
+
+    IF cardinality(p_old_ids) = 0 OR old.n <> (SELECT count(DISTINCT u) FROM unnest(p_old_ids) AS u) THEN
+        RETURN QUERY SELECT NULL::bigint, 'missing'::text,
+            format('%s of %s old segments are segments of %s', old.n, cardinality(p_old_ids), p_source);
+        RETURN;
+    END IF;
+    IF old.current <> old.n THEN
+        RETURN QUERY SELECT NULL::bigint, 'replaced'::text,
+            format('%s of the %s old segments are no longer current', old.n - old.current, old.n);
+        RETURN;
+    END IF;
+    IF old.versions > 1 THEN
+        RETURN QUERY SELECT NULL::bigint, 'spec_version'::text,
+            format('the old segments were written under %s spec versions', old.versions);
+        RETURN;
+    END IF;
+    IF old.row_count <> p_row_count THEN
+        RETURN QUERY SELECT NULL::bigint, 'row_count'::text,
+            format('the new files hold %s rows, the old segments %s', p_row_count, old.row_count);
+        RETURN;
+    END IF;
+
+    -- Per partition, the old ranges must follow each other without gap or overlap, in one epoch.
+    SELECT g.topic, g.partition, g.start_offset, g.prev_end, g.min_epoch, g.max_epoch INTO bad
+    FROM (SELECT r.topic, r.partition, r.start_offset,
+                 lag(r.end_offset) OVER w AS prev_end,
+                 min(r.epoch) OVER p AS min_epoch, max(r.epoch) OVER p AS max_epoch
+          FROM ingest_segment_ranges r WHERE r.segment_id = ANY(p_old_ids)
+          WINDOW p AS (PARTITION BY r.topic, r.partition),
+                 w AS (PARTITION BY r.topic, r.partition ORDER BY r.start_offset)) g
+    WHERE g.min_epoch <> g.max_epoch OR (g.prev_end IS NOT NULL AND g.prev_end <> g.start_offset)
+    LIMIT 1;
+    IF FOUND THEN
+        RETURN QUERY SELECT NULL::bigint, 'ranges'::text,
+            CASE WHEN bad.min_epoch <> bad.max_epoch
+                 THEN format('the old ranges of %s/%s span epochs %s to %s', bad.topic, bad.partition,
+                             bad.min_epoch, bad.max_epoch)
+                 ELSE format('the old ranges of %s/%s are not contiguous: one ends at %s, the next starts at %s',
+                             bad.topic, bad.partition, bad.prev_end, bad.start_offset) END;
+        RETURN;
+    END IF;
+
+    -- Locks the split's row: gc's abandon and this replacement are serialized on it.
+    UPDATE ingest_splits s SET state = 'published', settled_at = now()
+    WHERE s.split_id = p_split_id AND s.source = p_source AND s.state = 'building'
+    RETURNING s.state INTO split_state;
+    IF split_state IS NULL THEN
+        SELECT s.state INTO split_state FROM ingest_splits s WHERE s.split_id = p_split_id AND s.source = p_source;
+        RETURN QUERY SELECT NULL::bigint,
+            CASE WHEN split_state IS NULL THEN 'unregistered' ELSE 'abandoned' END,
+            format('the compaction''s split %s is %s', p_split_id, coalesce(split_state, 'not registered'));
+        RETURN;
+    END IF;
+
+    INSERT INTO ingest_segments (
+        source, split_id, spec_version, worker, location, files, row_count, size_bytes,
+        min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count)
+    VALUES (
+        p_source, p_split_id, old.spec_version, p_worker, p_location, p_files, p_row_count, p_size_bytes,
+        old.min_event_time, old.max_event_time, old.rejects_location,
+        coalesce((SELECT array_agg(f ORDER BY s.id, u.n) FROM ingest_segments s, unnest(s.rejects_files)
+                  WITH ORDINALITY AS u(f, n) WHERE s.id = ANY(p_old_ids)), '{}'),
+        old.rejects_count, old.skipped_count)
+    RETURNING id INTO new_id;
+
+    -- The old ranges leave the unique index before the new ones enter it.
+    UPDATE ingest_segment_ranges r SET replaced_by = new_id WHERE r.segment_id = ANY(p_old_ids);
+    INSERT INTO ingest_segment_ranges (segment_id, source, topic, partition, start_offset, end_offset, epoch)
+    SELECT new_id, p_source, r.topic, r.partition, min(r.start_offset), max(r.end_offset), min(r.epoch)
+    FROM ingest_segment_ranges r WHERE r.segment_id = ANY(p_old_ids)
+    GROUP BY r.topic, r.partition;
+    UPDATE ingest_segments s SET replaced_by = new_id, replaced_at = now() WHERE s.id = ANY(p_old_ids);
+
+    RETURN QUERY SELECT new_id, NULL::text, NULL::text;
+END;
+$$;

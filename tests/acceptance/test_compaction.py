@@ -1,0 +1,199 @@
+"""Compaction end to end: real broker, PostgreSQL and Spark. Small segments published by a
+worker are rewritten and replaced; every record stays in exactly one current segment's files,
+whatever runs beside the compactor or stops it half-way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from ingest.build import segment_store
+from ingest.build.builder import BuilderFactory
+from ingest.compact.job import Compactor
+from ingest.ops.gc import collect_garbage
+from ingest_common.model import TopicPartition
+from ingest_dev.testkit import wait_until
+from ingest_dev.verify import verify_epochs
+from metastore import Metastore, ReplaceRefused
+from tests.acceptance.harness import Produced, StartWorker, apply_spec, assert_exactly_once, settings, write_spec
+
+MakeTopic = Callable[..., str]
+TARGET = 64 * 1024**2
+
+
+class Interrupted(BaseException):
+    """A compactor killed where the hook raises it: nothing of it runs after (no cleanup)."""
+
+
+class HookedStore(Metastore):
+    """A metastore whose ``replace_segments`` runs ``before_replace`` first: what happens
+    between a compaction's Spark job and its replacement."""
+
+    before_replace: Callable[[], None] = staticmethod(lambda: None)
+
+    def replace_segments(self, *args: Any, **kwargs: Any) -> int:
+        self.before_replace()
+        return super().replace_segments(*args, **kwargs)
+
+
+def value(i: int) -> bytes:
+    from tests.acceptance.harness import sample_value
+
+    return b"{not json" if i % 997 == 0 else sample_value(i)
+
+
+def publish_small_segments(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, records: int = 6000,
+) -> tuple[str, Produced, Any]:  # fmt: skip
+    """A source cut into many small segments (file_partition hour), its records published; the
+    worker keeps running."""
+    topic = make_topic(partitions=3)
+    source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s", extra='file_partition = "hour"')
+    apply_spec(database_url, spec_path)
+    produced = Produced(kafka_bootstrap, topic, 3)
+    produced.produce(records, value)
+    worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 180, "the worker to publish everything")
+    return source, produced, worker
+
+
+def compactor(store: Metastore, spark: Any) -> Compactor:
+    return Compactor(store, lambda _spec: spark, "compact-test")
+
+
+def data_files(store: Metastore, source: str) -> list[str]:
+    return [f for s in store.segments(source) for f in s["files"]]
+
+
+def test_compaction_beside_a_running_worker_keeps_every_record_once(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, spark: Any,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker
+    )
+    with Metastore(database_url) as store:
+        before = store.segments(source)
+        files_before = data_files(store, source)
+        produced.produce(3000, value)  # the worker publishes while the compactor runs
+        result = compactor(store, spark).run(source, TARGET)
+        assert result.replaced and not result.refused
+        wait_until(lambda: produced.caught_up(store, source), 180, "the worker to publish the rest")
+        worker.stop()
+        assert worker.error is None
+        after = store.segments(source)
+        listed = {s["id"] for s in after}
+        replaced = {i for r in result.replaced for i in r.replaced}
+        # ingest segments lists the new segments, none of those they replaced.
+        assert not listed & replaced and {r.segment_id for r in result.replaced} <= listed
+        assert len(after) < len(before)
+        compacted = [f for r in result.replaced for s in after if s["id"] == r.segment_id for f in s["files"]]
+        assert len(compacted) < len(files_before) / 2 and all("/ingest-part=" in f for f in compacted)
+        for uri in compacted:
+            fs, path = segment_store.filesystem(uri)
+            offsets = pq.read_table(path, columns=["_offset"], filesystem=fs)["_offset"].to_pylist()
+            assert offsets == sorted(offsets)
+    verified = assert_exactly_once(database_url, source, produced)
+    assert verified.rejects == len([i for i in range(9000) if i % 997 == 0])
+
+
+def test_a_zombie_compactor_is_refused_and_a_killed_one_leaves_nothing_visible(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, spark: Any,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker
+    )
+    worker.stop()
+    with HookedStore(database_url) as store:
+        spec, chunks = compactor(store, spark).plan(source, TARGET)
+        assert len(chunks) >= 2
+        listed = store.segments(source)
+
+        # Killed between its registration and its replacement: nothing visible changes.
+        def killed() -> None:
+            raise Interrupted
+
+        store.before_replace = killed
+        with pytest.raises(Interrupted):
+            compactor(store, spark).compact(spec, spec, chunks[0])
+        store.before_replace = lambda: None
+        assert store.segments(source) == listed
+        gc = collect_garbage(store, source, grace_s=0)
+        assert gc.abandoned == 1 and gc.deleted and all("/segments/" in f for f in gc.deleted)
+        assert_exactly_once(database_url, source, produced)
+
+        # Two compactors chose the same segments: the one that comes second is refused.
+        first = compactor(store, spark).compact(spec, spec, chunks[1])
+        with pytest.raises(ReplaceRefused) as refused:
+            compactor(store, spark).compact(spec, spec, chunks[1])
+        assert refused.value.reason == "replaced"
+        assert first.segment_id in {s["id"] for s in store.segments(source)}
+    assert_exactly_once(database_url, source, produced)
+
+
+def test_gc_during_compaction_abandons_it_and_nothing_is_lost(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, spark: Any,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+    )
+    worker.stop()
+    with HookedStore(database_url) as store:
+        spec, chunks = compactor(store, spark).plan(source, TARGET)
+        files = data_files(store, source)
+        swept: list[Any] = []
+        # gc with no grace runs after the compaction wrote its files, before it replaces.
+        store.before_replace = lambda: swept.append(collect_garbage(store, source, grace_s=0))
+        with pytest.raises(ReplaceRefused) as refused:
+            compactor(store, spark).compact(spec, spec, chunks[0])
+        assert refused.value.reason == "abandoned" and swept[0].abandoned == 1
+        assert data_files(store, source) == files and all(_exists(f) for f in files)
+        # A later gc with a grace deletes nothing a current segment lists.
+        store.before_replace = lambda: None
+        collect_garbage(store, source, grace_s=0)
+        assert all(_exists(f) for f in files)
+    assert_exactly_once(database_url, source, produced)
+
+
+def test_a_reset_during_compaction_leaves_each_epoch_exactly_once(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, spark: Any,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+    )
+    tps = [TopicPartition(produced.topic, p) for p in range(3)]
+    with HookedStore(database_url) as store:
+        # Replay everything while the compaction runs: the running worker publishes it again in
+        # a new epoch; the replacement keeps the old epoch's offsets where they were.
+        def reset() -> None:
+            store.reset_offsets(source, {tp: 0 for tp in tps}, actor="t", reason="replay", target="0", confirmed=True)
+
+        store.before_replace = reset
+        result = compactor(store, spark).run(source, TARGET, max_chunks=1)
+        assert len(result.replaced) == 1
+        store.before_replace = lambda: None
+        wait_until(lambda: produced.caught_up(store, source), 180, "the worker to publish the replay")
+        worker.stop()
+        assert worker.error is None
+        ends = {(produced.topic, p): end for p, end in produced.ends.items()}
+        verified = verify_epochs(store, source, ends)
+        assert verified.ok, verified.summary()
+        # Compacting again after the reset: each epoch's segments are compacted on their own.
+        again = compactor(store, spark).run(source, TARGET)
+        assert again.replaced and not again.refused
+        verified = verify_epochs(store, source, ends)
+        assert verified.ok, verified.summary()
+
+
+def _exists(uri: str) -> bool:
+    fs, path = segment_store.filesystem(uri)
+    return bool(fs.get_file_info(path).size)
