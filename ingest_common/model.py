@@ -18,11 +18,17 @@ PARSE_ERRORS = (
     "invalid_utf8",
     "null_value",
     "missing_event_time",
-    # Formats avro and json_schema (the Confluent wire format): no zero magic byte and 4-byte
-    # schema id; an id the registry does not know; an Avro body that does not decode.
+    # Formats avro, json_schema and protobuf (the Confluent wire format): no zero magic byte and
+    # 4-byte schema id (protobuf: and a message-index list); an id the registry does not know;
+    # a body that does not decode.
     "not_confluent_framed",
     "unknown_schema_id",
     "undecodable",
+    # Format protobuf: a message-index path the writer's file does not have; a field or value
+    # the reader column cannot hold (a bytes field for a string column, an enum number the
+    # writer's enum does not define, a writer schema that cannot be read).
+    "unknown_message_index",
+    "unresolvable",
 )
 
 

@@ -35,6 +35,7 @@ import structlog
 
 from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, make_plan, stage_records
+from ingest.build.protobuf_decode import ProtoFiles
 from ingest.build.registration import BuildRegistrar
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import WriterSchemas
@@ -258,14 +259,18 @@ class SparkSegmentBuilder:
 
     def _plan(self, spec: SourceSpec, splits: Sequence[SealedSplit]) -> Plan:
         """The column expressions of a build, made once per (format, schema, event time, and
-        for Avro the batch's writer schemas): building them costs hundreds of Py4J round trips,
+        for Avro and Protobuf the batch's writer schemas): building them costs hundreds of Py4J round trips,
         which would otherwise be paid per batch and contend for the GIL with the consumer
-        thread. Avro's writer schemas are fetched here, before the job (a registry that does
+        thread. The writer schemas are fetched here, before the job (a registry that does
         not answer fails the build, ingest.build.writer_schemas)."""
         writers: dict[int, str] = {}
+        proto_files: dict[int, ProtoFiles] = {}
         if spec.format == "avro":
             assert spec.registry is not None  # validated with the spec
             writers = self._writer_schemas.for_batch(splits, spec.registry)
+        elif spec.format == "protobuf":
+            assert spec.registry is not None
+            proto_files = self._writer_schemas.protobuf_for_batch(splits, spec.registry)
         key = (
             spec.format,
             spec.registry,
@@ -274,11 +279,12 @@ class SparkSegmentBuilder:
             spec.file_partition,
             spec.reader_schema,
             tuple(writers),
+            tuple(proto_files),
         )
         with self._plans_lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = make_plan(spec, writers)
+                plan = self._plans[key] = make_plan(spec, writers, proto_files)
             return plan
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
@@ -287,12 +293,10 @@ class SparkSegmentBuilder:
         from pyspark.sql import Observation
 
         # The staged schema is fixed: giving it saves reading the footers to infer it.
-        df = (
-            self._spark.read.schema(STAGED_DDL)
-            .parquet(*staged)
-            .select(*plan.staged_columns)
-            .withColumn("_error", plan.error)
-        )
+        df = self._spark.read.schema(STAGED_DDL).parquet(*staged)
+        if plan.decode is not None:
+            df = plan.decode(df)
+        df = df.select(*plan.staged_columns).withColumn("_error", plan.error)
         observation = Observation(f"build-{uuid.uuid4().hex}")
         rows = df.observe(observation, plan.total).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:

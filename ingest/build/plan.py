@@ -1,7 +1,8 @@
 """What a build's Spark job does to a batch of splits, as data: the layout of the staged files
 (one per split: Kafka coordinates plus the raw key and value bytes) and the column expressions
 that parse the values against the source's schema, classify each bad record's error and name
-the file partition of each good one.
+the file partition of each good one. Format protobuf decodes in a Python step first
+(``mapInArrow``, ingest.build.protobuf_decode) and the expressions read its columns.
 
 A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
 time, file partition): making it costs hundreds of Py4J round trips (the builder caches it).
@@ -11,12 +12,13 @@ coordinates (``META_COLUMNS``) beside the schema's columns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from ingest.build.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.build.split import SealedSplit
 from ingest.formats import DECODED_FIELD, HEADER_BYTES, reader_for_writer
 from ingest.spec import SourceSpec
@@ -87,6 +89,8 @@ class Plan:
     output_columns: tuple[Any, ...]
     # The spec's file_partition as a string column (None: files are not cut by event time).
     file_partition: Any | None
+    # Applied to the staged rows before the expressions (format protobuf: the decode step).
+    decode: Callable[[Any], Any] | None = None
 
 
 # A name no schema column can have (columns are letters, digits and "_"): the column exists only
@@ -111,12 +115,39 @@ def _framing() -> tuple[Any, Any, Any]:
     return framed, schema_id, body
 
 
-def make_plan(spec: SourceSpec, writers: Mapping[int, str] | None = None) -> Plan:
+def make_plan(
+    spec: SourceSpec, writers: Mapping[int, str] | None = None, proto_files: Mapping[int, ProtoFiles] | None = None
+) -> Plan:
     """``writers``: for format avro, the writer schema (Avro JSON) of every schema id the batch
-    holds that the registry knows; a framed record with any other id is ``unknown_schema_id``."""
+    holds that the registry knows; ``proto_files`` the same for format protobuf. A framed
+    record with any other id is ``unknown_schema_id``."""
     if spec.format == "avro":
         return _plan(spec, *_avro_parse(spec, writers or {}))
+    if spec.format == "protobuf":
+        return _protobuf_plan(spec, proto_files or {})
     return _plan(spec, *_json_parse(spec))
+
+
+def _protobuf_plan(spec: SourceSpec, files: Mapping[int, ProtoFiles]) -> Plan:
+    """Format protobuf: one ``mapInArrow`` step decodes every record of the batch, whatever
+    its writer, into the spec's columns and ``_reason`` (null for a good record); the
+    expressions then only read them."""
+    from pyspark.sql import functions as F
+
+    columns = ", ".join(f"`{name}` {ctype}" for name, ctype in spec.schema)
+    output = f"{STAGED_DDL}, {columns}, {REASON_COLUMN} string"
+    decode = ArrowDecode(tuple(sorted(files.items())), spec.schema, spec.event_time)
+    parsed = F.struct(*(F.col(f"`{name}`") for name, _ in spec.schema))
+    plan = _plan(spec, parsed, F.col(REASON_COLUMN))
+    return Plan(
+        staged_columns=(*plan.staged_columns, F.col(REASON_COLUMN)),
+        error=plan.error,
+        total=plan.total,
+        good=plan.good,
+        output_columns=plan.output_columns,
+        file_partition=plan.file_partition,
+        decode=lambda df: df.mapInArrow(decode, output),
+    )
 
 
 def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
