@@ -130,3 +130,21 @@ def framed(registry_url: str, message_class: Any, ctx: SerializationContext) -> 
         return bytes(value)
 
     return encode
+
+
+def writer_files(version: int) -> tuple[bytes, ...]:
+    """What the registry gives the decoder for one version: its files, dependencies first."""
+    return (
+        timestamp_pb2.DESCRIPTOR.serialized_pb,
+        customer_file().SerializeToString(),
+        order_file(version).SerializeToString(),
+    )
+
+
+def frame(sid: int, indexes: list[int], body: bytes) -> bytes:
+    """The Confluent wire format of a message, as confluent-kafka's serializer frames it."""
+    import io
+
+    buf = io.BytesIO()
+    ProtobufSerializer._encode_varints(buf, indexes)
+    return b"\x00" + sid.to_bytes(4, "big") + buf.getvalue() + body
