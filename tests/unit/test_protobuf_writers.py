@@ -10,12 +10,14 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaReference
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
+from ingest.build.protobuf_decode import Decoder
 from ingest.build.protobuf_writers import schema_files
-from tests.protobuf_orders import customer_file, order_file
+from tests.protobuf_orders import OrderVersion, customer_file, frame, order_file, when
 
 REFS = [SchemaReference("acme/customer.proto", "acme/customer.proto", 1)]
 TEXT = 'syntax = "proto3";\npackage acme;\nmessage Order { int64 id = 1; }\n'
@@ -66,15 +68,24 @@ def test_apicurio_gives_the_registered_base64_and_no_serialized_form_is_asked() 
 def test_confluent_gives_text_and_the_serialized_form_on_request() -> None:
     unnamed = order_file(1)
     unnamed.ClearField("name")
+    # A reference's file is named as the importing file imports it, whatever the registry says.
+    renamed = customer_file()
+    renamed.name = "customer-from-the-registry.proto"
     plain = FakeClient(
         {1: Schema(TEXT, "PROTOBUF", REFS)}, {("acme/customer.proto", 1): Schema("message Customer {}", "PROTOBUF")}
     )
     serialized = FakeClient(
         {1: Schema(b64(unnamed), "PROTOBUF", REFS)},
-        {("acme/customer.proto", 1): Schema(b64(customer_file()), "PROTOBUF")},
+        {("acme/customer.proto", 1): Schema(b64(renamed), "PROTOBUF")},
     )
     files = schema_files(plain, serialized, 1, "http://r")
     assert names(files) == ["google/protobuf/timestamp.proto", "acme/customer.proto", "ingest-writer-1.proto"]
+    # They load (imports resolve) and decode.
+    decoder = Decoder({1: files or ()}, (("id", "long"), ("ts", "timestamp")), "ts")
+    msg = OrderVersion.make(1).Order(id=3)
+    msg.ts.FromDatetime(when(1))
+    batch = pa.record_batch({"_value": pa.array([frame(1, [1], msg.SerializeToString())], pa.binary())})
+    assert decoder.decode(batch).to_pylist()[0]["id"] == 3
     assert ("id", 1, "serialized") in serialized.calls
     assert ("version", "acme/customer.proto", 1, "serialized") in serialized.calls
 
