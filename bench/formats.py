@@ -85,7 +85,9 @@ def encode(fmt: str, registry_url: str, records: int) -> list[bytes]:
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    client = SchemaRegistryClient({"url": registry_url})
+    # A timeout, so that a lost reply is retried (the client's default retries) instead of
+    # waiting forever: seen once under load, a reply Apicurio logged as sent never arrived.
+    client = SchemaRegistryClient({"url": registry_url, "timeout": 30})
     ctx = SerializationContext(TOPIC + "-" + fmt, MessageField.VALUE)
     for doc in docs:
         doc[EVENT_TIME] = datetime.fromisoformat(doc[EVENT_TIME]).astimezone(UTC)
