@@ -47,7 +47,9 @@ ingest.build (sealed splits into Parquet files, invisible until published)
     registration   every build registered in the metastore before it writes
     builder        the Spark job over a batch of splits: stage, parse, write, account
     plan           the staged files' layout and the expressions that parse them
-    writer_schemas a batch's Avro writer schemas, fetched from the registry once and cached
+    writer_schemas a batch's Avro and Protobuf writer schemas, fetched from the registry once and cached
+    protobuf_writers a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
+    protobuf_decode the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
     output_files   which split each output file belongs to, from its footers
     segment_store  the store's layout and file operations (file://, s3a://, ...)
     spark          the worker's one SparkSession (local, standalone or Spark Connect)

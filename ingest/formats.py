@@ -1,6 +1,7 @@
 """Record formats behind a schema registry: the Confluent wire format (a zero magic byte, a
-4-byte big-endian schema id, then the body), the ``[registry]`` section of a spec, the Avro
-reader schema of a spec and the registry client.
+4-byte big-endian schema id, then the body; for Protobuf a message-index list before it,
+ingest.build.protobuf_decode), the ``[registry]`` section of a spec, the Avro reader schema
+of a spec and the registry client.
 
 Only the Confluent Schema Registry REST API is used (any registry that speaks it will do).
 Credentials come from the environment only (``INGEST_SCHEMA_REGISTRY_USER_INFO``, redacted
@@ -19,9 +20,9 @@ from typing import Any, Literal, cast
 
 from ingest.errors import ConfigError, shown
 
-#: Formats of a spec; the two last ones are framed (Confluent wire format).
-FORMATS = ("json", "avro", "json_schema")
-FRAMED_FORMATS = ("avro", "json_schema")
+#: Formats of a spec; all but json are framed (Confluent wire format).
+FORMATS = ("json", "avro", "json_schema", "protobuf")
+FRAMED_FORMATS = ("avro", "json_schema", "protobuf")
 #: What a record's key is decoded as (``key_format``): kept as bytes in ``_key`` only (binary),
 #: UTF-8 text, or a framed format read with the spec's ``[key_schema]``. ``_key`` always stays.
 KEY_FORMATS = ("binary", "string", "avro", "json_schema")

@@ -27,6 +27,11 @@ PARSE_ERRORS = (
     "unknown_schema_id",
     "undecodable",
     "unresolvable_writer_schema",
+    # Format protobuf: a message-index path the writer's file does not have; a field or value
+    # the reader column cannot hold (a bytes field for a string column, an enum number the
+    # writer's enum does not define, a writer schema that cannot be read).
+    "unknown_message_index",
+    "unresolvable",
     # A key that does not decode with key_format (after the value's reasons): a framed key
     # without the header; an id the registry does not know; a body (or, for "string", UTF-8)
     # that does not decode. A null key is no error: its decoded columns are null.

@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 import structlog
 
 from ingest.build import output_files, segment_store
-from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, stage_records
+from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, Writers, stage_records
 from ingest.build.registration import BuildRegistrar
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
-from ingest.build.writer_schemas import WriterSchemas, resolvable
+from ingest.build.writer_schemas import BatchSchemas, WriterSchemas, resolvable
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
 from ingest.spec import SourceSpec
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
@@ -117,20 +117,22 @@ class SparkSegmentBuilder:
                 results[split.id] = SplitKilled(split.kill_switch.reason or "killed")
             else:
                 live.append(split)
-        writers: dict[int, str] = {}
-        key_writers: dict[int, str] = {}
-        if live and "avro" in (spec.format, spec.key_format):
+        fetched = BatchSchemas({}, {})
+        if live and (spec.format in ("avro", "protobuf") or spec.key_format == "avro"):
             # Fetched before the build registers or writes anything: a split holding an id the
             # registry did not answer for is not built now, and waits (ingest.build.writer_schemas).
             assert spec.registry is not None  # validated with the spec
             fetched = self._writer_schemas.for_batch(
-                live, spec.registry, values=spec.format == "avro", keys=spec.key_format == "avro"
+                live,
+                spec.registry,
+                values=spec.format in ("avro", "protobuf"),
+                keys=spec.key_format == "avro",
+                protobuf=spec.format == "protobuf",
             )
-            writers, key_writers = fetched.schemas, fetched.key_schemas
             results.update(fetched.waiting)
             live = [split for split in live if split.id not in fetched.waiting]
         if live:
-            results.update(self._build_live(live, spec, writers, key_writers))
+            results.update(self._build_live(live, spec, fetched))
         elapsed = time.monotonic() - started
         log.debug("batch_built", splits=len(splits), records=sum(len(s) for s in splits), seconds=round(elapsed, 3))
         return [
@@ -181,7 +183,7 @@ class SparkSegmentBuilder:
     # -- internals -----------------------------------------------------------------
 
     def _build_live(
-        self, splits: list[SealedSplit], spec: SourceSpec, writers: dict[int, str], key_writers: dict[int, str]
+        self, splits: list[SealedSplit], spec: SourceSpec, fetched: BatchSchemas
     ) -> dict[uuid.UUID, BuildResult]:
         build = uuid.uuid4()
         dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
@@ -203,7 +205,7 @@ class SparkSegmentBuilder:
                 raise SplitKilled("killed")
             self._spark.addTag(tag)
             try:
-                return self._run(splits, spec, (writers, key_writers), staged, dirs.data, dirs.rejects)
+                return self._run(splits, spec, fetched, staged, dirs.data, dirs.rejects)
             finally:
                 self._spark.removeTag(tag)
         except Exception as exc:
@@ -270,15 +272,13 @@ class SparkSegmentBuilder:
             write_statistics=False,
         )
 
-    def _plan(self, spec: SourceSpec, writers: dict[int, str], key_writers: dict[int, str]) -> Plan:
-        """Avro's writer schemas were fetched before (a registry that does not answer makes
-        the splits wait, ingest.build.writer_schemas); each value writer is checked against the
-        reader schema here: a writer it cannot resolve is left out of the job, its records
+    def _plan(self, spec: SourceSpec, fetched: BatchSchemas) -> Plan:
+        """The writer schemas were fetched before (a registry that does not answer makes the
+        splits wait, ingest.build.writer_schemas); each Avro value writer is checked against
+        the reader schema here: a writer it cannot resolve is left out of the job, its records
         rejects (a from_avro it cannot resolve would fail the job or decode nothing)."""
-        unresolvable: frozenset[int] = frozenset()
-        if spec.format == "avro":
-            writers, unresolvable = resolvable(spec, writers)
-        return self._plans.get(spec, writers, unresolvable, key_writers)
+        avro, unresolvable = resolvable(spec, fetched.schemas) if spec.format == "avro" else ({}, frozenset())
+        return self._plans.get(spec, Writers(avro, unresolvable, fetched.key_schemas, fetched.protobuf))
 
     def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
         """One Spark job: parse the staged files, write the good (or the bad) rows to
@@ -286,12 +286,10 @@ class SparkSegmentBuilder:
         from pyspark.sql import Observation
 
         # The staged schema is fixed: giving it saves reading the footers to infer it.
-        df = (
-            self._spark.read.schema(STAGED_DDL)
-            .parquet(*staged)
-            .select(*plan.staged_columns)
-            .withColumn("_error", plan.error)
-        )
+        df = self._spark.read.schema(STAGED_DDL).parquet(*staged)
+        if plan.decode is not None:
+            df = plan.decode(df)
+        df = df.select(*plan.staged_columns).withColumn("_error", plan.error)
         observation = Observation(f"build-{uuid.uuid4().hex}")
         rows = df.observe(observation, plan.total).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:
@@ -308,12 +306,12 @@ class SparkSegmentBuilder:
         self,
         splits: list[SealedSplit],
         spec: SourceSpec,
-        writers: tuple[dict[int, str], dict[int, str]],
+        fetched: BatchSchemas,
         staged: dict[uuid.UUID, str],
         data_dir: str,
         rejects_dir: str,
     ) -> dict[uuid.UUID, BuildResult]:
-        plan = self._plan(spec, *writers)
+        plan = self._plan(spec, fetched)
         total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:

@@ -1,7 +1,9 @@
 """What a build's Spark job does to a batch of splits, as data: the layout of the staged files
 (one per split: Kafka coordinates plus the raw key and value bytes) and the column expressions
 that parse the values against the source's schema (and the keys against its key schema),
-classify each bad record's error and name the file partition of each good one.
+classify each bad record's error and name the file partition of each good one. Format protobuf
+decodes in a Python step first (``mapInArrow``, ingest.build.protobuf_decode) and the
+expressions read its columns.
 
 A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
 time, file partition): making it costs hundreds of Py4J round trips (the builder caches it).
@@ -13,12 +15,13 @@ then the schema's columns.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from ingest.build.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.build.split import SealedSplit
 from ingest.formats import (
     DECODED_FIELD,
@@ -96,6 +99,8 @@ class Plan:
     output_columns: tuple[Any, ...]
     # The spec's file_partition as a string column (None: files are not cut by event time).
     file_partition: Any | None
+    # Applied to the staged rows before the expressions (format protobuf: the decode step).
+    decode: Callable[[Any], Any] | None = None
 
 
 # A name no schema column can have (columns are letters, digits and "_"): the column exists only
@@ -130,23 +135,36 @@ def _framing(column: str = "_value") -> tuple[Any, Any, Any]:
     return framed, schema_id, body
 
 
+@dataclass(frozen=True)
+class Writers:
+    """The writer schemas a batch decodes with, fetched from the registry before the job:
+    ``avro``, the Avro writer schema (JSON) of every value schema id the registry knows and
+    the reader schema resolves; ``unresolvable``, the ids the registry knows whose writer the
+    reader cannot resolve (``unresolvable_writer_schema``, never given to from_avro);
+    ``keys``, the Avro writers of the keys (key_format avro); ``protobuf``, the Protobuf files
+    of every value id (format protobuf). A framed record with any other id is
+    ``unknown_schema_id``."""
+
+    avro: Mapping[int, str] = field(default_factory=dict)
+    unresolvable: frozenset[int] = frozenset()
+    keys: Mapping[int, str] = field(default_factory=dict)
+    protobuf: Mapping[int, ProtoFiles] = field(default_factory=dict)
+
+    def ids(self) -> tuple[tuple[int, ...], ...]:
+        return (tuple(self.avro), tuple(sorted(self.unresolvable)), tuple(self.keys), tuple(self.protobuf))
+
+
 class PlanCache:
     """The column expressions of a build, made once per (format, key format, schema, event
-    time, and for Avro the batch's writer schemas): building them costs hundreds of Py4J round
-    trips, which would otherwise be paid per batch and contend for the GIL with the consumer
-    thread."""
+    time, and for the registry's formats the batch's writer schemas): building them costs
+    hundreds of Py4J round trips, which would otherwise be paid per batch and contend for the
+    GIL with the consumer thread."""
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._lock = threading.Lock()
 
-    def get(
-        self,
-        spec: SourceSpec,
-        writers: Mapping[int, str],
-        unresolvable: frozenset[int],
-        key_writers: Mapping[int, str],
-    ) -> Plan:
+    def get(self, spec: SourceSpec, writers: Writers) -> Plan:
         key = (
             spec.format,
             spec.registry,
@@ -156,30 +174,46 @@ class PlanCache:
             spec.reader_schema,
             spec.key_format,
             spec.key_schema,
-            tuple(writers),
-            tuple(sorted(unresolvable)),
-            tuple(key_writers),
+            writers.ids(),
         )
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = make_plan(spec, writers, unresolvable, key_writers)
+                plan = self._plans[key] = make_plan(spec, writers)
             return plan
 
 
-def make_plan(
-    spec: SourceSpec,
-    writers: Mapping[int, str] | None = None,
-    unresolvable: frozenset[int] = frozenset(),
-    key_writers: Mapping[int, str] | None = None,
-) -> Plan:
-    """``writers``: for format avro, the writer schema (Avro JSON) of every schema id the batch
-    holds that the registry knows and the reader schema resolves; ``unresolvable``: the ids the
-    registry knows whose writer schema the reader cannot resolve (``unresolvable_writer_schema``,
-    never given to from_avro); a framed record with any other id is ``unknown_schema_id``.
-    ``key_writers``: the same for the keys of key_format avro."""
-    parsed, error = _avro_parse(spec, writers or {}, unresolvable) if spec.format == "avro" else _json_parse(spec)
-    return _plan(spec, parsed, error, *_key_parse(spec, key_writers or {}))
+def make_plan(spec: SourceSpec, writers: Writers | None = None) -> Plan:
+    writers = writers or Writers()
+    keys = _key_parse(spec, writers.keys)
+    if spec.format == "protobuf":
+        return _protobuf_plan(spec, writers.protobuf, keys)
+    parsed, error = (
+        _avro_parse(spec, writers.avro, writers.unresolvable) if spec.format == "avro" else _json_parse(spec)
+    )
+    return _plan(spec, parsed, error, *keys)
+
+
+def _protobuf_plan(spec: SourceSpec, files: Mapping[int, ProtoFiles], keys: tuple[Any | None, Any | None]) -> Plan:
+    """Format protobuf: one ``mapInArrow`` step decodes every record of the batch, whatever
+    its writer, into the spec's columns and ``_reason`` (null for a good record); the
+    expressions then only read them."""
+    from pyspark.sql import functions as F
+
+    columns = ", ".join(f"`{name}` {ctype}" for name, ctype in spec.schema)
+    output = f"{STAGED_DDL}, {columns}, {REASON_COLUMN} string"
+    decode = ArrowDecode(tuple(sorted(files.items())), spec.schema, spec.event_time)
+    parsed = F.struct(*(F.col(f"`{name}`") for name, _ in spec.schema))
+    plan = _plan(spec, parsed, F.col(REASON_COLUMN), *keys)
+    return Plan(
+        staged_columns=(*plan.staged_columns, F.col(REASON_COLUMN)),
+        error=plan.error,
+        total=plan.total,
+        good=plan.good,
+        output_columns=plan.output_columns,
+        file_partition=plan.file_partition,
+        decode=lambda df: df.mapInArrow(decode, output),
+    )
 
 
 def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:

@@ -1,7 +1,7 @@
-"""The writer schemas of a batch of Avro splits, fetched from the schema registry on the worker
-before the Spark job (which then needs no registry): every distinct schema id among the
-batch's framed records, each fetched once per registry and kept for the worker's life, so a
-schema fetched once keeps decoding through a registry outage.
+"""The writer schemas of a batch of framed splits (Avro, Protobuf), fetched from the schema
+registry on the worker before the Spark job (which then needs no registry): every distinct
+schema id among the batch's framed records, each fetched once per registry and kept for the
+worker's life, so a schema fetched once keeps decoding through a registry outage.
 
 Each writer schema is checked against the reader schema before the job (Avro's resolution
 rules, ingest.avro_resolution): a writer the reader cannot resolve is never given to from_avro,
@@ -23,11 +23,13 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from ingest.avro_resolution import resolution_problem
+from ingest.build.protobuf_decode import ProtoFiles
+from ingest.build.protobuf_writers import schema_files
 from ingest.build.split import SealedSplit
 from ingest.errors import BuildError, first_line
 from ingest.formats import RegistrySettings, reader_for_writer, registry_client, schema_id
@@ -36,6 +38,7 @@ from ingest.spec import SourceSpec
 log = structlog.get_logger(__name__)
 
 _NOT_FOUND = 404
+_T = TypeVar("_T")
 
 
 class RegistryUnavailable(BuildError):
@@ -50,8 +53,10 @@ class BatchSchemas:
 
     schemas: dict[int, str]
     waiting: dict[uuid.UUID, RegistryUnavailable]
-    # The same as ``schemas`` for the keys' ids (key_format avro).
+    # The same as ``schemas`` for the keys' ids (key_format avro), and for values of format
+    # protobuf (their files; ``()`` for one the registry holds in a form this worker cannot read).
     key_schemas: dict[int, str] = field(default_factory=dict)
+    protobuf: dict[int, ProtoFiles] = field(default_factory=dict)
 
 
 class WriterSchemas:
@@ -59,60 +64,101 @@ class WriterSchemas:
 
     def __init__(self, client: Callable[[RegistrySettings], Any] = registry_client) -> None:
         # Makes a registry's client (confluent-kafka's SchemaRegistryClient; tests pass a fake).
+        # Per registry: the client of the plain form, and one for ?format=serialized (a
+        # client caches by id whatever the format asked, so the two forms need two).
         self._client = client
-        self._clients: dict[RegistrySettings, Any] = {}
+        self._clients: dict[RegistrySettings, tuple[Any, Any]] = {}
         self._schemas: dict[tuple[str, int], str] = {}
+        self._protobuf: dict[tuple[str, int], ProtoFiles] = {}
         self._lock = threading.Lock()
 
     def for_batch(
-        self, splits: Sequence[SealedSplit], registry: RegistrySettings, *, values: bool = True, keys: bool = False
+        self,
+        splits: Sequence[SealedSplit],
+        registry: RegistrySettings,
+        *,
+        values: bool = True,
+        keys: bool = False,
+        protobuf: bool = False,
     ) -> BatchSchemas:
-        """The writer schemas of the splits' framed values and (``keys``) keys. Once the
-        registry failed to answer for one id, ids not cached are not asked for again in this
-        batch (each could take the client's timeout): the splits holding any of them wait."""
+        """The writer schemas of the splits' framed values (``protobuf``: as Protobuf files)
+        and (``keys``) keys (Avro). Once the registry failed to answer for one id, ids not
+        cached are not asked for again in this batch (each could take the client's timeout):
+        the splits holding any of them wait."""
         value_ids = {split.id: _ids(split, keys=False) if values else set() for split in splits}
         key_ids = {split.id: _ids(split, keys=True) if keys else set() for split in splits}
-        needs = {split.id: value_ids[split.id] | key_ids[split.id] for split in splits}
-        found: dict[int, str] = {}
+        wanted = sorted(
+            {(sid, protobuf) for ids in value_ids.values() for sid in ids}
+            | {(sid, False) for ids in key_ids.values() for sid in ids}
+        )
+        found: dict[tuple[int, bool], Any] = {}
         missing: set[int] = set()
         failure: RegistryUnavailable | None = None
-        for sid in sorted(set().union(*needs.values())):
-            if failure is not None and not self.cached(registry, sid):
+        for sid, as_protobuf in wanted:
+            if failure is not None and not self.cached(registry, sid, protobuf=as_protobuf):
                 missing.add(sid)
                 continue
             try:
-                schema = self.get(registry, sid)
+                schema = self.get_protobuf(registry, sid) if as_protobuf else self.get(registry, sid)
             except RegistryUnavailable as exc:
                 failure = exc
                 missing.add(sid)
                 continue
             if schema is not None:
-                found[sid] = schema
+                found[(sid, as_protobuf)] = schema
+        needs = {split.id: value_ids[split.id] | key_ids[split.id] for split in splits}
         waiting = {} if failure is None else {split.id: failure for split in splits if needs[split.id] & missing}
 
-        def building(ids: dict[uuid.UUID, set[int]]) -> dict[int, str]:
+        def building(ids: dict[uuid.UUID, set[int]], as_protobuf: bool) -> dict[int, Any]:
             held = set().union(*(i for split_id, i in ids.items() if split_id not in waiting))
-            return {sid: text for sid, text in found.items() if sid in held}
+            return {sid: schema for (sid, pb), schema in found.items() if pb is as_protobuf and sid in held}
 
-        return BatchSchemas(building(value_ids), waiting, building(key_ids))
+        return BatchSchemas(
+            {} if protobuf else building(value_ids, False),
+            waiting,
+            building(key_ids, False),
+            building(value_ids, True) if protobuf else {},
+        )
 
-    def cached(self, registry: RegistrySettings, sid: int) -> bool:
+    def cached(self, registry: RegistrySettings, sid: int, *, protobuf: bool = False) -> bool:
         with self._lock:
-            return (registry.url, sid) in self._schemas
+            return (registry.url, sid) in (self._protobuf if protobuf else self._schemas)
 
     def get(self, registry: RegistrySettings, sid: int) -> str | None:
+        def fetch(plain: Any, _serialized: Any) -> str | None:
+            schema = plain.get_schema(sid)
+            if schema.schema_type not in (None, "AVRO"):
+                # Not an Avro schema: its records cannot decode as Avro.
+                log.warning("schema_id_not_avro", registry=registry.url, schema_id=sid, type=schema.schema_type)
+                return None
+            return str(schema.schema_str)
+
+        return self._cached(self._schemas, registry, sid, fetch)
+
+    def get_protobuf(self, registry: RegistrySettings, sid: int) -> ProtoFiles | None:
+        return self._cached(
+            self._protobuf, registry, sid, lambda plain, ser: schema_files(plain, ser, sid, registry.url)
+        )
+
+    def _cached(
+        self,
+        cache: dict[tuple[str, int], _T],
+        registry: RegistrySettings,
+        sid: int,
+        fetch: Callable[[Any, Any], _T | None],
+    ) -> _T | None:
         key = (registry.url, sid)
         with self._lock:
-            cached = self._schemas.get(key)
-            client = self._clients.get(registry)
-            if client is None:
-                client = self._clients[registry] = self._client(registry)
+            cached = cache.get(key)
+            clients = self._clients.get(registry)
+            if clients is None:
+                clients = self._clients[registry] = (self._client(registry), self._client(registry))
         if cached is not None:
             return cached
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
-            schema = client.get_schema(sid)
+            found = fetch(*clients)
         except SchemaRegistryError as exc:
             if exc.http_status_code == _NOT_FOUND:
                 log.warning("unknown_schema_id", registry=registry.url, schema_id=sid)
@@ -122,14 +168,10 @@ class WriterSchemas:
             raise RegistryUnavailable(
                 f"schema registry {registry.url} did not answer for schema id {sid}: {first_line(exc)}"
             ) from exc
-        if schema.schema_type not in (None, "AVRO"):
-            # Not an Avro schema: its records cannot decode as Avro.
-            log.warning("schema_id_not_avro", registry=registry.url, schema_id=sid, type=schema.schema_type)
-            return None
-        text = str(schema.schema_str)
-        with self._lock:
-            self._schemas[key] = text
-        return text
+        if found is not None:
+            with self._lock:
+                cache[key] = found
+        return found
 
 
 def _ids(split: SealedSplit, *, keys: bool) -> set[int]:

@@ -65,7 +65,9 @@ def test_an_avro_spec_round_trips_with_its_registry_and_reader_schema() -> None:
     [
         ({"registry": None}, 'format = "avro": needs a [registry] section'),
         ({"format": "json_schema", "registry": None}, 'format = "json_schema": needs a [registry] section'),
-        ({"format": "protobuf"}, "format: 'protobuf' is not one of json, avro, json_schema"),
+        ({"format": "protobuf", "registry": None}, 'format = "protobuf": needs a [registry] section'),
+        ({"format": "thrift"}, "format: 'thrift' is not one of json, avro, json_schema, protobuf"),
+        ({"schema_from": "registry", "schema": None, "format": "protobuf"}, 'schema_from = "registry": only'),
         ({"registry": "http://r"}, "registry: expected a table"),
         ({"registry": {}}, "registry.url: missing (required"),
         ({"registry": {"url": "ftp://r"}}, "registry.url: expected an http:// or https:// URL"),

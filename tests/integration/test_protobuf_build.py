@@ -1,0 +1,79 @@
+"""A Protobuf build against a real registry and Spark: two writer versions of one file (the
+message second in it, an import registered as a reference, the well-known Timestamp), nested
+messages, a repeated field and an enum decoded in the Spark job into the spec's columns, and
+bad records, each a reject with its reason, rows + rejects == records."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from ingest.build.builder import SparkSegmentBuilder
+from ingest.spec import spec_from_dict
+from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID
+from tests.fakes import RecordingRegistrar
+from tests.integration.test_builder import split_of
+from tests.protobuf_orders import ORDER_COLUMNS, OrderVersion, framed, order, when
+
+
+def test_two_writer_versions_and_bad_records_in_one_job(spark: Any, tmp_path: Path, schema_registry_url: str) -> None:
+    topic = f"pb-{uuid.uuid4().hex[:8]}"
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    v1, v2 = OrderVersion.make(1), OrderVersion.make(2)
+    encode1, encode2 = framed(schema_registry_url, v1.Order, ctx), framed(schema_registry_url, v2.Order, ctx)
+    old = [encode1(order(v1, i)) for i in range(30)]
+    new_orders = [order(v2, i, quantity=i % 4) for i in range(30, 60)]
+    for msg in new_orders:
+        msg.seen.add().FromDatetime(when(1))
+    new = [encode2(msg) for msg in new_orders]
+    header = old[0][:6]  # magic, v1's id, the index list [1] (count 1, index 1: two bytes)
+    assert header[5:6] == b"\x02"
+    body = old[0][7:]
+    bad = {
+        "not_confluent_framed": [b"\x01" + old[0][1:], b'{"id": 1}'],
+        "unknown_schema_id": [b"\x00" + NEVER_REGISTERED_ID.to_bytes(4, "big") + old[0][5:]],
+        # The file has two top-level messages and Order one nested type.
+        "unknown_message_index": [header + b"\x04" + body, header[:5] + b"\x04\x02\x02" + body],
+        # A varint field with no value; a string whose length runs past the end.
+        "undecodable": [header + b"\x02\x08", header + b"\x02\x22\x40ab"],
+        "null_value": [None],
+    }
+    bad_values = [value for values in bad.values() for value in values]
+    spec = spec_from_dict(
+        {
+            "name": "orders",
+            "topics": [topic],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / "store"),
+            "format": "protobuf",
+            "schema": ORDER_COLUMNS,
+            "registry": {"url": schema_registry_url},
+        }
+    )
+    values = [*old, *bad_values, *new]
+    segment = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split_of(values), spec)
+
+    assert (segment.row_count, segment.rejects_count) == (60, len(bad_values))
+    assert dict(segment.parse_errors) == {reason: len(vs) for reason, vs in bad.items()}
+    rows = sorted((r for f in segment.files for r in pq.read_table(f).to_pylist()), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(60))
+    assert [r["_offset"] for r in rows] == [*range(100, 130), *range(130 + len(bad_values), 160 + len(bad_values))]
+    first, last = rows[0], rows[-1]
+    assert (first["ts"], first["status"], first["tags"], first["customer__address__city"]) == (
+        when(0),
+        "NEW",
+        ["x", "0"],
+        "city-0",
+    )
+    # v1 has neither quantity nor seen; v2 has both.
+    assert (first["quantity"], first["seen"]) == (None, None)
+    assert (last["quantity"], last["seen"], last["status"]) == (59 % 4, [when(1)], "SHIPPED")
+    assert Counter(r["customer__name"] for r in rows)["user-0"] == len([i for i in range(60) if i % 7 == 0])
+    rejects = [r for f in segment.rejects_files for r in pq.read_table(f).to_pylist()]
+    assert Counter(r["_error"] for r in rejects) == Counter({reason: len(vs) for reason, vs in bad.items()})
+    assert sorted(r["_value"] or b"" for r in rejects) == sorted(v or b"" for v in bad_values)
