@@ -19,13 +19,14 @@ others of its batch.
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -86,6 +87,36 @@ def warm_up_value(spec: SourceSpec) -> bytes:
         for name, ctype in spec.schema
     }
     return json.dumps(doc).encode()
+
+
+#: The schema id of the warm-up's Avro records: Confluent-compatible registries give out ids
+#: from 1, and the warm-up hands its writer schema to the build itself (no registry asked).
+WARM_UP_SCHEMA_ID = 0
+_WARM_UP_AVRO: dict[str, Any] = {
+    "string": "warm-up",
+    "long": 1,
+    "int": 1,
+    "double": 0.5,
+    "float": 0.25,
+    "boolean": True,
+    "timestamp": datetime(2026, 11, 23, 10, 0, 0, 123000, tzinfo=UTC),
+    "date": date(2026, 11, 23),
+}
+
+
+def warm_up_avro(spec: SourceSpec) -> tuple[bytes, str]:
+    """A framed Avro record with a value of the right type in every column, and its writer
+    schema (the spec's reader schema: it resolves to itself), so the warm-up runs from_avro."""
+    import fastavro
+
+    record = {
+        name: [_WARM_UP_AVRO[ctype[6:-1]]] * 3 if ctype.startswith("array<") else _WARM_UP_AVRO[ctype]
+        for name, ctype in spec.schema
+    }
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(json.loads(spec.reader_schema)), record)
+    framed = b"\x00" + WARM_UP_SCHEMA_ID.to_bytes(4, "big") + body.getvalue()
+    return framed, spec.reader_schema
 
 
 def _utc(micros: int | None) -> datetime | None:
@@ -151,6 +182,10 @@ class SparkSegmentBuilder:
         splits = max(1, min(splits, records))
         per_split = -(-records // splits)
         good = warm_up_value(spec)
+        fetched = BatchSchemas({}, {})
+        if spec.format == "avro":
+            good, writer = warm_up_avro(spec)
+            fetched = BatchSchemas({WARM_UP_SCHEMA_ID: writer}, {})
         # Every 100th record is bad, so the rejects path is compiled too.
         batch = [
             SealedSplit(
@@ -168,7 +203,8 @@ class SparkSegmentBuilder:
             )
             for n in range(splits)
         ]
-        for result in self.build_batch(batch, spec):
+        built = self._build_live(batch, spec, fetched)
+        for result in (built[split.id] for split in batch):
             # Policy "fail" stops at the synthetic bad record: the parse path ran all the same.
             if isinstance(result, BuiltSegment):
                 self.discard(result)

@@ -134,3 +134,28 @@ def test_a_registry_reader_reads_each_timestamp_in_its_writer_precision(
     assert (built.row_count, built.rejects_count) == (12, 0)
     rows = pq.read_table([f.removeprefix("file://") for f in built.files], columns=["id", "ts"]).to_pylist()
     assert {r["id"]: r["ts"] for r in rows} == {r["id"]: r["ts"] for r in records}
+
+
+def test_the_warm_up_of_an_avro_source_runs_from_avro(spark: Any, tmp_path: Path) -> None:
+    """The warm-up decodes Avro records with every column set (the paths real records take),
+    with its own writer schema: no registry is asked (none answers at this URL)."""
+    spec = spec_from_dict(
+        {
+            "name": "orders",
+            "topics": ["orders"],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / "store"),
+            "format": "avro",
+            "schema": {"id": "long", "ts": "timestamp", "tags": "array<string>", "day": "date", "ok": "boolean"},
+            "registry": {"url": "http://127.0.0.1:9"},
+        }
+    )
+    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
+    built: list[BuiltSegment] = []
+    discard = builder.discard
+    builder.discard = lambda segment: (built.append(segment), discard(segment))[1]  # type: ignore[method-assign]
+    assert builder.warm_up(spec, records=200, splits=2) > 0
+    # Every 100th record is bad on purpose (the rejects path): the others decode.
+    assert sum(b.row_count for b in built) == 198 and sum(b.rejects_count for b in built) == 2
+    assert {reason for b in built for reason, _ in b.parse_errors} == {"not_confluent_framed"}
+    assert not list((tmp_path / "store").rglob("*.parquet"))
