@@ -8,7 +8,8 @@ nothing from ``bench`` or ``ingest``, so it is set up the way a PySpark user wou
         --schema JSON --jars A.jar,B.jar --out DIR --checkpoint DIR --expected N
         (--available-now | --processing-time S) --result FILE [--ready FILE]
 
-In ``--processing-time`` mode the row count to wait for may come later, in ``--expected-file``.
+In ``--processing-time`` mode the row count to wait for may come later, in ``--expected-file``,
+or the query runs until ``--stop-file`` exists (the freshness run, bench/freshness.py).
 The query is exactly-once by Spark's own means: offsets in the checkpoint, output files made
 visible by the sink's ``_spark_metadata`` log.  ``--available-now`` reads everything up to the
 log ends at start and stops (the throughput run); ``--processing-time`` runs micro-batches every
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--expected-file", help="(--processing-time) holds the rows to commit once the bench has produced them"
     )
+    parser.add_argument("--stop-file", help="(--processing-time) run until this file exists")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--available-now", action="store_true")
     mode.add_argument("--processing-time", type=float, help="trigger interval, seconds")
@@ -56,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True)
     parser.add_argument("--ready", help="written once the query's first batch completed (--processing-time)")
     args = parser.parse_args(argv)
-    if (args.expected is None) == (args.expected_file is None):
-        parser.error("exactly one of --expected and --expected-file")
+    if [args.expected is not None, args.expected_file is not None, args.stop_file is not None].count(True) != 1:
+        parser.error("exactly one of --expected, --expected-file and --stop-file")
+    if args.stop_file and args.processing_time is None:
+        parser.error("--stop-file needs --processing-time")
 
     from pyspark.sql import SparkSession  # type: ignore[import-not-found,unused-ignore]
     from pyspark.sql import functions as F  # type: ignore[import-not-found,unused-ignore]
@@ -117,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
             timed_out = True
             query.stop()
             break
+        if args.stop_file:
+            # No progress polling here: each call is a Py4J round trip costing the measured run CPU.
+            if Path(args.stop_file).exists():
+                query.stop()
+                break
+            time.sleep(0.2)
+            continue
         if args.processing_time is not None:
             progress = query.recentProgress
             if progress and not ready_written and args.ready:
@@ -137,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = spark.read.parquet(args.out).count() if Path(args.out, "_spark_metadata").exists() else 0
     files = [p for p in Path(args.out).glob("*.parquet")]
     result: dict[str, Any] = {
-        "ok": error is None and not timed_out and rows == args.expected,
+        "ok": error is None and not timed_out and (rows == args.expected or args.stop_file is not None),
         "expected": args.expected,
         "error": None if error is None else str(error)[:2000],
         "timed_out": timed_out,
