@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from bench import avro
 from ingest_dev.kafka_clients import end_offsets, produce_records
 
 # One schema for every system: the ingest spec's [schema], the raw baseline's explicit pyarrow
@@ -32,10 +33,18 @@ _BASE_EPOCH_S = 1_795_000_000
 
 
 def record_value(i: int, event_time_s: float | None = None) -> bytes:
-    """Record ``i``: ~200 bytes of compact JSON, deterministic unless ``event_time_s`` is given."""
+    """Record ``i``: ~200 bytes of compact JSON, deterministic unless ``event_time_s`` is given;
+    the same record in Avro (Confluent wire format) once the run is Avro (bench/avro.py)."""
     ts_s = _BASE_EPOCH_S + i / 1000 if event_time_s is None else event_time_s
+    wire = avro.active()
+    if wire is not None:
+        return wire.encode(_doc(i, int(ts_s * 1000)))
     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_s)) + f".{int(ts_s * 1000) % 1000:03d}Z"
-    doc = {
+    return json.dumps(_doc(i, ts), separators=(",", ":")).encode()
+
+
+def _doc(i: int, ts: str | int) -> dict[str, Any]:
+    return {
         "id": i,
         "user": f"user-{i % 50_000:05d}",
         "ts": ts,
@@ -47,7 +56,6 @@ def record_value(i: int, event_time_s: float | None = None) -> bytes:
         "tags": ["bench", f"t{i % 7}"],
         "page": f"/products/{i % 997}/details?ref=campaign-{i % 13}",
     }
-    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def record_key(i: int) -> bytes:

@@ -255,6 +255,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from(args: argparse.Namespace, quick: bool, partitions: int) -> FreshnessConfig:
     systems = tuple(s.strip() for s in str(args.systems).split(",") if s.strip())
+    # python -m bench's --skip-spark / --skip-peer leave those systems out here too.
+    skipped = {"spark"} if getattr(args, "skip_spark", False) else set()
+    skipped |= {"quix"} if getattr(args, "skip_peer", False) else set()
+    # Avro records: only the systems set up to read them (bench/avro.py).
+    skipped |= {"raw", "quix"} if getattr(args, "format", "json") == "avro" else set()
+    systems = tuple(s for s in systems if s not in skipped)
+    if not systems:
+        raise SystemExit("--systems: every system chosen is skipped (--skip-spark, --skip-peer, --format avro)")
     unknown = set(systems) - set(SYSTEMS)
     if unknown or not systems:
         raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")

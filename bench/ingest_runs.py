@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from bench import avro
 from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_steady
 from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time
 from bench.stats import percentiles
@@ -71,6 +72,10 @@ def apply_source(ctx: Context, source: str, topic: str, split: SplitConfig) -> N
         "schema": dict(SCHEMA),
         "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
     }
+    wire = avro.active()
+    if wire is not None:
+        # The records are Avro behind the registry; the spec's [schema] is the reader schema.
+        doc.update({"format": "avro", "registry": {"url": wire.registry_url}})
     spec = spec_from_dict(doc)
     text = "# written by python -m bench\n" + "\n".join(f"{k} = {v!r}" for k, v in doc.items())
     with Metastore(ctx.database_url) as store:

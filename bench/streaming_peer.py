@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import avro
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles
@@ -97,6 +98,9 @@ class SparkPeer:
             "--ready",
             str(self.ready_path),
         ]
+        wire = avro.active()
+        if wire is not None:
+            cmd += ["--avro-schema", avro.WRITER_SCHEMA]
         self.expected_path = work / "expected"
         self.stop_path = work / "stop"
         if follow:
