@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -107,6 +108,10 @@ def run_profile(ctx: Context, records: int, partitions: int, interval_ms: float,
     }
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ingest_dev.kafka import LocalKafka
     from ingest_dev.postgres import LocalPostgres
@@ -123,7 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets profile.json")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    parser.add_argument(
+        "--worker-env", action="append", default=[], metavar="INGEST_NAME=VALUE", help="a worker setting (repeatable)"
+    )
+    # SIGTERM unwinds like Ctrl-C: every ``finally`` stops what this started.
+    signal.signal(signal.SIGTERM, _terminate)
     args = parser.parse_args(argv)
+    settings = dict(item.partition("=")[::2] for item in args.worker_env)
+    if any(not name.startswith("INGEST_") or not value for name, value in settings.items()):
+        parser.error("--worker-env: expected INGEST_NAME=VALUE")
     if args.records <= 0 or args.partitions <= 0 or args.interval_ms <= 0:
         parser.error("--records, --partitions and --interval-ms must be positive")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
             apply_migrations(pg.url)
-            ctx = Context(pg.url, broker.bootstrap, work, args.driver_memory, args.timeout, log)
+            ctx = Context(pg.url, broker.bootstrap, work, args.driver_memory, args.timeout, log, settings)
             results = run_profile(ctx, args.records, args.partitions, args.interval_ms, split)
     finally:
         if not args.keep:

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 from types import CodeType, FrameType
@@ -69,14 +70,15 @@ class ThreadProfiler:
     def __init__(self, interval_s: float, control: Path) -> None:
         self.interval_s = interval_s
         self.control = control
-        self._last: dict[int, float] = {}
-        self._clocks: dict[int, int] = {}
+        self._clocks: dict[tuple[int, int], int] = {}
+        self._last: dict[tuple[int, int], float] = {}
         self.thread_cpu: dict[str, float] = defaultdict(float)
         self.self_cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.inclusive_cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.gc_cpu: dict[str, float] = defaultdict(float)
         self.stack_cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.samples = 0
+        self.errors = 0
         self._gc_started = threading.local()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="bench-profiler", daemon=True)
@@ -91,14 +93,18 @@ class ThreadProfiler:
         elif phase == "stop" and getattr(self._gc_started, "at", None) is not None:
             used = time.thread_time() - self._gc_started.at
             self._gc_started.at = None
-            with self._lock:
-                self.gc_cpu[threading.current_thread().name] += used
+            # No lock here: a collection may run inside sample() (which holds it) on the
+            # sampler's own thread. Each thread adds to its own key only, under the GIL.
+            self.gc_cpu[threading.current_thread().name] += used
 
-    def _cpu(self, ident: int) -> float | None:
+    def _cpu(self, thread: threading.Thread) -> float | None:
+        # Keyed by the kernel's thread id too: a pthread id is reused by a later thread, whose
+        # CPU clock is another one.
+        key = (thread.ident or 0, thread.native_id or 0)
         try:
-            clock = self._clocks.get(ident)
+            clock = self._clocks.get(key)
             if clock is None:
-                clock = self._clocks[ident] = time.pthread_getcpuclockid(ident)
+                clock = self._clocks[key] = time.pthread_getcpuclockid(key[0])
             return time.clock_gettime(clock)
         except OSError:
             return None  # the thread ended between enumerate() and here
@@ -111,11 +117,12 @@ class ThreadProfiler:
                 ident = thread.ident
                 if ident is None:
                     continue
-                cpu = self._cpu(ident)
+                cpu = self._cpu(thread)
                 if cpu is None:
                     continue
-                used = cpu - self._last.get(ident, 0.0)
-                self._last[ident] = cpu
+                clock_key = (ident, thread.native_id or 0)
+                used = cpu - self._last.get(clock_key, 0.0)
+                self._last[clock_key] = cpu
                 if used <= 0:
                     continue
                 self.thread_cpu[thread.name] += used
@@ -141,6 +148,7 @@ class ThreadProfiler:
                 "at": time.time(),
                 "process_cpu_s": process_cpu_s(),
                 "samples": self.samples,
+                "errors": self.errors,
                 "interval_s": self.interval_s,
                 "threads": dict(self.thread_cpu),
                 "gc": dict(self.gc_cpu),
@@ -162,11 +170,18 @@ class ThreadProfiler:
     def _run(self) -> None:
         next_check = 0.0
         while True:
-            self.sample()
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + 0.1
-                self._answer_marks()
+            try:
+                self.sample()
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.1
+                    self._answer_marks()
+            except Exception:
+                # A profiler must not stop profiling (nor the worker) over one bad sample; the
+                # failure goes to the worker's output, counted.
+                self.errors += 1
+                if self.errors <= 3:
+                    traceback.print_exc()
             time.sleep(self.interval_s)
 
 

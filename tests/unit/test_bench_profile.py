@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import json
 import threading
 import time
 from pathlib import Path
@@ -97,3 +99,23 @@ def test_the_sampler_charges_a_busy_threads_cpu_to_the_function_it_runs(tmp_path
         if f.endswith(":test_the_sampler_charges_a_busy_threads_cpu_to_the_function_it_runs.<locals>.spin_here")
     ]
     assert spin and snap["self"]["busy"][spin[0]] > 0.05
+
+
+def test_collections_during_a_sample_do_not_stop_the_sampler(tmp_path: Path) -> None:
+    # The sampler allocates while it holds its lock; with a collection every few allocations one
+    # runs inside sample() on its own thread, and its GC callback must not wait for that lock.
+    old = gc.get_threshold()
+    gc.set_threshold(5)
+    try:
+        profiler = ThreadProfiler(0.001, tmp_path)
+        profiler.start()
+        (tmp_path / "mark-a").touch()
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "snap-a.json").exists() and time.monotonic() < deadline:
+            _ = [object() for _ in range(100)]
+            time.sleep(0.01)
+    finally:
+        gc.set_threshold(*old)
+    snap = json.loads((tmp_path / "snap-a.json").read_text())
+    assert snap["samples"] > 0 and snap["errors"] == 0
+    assert sum(snap["gc"].values()) > 0
