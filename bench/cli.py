@@ -1,7 +1,7 @@
 """``python -m bench``: ingest vs. a raw ceiling vs. a peer, on one broker and one pre-produced data set.
 
     python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--skip-spark]
-                    [--saturate] [--quick] [--out DIR]
+                    [--saturate] [--quick] [--freshness] [--format json|avro] [--out DIR]
     python -m bench --setup-peer        # create the Quix Streams peer's own virtualenv
 
 Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then

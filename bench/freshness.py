@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -121,7 +122,7 @@ def probe(follower: Follower, producer: Any, pool: RecordPool, rate: float, cfg:
         "last_visible_after_s": visible_at - paced.ended_at,
         # The system's whole process tree, from the first record produced to the last visible.
         "cpu_s_per_million": (after.cpu_s - before.cpu_s) / max(paced.records, 1) * 1e6,
-        "peak_rss_mb": after.rss_bytes / 2**20,
+        "rss_mb_at_end": after.rss_bytes / 2**20,
     }
 
 
@@ -285,6 +286,10 @@ def config_from(args: argparse.Namespace, quick: bool, partitions: int) -> Fresh
     )
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ingest_dev.kafka import LocalKafka
     from ingest_dev.postgres import LocalPostgres
@@ -298,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
     add_arguments(parser)
+    # SIGTERM unwinds like Ctrl-C: every ``finally`` stops what this started.
+    signal.signal(signal.SIGTERM, _terminate)
     args = parser.parse_args(argv)
     cfg = config_from(args, args.quick, args.partitions)
     args.out.mkdir(parents=True, exist_ok=True)
