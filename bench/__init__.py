@@ -12,6 +12,6 @@
 
 then prints one table, writes ``results.json`` and draws ``chart.png``. With ``--freshness``, then
 the equal-freshness phase (``bench/freshness.py``; alone: ``python -m bench.freshness``); with
-``--format avro`` the records are Avro in the Confluent wire format (``bench/avro.py``).
-``python -m bench.profile`` profiles one worker per thread and function (``bench/profile_agent.py``).
+``--format avro`` the records are Avro in the Confluent wire format (``bench/avro_wire.py``).
+``python -m bench.worker_profile`` profiles one worker per thread and function (``bench/profile_agent.py``).
 """

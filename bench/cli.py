@@ -27,7 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import avro, freshness, freshness_report, peer, report, streaming_peer
+from bench import avro_wire as avro
+from bench import freshness, freshness_report, peer, report, streaming_peer
 from bench.data import Produced, produce_dataset, produce_steady
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
 from bench.stats import percentiles
@@ -110,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("json", "avro"),
         default="json",
         help="the records' format; avro: the Confluent wire format through a schema registry the bench "
-        "starts, for the workers and Spark Structured Streaming (from_avro) only (bench/avro.py)",
+        "starts, for the workers and Spark Structured Streaming (from_avro) only (bench/avro_wire.py)",
     )
     parser.add_argument(
         "--freshness",

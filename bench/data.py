@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench import avro
+from bench import avro_wire as avro
 from ingest_dev.kafka_clients import end_offsets, produce_records
 
 # One schema for every system: the ingest spec's [schema], the raw baseline's explicit pyarrow
@@ -34,7 +34,7 @@ _BASE_EPOCH_S = 1_795_000_000
 
 def record_value(i: int, event_time_s: float | None = None) -> bytes:
     """Record ``i``: ~200 bytes of compact JSON, deterministic unless ``event_time_s`` is given;
-    the same record in Avro (Confluent wire format) once the run is Avro (bench/avro.py)."""
+    the same record in Avro (Confluent wire format) once the run is Avro (bench/avro_wire.py)."""
     ts_s = _BASE_EPOCH_S + i / 1000 if event_time_s is None else event_time_s
     wire = avro.active()
     if wire is not None:

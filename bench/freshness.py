@@ -259,7 +259,7 @@ def config_from(args: argparse.Namespace, quick: bool, partitions: int) -> Fresh
     # python -m bench's --skip-spark / --skip-peer leave those systems out here too.
     skipped = {"spark"} if getattr(args, "skip_spark", False) else set()
     skipped |= {"quix"} if getattr(args, "skip_peer", False) else set()
-    # Avro records: only the systems set up to read them (bench/avro.py).
+    # Avro records: only the systems set up to read them (bench/avro_wire.py).
     skipped |= {"raw", "quix"} if getattr(args, "format", "json") == "avro" else set()
     systems = tuple(s for s in systems if s not in skipped)
     if not systems:

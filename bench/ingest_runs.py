@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from bench import avro
+from bench import avro_wire as avro
 from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_steady
 from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time
 from bench.stats import percentiles

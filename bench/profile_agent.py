@@ -11,7 +11,7 @@ CPU and is charged nothing. Time in Python's garbage collector is measured per t
 ``gc.callbacks``. The sampler's own CPU is reported as such.
 
 The bench asks for a snapshot of the cumulative figures by creating ``DIR/mark-NAME``; the agent
-answers with ``DIR/snap-NAME.json`` (bench/profile.py takes one at the start and one at the end
+answers with ``DIR/snap-NAME.json`` (bench/worker_profile.py takes one at the start and one at the end
 of the measured span and reports the difference). Linux only (``/proc``, thread CPU clocks).
 """
 
@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ from typing import Any
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 SITE = "site-packages/"
+STDLIB = sysconfig.get_paths()["stdlib"].rstrip("/") + "/"
 # CPU of a thread while any frame of these packages is on its stack (the calls into them).
 STACK_CATEGORIES = {"py4j": "py4j/", "pyarrow": "pyarrow/", "pyspark": "pyspark/"}
 
@@ -53,6 +55,8 @@ def _key_of(code: CodeType) -> str:
     path = code.co_filename
     if SITE in path:
         path = path[path.rindex(SITE) + len(SITE) :]
+    elif path.startswith(STDLIB):
+        path = path[len(STDLIB) :]
     else:
         path = os.path.relpath(path) if os.path.isabs(path) else path
     return f"{path}:{code.co_qualname}"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import avro
+from bench import avro_wire as avro
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles

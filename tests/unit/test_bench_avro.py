@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import fastavro
 import pytest
 
-from bench import avro, data
+from bench import avro_wire as avro
+from bench import data
 from ingest.formats import avro_columns, avro_reader_schema, reader_for_writer, schema_id
 
 

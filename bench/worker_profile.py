@@ -1,6 +1,6 @@
-"""``python -m bench.profile``: where each CPU second of one worker goes, per thread and function.
+"""``python -m bench.worker_profile``: where each CPU second of one worker goes, per thread and function.
 
-    python -m bench.profile [--records 1000000] [--partitions 6] [--interval-ms 10] [--top 25] [--out DIR]
+    python -m bench.worker_profile [--records 1000000] [--partitions 6] [--interval-ms 10] [--top 25] [--out DIR]
 
 One worker (``local[2]``, two build threads, as in ``python -m bench``) ingests a pre-produced
 topic under bench/profile_agent.py. Over the measured span (its first partition assignment to
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from ingest_dev.postgres import LocalPostgres
     from metastore import apply_migrations
 
-    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.worker_profile", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--interval-ms", type=float, default=10.0, help="the sampler's period (default 10 ms)")
