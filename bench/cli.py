@@ -1,7 +1,7 @@
 """``python -m bench``: ingest vs. a raw ceiling vs. a peer, on one broker and one pre-produced data set.
 
     python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--skip-spark]
-                    [--saturate] [--quick] [--freshness] [--format json|avro] [--out DIR]
+                    [--saturate] [--quick] [--freshness] [--profile] [--format json|avro] [--out DIR]
     python -m bench --setup-peer        # create the Quix Streams peer's own virtualenv
 
 Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then
@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import avro_wire as avro
-from bench import freshness, freshness_report, peer, report, streaming_peer
+from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
 from bench.data import Produced, produce_dataset, produce_steady
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
+from bench.profile_report import profile_table
 from bench.stats import percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
@@ -118,6 +119,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also the equal-freshness phase (bench/freshness.py); it replaces the Spark peer's "
         "own produce-to-visible phase, which it measures per record at several rates",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one worker over a topic of --records records, per thread and Python function "
+        "(bench/worker_profile.py; alone: python -m bench.worker_profile)",
     )
     freshness.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -546,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.log("[freshness] raw, Quix, Spark SS, ingest: ramp, then bisection")
                 results["freshness"] = freshness.run_freshness(ctx, fresh_cfg)
                 checks.update(freshness.freshness_checks(results["freshness"]))
+            if args.profile:
+                ctx.log("[profile] one worker under the profiling agent")
+                results["profile"] = worker_profile.run_profile(ctx, args.records, args.partitions, 10.0, split)
     finally:
         for f in fleets:
             f.stop()  # no-op for fleets already stopped
@@ -599,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(results))
     if "freshness" in results:
         print("\n" + freshness_report.table(results["freshness"]))
+    if "profile" in results:
+        print("\n" + profile_table(results["profile"]))
     print(
         f"\nresults: {args.out / 'results.json'}"
         + (f"; {no_chart}" if no_chart else f", chart: {args.out / 'chart.png'}")
