@@ -98,8 +98,23 @@ def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str,
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         }
     )
+    if avro.active() is not None:
+        env["SPARK_CONF_DIR"] = str(_avro_spark_conf(ctx.work))
     env.update(ctx.worker_settings)
     return env
+
+
+def _avro_spark_conf(work: Path) -> Path:
+    """A SPARK_CONF_DIR whose spark-defaults.conf loads the project's pinned jars, spark-avro
+    among them: a local worker's session loads them by itself only for s3a:// stores, and
+    otherwise takes jars from there (ingest.build.spark.session_conf), as an operator sets them."""
+    from ingest.build.spark_jars import spark_jars
+
+    conf = work / "spark-conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    jars = ",".join(str(j) for j in spark_jars())
+    (conf / "spark-defaults.conf").write_text(f"spark.jars {jars}\n")
+    return conf
 
 
 @dataclass
