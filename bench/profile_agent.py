@@ -3,8 +3,8 @@
     BENCH_PROFILE_DIR=DIR python -m bench.profile_agent worker SOURCE    # as ``python -m ingest``
 
 Runs ``ingest``'s command line with a sampling thread beside it. Every ``BENCH_PROFILE_INTERVAL_MS``
-(default 10) it reads each Python thread's own CPU clock (``pthread_getcpuclockid``: exact, not a
-tick count) and charges the CPU that thread used since the last sample to the stack it is in now
+(default 10) it reads each Python thread's own CPU clock (the kernel's per-thread clock: exact,
+not a tick count) and charges the CPU that thread used since the last sample to the stack it is in now
 (``sys._current_frames``): *self* to the innermost function, *inclusive* to every function on
 the stack once. A thread blocked in C with the GIL released (``poll()``, a socket read) used no
 CPU and is charged nothing. Time in Python's garbage collector is measured per thread by
@@ -62,6 +62,15 @@ def _key_of(code: CodeType) -> str:
     return f"{path}:{code.co_qualname}"
 
 
+def thread_cpu_clock(tid: int) -> int:
+    """The CPU-time clock of kernel thread ``tid``, as Linux encodes it (glibc's
+    ``MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)``). Not ``time.pthread_getcpuclockid``: that
+    reads the thread's pthread structure, which is freed once a thread ends, and a thread may
+    end between ``threading.enumerate()`` and the call (the worker crashed with SIGSEGV);
+    a clock of an ended thread only makes ``clock_gettime`` fail."""
+    return ((~tid) << 3) | 6
+
+
 def process_cpu_s() -> float:
     raw = Path("/proc/self/stat").read_text()
     fields = raw[raw.rfind(")") + 2 :].split()
@@ -74,7 +83,6 @@ class ThreadProfiler:
     def __init__(self, interval_s: float, control: Path) -> None:
         self.interval_s = interval_s
         self.control = control
-        self._clocks: dict[tuple[int, int], int] = {}
         self._last: dict[tuple[int, int], float] = {}
         self.thread_cpu: dict[str, float] = defaultdict(float)
         self.self_cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -102,14 +110,10 @@ class ThreadProfiler:
             self.gc_cpu[threading.current_thread().name] += used
 
     def _cpu(self, thread: threading.Thread) -> float | None:
-        # Keyed by the kernel's thread id too: a pthread id is reused by a later thread, whose
-        # CPU clock is another one.
-        key = (thread.ident or 0, thread.native_id or 0)
+        if thread.native_id is None:
+            return None
         try:
-            clock = self._clocks.get(key)
-            if clock is None:
-                clock = self._clocks[key] = time.pthread_getcpuclockid(key[0])
-            return time.clock_gettime(clock)
+            return time.clock_gettime(thread_cpu_clock(thread.native_id))
         except OSError:
             return None  # the thread ended between enumerate() and here
 

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.profile_agent import ThreadProfiler
+import pytest
+
+from bench.profile_agent import ThreadProfiler, thread_cpu_clock
 from bench.profile_report import JVM_OTHER, jvm_group, profile_table, span_profile
 
 
@@ -119,3 +121,14 @@ def test_collections_during_a_sample_do_not_stop_the_sampler(tmp_path: Path) -> 
     snap = json.loads((tmp_path / "snap-a.json").read_text())
     assert snap["samples"] > 0 and snap["errors"] == 0
     assert sum(snap["gc"].values()) > 0
+
+
+def test_a_threads_cpu_clock_is_the_kernels_and_an_ended_threads_only_fails() -> None:
+    clock = thread_cpu_clock(threading.get_native_id())
+    assert clock == time.pthread_getcpuclockid(threading.get_ident())
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    assert ended.native_id is not None
+    with pytest.raises(OSError):
+        time.clock_gettime(thread_cpu_clock(ended.native_id))
