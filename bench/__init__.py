@@ -10,5 +10,8 @@
 6. records re-consumed per rebalance (a scale-up that moves a partition, a member joining and
    leaving that moves none, a scale-down after a drain);
 
-then prints one table, writes ``results.json`` and draws ``chart.png``.
+then prints one table, writes ``results.json`` and draws ``chart.png``. With ``--freshness``, then
+the equal-freshness phase (``bench/freshness.py``; alone: ``python -m bench.freshness``); with
+``--format avro`` the records are Avro in the Confluent wire format (``bench/avro_wire.py``).
+``python -m bench.worker_profile`` profiles one worker per thread and function (``bench/profile_agent.py``).
 """

@@ -1,7 +1,7 @@
 """``python -m bench``: ingest vs. a raw ceiling vs. a peer, on one broker and one pre-produced data set.
 
     python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--skip-spark]
-                    [--saturate] [--quick] [--out DIR]
+                    [--saturate] [--quick] [--freshness] [--profile] [--format json|avro] [--out DIR]
     python -m bench --setup-peer        # create the Quix Streams peer's own virtualenv
 
 Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then
@@ -13,6 +13,7 @@ machine: the load average at start and end is recorded next to them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,16 +27,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import peer, report, streaming_peer
+from bench import avro_wire as avro
+from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
 from bench.data import Produced, produce_dataset, produce_steady
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
+from bench.profile_report import profile_table
 from bench.stats import percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.registry import LocalSchemaRegistry
 from metastore import apply_migrations
 
 TOPIC = "bench"
+JSON_ONLY = "--format avro: this system is set up for the JSON records only"
 REBALANCE_TOPIC = "bench-rebalance"
 
 
@@ -102,6 +107,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--scaling-workers", default="1,2,3", help="worker counts of --scaling (default 1,2,3)")
     parser.add_argument("--scaling-partitions", default="2,6,12", help="partition counts of --scaling (default 2,6,12)")
+    parser.add_argument(
+        "--format",
+        choices=("json", "avro"),
+        default="json",
+        help="the records' format; avro: the Confluent wire format through a schema registry the bench "
+        "starts, for the workers and Spark Structured Streaming (from_avro) only (bench/avro_wire.py)",
+    )
+    parser.add_argument(
+        "--freshness",
+        action="store_true",
+        help="also the equal-freshness phase (bench/freshness.py); it replaces the Spark peer's "
+        "own produce-to-visible phase, which it measures per record at several rates",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one worker over a topic of --records records, per thread and Python function "
+        "(bench/worker_profile.py; alone: python -m bench.worker_profile)",
+    )
+    freshness.add_arguments(parser)
     args = parser.parse_args(argv)
     quick = args.quick
     args.records = args.records or (20_000 if quick else 1_000_000)
@@ -301,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.setup_peer:
         print(f"peer virtualenv ready: {peer.setup_venv()}")
         return 0
+    # Checked before anything starts: a bad flag fails at once, not after the throughput phases.
+    fresh_cfg = freshness.config_from(args, args.quick, args.partitions) if args.freshness else None
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     split = SplitConfig(max_records=args.split_records, max_age=args.max_age)
@@ -316,9 +343,14 @@ def main(argv: list[str] | None = None) -> int:
     checks: dict[str, dict[str, Any]] = {}
     fleets: list[Fleet] = []
     try:
-        with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
+        with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker, contextlib.ExitStack() as stack:
             log(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
             results["broker"] = broker.describe()
+            if args.format == "avro":
+                registry = stack.enter_context(LocalSchemaRegistry(base_dir=work / "registry"))
+                wire = avro.activate(registry.url)
+                results["registry"] = registry.describe()
+                log(f"records in Avro (Confluent wire format, schema id {wire.schema_id}): {registry.describe()}")
             ctx = Context(
                 database_url=pg.url,
                 bootstrap=broker.bootstrap,
@@ -338,16 +370,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"partitions in {data.seconds:.1f} s"
             )
 
-            log("[raw] confluent-kafka + pyarrow.json + Parquet")
-            throughput["raw"] = median_run(
-                [
-                    run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records, args.timeout, run)
-                    for run in range(1, args.repeat + 1)
-                ]
-            )
+            if args.format == "avro":
+                throughput["raw"] = {"status": "n/a", "reason": JSON_ONLY}
+            else:
+                log("[raw] confluent-kafka + pyarrow.json + Parquet")
+                throughput["raw"] = median_run(
+                    [
+                        run_raw(ctx, data.ends, data.records, data.value_bytes, args.split_records, args.timeout, run)
+                        for run in range(1, args.repeat + 1)
+                    ]
+                )
 
-            if args.skip_peer:
-                throughput["peer"] = {"status": "n/a", "reason": "skipped (--skip-peer)"}
+            if args.skip_peer or args.format == "avro":
+                why = "skipped (--skip-peer)" if args.skip_peer else JSON_ONLY
+                throughput["peer"] = {"status": "n/a", "reason": why}
             else:
                 peer_python, why = peer.find_python(args.peer_python)
                 if peer_python is None:
@@ -461,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                 ends = ends_n
 
             spark_latency: dict[str, Any] | None = None
-            if spark_ran and throughput["spark"].get("status") != "n/a":
+            if spark_ran and throughput["spark"].get("status") != "n/a" and not args.freshness:
                 log(f"[spark] produce-to-visible, processingTime {max_age_s:g} s")
                 latency_ends = dict(ends)
 
@@ -513,6 +549,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.scaling:
                 ctx.log("[scaling] by workers, then by partitions")
                 results["scaling"] = run_scaling(ctx, args, split, checks)
+            if fresh_cfg is not None:
+                ctx.log("[freshness] raw, Quix, Spark SS, ingest: ramp, then bisection")
+                results["freshness"] = freshness.run_freshness(ctx, fresh_cfg)
+                checks.update(freshness.freshness_checks(results["freshness"]))
+            if args.profile:
+                ctx.log("[profile] one worker under the profiling agent")
+                results["profile"] = worker_profile.run_profile(ctx, args.records, args.partitions, 10.0, split)
     finally:
         for f in fleets:
             f.stop()  # no-op for fleets already stopped
@@ -545,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             "driver_memory": args.driver_memory,
             "worker_settings": args.worker_settings,
             "quick": args.quick,
+            "format": args.format,
             "cpus": os.cpu_count(),
             "load_at_start": load_start,
             "load_at_end": os.getloadavg()[0],
@@ -563,6 +607,10 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(results, args.out / "results.json")
     no_chart = report.chart(results, args.out / "chart.png")
     print(report.table(results))
+    if "freshness" in results:
+        print("\n" + freshness_report.table(results["freshness"]))
+    if "profile" in results:
+        print("\n" + profile_table(results["profile"]))
     print(
         f"\nresults: {args.out / 'results.json'}"
         + (f"; {no_chart}" if no_chart else f", chart: {args.out / 'chart.png'}")

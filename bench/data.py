@@ -6,7 +6,9 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from bench import avro_wire as avro
 from ingest_dev.kafka_clients import end_offsets, produce_records
 
 # One schema for every system: the ingest spec's [schema], the raw baseline's explicit pyarrow
@@ -31,10 +33,18 @@ _BASE_EPOCH_S = 1_795_000_000
 
 
 def record_value(i: int, event_time_s: float | None = None) -> bytes:
-    """Record ``i``: ~200 bytes of compact JSON, deterministic unless ``event_time_s`` is given."""
+    """Record ``i``: ~200 bytes of compact JSON, deterministic unless ``event_time_s`` is given;
+    the same record in Avro (Confluent wire format) once the run is Avro (bench/avro_wire.py)."""
     ts_s = _BASE_EPOCH_S + i / 1000 if event_time_s is None else event_time_s
+    wire = avro.active()
+    if wire is not None:
+        return wire.encode(_doc(i, int(ts_s * 1000)))
     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_s)) + f".{int(ts_s * 1000) % 1000:03d}Z"
-    doc = {
+    return json.dumps(_doc(i, ts), separators=(",", ":")).encode()
+
+
+def _doc(i: int, ts: str | int) -> dict[str, Any]:
+    return {
         "id": i,
         "user": f"user-{i % 50_000:05d}",
         "ts": ts,
@@ -46,7 +56,6 @@ def record_value(i: int, event_time_s: float | None = None) -> bytes:
         "tags": ["bench", f"t{i % 7}"],
         "page": f"/products/{i % 997}/details?ref=campaign-{i % 13}",
     }
-    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def record_key(i: int) -> bytes:
@@ -162,3 +171,83 @@ def kafka_ends(bootstrap: str, topic: str, delivered: dict[int, int]) -> dict[in
             f"{topic}: Kafka's end offsets differ from the delivery reports (partition: (delivered, kafka)): {differ}"
         )
     return ends
+
+
+@dataclass
+class Paced:
+    """One paced produce: how many records, and when the first and the last were handed to the
+    producer (wall clock: their Kafka timestamps are taken at that moment)."""
+
+    records: int
+    started_at: float
+    ended_at: float
+    rate_asked: float
+
+    @property
+    def rate(self) -> float:
+        """The rate delivered to the producer (records over the span it took)."""
+        return self.records / max(self.ended_at - self.started_at, 1e-6)
+
+
+class RecordPool:
+    """Pre-made keys and values, reused round-robin, so that a paced producer's cost per record
+    is one ``produce()`` call and not the JSON encoding of a fresh record (which would cap the
+    rate at what one Python thread encodes). The freshness run tells records apart by their
+    Kafka coordinates and timestamps, never by ``id``."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self.records = [(record_key(i), record_value(i)) for i in range(size)]
+
+
+def produce_paced(
+    producer: Any, topic: str, partitions: int, rate: float, duration_s: float, pool: RecordPool
+) -> Paced:
+    """Hand ``rate * duration_s`` records of ``pool`` to ``producer`` at ``rate`` records/s (paced in
+    5 ms steps), then flush. A producer that cannot keep up takes longer than ``duration_s``
+    (bounded at twice it, then what was not sent is not sent): :attr:`Paced.rate` tells."""
+    total = int(rate * duration_s)
+    records = pool.records
+    failures: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    started_at = time.time()
+    started = time.monotonic()
+    sent = 0
+    while sent < total and time.monotonic() < started + 2 * duration_s:
+        due = min(total, int((time.monotonic() - started) * rate) + 1)
+        while sent < due:
+            key, value = records[sent % len(records)]
+            try:
+                producer.produce(topic, value=value, key=key, partition=sent % partitions, on_delivery=on_delivery)
+            except BufferError:
+                producer.poll(0.05)  # librdkafka's queue is full: let it drain, then go on
+                continue
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.005)
+    ended_at = time.time()
+    remaining = producer.flush(60)
+    if failures or remaining:
+        raise RuntimeError(
+            f"paced produce: {len(failures)} failed, {remaining} undelivered"
+            + (f"; first error: {failures[0]}" if failures else "")
+        )
+    return Paced(records=sent, started_at=started_at, ended_at=ended_at, rate_asked=rate)
+
+
+def paced_producer(bootstrap: str) -> Any:
+    """The freshness run's one producer: acks from the broker, batches of up to 5 ms."""
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 5,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )

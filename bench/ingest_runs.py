@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from bench import avro_wire as avro
 from bench.data import EVENT_TIME, SCHEMA, Produced, produce_dataset, produce_steady
 from bench.procs import TreeSampler, WorkerProcess, metric, parse_log_time
 from bench.stats import percentiles
@@ -71,6 +72,10 @@ def apply_source(ctx: Context, source: str, topic: str, split: SplitConfig) -> N
         "schema": dict(SCHEMA),
         "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
     }
+    wire = avro.active()
+    if wire is not None:
+        # The records are Avro behind the registry; the spec's [schema] is the reader schema.
+        doc.update({"format": "avro", "registry": {"url": wire.registry_url}})
     spec = spec_from_dict(doc)
     text = "# written by python -m bench\n" + "\n".join(f"{k} = {v!r}" for k, v in doc.items())
     with Metastore(ctx.database_url) as store:
@@ -93,8 +98,23 @@ def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str,
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         }
     )
+    if avro.active() is not None:
+        env["SPARK_CONF_DIR"] = str(_avro_spark_conf(ctx.work))
     env.update(ctx.worker_settings)
     return env
+
+
+def _avro_spark_conf(work: Path) -> Path:
+    """A SPARK_CONF_DIR whose spark-defaults.conf loads the project's pinned jars, spark-avro
+    among them: a local worker's session loads them by itself only for s3a:// stores, and
+    otherwise takes jars from there (ingest.build.spark.session_conf), as an operator sets them."""
+    from ingest.build.spark_jars import spark_jars
+
+    conf = work / "spark-conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    jars = ",".join(str(j) for j in spark_jars())
+    (conf / "spark-defaults.conf").write_text(f"spark.jars {jars}\n")
+    return conf
 
 
 @dataclass

@@ -8,6 +8,12 @@ project pins 2.16.1, so the peer lives in its own virtualenv (``python -m bench
     <quix-python> bench/peer_quix.py --bootstrap H:P --topic T --group G --expected N
         --directory DIR --commit-interval S --result FILE
 
+    <quix-python> bench/peer_quix.py ... --follow --stop STOP --visible LOG
+
+``--follow`` (the freshness run, bench/freshness.py) reads until ``STOP`` exists instead of
+until ``N`` rows, and appends one JSON line per file written (when it was complete, its path)
+to ``LOG``, so the bench knows when each file's rows became visible.
+
 ``DIR`` must be relative (the sink refuses ``-`` and other characters in its directory, and
 temp paths often contain them): run with the working directory set where the files belong.
 
@@ -39,12 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)
-    parser.add_argument("--expected", type=int, required=True, help="records in the topic")
+    parser.add_argument("--expected", type=int, help="records in the topic (without --follow)")
+    parser.add_argument("--follow", action="store_true", help="read until --stop exists")
+    parser.add_argument("--stop", help="(--follow) stop once this file exists")
+    parser.add_argument("--visible", help="(--follow) one JSON line per file written: at, path")
     parser.add_argument("--directory", required=True, help="relative output directory")
     parser.add_argument("--commit-interval", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     parser.add_argument("--result", required=True)
     args = parser.parse_args(argv)
+    if args.follow != bool(args.stop and args.visible) or args.follow == (args.expected is not None):
+        parser.error("either --expected N, or --follow with --stop and --visible")
 
     from quixstreams import Application  # type: ignore[import-not-found,unused-ignore]
     from quixstreams.sinks.community.file.formats.parquet import (  # type: ignore[import-not-found,unused-ignore]
@@ -74,9 +85,17 @@ def main(argv: list[str] | None = None) -> int:
             state["files"] += 1
             state["last_write_at"] = time.time()
             state["last_cpu"] = _cpu_seconds()
-            if state["rows"] >= args.expected:
+            if args.expected is not None and state["rows"] >= args.expected:
                 done.set()
                 app.stop()
+
+        def _write(self, data: bytes, batch: Any) -> None:
+            super()._write(data, batch)
+            if args.visible:
+                # The file the parent just wrote (its name follows from the batch), now complete.
+                path = self._directory(batch) / self._filename(batch)
+                with open(args.visible, "a") as log:
+                    log.write(json.dumps({"at": time.time(), "path": str(path.resolve())}) + "\n")
 
     app = Application(
         broker_address=args.bootstrap,
@@ -111,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = threading.Timer(args.timeout, app.stop)
     watchdog.daemon = True
     watchdog.start()
+    if args.follow:
+
+        def watch_stop() -> None:
+            while not Path(args.stop).exists() and not done.is_set():
+                time.sleep(0.2)
+            done.set()
+            app.stop()
+
+        threading.Thread(target=watch_stop, daemon=True).start()
     try:
         app.run()
     finally:

@@ -6,9 +6,13 @@ nothing from ``bench`` or ``ingest``, so it is set up the way a PySpark user wou
 
     python bench/peer_spark.py --bootstrap H:P --topic T --starting-offsets JSON
         --schema JSON --jars A.jar,B.jar --out DIR --checkpoint DIR --expected N
-        (--available-now | --processing-time S) --result FILE [--ready FILE]
+        (--available-now | --processing-time S) --result FILE [--ready FILE] [--avro-schema JSON]
 
-In ``--processing-time`` mode the row count to wait for may come later, in ``--expected-file``.
+Values are JSON parsed with ``from_json``, or with ``--avro-schema`` Avro in the Confluent wire
+format, parsed with ``from_avro`` after a ``substring`` drops the 5-byte header.
+
+In ``--processing-time`` mode the row count to wait for may come later, in ``--expected-file``,
+or the query runs until ``--stop-file`` exists (the freshness run, bench/freshness.py).
 The query is exactly-once by Spark's own means: offsets in the checkpoint, output files made
 visible by the sink's ``_spark_metadata`` log.  ``--available-now`` reads everything up to the
 log ends at start and stops (the throughput run); ``--processing-time`` runs micro-batches every
@@ -47,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--expected-file", help="(--processing-time) holds the rows to commit once the bench has produced them"
     )
+    parser.add_argument("--avro-schema", help="values are Avro in the Confluent wire format, of this writer schema")
+    parser.add_argument("--stop-file", help="(--processing-time) run until this file exists")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--available-now", action="store_true")
     mode.add_argument("--processing-time", type=float, help="trigger interval, seconds")
@@ -56,8 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True)
     parser.add_argument("--ready", help="written once the query's first batch completed (--processing-time)")
     args = parser.parse_args(argv)
-    if (args.expected is None) == (args.expected_file is None):
-        parser.error("exactly one of --expected and --expected-file")
+    if [args.expected is not None, args.expected_file is not None, args.stop_file is not None].count(True) != 1:
+        parser.error("exactly one of --expected, --expected-file and --stop-file")
+    if args.stop_file and args.processing_time is None:
+        parser.error("--stop-file needs --processing-time")
 
     from pyspark.sql import SparkSession  # type: ignore[import-not-found,unused-ignore]
     from pyspark.sql import functions as F  # type: ignore[import-not-found,unused-ignore]
@@ -89,8 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         .option("failOnDataLoss", "true")
         .load()
     )
+    if args.avro_schema:
+        from pyspark.sql.avro.functions import from_avro  # type: ignore[import-not-found,unused-ignore]
+
+        # The Confluent wire format: a magic byte and a 4-byte schema id, then the Avro body,
+        # written with the one writer schema given (no registry look-up per record).
+        body = F.expr("substring(value, 6, length(value) - 5)")
+        record = from_avro(body, args.avro_schema).alias("r")
+    else:
+        record = F.from_json(F.col("value").cast("string"), schema).alias("r")
     parsed = source.select(
-        F.from_json(F.col("value").cast("string"), schema).alias("r"),
+        record,
         F.col("partition").alias("_partition"),
         F.col("offset").alias("_offset"),
         F.col("timestamp").alias("_timestamp"),
@@ -117,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
             timed_out = True
             query.stop()
             break
+        if args.stop_file:
+            # No progress polling here: each call is a Py4J round trip costing the measured run CPU.
+            if Path(args.stop_file).exists():
+                query.stop()
+                break
+            time.sleep(0.2)
+            continue
         if args.processing_time is not None:
             progress = query.recentProgress
             if progress and not ready_written and args.ready:
@@ -137,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = spark.read.parquet(args.out).count() if Path(args.out, "_spark_metadata").exists() else 0
     files = [p for p in Path(args.out).glob("*.parquet")]
     result: dict[str, Any] = {
-        "ok": error is None and not timed_out and rows == args.expected,
+        "ok": error is None and not timed_out and (rows == args.expected or args.stop_file is not None),
         "expected": args.expected,
         "error": None if error is None else str(error)[:2000],
         "timed_out": timed_out,

@@ -116,7 +116,9 @@ class TreeSampler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        # A sampler that is only sampled by hand (``sample()``) never started its thread.
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
 
     def sample(self) -> Sample:
         with self._lock:

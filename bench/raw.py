@@ -6,6 +6,12 @@ ingest segments (``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key
 schema's columns, zstd).  Runs as its own process so that its CPU and memory are its own:
 
     python -m bench.raw --bootstrap H:P --topic T --ends '{"0": 3334, ...}' --out DIR --result FILE
+    python -m bench.raw --bootstrap H:P --topic T --follow --flush-s S --stop FILE --out DIR --result FILE
+
+``--follow`` is the freshness run's form (bench/freshness.py): it reads until ``FILE`` exists and
+writes what it holds once its oldest record has waited ``S`` seconds (or ``--batch`` records are
+held), each file written under a temporary name and renamed, so a file's mtime is when its rows
+became visible.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class BatchWriter:
         self.rows = 0
         self.bytes = 0
 
-    def write(self, topic: str, messages: list[Any]) -> None:
+    def write(self, topic: str, messages: list[Any]) -> Path:
         table = parse_values(b"\n".join(m.value() for m in messages))
         n = len(messages)
         kafka = pa.table(
@@ -77,10 +83,14 @@ class BatchWriter:
         for name in table.column_names:
             kafka = kafka.append_column(name, table[name])
         path = self._out_dir / f"part-{self.files:05d}.parquet"
-        pq.write_table(kafka, path, compression="zstd")
+        # Written whole, then renamed: a reader never sees part of a file.
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(kafka, tmp, compression="zstd")
+        tmp.replace(path)
         self.files += 1
         self.rows += n
         self.bytes += path.stat().st_size
+        return path
 
 
 def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: int, timeout: float) -> dict[str, Any]:
@@ -141,18 +151,67 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
     }
 
 
+def follow(
+    bootstrap: str, topic: str, out_dir: Path, flush_s: float, batch: int, stop: Path, timeout: float
+) -> dict[str, Any]:
+    """Read from the earliest offset until ``stop`` exists (bounded by ``timeout``); what is held
+    is written once its oldest record has waited ``flush_s`` (or ``batch`` records are held)."""
+    from confluent_kafka import Consumer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+        }
+    )
+    consumer.subscribe([topic])
+    writer = BatchWriter(out_dir)
+    pending: list[Any] = []
+    oldest = 0.0
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and not stop.exists():
+            for m in consumer.consume(num_messages=10_000, timeout=0.05):
+                if m.error() is None:
+                    if not pending:
+                        oldest = time.monotonic()
+                    pending.append(m)
+            if pending and (len(pending) >= batch or time.monotonic() - oldest >= flush_s):
+                writer.write(topic, pending)
+                pending = []
+    finally:
+        consumer.close()
+    return {"ok": True, "rows": writer.rows, "files": writer.files, "file_bytes": writer.bytes}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
-    parser.add_argument("--ends", required=True, help="JSON object: partition -> log end offset")
+    parser.add_argument("--ends", help="JSON object: partition -> log end offset (without --follow)")
+    parser.add_argument("--follow", action="store_true", help="read until --stop exists, flushing every --flush-s")
+    parser.add_argument("--flush-s", type=float, default=2.5)
+    parser.add_argument("--stop", type=Path, help="(--follow) stop once this file exists")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--batch", type=int, default=200_000, help="records per Parquet file")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--result", required=True, type=Path)
     args = parser.parse_args(argv)
-    ends = {int(p): int(e) for p, e in json.loads(args.ends).items()}
-    result = run(args.bootstrap, args.topic, ends, args.out, args.batch, args.timeout)
+    if args.follow:
+        if args.stop is None:
+            parser.error("--follow needs --stop")
+        result = follow(args.bootstrap, args.topic, args.out, args.flush_s, args.batch, args.stop, args.timeout)
+    else:
+        if args.ends is None:
+            parser.error("--ends is required without --follow")
+        ends = {int(p): int(e) for p, e in json.loads(args.ends).items()}
+        result = run(args.bootstrap, args.topic, ends, args.out, args.batch, args.timeout)
     args.result.write_text(json.dumps(result))
     return 0 if result["ok"] else 1
 

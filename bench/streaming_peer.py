@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import avro_wire as avro
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles
@@ -59,7 +60,10 @@ class SparkPeer:
         timeout: float,
         driver_memory: str,
         processing_time_s: float | None = None,
+        follow: bool = False,
     ) -> None:
+        """``follow``: a processing-time query that runs until :meth:`request_stop` (the freshness
+        run); otherwise it stops after ``expected`` rows (or those :meth:`expect` names later)."""
         self.work = work
         self.timeout = timeout
         work.mkdir(parents=True, exist_ok=True)
@@ -94,8 +98,17 @@ class SparkPeer:
             "--ready",
             str(self.ready_path),
         ]
+        wire = avro.active()
+        if wire is not None:
+            cmd += ["--avro-schema", avro.WRITER_SCHEMA]
         self.expected_path = work / "expected"
-        cmd += ["--expected", str(expected)] if expected is not None else ["--expected-file", str(self.expected_path)]
+        self.stop_path = work / "stop"
+        if follow:
+            cmd += ["--stop-file", str(self.stop_path)]
+        elif expected is not None:
+            cmd += ["--expected", str(expected)]
+        else:
+            cmd += ["--expected-file", str(self.expected_path)]
         cmd += ["--available-now"] if processing_time_s is None else ["--processing-time", str(processing_time_s)]
         # The wheel's own Spark, as the workers run it.
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON")}
@@ -103,7 +116,9 @@ class SparkPeer:
         self.sampler = TreeSampler()
         self.proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.sampler.add_root(self.proc.pid)
-        self.sampler.start()
+        if not follow:
+            # A follow run is sampled by hand, around each probe, like the freshness run's other systems.
+            self.sampler.start()
 
     def wait_ready(self, timeout: float = 180.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -118,6 +133,10 @@ class SparkPeer:
         tmp = self.expected_path.with_suffix(".tmp")
         tmp.write_text(str(rows))
         tmp.replace(self.expected_path)
+
+    def request_stop(self) -> None:
+        """A follow run stops its query at its next check (then :meth:`finish`)."""
+        self.stop_path.touch()
 
     def finish(self) -> dict[str, Any]:
         """Wait for the script to exit; its result, or ``{"status": "n/a", ...}`` and why."""

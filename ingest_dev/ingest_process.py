@@ -37,6 +37,8 @@ class IngestProcess(ManagedProcess):
     """
 
     kind: ClassVar[str] = "ingest"
+    # What ``python -m`` runs: a wrapper with ingest's command line (bench/profile_agent.py) may stand in.
+    module: ClassVar[str] = "ingest"
     dir_prefix: ClassVar[str] = "ingest-process-"
     # Every process started and not stopped yet, for :func:`kill_leftovers` (the chaos run
     # starts and stops them from several threads).
@@ -73,7 +75,7 @@ class IngestProcess(ManagedProcess):
         if self.log_path.exists():
             raise FileExistsError(f"{self.log_path} exists: another process of this name logged there")
         self.started_at = time.time()
-        cmd = [sys.executable, "-m", "ingest", *self._args]
+        cmd = [sys.executable, "-m", self.module, *self._args]
         self._run_start(lambda: self._spawn(cmd, 30.0, cwd=self._cwd, env=self._env))
         self._popen = self._proc
         with IngestProcess._running_lock:

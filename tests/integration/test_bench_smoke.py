@@ -19,8 +19,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # --quick took ~2.5 min on an idle 2-core machine and ~3.5 min while other tests loaded it with
 # 4 Spark JVMs started one after another; the Spark Structured Streaming peer adds two more
-# (~1.5 min at load average 7).  The bound is a hang guard, not a speed check.
-RUN_TIMEOUT_S = 420
+# (~1.5 min at load average 7); --freshness starts four more systems at once (two JVMs) in place
+# of the Spark peer's latency phase.  The bound is a hang guard, not a speed check.
+RUN_TIMEOUT_S = 540
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench", "--quick", "--freshness", "--out", str(out)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -68,9 +69,23 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
         assert spark[field] > 0, ("spark", field, spark[field])
     assert results["ratios"]["ingest_1/spark"] > 0
     assert results["exactly_once"]["spark"]["ok"], results["exactly_once"]
-    spark_latency = results["latency"]["spark"]
-    assert spark_latency["exactly_once"], spark_latency
-    assert spark_latency["produce_to_visible_s"]["n"] > 0, spark_latency
+    # Equal freshness (--freshness replaces the Spark peer's own produce-to-visible phase): every
+    # system probed once at the quick rate, each judged per record against the bound; the two
+    # exactly-once systems checked over everything their topics got.
+    fresh = results["freshness"]
+    assert fresh["config"]["order"] == ["raw", "quix", "spark", "ingest"]
+    for key in ("raw", "spark", "ingest"):
+        row = fresh["systems"][key]
+        assert row.get("status") != "n/a", (key, row)
+        [probe] = row["probes"]
+        assert probe["rate_asked"] == fresh["config"]["start_rate"] and probe["produced"] > 0, (key, probe)
+        assert probe["seen"] >= probe["produced"] and probe["drained"], (key, probe)
+        assert probe["outcome"] in ("passed", "failed") and probe["p99_s"] > 0, (key, probe)
+        assert row["rate"] in (None, probe["rate_asked"]), (key, row)
+    assert fresh["systems"]["quix"].get("status") == "n/a" or fresh["systems"]["quix"]["probes"], fresh
+    assert results["exactly_once"]["freshness_spark"]["ok"] and results["exactly_once"]["freshness_ingest"]["ok"]
+    assert set(fresh["ratios"]) == {"ingest/raw", "ingest/quix", "ingest/spark"}
+    assert "equal freshness" in stdout
     # Cold start of the one-worker run.
     one = throughput["ingest_1"]
     assert one["first_segment_after_start_s"] > 0
