@@ -345,6 +345,7 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         "python_cpu_s_per_million_runs": [round(_per_million(p, records), 3) for p in python],
         "threads": {k: median([_per_million(r.threads.get(k, 0.0), records) for r in results]) for k in threads},
         "stages": {k: median([_per_million(r.stages.get(k, 0.0), records) for r in results]) for k in stages},
+        "stages_runs": {k: [round(_per_million(r.stages.get(k, 0.0), records), 3) for r in results] for k in stages},
         "calls": {k: max(r.calls.get(k, 0) for r in results) for k in stages},
         "jvm_cpu_s_per_million": median([_per_million(r.jvm_s, records) for r in results]),
     }
