@@ -24,7 +24,7 @@ def test_records_are_framed_and_decode_to_the_json_records_values(monkeypatch: p
     as_json = json.loads(data.record_value(7))
     assert value[0] == 0 and schema_id(value) == 42
     columns = tuple(data.SCHEMA.items())
-    reader = reader_for_writer(avro_reader_schema(columns), avro.WRITER_SCHEMA, from_spec=True)
+    reader = reader_for_writer(avro_reader_schema(columns), avro.WRITER_SCHEMA)
     decoded = fastavro.schemaless_reader(
         io.BytesIO(value[5:]),
         fastavro.parse_schema(json.loads(avro.WRITER_SCHEMA)),

@@ -1,3 +1,4 @@
+import random
 import sys
 import threading
 import time
@@ -220,3 +221,47 @@ def test_headers_count_as_the_python_objects_they_become() -> None:
         for name, data in headers
     )
     assert held_bytes(with_headers, topic) - held_bytes(without, topic) == expected
+
+
+def test_take_counts_a_run_column_by_column_exactly_as_record_by_record() -> None:
+    """Seeded random runs of real messages (keys or none, headers or none, offsets with holes,
+    repeats and records from before the position), taken by ``take`` and by the record-by-record
+    path it falls back to: the same records kept, bytes, positions and returned indexes."""
+    rng = random.Random(29)
+    topic = "clicks"
+    tp = TopicPartition(topic, 0)
+    for case in range(300):
+        start = rng.randrange(5, 50)
+        offset, records = start - rng.randrange(0, 3), []
+        for _ in range(rng.randrange(1, 60)):
+            offset = max(0, offset + (rng.choice((1, 1, 1, 2, 5, 0, -1)) if case % 3 == 0 else rng.choice((1, 1, 2))))
+            key = rng.choice((None, b"", b"k" * rng.randrange(1, 40)))
+            headers = rng.choice((None, [("h", b"x" * rng.randrange(0, 9)), ("g", None)]))
+            value = rng.choice((None, b"v" * rng.randrange(0, 300)))
+            records.append(Message(topic=topic, partition=0, offset=offset, key=key, value=value, headers=headers))
+        limits = SplitLimits(max_records=rng.randrange(1, 80), max_bytes=rng.randrange(200, 40_000), max_age_s=60.0)
+        position = rng.choice((None, start))
+        fast, slow = PartitionBuffer(tp, 1, position), PartitionBuffer(tp, 1, position)
+        i = j = 0
+        steps = []
+        while i < len(records):
+            got = fast.take(records, i, len(records), float(i), limits)
+            want = slow._take_each(records, j, len(records), float(j), limits)
+            steps.append((got, want))
+            assert got == want, (case, steps)
+            i = j = got[0]
+            if fast.full(limits):
+                a, b = fast.seal("x", 0.0), slow.seal("x", 0.0)
+                assert (a.start, a.end, a.records, a.size_bytes, a.first_record_at) == (
+                    b.start,
+                    b.end,
+                    b.records,
+                    b.size_bytes,
+                    b.first_record_at,
+                ), case
+        assert (fast.position, fast.end, fast.size_bytes, len(fast)) == (
+            slow.position,
+            slow.end,
+            slow.size_bytes,
+            len(slow),
+        )
