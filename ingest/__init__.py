@@ -15,7 +15,6 @@ Module map:
 
 ingest (top level: the shared base, and the worker process that wires the layers)
     errors         the worker's exceptions under ingest_common's root (exit codes there)
-    backoff        every retry and wait schedule (Backoff) and the clock it runs on (Clock)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
     formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema

@@ -9,13 +9,15 @@ import threading
 import psycopg
 import structlog
 
+from ingest_common.backoff import Backoff
 from metastore.connection import ConnectionLimits, connect, redact_url, wrap_exceptions
 from metastore.errors import MetastoreError
 from metastore.queries import query
 
 log = structlog.get_logger(__name__)
 
-_RECONNECT_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+# Reconnects after a lost LISTEN connection: 0.5, 1, 2, 5, then every 10 s.
+RECONNECT_BACKOFF = Backoff.stepped(0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class ControlListener:
@@ -23,8 +25,17 @@ class ControlListener:
     ``ingest_sources_notify`` trigger sends NOTIFY ingest_control with the source's name).
     Also set after every (re)connect: notifications sent while disconnected are lost."""
 
-    def __init__(self, url: str, source: str, *, wait_s: float = 0.5, limits: ConnectionLimits | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        source: str,
+        *,
+        wait_s: float = 0.5,
+        limits: ConnectionLimits | None = None,
+        backoff: Backoff = RECONNECT_BACKOFF,
+    ) -> None:
         self._url = url
+        self._backoff = backoff
         self._limits = limits
         self._source = source
         self._wait_s = wait_s
@@ -47,7 +58,7 @@ class ControlListener:
                 self._listen()
                 failures = 0
             except (MetastoreError, psycopg.Error) as exc:
-                delay = _RECONNECT_S[min(failures, len(_RECONNECT_S) - 1)]
+                delay = self._backoff.delay(failures)
                 failures += 1
                 log.warning(
                     "control_listen_failed",
@@ -56,7 +67,7 @@ class ControlListener:
                     error=str(exc),
                     retry_in_s=delay,
                 )
-                self._stop.wait(delay)
+                self._backoff.sleep_unless(delay, self._stop.is_set, poll_s=0.1)
 
     def _listen(self) -> None:
         conn = connect(self._url, self._limits)

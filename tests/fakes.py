@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ingest.backoff import Backoff
 from ingest.build.registration import BuildRegistrar, Registrar, RegistrationStore
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
+from ingest_common.backoff import Backoff
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

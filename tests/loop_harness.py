@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.backoff import Backoff
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
 from ingest.consume.context import LoopContext
@@ -19,6 +18,7 @@ from ingest.ops.metrics import Metrics
 from ingest.publish.pipeline import REGISTRY_RETRY, Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
+from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, TopicPartition
 from ingest_dev.testkit import wait_until
 from tests.fakes import FakeBuilder, FakeClock, MemoryMetastore

@@ -14,9 +14,9 @@ from typing import Protocol
 
 import structlog
 
-from ingest.backoff import METASTORE_BACKOFF, Backoff
 from ingest.build.split import SealedSplit
 from ingest.errors import SplitKilled
+from ingest_common.backoff import METASTORE_BACKOFF, Backoff
 from ingest_common.model import BuildRegistration
 from metastore.errors import MetastoreUnavailable
 

@@ -8,11 +8,11 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from ingest.backoff import Backoff
 from ingest.cli.common import emit, load_settings
 from ingest.config import Settings, non_negative_seconds
 from ingest.errors import ConfigError
 from ingest.ops.status_text import dash
+from ingest_common.backoff import Backoff
 from ingest_common.model import DesiredState, PartitionReset, TopicPartition, WorkerState
 from metastore import Metastore
 

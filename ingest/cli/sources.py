@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ingest.backoff import Backoff
 from ingest.cli.common import emit, load_settings
 from ingest.config import non_negative_seconds
 from ingest.logs import configure_logging
+from ingest_common.backoff import Backoff
 from ingest_common.redact import redact
 from metastore import Metastore, apply_migrations, redact_url
 

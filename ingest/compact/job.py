@@ -30,12 +30,12 @@ from typing import Any, Protocol
 import pyarrow.parquet as pq
 import structlog
 
-from ingest.backoff import Backoff
 from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, file_partition_value
 from ingest.compact.plan import Chunk, choose
 from ingest.errors import BuildError
 from ingest.spec import SourceSpec
+from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, TopicPartition
 from metastore.base import Row
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, ReplaceRefused, Session

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import structlog
 
-from ingest.backoff import Backoff
 from ingest.compact.job import CompactionResult, Compactor
 from ingest.errors import BuildError
+from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.errors import MetastoreUnavailable
 

@@ -18,12 +18,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from ingest.backoff import SYSTEM_CLOCK, Clock
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
 from ingest.consume.kafka import Consumer
 from ingest.ops.metrics import Metrics
 from ingest.spec import SpecHolder
+from ingest_common.backoff import SYSTEM_CLOCK, Clock
 from ingest_common.model import KillReason, PartitionClaim, SourceControl, TopicPartition
 from metastore.errors import MetastoreError
 

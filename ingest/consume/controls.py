@@ -12,11 +12,11 @@ from typing import Any
 
 import structlog
 
-from ingest.backoff import Backoff
 from ingest.consume.context import ControlStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
 from ingest.spec import SourceSpec
+from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
 
 log = structlog.get_logger(__name__)

@@ -20,12 +20,12 @@ from typing import Any
 
 import structlog
 
-from ingest.backoff import Backoff
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import GapStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.kafka import KafkaCallFailed, Watermarks
 from ingest.consume.positioning import Positioner, Reason
+from ingest_common.backoff import Backoff
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
 from metastore.errors import PublishConflict
 

@@ -15,10 +15,10 @@ from functools import partial
 
 import structlog
 
-from ingest.backoff import Backoff
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import LoopContext, StateStore
 from ingest.consume.kafka import KafkaCallFailed, start_offset
+from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)

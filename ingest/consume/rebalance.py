@@ -20,9 +20,9 @@ from typing import TypeVar
 
 import structlog
 
-from ingest.backoff import Backoff, Clock
 from ingest.consume.context import ClaimStore, LoopContext
 from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
+from ingest_common.backoff import Backoff, Clock
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
 

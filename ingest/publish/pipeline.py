@@ -30,7 +30,6 @@ from functools import partial
 
 import structlog
 
-from ingest.backoff import Backoff
 from ingest.build import segment_store
 from ingest.build.builder import SegmentBuilder
 from ingest.build.split import SealedSplit
@@ -40,6 +39,7 @@ from ingest.publish.publisher import Publisher
 from ingest.publish.registry_wait import RegistryWait, RegistryWaits
 from ingest.publish.settle import Killed, Outcome, Published, PublishInProgress, Settler
 from ingest.spec import SourceSpec, SpecHolder
+from ingest_common.backoff import Backoff
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from ingest.backoff import Clock
 from ingest.build.split import SealedSplit
+from ingest_common.backoff import Clock
 from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)

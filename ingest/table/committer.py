@@ -51,7 +51,6 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
-from ingest.backoff import Backoff
 from ingest.build.segment_store import filesystem
 from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
@@ -60,6 +59,7 @@ from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChan
 from ingest.table.health import CommitterHealth
 from ingest.table.metrics import TableMetrics
 from ingest.table.runner import MAX_RETRY_DELAY_S, STANDBY_POLL_S, run_committer
+from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.tables import PendingSegment, TableKind, TableRow, TableStore
 

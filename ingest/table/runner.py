@@ -16,9 +16,9 @@ import structlog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from sqlalchemy.exc import SQLAlchemyError
 
-from ingest.backoff import Backoff
 from ingest.table.errors import CommitConflicts
 from ingest.table.health import CommitterState
+from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.errors import MetastoreUnavailable
 from metastore.tables import TableKind

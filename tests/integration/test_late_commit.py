@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ingest.backoff import Backoff
 from ingest.build import segment_store
 from ingest.build.builder import BuildResult, SparkSegmentBuilder
 from ingest.build.plan import stage_records
@@ -27,6 +26,7 @@ from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Outcome, Published
 from ingest.spec import SourceSpec, SpecHolder
+from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from ingest_dev.testkit import wait_until

@@ -15,11 +15,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from structlog.testing import capture_logs
 
-from ingest.backoff import Backoff
 from ingest.consume.publish_watch import PublishWatch
 from ingest.publish.pipeline import Pipeline, Published
 from ingest.publish.publisher import Publisher
 from ingest.spec import SourceSpec, SpecHolder
+from ingest_common.backoff import Backoff
 from ingest_common.model import TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from ingest_dev.testkit import wait_until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from ingest.backoff import METASTORE_BACKOFF, Backoff, Growth
+from ingest_common.backoff import METASTORE_BACKOFF, Backoff, Growth
 from tests.fakes import FakeClock
 
 

@@ -2,9 +2,9 @@ import uuid
 
 import pytest
 
-from ingest.backoff import Backoff
 from ingest.build.registration import Registrar
 from ingest.errors import SplitKilled
+from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, TopicPartition
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 from tests.fakes import FakeClock, make_split
