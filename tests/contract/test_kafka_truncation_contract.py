@@ -66,42 +66,18 @@ def _memory() -> Truncated:
     return Truncated(tp, 0, broker.epochs[tp], make)
 
 
-def _epochs(bootstrap: str, tp: TopicPartition) -> set[int]:
-    """The leader epochs of the partition's records."""
-    from confluent_kafka import TopicPartition as KafkaTopicPartition
-
-    reader = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "epochs", "enable.partition.eof": True})
-    reader.assign([KafkaTopicPartition(tp.topic, tp.partition, 0)])
-    seen: set[int] = set()
-
-    def at_end() -> bool:
-        msg = reader.poll(0.5)
-        if msg is None:
-            return False
-        if msg.error() is not None:
-            return True  # the end of the partition
-        seen.add(msg.leader_epoch())
-        return False
-
-    try:
-        wait_until(at_end, 60, "the partition read to its end")
-    finally:
-        reader.close()
-    return seen
-
-
 def _kafka(request: pytest.FixtureRequest) -> Iterator[Truncated]:
-    from ingest_dev.kafka_clients import create_topic, produce_records
+    from ingest_dev.kafka_clients import create_topic, produce_records, record_leader_epochs
 
     broker = request.getfixturevalue("private_kafka")
     bootstrap, topic = broker.bootstrap, f"trunc-{uuid.uuid4().hex[:8]}"
     tp = TopicPartition(topic, 0)
     create_topic(bootstrap, topic, 1)
     produce_records(bootstrap, topic, ((0, b"k", b"%d" % i) for i in range(BEFORE)))
-    [before] = _epochs(bootstrap, tp)
+    [before] = record_leader_epochs(bootstrap, topic, 0)
     broker.lose_partition_log(topic, 0)
     produce_records(bootstrap, topic, ((0, b"k", b"%d" % i) for i in range(AFTER)))
-    [after] = _epochs(bootstrap, tp)
+    [after] = record_leader_epochs(bootstrap, topic, 0)
     consumers: list[ConfluentConsumer] = []
 
     def make() -> Consumer:
