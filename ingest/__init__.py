@@ -25,14 +25,14 @@ ingest (top level: the shared base, and the worker process that wires the layers
     __main__       ``python -m ingest``: the command line
 
 ingest.consume (one polling thread: the consumer group's member)
-    kafka          the one boundary to confluent-kafka: typed consumer, error codes, quirks
+    kafka          the one boundary to confluent-kafka: typed consumer, error codes, quirks, KIP-320 validation
     loop           poll, route records into buffers, seal, pause for backpressure
     context        what the loop's parts share (LoopContext), the metastore calls and pipeline they need
     rebalance      assign / revoke / lost callbacks: claim (new serials), kill switches
     assignment     the partitions owned now, each one's lifecycle as a state machine
     positioning    the one repositioning path (rewind, reset, skipped gap, resume)
     outcomes       what a finished split does: offsets, fence or rewind, health
-    gaps           offsets gone from the log: measured, recorded, skipped or stopped
+    gaps           offsets gone from the log (retention, truncation): measured, recorded, skipped or stopped
     controls       suspend, drain, resume, resets and spec versions, as a worker applies them
     heartbeats     the worker's registry entry: heartbeats, controls read, error reports
     background     the thread every metastore call outside a rebalance callback runs on

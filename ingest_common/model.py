@@ -173,6 +173,18 @@ class PartitionClaim:
     serial: int
     next_offset: int | None
     initial_position: StartFrom
+    # Kafka's leader epoch of the record at next_offset - 1, as its publish stored it (None:
+    # unknown). The consumer seeks with it so librdkafka validates the position (KIP-320).
+    leader_epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPosition:
+    """A partition's row as a rewind reads it: the serial, and where to read from."""
+
+    serial: int
+    next_offset: int | None
+    leader_epoch: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +204,9 @@ class PublishRange:
 
     range: OffsetRange
     serial: int
+    # Kafka's leader epoch of the record at range.end - 1, stored with the new next_offset
+    # (None: unknown, the position is then used without validation).
+    leader_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,15 @@ class LocalKafka(ManagedProcess):
         time.sleep(down_s)
         self.start()
 
+    def lose_partition_log(self, topic: str, partition: int, timeout: float = 20.0) -> None:
+        """What an unclean leader election does to a partition, on one node: stop the broker,
+        delete the partition's log directory (records and leader-epoch checkpoint), start it
+        again. The partition comes back empty under a higher leader epoch (the restart bumps
+        it), so records produced next take the offsets of the lost ones."""
+        self.halt(timeout=timeout)
+        shutil.rmtree(self.base_dir / "data" / f"{topic}-{partition}")
+        self.start()
+
     def halt(self, crash: bool = False, timeout: float = 20.0) -> None:
         """Stop the broker process (SIGTERM, a controlled shutdown; SIGKILL with ``crash``)
         and keep its ports and data for :meth:`start`."""

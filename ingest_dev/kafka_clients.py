@@ -1,6 +1,6 @@
 """Small, time-bounded Kafka admin and producer helpers that work against any cluster (the
 local broker, a container, a real one): create and delete topics, read end offsets, produce
-records and learn where each partition's log ends."""
+records and learn where each partition's log ends (and under which leader epochs it was written)."""
 
 from __future__ import annotations
 
@@ -93,6 +93,36 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, 
         }
     finally:
         consumer.close()
+
+
+def record_leader_epochs(bootstrap: str, topic: str, partition: int, timeout: float = 60.0) -> set[int]:
+    """The leader epochs a partition's records were written under, read from its start to its end."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    reader = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "ingest-leader-epochs", "enable.partition.eof": True},
+        logger=PROBE_LOG,
+    )
+    reader.assign([KafkaTopicPartition(topic, partition, 0)])
+    seen: set[int] = set()
+
+    def at_end() -> bool:
+        msg = reader.poll(0.5)
+        if msg is None:
+            return False
+        if msg.error() is not None:
+            return True  # the end of the partition (or an error: what was read is the answer)
+        epoch = msg.leader_epoch()
+        if epoch is not None:
+            seen.add(int(epoch))
+        return False
+
+    try:
+        wait_until(at_end, timeout, f"{topic}[{partition}] read to its end")
+    finally:
+        reader.close()
+    return seen
 
 
 def produce_records(

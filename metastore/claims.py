@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ingest_common.model import PartitionClaim, StartFrom, TopicPartition
+from ingest_common.model import PartitionClaim, StartFrom, StoredPosition, TopicPartition
 from metastore.base import Row, StoreBase
 from metastore.connection import wrap_exceptions
 from metastore.queries import query
@@ -128,6 +128,13 @@ class ClaimsMixin(StoreBase):
         rows = self._fetch("partition_state", source=source, topic=tp.topic, partition=tp.partition)
         return (int(rows[0]["serial"]), rows[0]["next_offset"]) if rows else None
 
+    def stored_position(self, source: str, tp: TopicPartition) -> StoredPosition | None:
+        """(serial, next_offset, leader_epoch) of one partition, or None if it has no row."""
+        rows = self._fetch("stored_position", source=source, topic=tp.topic, partition=tp.partition)
+        if not rows:
+            return None
+        return StoredPosition(int(rows[0]["serial"]), rows[0]["next_offset"], rows[0]["leader_epoch"])
+
     def partitions(self, source: str) -> list[Row]:
         return self._fetch("list_partitions", source=source)
 
@@ -139,5 +146,7 @@ def _claims(rows: Iterable[Row]) -> dict[TopicPartition, PartitionClaim]:
     claims = {}
     for row in rows:
         tp = TopicPartition(row["topic"], row["partition"])
-        claims[tp] = PartitionClaim(tp, int(row["serial"]), row["next_offset"], row["initial_position"])
+        claims[tp] = PartitionClaim(
+            tp, int(row["serial"]), row["next_offset"], row["initial_position"], row["leader_epoch"]
+        )
     return claims

@@ -67,7 +67,7 @@ FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS u(t, p)
 ORDER BY t, p
 ON CONFLICT (source, topic, partition) DO UPDATE
 SET serial = ingest_partitions.serial + 1, owner = EXCLUDED.owner, assigned_at = now()
-RETURNING topic, partition, serial, next_offset, initial_position;
+RETURNING topic, partition, serial, next_offset, initial_position, leader_epoch;
 
 -- name: pin_start_offsets
 -- A claimed partition with nothing stored gets the start offset its claim resolved from the
@@ -77,10 +77,11 @@ RETURNING topic, partition, serial, next_offset, initial_position;
 -- start_offset records where epoch 0 starts, for `ingest audit` (migrations/0013).
 UPDATE ingest_partitions p
 SET next_offset = coalesce(p.next_offset, u.o),
+    leader_epoch = CASE WHEN p.next_offset IS NULL THEN NULL ELSE p.leader_epoch END,
     start_offset = CASE WHEN p.next_offset IS NULL AND p.start_offset IS NULL THEN u.o ELSE p.start_offset END
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[], %(offsets)s::bigint[]) AS u(t, part, s, o)
 WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part AND p.serial = u.s
-RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
+RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch;
 
 -- name: release_partition
 UPDATE ingest_partitions SET owner = NULL
@@ -97,7 +98,7 @@ ORDER BY topic, partition
 FOR UPDATE;
 
 -- name: publish_segment
--- The whole publish transaction (migrations/0007, 0008, 0011): lock, check, insert, advance;
+-- The whole publish transaction (migrations/0007, 0008, 0011, 0020): lock, check, insert, advance;
 -- a split already published answers with its segment. One row:
 -- segment_id set, or the first failing check (reason, topic, partition, expected, actual).
 SELECT * FROM ingest_publish_segment(
@@ -108,7 +109,7 @@ SELECT * FROM ingest_publish_segment(
     p_rejects_location => %(rejects_location)s::text, p_rejects_files => %(rejects_files)s::text[],
     p_rejects_count => %(rejects_count)s, p_skipped_count => %(skipped_count)s,
     p_topics => %(topics)s::text[], p_partitions => %(partitions)s::int[], p_serials => %(serials)s::bigint[],
-    p_starts => %(starts)s::bigint[], p_ends => %(ends)s::bigint[]);
+    p_starts => %(starts)s::bigint[], p_ends => %(ends)s::bigint[], p_leader_epochs => %(leader_epochs)s::int[]);
 
 -- name: lock_ranges
 -- Lock the ranges' partition rows and return the checks that fail (none: go ahead).
@@ -139,7 +140,7 @@ LIMIT %(limit)s
 
 -- name: list_partitions
 SELECT p.topic, p.partition, p.next_offset, p.initial_position, p.serial, p.owner, p.assigned_at,
-       p.last_publish_at, p.last_segment_id
+       p.last_publish_at, p.last_segment_id, p.leader_epoch
 FROM ingest_partitions p
 WHERE p.source = %(source)s
 ORDER BY p.topic, p.partition;
@@ -149,6 +150,11 @@ SELECT reason, count(*) AS n FROM ingest_publish_conflicts WHERE source = %(sour
 
 -- name: partition_state
 SELECT serial, next_offset FROM ingest_partitions
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
+
+-- name: stored_position
+-- Where a rewind re-reads from: the stored offset and the leader epoch of the record before it.
+SELECT serial, next_offset, leader_epoch FROM ingest_partitions
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: heartbeat
@@ -219,7 +225,8 @@ FOR UPDATE;
 
 -- name: reset_partition
 -- The serial bump fences every publish in flight for the partition (it presents the old serial).
-UPDATE ingest_partitions SET next_offset = %(new_offset)s, serial = serial + 1, epoch = epoch + 1
+-- No leader epoch is known for the new position: it is read from without validation.
+UPDATE ingest_partitions SET next_offset = %(new_offset)s, leader_epoch = NULL, serial = serial + 1, epoch = epoch + 1
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s
 RETURNING serial;
 
@@ -262,7 +269,7 @@ UPDATE ingest_partitions p SET serial = p.serial + 1, assigned_at = now()
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[]) AS u(t, part, s)
 WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part
   AND p.owner = %(worker)s AND p.serial <> u.s
-RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position;
+RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch;
 
 -- name: listen_controls
 LISTEN ingest_control;
@@ -277,6 +284,18 @@ SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), work
 WHERE NOT ingest_offset_gaps.skipped
 RETURNING id;
 
+-- name: record_truncation
+-- The log was truncated below the stored offset (migrations/0020): the records published at
+-- [from_offset, to_offset) are no longer the log's. Recorded, never skipped (the partition
+-- stays stopped); seen again, the same row is updated.
+INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, reason)
+VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s, 'log_truncated')
+ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
+SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), worker = EXCLUDED.worker,
+    reason = 'log_truncated'
+WHERE NOT ingest_offset_gaps.skipped
+RETURNING id;
+
 -- name: insert_skipped_gap
 -- Runs inside the transaction that moves next_offset past the gap (skip_offsets).
 INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, skipped, skipped_at)
@@ -287,12 +306,12 @@ SET to_offset = EXCLUDED.to_offset, worker = EXCLUDED.worker, skipped = true, sk
 RETURNING id;
 
 -- name: skip_offsets
-UPDATE ingest_partitions SET next_offset = %(to_offset)s
+UPDATE ingest_partitions SET next_offset = %(to_offset)s, leader_epoch = NULL
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: list_gaps
 SELECT id, topic, partition, from_offset, to_offset, skipped, worker, detected_at, skipped_at,
-       acknowledged_at, acknowledged_by, epoch
+       acknowledged_at, acknowledged_by, epoch, reason
 FROM ingest_offset_gaps WHERE source = %(source)s ORDER BY id;
 
 -- name: ack_gaps

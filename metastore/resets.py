@@ -115,6 +115,20 @@ class ResetsMixin(StoreBase):
             to_offset=to_offset,
         )
 
+    def record_truncation(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None:
+        """The partition stopped at ``to_offset`` (its stored offset): Kafka's log was truncated
+        below it, so the records published at ``[from_offset, to_offset)`` are no longer the
+        log's. Recorded with reason ``log_truncated``; never skipped."""
+        self._fetch(
+            "record_truncation",
+            source=source,
+            worker=worker,
+            topic=tp.topic,
+            partition=tp.partition,
+            from_offset=from_offset,
+            to_offset=to_offset,
+        )
+
     def skip_gap(
         self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
     ) -> int:

@@ -52,6 +52,20 @@ $$;
 --
 
 CREATE FUNCTION public.ingest_publish_segment(p_source text, p_split_id uuid, p_spec_version integer, p_worker text, p_location text, p_files text[], p_row_count bigint, p_size_bytes bigint, p_min_event_time timestamp with time zone, p_max_event_time timestamp with time zone, p_rejects_location text, p_rejects_files text[], p_rejects_count bigint, p_skipped_count bigint, p_topics text[], p_partitions integer[], p_serials bigint[], p_starts bigint[], p_ends bigint[]) RETURNS TABLE(segment_id bigint, reason text, topic text, partition integer, expected bigint, actual bigint)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM ingest_publish_segment(
+        p_source, p_split_id, p_spec_version, p_worker, p_location, p_files, p_row_count, p_size_bytes,
+        p_min_event_time, p_max_event_time, p_rejects_location, p_rejects_files, p_rejects_count,
+        p_skipped_count, p_topics, p_partitions, p_serials, p_starts, p_ends,
+        array_fill(NULL::integer, ARRAY[cardinality(p_topics)]));
+$$;
+
+--
+-- Name: ingest_publish_segment(text, uuid, integer, text, text, text[], bigint, bigint, timestamp with time zone, timestamp with time zone, text, text[], bigint, bigint, text[], integer[], bigint[], bigint[], bigint[], integer[]); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.ingest_publish_segment(p_source text, p_split_id uuid, p_spec_version integer, p_worker text, p_location text, p_files text[], p_row_count bigint, p_size_bytes bigint, p_min_event_time timestamp with time zone, p_max_event_time timestamp with time zone, p_rejects_location text, p_rejects_files text[], p_rejects_count bigint, p_skipped_count bigint, p_topics text[], p_partitions integer[], p_serials bigint[], p_starts bigint[], p_ends bigint[], p_leader_epochs integer[]) RETURNS TABLE(segment_id bigint, reason text, topic text, partition integer, expected bigint, actual bigint)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -110,8 +124,8 @@ BEGIN
     FROM unnest(p_topics, p_partitions, p_starts, p_ends) AS r(topic, partition, start, stop);
 
     UPDATE ingest_partitions p
-    SET next_offset = r.stop, last_publish_at = now(), last_segment_id = new_id
-    FROM unnest(p_topics, p_partitions, p_ends) AS r(topic, partition, stop)
+    SET next_offset = r.stop, leader_epoch = r.leader_epoch, last_publish_at = now(), last_segment_id = new_id
+    FROM unnest(p_topics, p_partitions, p_ends, p_leader_epochs) AS r(topic, partition, stop, leader_epoch)
     WHERE p.source = p_source AND p.topic = r.topic AND p.partition = r.partition;
 
     RETURN QUERY SELECT new_id, NULL::text, NULL::text, NULL::integer, NULL::bigint, NULL::bigint;
@@ -421,9 +435,11 @@ CREATE TABLE public.ingest_offset_gaps (
     acknowledged_at timestamp with time zone,
     acknowledged_by text,
     epoch integer NOT NULL,
+    reason text DEFAULT 'retention'::text NOT NULL,
     CONSTRAINT ingest_offset_gaps_check CHECK ((to_offset > from_offset)),
     CONSTRAINT ingest_offset_gaps_from_offset_check CHECK ((from_offset >= 0)),
-    CONSTRAINT ingest_offset_gaps_partition_check CHECK ((partition >= 0))
+    CONSTRAINT ingest_offset_gaps_partition_check CHECK ((partition >= 0)),
+    CONSTRAINT ingest_offset_gaps_reason_check CHECK ((reason = ANY (ARRAY['retention'::text, 'log_truncated'::text])))
 );
 
 --
@@ -461,6 +477,7 @@ CREATE TABLE public.ingest_partitions (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     epoch integer DEFAULT 0 NOT NULL,
     start_offset bigint,
+    leader_epoch integer,
     CONSTRAINT ingest_partitions_initial_position_check CHECK ((initial_position = ANY (ARRAY['earliest'::text, 'latest'::text]))),
     CONSTRAINT ingest_partitions_next_offset_check CHECK ((next_offset >= 0)),
     CONSTRAINT ingest_partitions_partition_check CHECK ((partition >= 0)),
@@ -478,6 +495,12 @@ COMMENT ON COLUMN public.ingest_partitions.next_offset IS 'The first offset not 
 --
 
 COMMENT ON COLUMN public.ingest_partitions.start_offset IS 'Where epoch 0 starts: the offset the first claim pinned. Never changed afterwards (a reset starts a new epoch at its ingest_reset_partitions.new_offset).';
+
+--
+-- Name: COLUMN ingest_partitions.leader_epoch; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_partitions.leader_epoch IS 'Kafka leader epoch of the record at next_offset - 1, set by the publish that stored next_offset; NULL when unknown (pins, resets, skipped gaps).';
 
 --
 -- Name: ingest_publish_conflicts; Type: TABLE; Schema: public; Owner: -

@@ -24,7 +24,8 @@ class SegmentsMixin(StoreBase):
         locks the partition rows in a fixed order, checks for each that the serial is the
         one seen at assign and that the range starts at the stored next offset, then inserts
         the segment and advances the offsets (``ingest_publish_segment``, migrations 0007,
-        0008 and 0011). Idempotent by split id: a split already published answers with its
+        0008, 0011; 0020 stores each range's leader epoch with its end). Idempotent by
+        split id: a split already published answers with its
         segment's id, whatever the checks say now (a retry after a lost reply).
 
         Raises PublishConflict (nothing of the segment written, conflict recorded) or
@@ -53,6 +54,7 @@ class SegmentsMixin(StoreBase):
             "serials": [r.serial for r in ranges],
             "starts": [r.range.start for r in ranges],
             "ends": [r.range.end for r in ranges],
+            "leader_epochs": [r.leader_epoch for r in ranges],
         }
         with wrap_exceptions(self.url):
             conn = self._connection()

@@ -25,6 +25,7 @@ from ingest_common.model import (
     SegmentToPublish,
     SourceControl,
     StartFrom,
+    StoredPosition,
     TopicPartition,
 )
 from ingest_common.redact import redact
@@ -192,6 +193,8 @@ class FakeStore:
 
     serials: dict[TopicPartition, int] = field(default_factory=dict)
     next_offsets: dict[TopicPartition, int | None] = field(default_factory=dict)
+    # The leader epoch stored with each next offset (migration 0020); absent: NULL.
+    leader_epochs: dict[TopicPartition, int | None] = field(default_factory=dict)
     segments: dict[uuid.UUID, SegmentToPublish] = field(default_factory=dict)
     unavailable_for: int = 0
     lose_commit_ack: int = 0
@@ -245,6 +248,7 @@ class FakeStore:
                 raise PublishConflict(reason, item.ranges[0].range.tp, None, None)
             for r in item.ranges:
                 self.next_offsets[r.range.tp] = r.range.end
+                self.leader_epochs[r.range.tp] = r.leader_epoch
             self.segments[item.segment.split_id] = item
             if self.lose_commit_ack > 0:
                 self.lose_commit_ack -= 1
@@ -312,6 +316,7 @@ class MemoryMetastore(CompactionFake, FakeStore):
         # Every error report as ingest_errors holds it (source, worker, kind, message, at).
         self.error_rows: list[dict[str, Any]] = []
         self.gaps: list[tuple[TopicPartition, int, int, bool]] = []
+        self.truncations: list[tuple[TopicPartition, int, int]] = []
         # Set to make every call wait until it is cleared (a metastore that hangs).
         self.hang = threading.Event()
         self.released = threading.Event()
@@ -359,7 +364,9 @@ class MemoryMetastore(CompactionFake, FakeStore):
                     self.serials[tp], self.next_offsets[tp], self.initial[tp] = 0, None, "earliest"
                 self.serials[tp] += 1
                 self.owners[tp] = worker
-                claims[tp] = PartitionClaim(tp, self.serials[tp], self.next_offsets[tp], self.initial[tp])
+                claims[tp] = PartitionClaim(
+                    tp, self.serials[tp], self.next_offsets[tp], self.initial[tp], self.leader_epochs.get(tp)
+                )
             return claims
 
     def pin_start_offsets(
@@ -388,10 +395,18 @@ class MemoryMetastore(CompactionFake, FakeStore):
             self._call(source)
             return (self.serials[tp], self.next_offsets[tp]) if tp in self.serials else None
 
+    def stored_position(self, source: str, tp: TopicPartition) -> StoredPosition | None:
+        with self.lock:
+            self._call(source)
+            if tp not in self.serials:
+                return None
+            return StoredPosition(self.serials[tp], self.next_offsets[tp], self.leader_epochs.get(tp))
+
     def reset(self, tp: TopicPartition, offset: int) -> None:
         """What ``ingest reset`` does to one partition: new offset, serial bumped, generation moved."""
         with self.lock:
             self.next_offsets[tp] = offset
+            self.leader_epochs[tp] = None
             self.serials[tp] += 1
             c = self.control_state
             self.control_state = SourceControl(c.desired_state, c.drain_stay, c.reset_generation + 1, c.spec_version)
@@ -413,6 +428,11 @@ class MemoryMetastore(CompactionFake, FakeStore):
             self._call(source)
             self.gaps.append((tp, from_offset, to_offset, False))
 
+    def record_truncation(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None:
+        with self.lock:
+            self._call(source)
+            self.truncations.append((tp, from_offset, to_offset))
+
     def skip_gap(
         self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
     ) -> int:
@@ -426,6 +446,7 @@ class MemoryMetastore(CompactionFake, FakeStore):
             if stored is not None and stored != from_offset:
                 raise PublishConflict("offset", tp, from_offset, stored)
             self.next_offsets[tp] = to_offset
+            self.leader_epochs[tp] = None
             self.gaps.append((tp, from_offset, to_offset, True))
             return len(self.gaps)
 

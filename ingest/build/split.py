@@ -38,6 +38,10 @@ class Record(Protocol):
     def key(self) -> bytes | None: ...
     def value(self) -> bytes | None: ...
     def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+    def leader_epoch(self) -> int | None:
+        """The partition leader's epoch the record was written under (None: unknown)."""
+        ...
+
     def __len__(self) -> int:
         """The value's length (0 without one), as confluent-kafka's Message defines it."""
         ...
@@ -48,7 +52,7 @@ class SyntheticRecord:
     splits, and the one record double of the tests (the in-memory consumer delivers it too,
     so it names its topic and partition as a consumed message does)."""
 
-    __slots__ = ("_key", "_offset", "_partition", "_timestamp_ms", "_topic", "_value")
+    __slots__ = ("_key", "_leader_epoch", "_offset", "_partition", "_timestamp_ms", "_topic", "_value")
 
     def __init__(
         self,
@@ -59,7 +63,9 @@ class SyntheticRecord:
         timestamp_ms: int = 1_700_000_000_000,
         topic: str = "",
         partition: int = 0,
+        leader_epoch: int | None = None,
     ) -> None:
+        self._leader_epoch = leader_epoch
         self._offset = offset
         self._value = value
         self._key = key
@@ -81,6 +87,9 @@ class SyntheticRecord:
 
     def headers(self) -> list[tuple[str, bytes | None]] | None:
         return None
+
+    def leader_epoch(self) -> int | None:
+        return self._leader_epoch
 
     def topic(self) -> str:
         return self._topic
@@ -211,6 +220,20 @@ class SealedSplit:
     @property
     def range(self) -> OffsetRange:
         return OffsetRange(self.tp, self.start, self.end)
+
+    @property
+    def leader_epoch(self) -> int | None:
+        """The leader epoch of the record at ``end - 1``, stored with ``end`` by the publish so
+        the next reader can have the position validated (KIP-320). None when ``end - 1`` holds
+        no record this consumer received (a transaction marker, an aborted record): the epoch
+        of an earlier record could end before ``end`` and read as a truncation."""
+        if not self.records:
+            return None
+        last = self.records[-1]
+        if last.offset() != self.end - 1:
+            return None
+        epoch = last.leader_epoch()
+        return epoch if epoch is not None and epoch >= 0 else None
 
     def __len__(self) -> int:
         return len(self.records)

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ingest.build.split import PartitionBuffer
+from ingest.consume.kafka import Truncation
 from ingest_common.backoff import Backoff
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
@@ -56,6 +57,8 @@ class OwnedPartition:
     failures: int = 0
     # OUT_OF_RANGE: the offset Kafka refused, and whether the gap is still to be measured.
     refused_offset: int | None = None
+    # OUT_OF_RANGE after a KIP-320 validation failed: the truncation librdkafka reported.
+    truncation: Truncation | None = None
     gap_pending: bool = False
     # A metastore read or write for this partition runs in the background (ingest.consume.background):
     # nothing else is started for it until its result is applied.
@@ -101,11 +104,13 @@ class OwnedPartition:
         self.gap_pending = False
         self._drop_buffer(None)
 
-    def refuse(self, offset: int | None) -> None:
-        """Kafka refused the fetch offset: stop until the gap is measured (at once)."""
+    def refuse(self, offset: int | None, truncation: Truncation | None = None) -> None:
+        """Kafka refused the fetch offset (or found the log truncated below a validated
+        position): stop until the gap is measured (at once)."""
         self._require(PartitionState.ACTIVE)
         self.state = PartitionState.OUT_OF_RANGE
         self.refused_offset = offset
+        self.truncation = truncation
         self.gap_pending = True
         self.retry_at = 0.0
         self._drop_buffer(None)

@@ -24,7 +24,7 @@ from ingest.consume.kafka import Consumer
 from ingest.ops.metrics import Metrics
 from ingest.spec import SpecHolder
 from ingest_common.backoff import SYSTEM_CLOCK, Clock
-from ingest_common.model import KillReason, PartitionClaim, SourceControl, TopicPartition
+from ingest_common.model import KillReason, PartitionClaim, SourceControl, StoredPosition, TopicPartition
 from metastore.errors import MetastoreError
 
 log = structlog.get_logger(__name__)
@@ -33,15 +33,19 @@ log = structlog.get_logger(__name__)
 
 
 class StateStore(Protocol):
-    """Positioning: a rewind reads the stored serial and offset."""
+    """Positioning: a rewind reads the stored serial, offset and leader epoch."""
 
     def partition_state(self, source: str, tp: TopicPartition) -> tuple[int, int | None] | None: ...
+    def stored_position(self, source: str, tp: TopicPartition) -> StoredPosition | None: ...
 
 
 class GapStore(StateStore, Protocol):
     """Gaps: measured against the stored offset, recorded, or skipped (serial-guarded)."""
 
     def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None: ...
+    def record_truncation(
+        self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int
+    ) -> None: ...
     def skip_gap(
         self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
     ) -> int: ...

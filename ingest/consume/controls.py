@@ -106,7 +106,7 @@ class Controls:
                 # again by an assign after this re-claim (that claim is the newer one).
                 continue
             owned.reclaimed(claim)
-            self._positioner.reposition(owned, claim.next_offset, Reason.RESET)
+            self._positioner.reposition(owned, claim.next_offset, Reason.RESET, claim.leader_epoch)
         log.info(
             "partitions_reset",
             source=self._source,

@@ -7,6 +7,16 @@ and leaves the partition stopped; ``earliest`` moves next_offset past the gap in
 transaction that records it (serial-guarded like a publish), then consumes from ``earliest``.
 Kafka or the metastore not answering: retried a few seconds later, never skipped.
 
+A log truncation (KIP-320: the broker's log of the stored position's leader epoch ends below
+it, after an unclean leader election or a lost broker log, even when the log has grown past
+the position again) is measured the same way: when it reaches below the stored offset, the
+records published at ``[broker end offset, next_offset)`` are no longer the log's, and the
+log holds other records there now. That range is recorded as a gap with reason
+``log_truncated`` and the partition stops under either policy (resuming at next_offset would
+skip the new records, re-reading would publish offsets twice); ``ingest reset`` resumes it.
+A truncation above the stored offset only touched records not published: re-read from the
+stored offset (validated again).
+
 The measurement and the record run in the background (:meth:`GapResolver._measure`); the
 verdict is applied on the polling thread (:meth:`GapResolver._apply`).
 """
@@ -23,7 +33,7 @@ import structlog
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import GapStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import KafkaCallFailed, Watermarks
+from ingest.consume.kafka import KafkaCallFailed, Truncation, Watermarks
 from ingest.consume.positioning import Positioner, Reason
 from ingest_common.backoff import Backoff
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
@@ -41,6 +51,7 @@ class Verdict(enum.Enum):
     FENCED = "fenced"  # the stored serial moved: another worker owns the partition
     IN_RANGE = "in_range"  # the stored offset is in the log: only a later position was refused
     PAST_END = "past_end"  # the stored offset is past the log end (unclean leader election, re-created topic)
+    TRUNCATED = "truncated"  # the log was truncated below the stored offset: recorded, stays stopped
     STOPPED = "stopped"  # recorded, partition stays stopped (policy fail)
     SKIPPED = "skipped"  # recorded and skipped (policy earliest): consume from `low`
     CONFLICT = "conflict"  # the record/skip was refused (serial or offset moved)
@@ -56,6 +67,9 @@ class GapResult:
     stored_serial: int | None = None
     gap_id: int | None = None
     reason: str = ""
+    # TRUNCATED: where the lost range starts, and what librdkafka reported.
+    lost_from: int = 0
+    truncation: Truncation | None = None
 
 
 class GapResolver:
@@ -73,13 +87,14 @@ class GapResolver:
         self._positioner = positioner
         self._registry = registry
 
-    def refused(self, tp: TopicPartition, offset: int | None, error: str) -> None:
-        """Kafka refused ``tp``'s fetch offset: stop the partition first (nothing of it is
-        buffered or published until the gap is measured and recorded), then measure it."""
+    def refused(self, tp: TopicPartition, offset: int | None, error: str, truncation: Truncation | None = None) -> None:
+        """Kafka refused ``tp``'s fetch offset, or found its log truncated below a validated
+        position: stop the partition first (nothing of it is buffered or published until the
+        gap is measured and recorded), then measure it."""
         owned = self._assignment.get(tp)
         if owned is None or not owned.active:
             return
-        owned.refuse(offset)
+        owned.refuse(offset, truncation)
         self._ctx.killer.kill([tp], KillReason.OUT_OF_RANGE)
         log.warning(
             "offset_refused",
@@ -100,7 +115,7 @@ class GapResolver:
                 skip = self._ctx.specs.spec.on_offset_out_of_range == "earliest"
                 tp = owned.tp
                 self._ctx.background.submit(
-                    partial(self._measure, tp, owned.claim.serial, owned.refused_offset, skip),
+                    partial(self._measure, tp, owned.claim.serial, owned.refused_offset, skip, owned.truncation),
                     partial(self._apply, owned),
                     self._ctx.on_failure(
                         "offset_gap_check_failed", release=owned.call_ended, topic=tp.topic, partition=tp.partition
@@ -109,7 +124,11 @@ class GapResolver:
 
     # -- background thread ---------------------------------------------------------
 
-    def _measure(self, tp: TopicPartition, serial: int, refused: int | None, skip: bool) -> GapResult:
+    def _measure(
+        self, tp: TopicPartition, serial: int, refused: int | None, skip: bool, truncation: Truncation | None = None
+    ) -> GapResult:
+        if truncation is not None:
+            return self._measure_truncation(tp, serial, truncation)
         state = self._store.partition_state(self._source, tp)
         if state is None or state[0] != serial:
             return GapResult(Verdict.FENCED, stored_serial=state[0] if state else None)
@@ -130,6 +149,22 @@ class GapResolver:
         except PublishConflict as exc:
             return GapResult(Verdict.CONFLICT, stored, low, high, reason=exc.reason)
         return GapResult(Verdict.STOPPED, stored, low, high)
+
+    def _measure_truncation(self, tp: TopicPartition, serial: int, truncation: Truncation) -> GapResult:
+        position = self._store.stored_position(self._source, tp)
+        if position is None or position.serial != serial:
+            return GapResult(Verdict.FENCED, stored_serial=position.serial if position else None)
+        stored = position.next_offset
+        try:
+            low, high = self._watermarks.watermarks(tp, WATERMARK_TIMEOUT_S)
+        except KafkaCallFailed as exc:
+            return GapResult(Verdict.RETRY, reason=str(exc))
+        if stored is None or not _below(truncation, stored, position.leader_epoch):
+            return GapResult(Verdict.IN_RANGE, stored, low, high)
+        end = truncation.end_offset
+        lost_from = end if 0 <= end < stored else max(0, min(low, stored - 1))
+        self._store.record_truncation(self._source, self._worker_id, tp, lost_from, stored)
+        return GapResult(Verdict.TRUNCATED, stored, low, high, lost_from=lost_from, truncation=truncation)
 
     # -- polling thread ------------------------------------------------------------
 
@@ -173,6 +208,8 @@ class GapResolver:
                 " election truncated the log, or the topic was re-created); partition stopped, nothing"
                 " skipped; `ingest reset` resumes it",
             )
+        elif verdict is Verdict.TRUNCATED:
+            self._truncated(owned, result)
         elif verdict is Verdict.CONFLICT:
             log.warning("offset_gap_conflict", reason=result.reason, **lost, **fields)
             if result.reason == ConflictReason.SERIAL:
@@ -202,3 +239,38 @@ class GapResolver:
             )
             # next_offset already moved past the gap: if the seek fails, the rewind re-reads it.
             self._positioner.reposition(owned, result.low, Reason.GAP_SKIPPED)
+
+    def _truncated(self, owned: OwnedPartition, result: GapResult) -> None:
+        owned.gap_settled()
+        tp, stored, lost_from = owned.tp, result.stored or 0, result.lost_from
+        epoch = result.truncation.leader_epoch if result.truncation else None
+        self._metrics.offset_gap_records.labels(self._source, GapAction.STOPPED).inc(stored - lost_from)
+        log.error(
+            "log_truncated",
+            from_offset=lost_from,
+            to_offset=stored,
+            leader_epoch=epoch,
+            broker_end_offset=result.truncation.end_offset if result.truncation else None,
+            high_watermark=result.high,
+            action="partition stopped, nothing skipped; the records published at [from_offset, to_offset) are no"
+            " longer the log's (an unclean leader election or a lost broker log); `ingest reset` resumes it",
+            **self._fields(tp),
+        )
+        self._registry.error(
+            "LOG_TRUNCATED",
+            f"{tp}: the log was truncated below the stored offset {stored} (leader epoch {epoch}): offsets"
+            f" [{lost_from}, {stored}) were published from records no longer in the log, which holds others"
+            " there now (an unclean leader election or a lost broker log); partition stopped, nothing skipped;"
+            " `ingest reset` resumes it",
+        )
+
+
+def _below(truncation: Truncation, stored: int, stored_epoch: int | None) -> bool:
+    """Whether a truncation reaches below the stored offset: published records are affected."""
+    if truncation.offset == stored:
+        return True  # the stored position itself failed validation
+    if truncation.end_offset >= 0:
+        return truncation.end_offset < stored
+    # The broker has no epoch as old as the fetch position's. With the stored position's epoch
+    # known, re-reading from it validates exactly that; without, it cannot be told: stop.
+    return stored_epoch is None

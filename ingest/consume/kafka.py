@@ -3,9 +3,18 @@ ask of a consumer, typed with the project's own values, and its confluent-kafka
 implementation.
 
 Everything librdkafka-specific lives here and nowhere else:
-- error codes become the project's values and exceptions: end of partition and a refused
-  offset (``auto.offset.reset=error``) are events of a :class:`Batch`, a fatal error raises
-  :class:`KafkaFatal`, a failing call raises :class:`KafkaCallFailed`;
+- error codes become the project's values and exceptions: end of partition, a refused
+  offset and a detected log truncation (``auto.offset.reset=error``) are events of a
+  :class:`Batch`, a fatal error raises :class:`KafkaFatal`, a failing call raises
+  :class:`KafkaCallFailed`;
+- KIP-320: a position stored with the leader epoch of the record before it is validated by
+  the broker (OffsetForLeaderEpoch). librdkafka validates on ``seek()`` with an epoch, not on
+  ``assign()`` (tests/contract/test_kafka_contract.py shows both), so every partition assigned
+  or sought at such a position is sought there with its epoch; a seek the fetcher is not ready
+  for yet (_STATE) leaves the partition paused until a later poll's seek goes through. A
+  truncation comes back as _AUTO_OFFSET_RESET whose text ends with librdkafka's own text for
+  _LOG_TRUNCATION and names the validated position and where the broker's log of that epoch
+  ends (:class:`Truncation`);
 - its quirks: after an offset refusal the partition's fetcher stays stopped and ``seek()``
   fails with _STATE however often it is retried, so :meth:`seek` re-assigns the partition; a
   partition's pause flag survives an eager unassign/assign, so every (re)assignment resumes
@@ -19,6 +28,7 @@ Python objects once when the buffer counts the bytes the record holds).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,6 +61,33 @@ class Message(Record, Protocol):
     def partition(self) -> int: ...
 
 
+# How librdkafka ends the error text of a truncation it detected (its text for _LOG_TRUNCATION).
+TRUNCATION_TEXT = KafkaError(KafkaError._LOG_TRUNCATION).str()
+# "... at offset 15 (leader epoch 0): broker end offset is 0 (offset leader epoch 0) ...", or
+# "No epoch found less or equal to offset 15 (leader epoch 0): broker end offset is -1 ...".
+_TRUNCATION_AT = re.compile(r"offset (\d+) \(leader epoch (-?\d+)\): broker end offset is (-?\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """librdkafka's KIP-320 validation failed: the broker's log of ``leader_epoch`` ends at
+    ``end_offset`` (-1: the broker has no epoch that old), below ``offset``, the position validated."""
+
+    offset: int
+    leader_epoch: int
+    end_offset: int
+
+    @staticmethod
+    def parse(text: str) -> Truncation | None:
+        """The truncation an error text reports; None if it reports none (or not legibly)."""
+        if TRUNCATION_TEXT not in text:
+            return None
+        found = _TRUNCATION_AT.search(text)
+        if found is None:
+            return None
+        return Truncation(int(found[1]), int(found[2]), int(found[3]))
+
+
 @dataclass(slots=True)
 class Batch:
     """One ``poll``: the records, and the events librdkafka delivered among them."""
@@ -60,6 +97,8 @@ class Batch:
     ends: list[tuple[TopicPartition, int]] = field(default_factory=list)
     # (partition, offset, error text): the broker no longer has ``offset`` (auto.offset.reset=error).
     refused: list[tuple[TopicPartition, int | None, str]] = field(default_factory=list)
+    # (partition, truncation, error text): the log was truncated below a validated position (KIP-320).
+    truncated: list[tuple[TopicPartition, Truncation, str]] = field(default_factory=list)
     # (error name, error text): anything else librdkafka reported; logged and counted, not fatal.
     errors: list[tuple[str, str]] = field(default_factory=list)
 
@@ -103,18 +142,25 @@ class Consumer(Watermarks, Protocol):
         """Up to ``max_records`` records; raises KafkaFatal on a fatal error."""
         ...
 
-    def assign(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Add (incremental) or set (eager) the assignment, each partition at its offset, unpaused."""
+    def assign(
+        self, offsets: Mapping[TopicPartition, int], leader_epochs: Mapping[TopicPartition, int] | None = None
+    ) -> None:
+        """Add (incremental) or set (eager) the assignment, each partition at its offset, unpaused.
+        ``leader_epochs``: the leader epoch of the record before a partition's offset, where
+        known; the broker validates that position (a truncated log becomes a ``Batch.truncated``)."""
         ...
 
     def unassign(self, tps: Sequence[TopicPartition]) -> None:
         """Remove these partitions (incremental) or the whole assignment (eager)."""
         ...
 
-    def seek(self, tp: TopicPartition, offset: int, others: Mapping[TopicPartition, int]) -> None:
+    def seek(
+        self, tp: TopicPartition, offset: int, others: Mapping[TopicPartition, int], leader_epoch: int | None = None
+    ) -> None:
         """Move ``tp``'s fetch position to ``offset``; the partition is unpaused afterwards if it
         had to be re-assigned. ``others``: where each other assigned partition's buffer stands,
-        used when an eager re-assignment must re-position them. Raises KafkaCallFailed."""
+        used when an eager re-assignment must re-position them. ``leader_epoch``: as for
+        :meth:`assign`. Raises KafkaCallFailed."""
         ...
 
     def set_paused(self, wanted: Iterable[TopicPartition]) -> None:
@@ -134,10 +180,12 @@ class Consumer(Watermarks, Protocol):
     def close(self) -> None: ...
 
 
-def _ktp(tp: TopicPartition, offset: int | None = None) -> KafkaTopicPartition:
+def _ktp(tp: TopicPartition, offset: int | None = None, leader_epoch: int | None = None) -> KafkaTopicPartition:
     if offset is None:
         return KafkaTopicPartition(tp.topic, tp.partition)
-    return KafkaTopicPartition(tp.topic, tp.partition, offset)
+    if leader_epoch is None:
+        return KafkaTopicPartition(tp.topic, tp.partition, offset)
+    return KafkaTopicPartition(tp.topic, tp.partition, offset, leader_epoch=leader_epoch)
 
 
 def _tps(partitions: Iterable[KafkaTopicPartition]) -> list[TopicPartition]:
@@ -164,6 +212,12 @@ class ConfluentConsumer:
         self._paused: set[TopicPartition] = set()
         # Partitions assigned (with their offsets) by a rebalance callback inside the current poll.
         self._assigned_in_poll: dict[TopicPartition, int] = {}
+        # (offset, leader epoch) of each partition assigned or sought at a stored position whose
+        # epoch is known: every (re)assignment or seek to that offset carries the epoch.
+        self._epochs: dict[TopicPartition, tuple[int, int]] = {}
+        # Partitions whose validating seek the fetcher was not ready for: paused (outside
+        # ``_paused``) until a seek goes through, so nothing is read from an unvalidated position.
+        self._validating: set[TopicPartition] = set()
 
     @property
     def incremental(self) -> bool:
@@ -183,6 +237,8 @@ class ConfluentConsumer:
 
     def poll(self, max_records: int, timeout_s: float) -> Batch:
         self._assigned_in_poll = {}
+        if self._validating:
+            self._validate(sorted(self._validating))
         messages = self._consumer.consume(max_records, timeout_s)
         if not messages:
             return Batch()
@@ -200,7 +256,11 @@ class ConfluentConsumer:
             if err.code() == KafkaError._PARTITION_EOF and tp is not None and msg.offset() is not None:
                 batch.ends.append((tp, msg.offset()))
             elif err.code() == KafkaError._AUTO_OFFSET_RESET and tp is not None:
-                batch.refused.append((tp, msg.offset(), err.str()))
+                truncation = Truncation.parse(err.str())
+                if truncation is not None:
+                    batch.truncated.append((tp, truncation, err.str()))
+                else:
+                    batch.refused.append((tp, msg.offset(), err.str()))
             else:
                 batch.errors.append((err.name(), err.str()))
         return batch
@@ -220,7 +280,7 @@ class ConfluentConsumer:
             dropped = {(m.topic(), m.partition()) for m in messages} & fresh
             for tp, offset in self._assigned_in_poll.items():
                 if (tp.topic, tp.partition) in dropped:
-                    self.seek(tp, offset, self._assigned_in_poll)
+                    self.seek(tp, offset, self._assigned_in_poll, self._epoch_at(tp, offset))
             log.info(
                 "records_refetched_after_assign",
                 partitions=sorted(f"{t}[{p}]" for t, p in dropped),
@@ -228,9 +288,21 @@ class ConfluentConsumer:
             )
         return kept
 
-    def assign(self, offsets: Mapping[TopicPartition, int]) -> None:
+    def assign(
+        self, offsets: Mapping[TopicPartition, int], leader_epochs: Mapping[TopicPartition, int] | None = None
+    ) -> None:
         self._assigned_in_poll.update(offsets)
-        partitions = [_ktp(tp, offset) for tp, offset in offsets.items()]
+        if not self._incremental:
+            self._epochs.clear()
+            self._validating.clear()
+        for tp, offset in offsets.items():
+            self._validating.discard(tp)
+            epoch = (leader_epochs or {}).get(tp)
+            if epoch is None:
+                self._epochs.pop(tp, None)
+            else:
+                self._epochs[tp] = (offset, epoch)
+        partitions = [_ktp(tp, offset, self._epoch_at(tp, offset)) for tp, offset in offsets.items()]
         if self._incremental:
             self._consumer.incremental_assign(partitions)
             self._assigned.update(offsets)
@@ -243,20 +315,65 @@ class ConfluentConsumer:
             # assignment starts unpaused, as the paused set says.
             self._consumer.resume(partitions)
             self._paused.difference_update(offsets)
+        self._validate(sorted(tp for tp in offsets if tp in self._epochs))
+
+    def _epoch_at(self, tp: TopicPartition, offset: int) -> int | None:
+        """The leader epoch known for ``tp`` at exactly ``offset`` (its stored position)."""
+        known = self._epochs.get(tp)
+        return known[1] if known is not None and known[0] == offset else None
+
+    def _validate(self, tps: Sequence[TopicPartition]) -> None:
+        """Seek each partition to its stored position with its leader epoch: librdkafka asks the
+        broker whether that epoch's log still reaches the position (an ``assign`` alone is not
+        validated). A partition whose fetcher has not started yet (an earlier unassign still
+        stopping, a commit in flight) refuses the seek with _STATE: it stays paused and the seek
+        is tried again at the next poll."""
+        for tp in tps:
+            known = self._epochs.get(tp)
+            if known is None or tp not in self._assigned:
+                self._validating.discard(tp)
+                continue
+            try:
+                self._consumer.seek(_ktp(tp, known[0], known[1]))
+            except KafkaException as exc:
+                if tp not in self._validating:
+                    self._consumer.pause([_ktp(tp)])
+                    self._validating.add(tp)
+                    log.info("position_validation_deferred", partition=str(tp), offset=known[0], error=_text(exc))
+                continue
+            if tp in self._validating:
+                self._validating.discard(tp)
+                if tp not in self._paused:
+                    self._consumer.resume([_ktp(tp)])
 
     def unassign(self, tps: Sequence[TopicPartition]) -> None:
         if self._incremental:
             self._consumer.incremental_unassign([_ktp(tp) for tp in tps])
             self._assigned.difference_update(tps)
             self._paused.difference_update(tps)
+            self._validating.difference_update(tps)
+            for tp in tps:
+                self._epochs.pop(tp, None)
         else:
             self._consumer.unassign()
             self._assigned.clear()
             self._paused.clear()
+            self._validating.clear()
+            self._epochs.clear()
 
-    def seek(self, tp: TopicPartition, offset: int, others: Mapping[TopicPartition, int]) -> None:
+    def seek(
+        self, tp: TopicPartition, offset: int, others: Mapping[TopicPartition, int], leader_epoch: int | None = None
+    ) -> None:
+        if leader_epoch is None:
+            self._epochs.pop(tp, None)
+        else:
+            self._epochs[tp] = (offset, leader_epoch)
         try:
-            self._consumer.seek(_ktp(tp, offset))
+            self._consumer.seek(_ktp(tp, offset, leader_epoch))
+            if tp in self._validating:
+                self._validating.discard(tp)
+                if tp not in self._paused:
+                    self._consumer.resume([_ktp(tp)])
             return
         except KafkaException as exc:
             if _code(exc) != KafkaError._STATE:
@@ -274,22 +391,27 @@ class ConfluentConsumer:
         the buffers drop what they already hold), so nothing is skipped there either."""
         if self._incremental:
             self._consumer.incremental_unassign([_ktp(tp)])
-            self._consumer.incremental_assign([_ktp(tp, offset)])
+            self._consumer.incremental_assign([_ktp(tp, offset, self._epoch_at(tp, offset))])
+            positioned = [(tp, offset)]
         else:
             rest = sorted(t for t in self._assigned if t != tp)
             reached = self._consumer.position([_ktp(t) for t in rest])
-            assign = [_ktp(tp, offset)]
+            positioned = [(tp, offset)]
             for t, at in zip(rest, reached, strict=True):
-                assign.append(_ktp(t, at.offset if at.offset >= 0 else others[t]))
-            self._consumer.assign(assign)
+                positioned.append((t, at.offset if at.offset >= 0 else others[t]))
+            self._consumer.assign([_ktp(t, o, self._epoch_at(t, o)) for t, o in positioned])
             # Pause flags of the re-assigned partitions are kept by librdkafka: ours still hold.
+        self._validating.discard(tp)
         self._consumer.resume([_ktp(tp)])
         self._paused.discard(tp)
+        # A re-assignment is not validated: partitions back at their stored position are sought there.
+        self._validate([t for t, o in positioned if self._epoch_at(t, o) is not None])
 
     def set_paused(self, wanted: Iterable[TopicPartition]) -> None:
         target = set(wanted) & self._assigned
         to_pause = sorted(target - self._paused)
-        to_resume = sorted(self._paused - target)
+        # A partition waiting for its validating seek stays paused whatever the loop wants.
+        to_resume = sorted(self._paused - target - self._validating)
         if to_pause:
             self._consumer.pause([_ktp(tp) for tp in to_pause])
         if to_resume:

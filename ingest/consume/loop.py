@@ -216,6 +216,9 @@ class ConsumeLoop:
         for tp, offset, text in batch.refused:
             self._m_kafka_errors.inc()
             self._gaps.refused(tp, offset, text)
+        for tp, truncation, text in batch.truncated:
+            self._m_kafka_errors.inc()
+            self._gaps.refused(tp, truncation.offset, text, truncation)
         if batch.records:
             self._route(batch.records, now)
         # After the records: an end of partition says every offset before it was delivered, and

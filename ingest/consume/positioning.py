@@ -19,7 +19,7 @@ from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import LoopContext, StateStore
 from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.backoff import Backoff
-from ingest_common.model import KillReason, TopicPartition
+from ingest_common.model import KillReason, StoredPosition, TopicPartition
 
 log = structlog.get_logger(__name__)
 
@@ -45,12 +45,16 @@ class Positioner:
         self._store: StateStore = ctx.store
         self._clock = ctx.clock
 
-    def reposition(self, owned: OwnedPartition, offset: int | None, reason: Reason) -> bool:
+    def reposition(
+        self, owned: OwnedPartition, offset: int | None, reason: Reason, leader_epoch: int | None = None
+    ) -> bool:
         """Fetch ``owned`` from ``offset`` (None: the claim's start position) and take records
-        from there. False if the consumer refused: the partition is rewinding then."""
+        from there. ``leader_epoch``: that of the record before a stored ``offset``, where known
+        (the broker then validates the position). False if the consumer refused: the partition
+        is rewinding then."""
         target = offset if offset is not None else start_offset(owned.claim)
         try:
-            self._consumer.seek(owned.tp, target, self._positions())
+            self._consumer.seek(owned.tp, target, self._positions(), leader_epoch)
         except KafkaCallFailed as exc:
             log.warning(
                 "reposition_failed", source=self._source, partition=str(owned.tp), reason=reason, error=str(exc)
@@ -73,28 +77,29 @@ class Positioner:
             if owned.rewind_due(now):
                 owned.call_started()
                 self._ctx.background.submit(
-                    partial(self._store.partition_state, self._source, owned.tp),
+                    partial(self._store.stored_position, self._source, owned.tp),
                     partial(self._stored_offset_read, owned),
                     self._ctx.on_failure(
                         "rewind_read_failed", release=partial(self._read_failed, owned), partition=str(owned.tp)
                     ),
                 )
 
-    def _stored_offset_read(self, owned: OwnedPartition, state: tuple[int, int | None] | None) -> None:
+    def _stored_offset_read(self, owned: OwnedPartition, state: StoredPosition | None) -> None:
         owned.call_ended()
         if self._assignment.get(owned.tp) is not owned or owned.state is not PartitionState.REWINDING:
             return  # revoked, re-claimed or fenced meanwhile
-        if state is None or state[0] != owned.claim.serial:
+        if state is None or state.serial != owned.claim.serial:
             owned.fence()
             log.warning(
                 "partition_fenced",
                 source=self._source,
                 partition=str(owned.tp),
                 serial=owned.claim.serial,
-                stored_serial=state[0] if state else None,
+                stored_serial=state.serial if state else None,
             )
             return
-        self.reposition(owned, state[1], Reason.REWIND)
+        epoch = state.leader_epoch if state.next_offset is not None else None
+        self.reposition(owned, state.next_offset, Reason.REWIND, epoch)
 
     def _read_failed(self, owned: OwnedPartition) -> None:
         owned.call_ended(retry_at=self._clock.monotonic() + READ_RETRY.delay(0))

@@ -84,7 +84,11 @@ class RebalanceHandler:
             # skipping, so the worker stops (its partitions move to the others).
             consumer.assign({})
             return
-        consumer.assign({tp: start_offset(claims[tp]) for tp in tps})
+        # A stored position with its leader epoch is validated by the broker (KIP-320).
+        epochs = {
+            tp: c.leader_epoch for tp, c in claims.items() if c.leader_epoch is not None and c.next_offset is not None
+        }
+        consumer.assign({tp: start_offset(claims[tp]) for tp in tps}, epochs)
         for claim in claims.values():
             owned = self._assignment.add(claim)
             if claim.next_offset is None:

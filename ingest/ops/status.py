@@ -14,6 +14,7 @@ from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
 WAITING_FOR_REGISTRY = "WAITING_FOR_SCHEMA_REGISTRY"
+LOG_TRUNCATED = "LOG_TRUNCATED"
 
 
 def watermarks(
@@ -47,9 +48,15 @@ def partition_state(
     stuck_after_s: float,
     past_log_end: bool = False,
     waiting_for_registry: bool = False,
+    log_truncated: bool = False,
 ) -> str:
-    """OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored offset is past the log end),
-    WAITING_FOR_SCHEMA_REGISTRY, STUCK or OK.
+    """LOG_TRUNCATED, OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored offset is past the
+    log end), WAITING_FOR_SCHEMA_REGISTRY, STUCK or OK.
+
+    LOG_TRUNCATED: a worker found Kafka's log truncated below the stored offset (KIP-320: the
+    leader epoch stored with it ends below it) and stopped the partition; an unskipped gap with
+    reason ``log_truncated`` ends at the stored offset. The log may have grown past the offset
+    again, so neither the lag nor the watermarks show it.
 
     Past the log end: Kafka's log ends below the stored offset (an unclean leader election
     truncated it, the topic was re-created). A worker stops such a partition; its lag reads 0,
@@ -64,6 +71,8 @@ def partition_state(
     schema registry that does not answer: paused, nothing rejected or skipped, it resumes by
     itself. More specific than STUCK, which it would become.
     """
+    if log_truncated:
+        return LOG_TRUNCATED
     if stopped_at_gap or past_log_end:
         return "OFFSET_OUT_OF_RANGE"
     if waiting_for_registry:
@@ -81,7 +90,17 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     last_event = {(r["topic"], r["partition"]): r["last_event_time"] for r in store.partition_status(source)}
     offset_gaps = source_gaps(store, source)
     # A partition is stopped at a gap while an unskipped gap starts at its stored offset.
-    stopped_at = {(g["topic"], g["partition"], g["from_offset"]): g for g in offset_gaps if not g["skipped"]}
+    stopped_at = {
+        (g["topic"], g["partition"], g["from_offset"]): g
+        for g in offset_gaps
+        if not g["skipped"] and g["reason"] != "log_truncated"
+    }
+    # ... or stopped by a truncation below its stored offset, where such a gap ends.
+    truncated_at = {
+        (g["topic"], g["partition"], g["to_offset"]): g
+        for g in offset_gaps
+        if not g["skipped"] and g["reason"] == "log_truncated"
+    }
     live = store.live_workers(source)
     started = {w["worker"]: w["started_at"] for w in live}
     # Partitions each live worker holds back for the schema registry, with its last error.
@@ -97,6 +116,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
         gap = stopped_at.get((r["topic"], r["partition"], next_offset))
+        truncated = truncated_at.get((r["topic"], r["partition"], next_offset))
         past_log_end = high is not None and next_offset is not None and next_offset > high
         registry_error = registry_waits.get((r["owner"], f"{r['topic']}[{r['partition']}]"))
         partitions.append(
@@ -112,9 +132,12 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
                     stuck_after_s=settings.stuck_after_s,
                     past_log_end=past_log_end,
                     waiting_for_registry=registry_error is not None,
+                    log_truncated=truncated is not None,
                 ),
                 "registry_error": registry_error,
                 "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
+                "truncated_range": None if truncated is None else [truncated["from_offset"], truncated["to_offset"]],
+                "leader_epoch": r["leader_epoch"],
                 "past_log_end": past_log_end,
                 "next_offset": next_offset,
                 "earliest_offset": low,
@@ -205,6 +228,8 @@ def _state(
         return "UNHEALTHY", "NO_WORKERS"
     if not kafka_reachable:
         return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
+    if any(p["state"] == LOG_TRUNCATED for p in partitions):
+        return "UNHEALTHY", LOG_TRUNCATED
     if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
         return "UNHEALTHY", "OFFSET_OUT_OF_RANGE"
     if any(p["state"] == WAITING_FOR_REGISTRY for p in partitions):
@@ -232,6 +257,7 @@ def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
             "to_offset": g["to_offset"],
             "lost_records": g["to_offset"] - g["from_offset"],
             "skipped": g["skipped"],
+            "reason": g["reason"],
             "worker": g["worker"],
             "detected_at": _iso(g["detected_at"]),
             "skipped_at": _iso(g["skipped_at"]),

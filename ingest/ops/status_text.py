@@ -131,6 +131,13 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
                 f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, offsets "
                 f"[{p['lost_range'][0]}, {p['lost_range'][1]}) are no longer in the log; stopped"
             )
+        if p.get("truncated_range") is not None:
+            lo, hi = p["truncated_range"]
+            problems.append(
+                f"partition {p['topic']}[{p['partition']}]: LOG_TRUNCATED, the log was truncated below next offset"
+                f" {hi}: offsets [{lo}, {hi}) were published from records no longer in the log (an unclean leader"
+                " election or a lost broker log); stopped, nothing skipped; `ingest reset` resumes it"
+            )
         if p["past_log_end"]:
             problems.append(
                 f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, next offset {p['next_offset']} is"
@@ -161,5 +168,6 @@ def gap_line(g: dict[str, Any]) -> str:
     )
     return (
         f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
-        f"{g['lost_records']} record(s) lost, detected {g['detected_at']}, {action}, {ack}"
+        f"{g['lost_records']} record(s) lost{' (log truncated)' if g.get('reason') == 'log_truncated' else ''},"
+        f" detected {g['detected_at']}, {action}, {ack}"
     )

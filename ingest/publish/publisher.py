@@ -66,7 +66,7 @@ class Publisher:
             spec_version=spec_version,
             worker_id=self._worker_id,
             segment=segment,
-            ranges=(PublishRange(split.range, split.serial),),
+            ranges=(PublishRange(split.range, split.serial, split.leader_epoch),),
         )
         # Sticky: once a statement went unanswered, no later answer says it will not commit.
         unanswered = False

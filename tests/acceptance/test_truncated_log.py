@@ -1,10 +1,13 @@
 """A stored offset above the partition's log end, as an unclean leader election leaves it (the
 new leader's log ends below what was consumed from the old one) or a re-created topic: against
 the real broker, the worker neither reads from another offset nor skips, under either policy;
-it stops the partition with one error line, and ``ingest status`` shows it."""
+it stops the partition with one error line, and ``ingest status`` shows it. The same log once
+it has grown past the stored offset again: detected by the leader epoch stored with the
+offset (KIP-320), with the same outcome."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +16,8 @@ import pytest
 from ingest.ops.status import source_status
 from ingest.ops.status_text import render
 from ingest_common.model import TopicPartition
-from ingest_dev.kafka_clients import produce_records
+from ingest_dev.kafka import LocalKafka
+from ingest_dev.kafka_clients import create_topic, produce_records, record_leader_epochs
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, write_spec
@@ -90,3 +94,86 @@ def test_a_stored_offset_past_the_log_end_stops_the_partition_with_one_error_lin
     lines = [line for line in out.splitlines() if "offset_out_of_range" in line]
     assert len(lines) == 1, out
     assert all(f"{k}={v}" in lines[0] for k, v in (("stored", STORED), ("high_watermark", LOG_END))), lines[0]
+
+
+PUBLISHED = 20  # records published from the first leader's log
+AFTER = 30  # records produced after the log was lost: the log end passes PUBLISHED again
+
+
+def test_a_log_truncated_below_the_stored_offset_and_grown_past_it_again_stops_the_partition(
+    tmp_path: Path,
+    database_url: str,
+    private_kafka: LocalKafka,
+    start_worker: StartWorker,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """KIP-320 against the real broker: a worker publishes [0, 20) under leader epoch E and
+    stops; the broker loses the partition's log (stopped, its directory deleted, started: the
+    leader epoch goes up) and 30 new records take offsets 0..29. The next worker is assigned
+    the partition at the stored offset 20 with epoch E: it must neither resume at 20 (which
+    would skip the new records at [0, 20) and mix two logs in one partition) nor re-read. The
+    partition stops under either policy, the lost range is recorded as a gap with its reason,
+    one error line, and ``ingest status`` shows LOG_TRUNCATED."""
+    url, bootstrap = database_url, private_kafka.bootstrap
+    topic = f"lost-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1)
+    tp = TopicPartition(topic, 0)
+    produce_records(bootstrap, topic, ((0, str(i).encode(), sample_value(i)) for i in range(PUBLISHED)))
+    # "earliest" would skip a retention gap: a truncated log is no such gap.
+    source, spec_path = write_spec(
+        tmp_path, topic, max_records=5, max_age="200ms", extra='on_offset_out_of_range = "earliest"'
+    )
+    apply_spec(url, spec_path)
+    fast = settings(url, bootstrap, kafka_properties={"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"})
+
+    first = start_worker(fast, source, FakeBuilder)
+    with Metastore(url) as store:
+        wait_until(lambda: [r["next_offset"] for r in store.partitions(source)] == [PUBLISHED], 120, "20 published")
+        [row] = store.partitions(source)
+        segments = len(store.segments(source))
+    first.stop()
+    [epoch] = record_leader_epochs(bootstrap, topic, 0)
+    assert row["leader_epoch"] == epoch  # the epoch of the record at 19, stored with 20
+
+    private_kafka.lose_partition_log(topic, 0)
+    produce_records(bootstrap, topic, ((0, str(i).encode(), sample_value(1000 + i)) for i in range(AFTER)))
+    [new_epoch] = record_leader_epochs(bootstrap, topic, 0)
+    assert new_epoch > epoch
+
+    builder = FakeBuilder()  # records every split it is given: none may come
+    capsys.readouterr()
+    second = start_worker(fast, source, lambda _registrar: builder)
+    with Metastore(url) as store:
+        wait_until(
+            lambda: any(e["kind"] == "LOG_TRUNCATED" for e in store.recent_errors(source)),
+            120,
+            "the worker's error report",
+        )
+        status = source_status(store, fast, source)
+        gaps = [
+            (g["partition"], g["from_offset"], g["to_offset"], g["skipped"], g["reason"]) for g in store.gaps(source)
+        ]
+        assert gaps == [(0, 0, PUBLISHED, False, "log_truncated")]
+        assert [r["next_offset"] for r in store.partitions(source)] == [PUBLISHED]
+        assert len(store.segments(source)) == segments
+    assert second.error is None and second.thread.is_alive()
+    assert second.consumed() == 0 and builder.built == []
+    second.stop()
+    out = capsys.readouterr().out
+
+    p0 = status["partitions"][0]
+    assert (p0["state"], p0["truncated_range"], p0["next_offset"], p0["high_watermark"]) == (
+        "LOG_TRUNCATED",
+        [0, PUBLISHED],
+        PUBLISHED,
+        AFTER,
+    )
+    assert (status["state"], status["detailed_state"]) == ("UNHEALTHY", "LOG_TRUNCATED")
+    [message] = [e["message"] for e in status["recent_errors"]]
+    assert f"{tp}: the log was truncated below the stored offset {PUBLISHED} (leader epoch {epoch})" in message
+    assert f"[0, {PUBLISHED})" in message
+    assert "LOG_TRUNCATED" in "\n".join(render(status))
+
+    lines = [line for line in out.splitlines() if "log_truncated" in line]
+    assert len(lines) == 1, out
+    assert all(f"{k}={v}" in lines[0] for k, v in (("from_offset", 0), ("to_offset", PUBLISHED))), lines[0]

@@ -6,7 +6,14 @@ import uuid
 
 import pytest
 
-from ingest_common.model import BuiltSegment, OffsetRange, PublishRange, SegmentToPublish, TopicPartition
+from ingest_common.model import (
+    BuiltSegment,
+    OffsetRange,
+    PublishRange,
+    SegmentToPublish,
+    StoredPosition,
+    TopicPartition,
+)
 from metastore import Metastore, PublishConflict
 from tests.integration.test_metastore import register
 
@@ -21,7 +28,7 @@ def store(database_url: str) -> Metastore:
     return s
 
 
-def _publish(store: Metastore, serial: int, start: int, end: int) -> None:
+def _publish(store: Metastore, serial: int, start: int, end: int, leader_epoch: int | None = None) -> None:
     split_id = uuid.uuid4()
     build = register(store, split_id)
     seg = BuiltSegment(
@@ -37,9 +44,45 @@ def _publish(store: Metastore, serial: int, start: int, end: int) -> None:
             spec_version=1,
             worker_id="w",
             segment=seg,
-            ranges=(PublishRange(OffsetRange(T0, start, end), serial),),
+            ranges=(PublishRange(OffsetRange(T0, start, end), serial, leader_epoch),),
         )
     )
+
+
+def test_the_leader_epoch_is_stored_with_next_offset_and_cleared_by_skips_and_resets(store: Metastore) -> None:
+    """Migration 0020: a publish stores its last record's leader epoch with the new next_offset,
+    a claim and a rewind read it; any other move of next_offset leaves no epoch known."""
+    first = store.claim_from("src", "w1", [T0], start=0)[T0]
+    assert first.leader_epoch is None  # pinned: nothing published, no epoch
+    _publish(store, first.serial, 0, 50, leader_epoch=7)
+    again = store.claim_partitions("src", "w2", [T0])[T0]
+    assert (again.next_offset, again.leader_epoch) == (50, 7)
+    assert store.stored_position("src", T0) == StoredPosition(again.serial, 50, 7)
+    _publish(store, again.serial, 50, 60)  # its last offset held no record: no epoch known
+    assert store.stored_position("src", T0) == StoredPosition(again.serial, 60, None)
+    _publish(store, again.serial, 60, 70, leader_epoch=8)
+    store.skip_gap("src", "w2", T0, again.serial, 70, 100)
+    assert store.stored_position("src", T0) == StoredPosition(again.serial, 100, None)
+    _publish(store, again.serial, 100, 110, leader_epoch=8)
+    store.reset_offsets("src", {T0: 5}, actor="t", reason="r", target="5", confirmed=True)
+    position = store.stored_position("src", T0)
+    assert position is not None and (position.next_offset, position.leader_epoch) == (5, None)
+
+
+def test_a_truncation_is_recorded_as_a_gap_with_its_reason_and_never_skipped(store: Metastore) -> None:
+    claim = store.claim_from("src", "w1", [T0], start=0)[T0]
+    _publish(store, claim.serial, 0, 50, leader_epoch=0)
+    store.record_truncation("src", "w1", T0, 12, 50)
+    store.record_truncation("src", "w2", T0, 12, 50)  # seen again (a restart): the same row
+    [gap] = store.gaps("src")
+    assert (gap["from_offset"], gap["to_offset"], gap["skipped"], gap["reason"], gap["worker"]) == (
+        12,
+        50,
+        False,
+        "log_truncated",
+        "w2",
+    )
+    assert store.partition_state("src", T0) == (claim.serial, 50)
 
 
 def test_a_skip_by_a_fenced_worker_or_from_a_moved_offset_changes_nothing(store: Metastore) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -130,5 +131,8 @@ def test_a_threads_cpu_clock_is_the_kernels_and_an_ended_threads_only_fails() ->
     ended.start()
     ended.join()
     assert ended.native_id is not None
-    with pytest.raises(OSError):
-        time.clock_gettime(thread_cpu_clock(ended.native_id))
+    # Unless the kernel already gave the id to another thread of this process (many threads
+    # come and go in a test run), the ended thread's clock fails.
+    if str(ended.native_id) not in os.listdir("/proc/self/task"):
+        with pytest.raises(OSError):
+            time.clock_gettime(thread_cpu_clock(ended.native_id))

@@ -138,6 +138,50 @@ def test_a_stored_offset_past_the_log_end_stops_the_partition_under_either_polic
         h.close()
 
 
+@pytest.mark.parametrize("policy", ["earliest", "fail"])
+def test_a_log_truncated_below_the_stored_offset_is_detected_recorded_and_stops_the_partition(policy: str) -> None:
+    """KIP-320: the log was truncated below the stored offset under a new leader epoch and grew
+    past it again. The claim carries the stored leader epoch, the consumer validates it, and
+    the partition stops under either policy: nothing read from 20 (which would skip the new
+    records at [12, 20)), the lost range recorded with its reason, one error report."""
+    h = Harness(spec=spec(on_offset_out_of_range=policy))
+    try:
+        h.produce(P0, 20)
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="20 published")
+        assert h.store.leader_epochs[P0] == 0  # the epoch of the record at 19, stored with 20
+        h.consumer.group_revokes(P0)
+        h.step_until(lambda: h.assignment.get(P0) is None, what="revoked")
+        h.broker.truncate(P0, 12)
+        h.produce(P0, 30)  # epoch 1, the log ends at 42 now
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: bool(h.store.errors), what="the error report")
+        assert [kind for kind, _ in h.store.errors] == ["LOG_TRUNCATED"]
+        assert "offsets [12, 20)" in h.store.errors[0][1]
+        assert h.store.truncations == [(P0, 12, 20)] and h.store.gaps == []
+        for _ in range(20):
+            h.loop.step()
+        assert h.published(P0) == [(0, 10), (10, 20)] and h.store.next_offsets[P0] == 20
+        assert h.assignment.get(P0).state is PartitionState.OUT_OF_RANGE  # type: ignore[union-attr]
+        assert len(h.assignment.get(P0).buffer) == 0  # type: ignore[union-attr]
+    finally:
+        h.close()
+
+
+def test_a_new_leader_epoch_without_truncation_resumes_at_the_stored_offset(h: Harness) -> None:
+    h.produce(P0, 20)
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="20 published")
+    h.consumer.group_revokes(P0)
+    h.step_until(lambda: h.assignment.get(P0) is None, what="revoked")
+    h.broker.epochs[P0] = 3  # a clean leader change: the log is kept
+    h.produce(P0, 10)
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: len(h.published(P0)) == 3, what="the rest published")
+    assert h.published(P0)[2] == (20, 30) and h.store.errors == [] and h.store.truncations == []
+    assert h.store.leader_epochs[P0] == 3
+
+
 def test_a_reset_reclaims_and_repositions_at_the_reset_offset(h: Harness) -> None:
     h.produce(P0, 20)
     h.consumer.group_assigns(P0)
