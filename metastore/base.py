@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Self
 
+import psycopg
+
 from ingest_common.model import TopicPartition
 from metastore.connection import BoundedConnection, ConnectionLimits, connect, wrap_exceptions
-from metastore.errors import PublishConflict
+from metastore.errors import CommitOutcomeUnknown, PublishConflict
 from metastore.queries import query
 
 Row = dict[str, Any]
@@ -52,6 +54,23 @@ class StoreBase:
     def _fetch_none(self, query_name: str, **params: Any) -> None:
         with wrap_exceptions(self.url):
             self._connection().execute(query(query_name), params)
+
+    def _commit_one(self, query_name: str, params: dict[str, Any], what: str) -> Row:
+        """Run one statement that commits on its own (autocommit) and return its one row. An
+        error the server replied with ended the statement, and with it the transaction,
+        without a commit; no reply (the connection lost) and it may have committed:
+        :class:`CommitOutcomeUnknown`, with the server session to end before looking it up."""
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            try:
+                row = conn.execute(query(query_name), params).fetchone()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if conn.closed or conn.broken:
+                    self._conn = None
+                    raise CommitOutcomeUnknown(f"connection lost while {what}: {exc}", conn.session) from exc
+                raise
+        assert row is not None
+        return row
 
     def ping(self) -> None:
         with wrap_exceptions(self.url):

@@ -11,7 +11,7 @@ import psycopg
 from ingest_common.model import OffsetRange, TopicPartition
 from metastore.base import Row, StoreBase
 from metastore.connection import BoundedConnection, connect, wrap_exceptions
-from metastore.errors import CommitOutcomeUnknown, ReplaceRefused
+from metastore.errors import ReplaceRefused
 from metastore.queries import query
 
 
@@ -78,18 +78,7 @@ class CompactionMixin(StoreBase):
             "row_count": row_count,
             "size_bytes": size_bytes,
         }
-        with wrap_exceptions(self.url):
-            conn = self._connection()
-            try:
-                row = conn.execute(query("replace_segments"), params).fetchone()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                if conn.closed or conn.broken:
-                    self._conn = None
-                    raise CommitOutcomeUnknown(
-                        f"connection lost while replacing segments with split {split_id}: {exc}", conn.session
-                    ) from exc
-                raise
-        assert row is not None
+        row = self._commit_one("replace_segments", params, f"replacing segments with split {split_id}")
         if row["segment_id"] is None:
             raise ReplaceRefused(row["reason"], row["detail"])
         return int(row["segment_id"])

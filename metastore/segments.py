@@ -7,12 +7,10 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 
-import psycopg
-
 from ingest_common.model import BuildRegistration, SegmentToPublish
 from metastore.base import Row, StoreBase, conflict_from_row
 from metastore.connection import wrap_exceptions
-from metastore.errors import CommitOutcomeUnknown, Session
+from metastore.errors import Session
 from metastore.queries import query
 
 
@@ -56,20 +54,7 @@ class SegmentsMixin(StoreBase):
             "ends": [r.range.end for r in ranges],
             "leader_epochs": [r.leader_epoch for r in ranges],
         }
-        with wrap_exceptions(self.url):
-            conn = self._connection()
-            try:
-                row = conn.execute(query("publish_segment"), params).fetchone()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                # An error the server replied with ended the statement, and with it the
-                # transaction, without a commit. No reply: it may have committed.
-                if conn.closed or conn.broken:
-                    self._conn = None
-                    raise CommitOutcomeUnknown(
-                        f"connection lost while publishing split {seg.split_id}: {exc}", conn.session
-                    ) from exc
-                raise
-        assert row is not None
+        row = self._commit_one("publish_segment", params, f"publishing split {seg.split_id}")
         if row["segment_id"] is None:
             raise conflict_from_row(row)
         return int(row["segment_id"])
