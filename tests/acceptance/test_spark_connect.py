@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.procs import process_tree, tree_rss_bytes
 from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
@@ -33,6 +34,12 @@ pytestmark = pytest.mark.process
 
 def bad_every_500(i: int) -> bytes:
     return b"{not json" if i % 500 == 7 else sample_value(i)
+
+
+# A thin worker (the Python process alone: confluent-kafka, pyarrow, the pyspark client) was
+# ~180-250 MB here; one with local Spark carries a JVM of ~1-2.5 GB besides. A generous bound:
+# what it guards is "no JVM", which the process tree shows directly.
+THIN_WORKER_RSS_BOUND = 700 * 2**20
 
 
 def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
@@ -55,6 +62,14 @@ def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
                 240,
                 "the worker on Spark Connect to publish everything",
             )
+        # A thin client: the builds ran on the server, so no JVM was ever started under the worker.
+        assert worker.pid is not None
+        tree = process_tree([worker.pid])
+        jvms = {pid: st.comm for pid, st in tree.items() if st.comm == "java"}
+        assert not jvms, {pid: st.comm for pid, st in tree.items()}
+        rss = tree_rss_bytes(tree, worker.pid)
+        print(f"thin worker: {len(tree)} process(es), RSS {rss / 2**20:.0f} MB")
+        assert rss < THIN_WORKER_RSS_BOUND, rss
     finally:
         worker.stop(timeout=90)
     failures = [e["error"] for e in worker.events() if e.get("event") in ("build_retry", "build_failed")]
