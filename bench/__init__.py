@@ -11,4 +11,8 @@
    leaving that moves none, a scale-down after a drain);
 
 then prints one table, writes ``results.json`` and draws ``chart.png``.
+
+Beside it, modules run on their own (``python -m bench.NAME``): ``publish``, ``floor``,
+``formats``, ``store``, and ``fleet`` (N thin workers on one Spark Connect server beside N
+workers with local Spark).
 """
