@@ -14,4 +14,8 @@ then prints one table, writes ``results.json`` and draws ``chart.png``. With ``-
 the equal-freshness phase (``bench/freshness.py``; alone: ``python -m bench.freshness``); with
 ``--format avro`` the records are Avro in the Confluent wire format (``bench/avro_wire.py``).
 ``python -m bench.worker_profile`` profiles one worker per thread and function (``bench/profile_agent.py``).
+
+Beside it, modules run on their own (``python -m bench.NAME``): ``publish``, ``floor``,
+``formats``, ``store``, ``pycost``, and ``fleet`` (N thin workers on one Spark Connect server beside N
+workers with local Spark).
 """

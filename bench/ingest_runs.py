@@ -148,9 +148,21 @@ class Fleet:
             self.sampler.stop()
 
 
-def start_fleet(ctx: Context, source: str, n: int, spark_master: str, build_threads: int, prefix: str) -> Fleet:
+def start_fleet(
+    ctx: Context,
+    source: str,
+    n: int,
+    spark_master: str,
+    build_threads: int,
+    prefix: str,
+    extra_roots: Sequence[int] = (),
+) -> Fleet:
+    """``extra_roots``: other processes the fleet's figures include (a shared Spark Connect
+    server), sampled from the start like the workers."""
     (ctx.work / "logs").mkdir(parents=True, exist_ok=True)
     fleet = Fleet(ctx, source, worker_env(ctx, spark_master, build_threads))
+    for pid in extra_roots:
+        fleet.sampler.add_root(pid)
     fleet.sampler.start()
     for i in range(n):
         fleet.add(f"{prefix}-{i}")
@@ -197,6 +209,7 @@ def run_throughput(
     build_threads: int,
     split: SplitConfig,
     label: str,
+    extra_roots: Sequence[int] = (),
 ) -> tuple[dict[str, Any], Fleet]:
     """Start ``workers`` workers on a fresh source over the pre-produced topic; time it until all is published.
 
@@ -208,7 +221,7 @@ def run_throughput(
     source = ctx.new_source(label)
     apply_source(ctx, source, topic, split)
     ctx.log(f"[{label}] {workers} worker(s), {spark_master}, source {source}")
-    fleet = start_fleet(ctx, source, workers, spark_master, build_threads, prefix=label)
+    fleet = start_fleet(ctx, source, workers, spark_master, build_threads, prefix=label, extra_roots=extra_roots)
     try:
         wait_published(ctx, fleet, data.ends, topic, ctx.timeout)
         done_sample = fleet.sampler.sample()

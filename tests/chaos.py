@@ -3,13 +3,17 @@ of unique records and faults on a seeded random schedule; at the end every produ
 record must be in exactly one published segment, with its payload intact.
 
     python -m tests.chaos [--records 500000] [--duration 300] [--workers 3] [--seed 1] [--quick]
-                          [--group-protocol classic|consumer] [--format json|avro]
+                          [--group-protocol classic|consumer] [--format json|avro] [--spark local|connect]
 
 Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replacement),
 ``stop`` (SIGSTOP past the session timeout, then SIGCONT: a zombie), ``add`` (one more
 worker), ``term`` (SIGTERM: a graceful stop, then a replacement), ``pg_restart``,
 ``pg_outage`` (PostgreSQL unreachable for 20 s), ``spark`` (SIGKILL a worker's Spark JVM:
 its builds fail until its /healthz reports it unhealthy and the supervisor restarts it).
+With ``--spark connect`` the workers are thin clients of one Spark Connect server the run
+starts (ingest_dev/spark_connect.py), and ``spark`` SIGKILLs that server and starts a new one
+on the same port: every worker's session is gone with it, so every worker's builds fail until
+the supervisor restarts it.
 With ``--table`` (tests/chaos_table.py) two ``ingest table-commit`` processes run beside the
 workers, ``table_kill`` SIGKILLs one of them, and the Iceberg table must hold every record
 exactly once too. With ``--format avro`` the records are Avro in the Confluent wire format
@@ -51,6 +55,7 @@ from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.s3 import LocalS3
+from ingest_dev.spark_connect import LocalConnectServer
 from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import Verification, verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
@@ -101,6 +106,9 @@ class ChaosConfig:
     # The records' format: "json", or "avro" through a local schema registry (three writer
     # schema versions, in turn over the production).
     format: str = "json"
+    # The workers' Spark: "local" (a JVM in each worker) or "connect" (one Spark Connect server
+    # the run starts, ``local[2]``; the workers are thin clients).
+    spark: str = "local"
 
     def __post_init__(self) -> None:
         # Without committers there is nothing for table_kill to hit (the default kinds include it).
@@ -116,6 +124,7 @@ class ChaosConfig:
         table: bool = False,
         start_from: str = "earliest",
         format: str = "json",
+        spark: str = "local",
     ) -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
@@ -137,6 +146,7 @@ class ChaosConfig:
             table=table,
             start_from=start_from,
             format=format,
+            spark=spark,
         )
 
 
@@ -202,7 +212,7 @@ class ChaosResult:
         kinds = Counter(f.kind for f in self.faults)
         lines = [
             f"chaos run seed={self.config.seed} group protocol {self.config.group_protocol}, "
-            f"{self.config.store} store, {self.config.format} records: "
+            f"{self.config.store} store, {self.config.format} records, Spark {self.config.spark}: "
             f"{'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
             f"  records produced {self.produced}, published rows {self.verification.rows}, "
             f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
@@ -658,9 +668,19 @@ def _fault_plan(config: ChaosConfig, rng: random.Random) -> list[str]:
 
 
 def _inject(
-    kind: str, fleet: Fleet, pg: LocalPostgres, rng: random.Random, max_workers: int, t0: float
+    kind: str,
+    fleet: Fleet,
+    pg: LocalPostgres,
+    rng: random.Random,
+    max_workers: int,
+    t0: float,
+    connect: LocalConnectServer | None = None,
 ) -> tuple[str, str]:
     """Inject one fault; returns what it hit and the kind actually injected."""
+    if kind == "spark" and connect is not None:
+        down_s = connect.crash_and_restart()
+        _log(t0, f"the Spark Connect server was killed and listens again after {down_s:.1f}s")
+        return "connect", kind
     if kind == "pg_restart":
         pg.restart()
         return "postgres", kind
@@ -727,6 +747,15 @@ def _count_kills(workers: list[IngestProcess]) -> Counter[str]:
 
 
 @contextlib.contextmanager
+def _connect_server(config: ChaosConfig) -> Iterator[LocalConnectServer | None]:
+    if config.spark != "connect":
+        yield None
+        return
+    with LocalConnectServer(driver_memory="1g", master="local[2]") as server:
+        yield server
+
+
+@contextlib.contextmanager
 def _store(config: ChaosConfig, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """The segment store's URI and what a process needs to reach it. For S3 the variables are
     also set in this process for the run (the final gc and the verification read the files)."""
@@ -752,13 +781,14 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
     say(
         f"seed {config.seed}; workdir {work}; {config.records} records over {config.duration_s:.0f}s, "
         f"{config.workers} workers, {config.partitions} partitions, group protocol {config.group_protocol}, "
-        f"{config.store} store, {config.format} records"
+        f"{config.store} store, {config.format} records, Spark {config.spark}"
     )
     with (
         registry_beside(config.format == "avro", work) as registry,
         LocalPostgres() as pg,
         LocalKafka(base_dir=work / "broker") as broker,
         _store(config, work) as (store, s3env),
+        _connect_server(config) as connect,
     ):
         say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
         url = pg.url
@@ -789,8 +819,16 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         apply_spec(url, spec_path)
         # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
         # that long).
+        spark = {} if connect is None else {"INGEST_SPARK_MASTER": connect.url}
+        if connect is not None:
+            say(f"Spark Connect server {connect.url}, listening after {connect.start_seconds:.1f} s")
         env = process_env(
-            url, broker.bootstrap, config.group_protocol, INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000", **s3env
+            url,
+            broker.bootstrap,
+            config.group_protocol,
+            INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000",
+            **s3env,
+            **spark,
         )
         fleet = Fleet(env, source, work, t0)
         committers = Committers(env, source, work) if config.table else None
@@ -834,7 +872,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                 if kind == "table_kill" and committers is not None:
                     target, injected = committers.kill_one(), kind
                 else:
-                    target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0)
+                    target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0, connect)
                 fault = Fault(injected, target, started - t0, time.monotonic() - t0)
                 monitor.ended(fault)
                 say(
@@ -970,6 +1008,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the records: JSON (default), or Avro through a local schema registry, three writer schema versions",
     )
     parser.add_argument(
+        "--spark",
+        choices=("local", "connect"),
+        help="the workers' Spark: a JVM in each (default), or one Spark Connect server the run starts",
+    )
+    parser.add_argument(
         "--group-protocol",
         choices=("classic", "consumer"),
         help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer",
@@ -991,6 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         "store": args.store,
         "start_from": args.start_from,
         "format": args.format,
+        "spark": args.spark,
     }
     from dataclasses import replace
 

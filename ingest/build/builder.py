@@ -37,6 +37,7 @@ import structlog
 from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, Writers, stage_records
 from ingest.build.registration import BuildRegistrar
+from ingest.build.spark import JobInterrupts
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import BatchSchemas, WriterSchemas, resolvable
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
@@ -128,6 +129,7 @@ class SparkSegmentBuilder:
 
     def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
         self._spark = spark
+        self._interrupts = JobInterrupts(spark)
         self._registrar = registrar
         self._plans = PlanCache()
         self._writer_schemas = WriterSchemas()
@@ -280,18 +282,13 @@ class SparkSegmentBuilder:
                     remaining.discard(split_id)
                     last = not remaining
                 if last:
-                    self._interrupt(tag)
+                    # Runs in the tripping thread (a rebalance callback): handed off, never waited for.
+                    self._interrupts.request(tag)
 
             return tripped
 
         for split in splits:
             split.kill_switch.on_trip(on_trip(split.id))
-
-    def _interrupt(self, tag: str) -> None:
-        try:
-            self._spark.interruptTag(tag)
-        except Exception as exc:  # the session may be stopping; the kill switch still holds
-            log.warning("spark_interrupt_failed", tag=tag, error=str(exc))
 
     @staticmethod
     def _stage(split: SealedSplit, uri: str) -> None:

@@ -6,8 +6,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
 
 # What every build relies on: UTC, microsecond timestamps, no _SUCCESS or .crc litter.
 BASE_CONF = {
@@ -119,8 +124,65 @@ _abandoned: list[threading.Thread] = []
 
 
 def start_abandoned() -> bool:
-    """Whether a session start given up on is still running (see ingest.cli.exit_process)."""
-    return any(t.is_alive() for t in _abandoned)
+    """Whether a session start given up on, or an interrupt, is still running (see
+    ingest.cli.exit_process): neither can be stopped."""
+    return any(t.is_alive() for t in _abandoned) or any(i.busy for i in list(_interrupters))
+
+
+class JobInterrupts:
+    """Interrupts a session's tagged jobs on a thread of its own, in the order asked.
+
+    The kill switch trips in the consumer's revoke and lost callbacks, which must never wait
+    for Spark: under Spark Connect an interrupt is a gRPC call that the client retries for ten
+    minutes or more while the server is unreachable (and a hung local JVM holds a Py4J call
+    the same way). Held there, the callback would hold the whole group's rebalance. The
+    interrupt only saves the job's time; the tripped switch and the publish's serial check are
+    what keep a revoked split from being published. The thread ends after a quiet spell and
+    starts again on the next request."""
+
+    IDLE_S = 30.0
+
+    def __init__(self, spark: Any) -> None:
+        self._spark = spark
+        self._tags: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._calling = False
+        _interrupters.add(self)
+
+    @property
+    def busy(self) -> bool:
+        """An interrupt call is running (it may be retrying an unreachable server)."""
+        return self._calling
+
+    def request(self, tag: str) -> None:
+        """Never blocks."""
+        self._tags.put(tag)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="spark-interrupt", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                tag = self._tags.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._tags.empty():
+                        self._thread = None
+                        return
+                continue
+            self._calling = True
+            try:
+                self._spark.interruptTag(tag)
+            except Exception as exc:  # the session may be stopping; the kill switch still holds
+                log.warning("spark_interrupt_failed", tag=tag, error=str(exc))
+            finally:
+                self._calling = False
+
+
+_interrupters: weakref.WeakSet[JobInterrupts] = weakref.WeakSet()
 
 
 def create_session_within(

@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def exit_process(code: int) -> None:
     """Exit with ``code``. A Spark start given up on (ingest.build.spark.create_session_within)
-    cannot be stopped, and the Spark Connect client's exit hook would retry its server for
+    or a job interrupt still running (ingest.build.spark.JobInterrupts) cannot be stopped, and
+    the Spark Connect client's exit hook would retry its server for
     minutes: then the process ends at once, its output flushed."""
     from ingest.build.spark import start_abandoned
 

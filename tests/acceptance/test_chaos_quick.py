@@ -1,10 +1,12 @@
-"""The CI variant of the chaos run (``python -m tests.chaos --quick``): a seeded short schedule
+"""The CI variants of the chaos run (``python -m tests.chaos --quick``): a seeded short schedule
 of faults against worker processes, then every published Parquet file is checked. On a local
 directory the Iceberg table is on (``--table``): two committers beside the workers through
 every fault and a SIGKILLed committer, and the table must hold every record exactly once; that
-variant's source starts at ``latest`` after records were produced, which must stay out. The S3
-variant's records are Avro through a local schema registry, three writer schema versions in turn
-while the faults go on (``--format avro``)."""
+variant's source starts at ``latest`` after records were produced, which must stay out, and its
+workers are thin clients of one Spark Connect server (``--spark connect``: the ``spark`` fault
+kills that server and starts a new one). The S3 variant's records are Avro through a local
+schema registry, three writer schema versions in turn while the faults go on
+(``--format avro``), built by a Spark JVM in each worker."""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ from tests.chaos import ChaosConfig, run
 
 
 @pytest.mark.parametrize(
-    ("store", "table", "start_from", "format"),
-    [("file", True, "latest", "json"), ("s3", False, "earliest", "avro")],
-    ids=["file-table-latest", "s3-avro"],
+    ("store", "table", "start_from", "format", "spark"),
+    [("file", True, "latest", "json", "connect"), ("s3", False, "earliest", "avro", "local")],
+    ids=["file-table-latest-connect", "s3-avro"],
 )
 def test_quick_chaos_run_loses_and_duplicates_nothing(
-    tmp_path: Path, store: str, table: bool, start_from: str, format: str
+    tmp_path: Path, store: str, table: bool, start_from: str, format: str, spark: str
 ) -> None:
-    """On a local directory and on an S3 API (Spark through S3A and its magic committer)."""
-    config = ChaosConfig.quick(seed=7, workdir=tmp_path, store=store, table=table, start_from=start_from, format=format)
+    """On a local directory (Spark Connect) and on an S3 API (Spark through S3A and its magic committer)."""
+    config = ChaosConfig.quick(
+        seed=7, workdir=tmp_path, store=store, table=table, start_from=start_from, format=format, spark=spark
+    )
     result = run(config, log=print)
     print(result.summary())
     assert len(result.faults) == config.fault_count

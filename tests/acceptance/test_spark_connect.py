@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.procs import process_tree, tree_rss_bytes
 from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
@@ -33,6 +34,12 @@ pytestmark = pytest.mark.process
 
 def bad_every_500(i: int) -> bytes:
     return b"{not json" if i % 500 == 7 else sample_value(i)
+
+
+# A thin worker (the Python process alone: confluent-kafka, pyarrow, the pyspark client) was
+# ~180-250 MB here; one with local Spark carries a JVM of ~1-2.5 GB besides. A generous bound:
+# what it guards is "no JVM", which the process tree shows directly.
+THIN_WORKER_RSS_BOUND = 700 * 2**20
 
 
 def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
@@ -55,6 +62,14 @@ def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
                 240,
                 "the worker on Spark Connect to publish everything",
             )
+        # A thin client: the builds ran on the server, so no JVM was ever started under the worker.
+        assert worker.pid is not None
+        tree = process_tree([worker.pid])
+        jvms = {pid: st.comm for pid, st in tree.items() if st.comm == "java"}
+        assert not jvms, {pid: st.comm for pid, st in tree.items()}
+        rss = tree_rss_bytes(tree, worker.pid)
+        print(f"thin worker: {len(tree)} process(es), RSS {rss / 2**20:.0f} MB")
+        assert rss < THIN_WORKER_RSS_BOUND, rss
     finally:
         worker.stop(timeout=90)
     failures = [e["error"] for e in worker.events() if e.get("event") in ("build_retry", "build_failed")]
@@ -111,3 +126,74 @@ def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_co
     assert proc.returncode == 0 and last, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "ALIVE False" in last[0] and "INTERRUPTED 0" not in last[0], last[0]
     assert "finished" not in last[0], last[0]
+
+
+def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path, spark_connect: str) -> None:
+    """The kill switch trips in the rebalance callback. Under Connect the job interrupt is a
+    gRPC call, which waits as long as the server is silent (a frozen JVM, a black-holed path:
+    here a proxy that stops forwarding): the trip must return at once all the same, and the
+    interrupt go through once the server answers again."""
+    _, spec_path = write_spec(tmp_path, "connect-revoke")
+    port = int(spark_connect.rsplit(":", 1)[1])
+    script = textwrap.dedent(f"""
+        import os, threading, time, uuid
+        from pathlib import Path
+        from ingest.build.builder import SparkSegmentBuilder
+        from ingest.build.spark import create_session, start_abandoned
+        from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+        from ingest.errors import SplitKilled
+        from ingest.spec import load_spec_file
+        from ingest_common.model import TopicPartition
+        from ingest_dev.tcp_proxy import TcpProxy
+
+        proxy = TcpProxy({port})
+        spark = create_session(f"sc://127.0.0.1:{{proxy.port}}", "revoke-test")
+        spark.range(3).count()  # the session is up and answers through the proxy
+        spec, _ = load_spec_file(Path({str(spec_path)!r}))
+        split = SealedSplit(
+            id=uuid.uuid4(), tp=TopicPartition("connect-revoke", 0), serial=1, start=0, end=1,
+            records=(SyntheticRecord(0, b"{{}}"),), size_bytes=2, first_record_at=0.0, sealed_at=0.0,
+            seal_reason="test", kill_switch=KillSwitch(),
+        )
+        trip_s = []
+
+        class RevokedWhileRegistering:
+            def register(self, build, splits):
+                proxy.pause()  # the server goes silent, then the partition is revoked
+                started = time.monotonic()
+                split.kill_switch.trip("revoke")
+                trip_s.append(time.monotonic() - started)
+
+        results = []
+        builder = SparkSegmentBuilder(spark, RevokedWhileRegistering())
+        build = threading.Thread(target=lambda: results.extend(builder.build_batch([split], spec)), daemon=True)
+        build.start()
+        build.join(30)
+        if build.is_alive():
+            print("TRIP BLOCKED", flush=True)
+            os._exit(0)
+        print("TRIP", round(trip_s[0], 2), "RESULT", type(results[0]).__name__, flush=True)
+        proxy.resume()
+        for _ in range(600):  # the interrupt, held by the silent server, now goes through
+            if not start_abandoned():
+                break
+            time.sleep(0.1)
+        print("INTERRUPT_PENDING", start_abandoned(), flush=True)
+        os._exit(0)
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=process_env("postgresql://unused", "unused:9092"),
+    )
+    out = proc.stdout
+    assert proc.returncode == 0 and "TRIP" in out, out[-2000:] + proc.stderr[-3000:]
+    assert "TRIP BLOCKED" not in out, out
+    trip = next(line for line in out.splitlines() if line.startswith("TRIP")).split()
+    assert trip[3] == "SplitKilled", out
+    # The callback returned without waiting for the server (well under a second when it works).
+    assert float(trip[1]) < 5.0, out
+    assert "INTERRUPT_PENDING False" in out, out

@@ -176,3 +176,26 @@ def test_bench_store_compares_the_file_and_s3_stores(tmp_path: Path) -> None:
     # S3 builds upload multipart (POST) and never copy; the figure exists to show that cost.
     assert figures["s3"]["s3_requests_per_batch"].get("POST", 0) > 0, figures
     assert "s3 build time / file build time" in proc.stdout
+
+
+def test_bench_fleet_runs_thin_workers_on_one_connect_server_beside_local_spark(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.fleet", "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    fleets = json.loads((out / "fleet.json").read_text())["fleets"]
+    assert set(fleets) == {"local", "connect"}
+    for mode, row in fleets.items():
+        assert row["exactly_once"]["ok"], (mode, row["exactly_once"])
+        assert row["records_per_s"] > 0 and row["cpu_s_per_million"] > 0 and row["peak_rss_mb"] > 0, (mode, row)
+        assert row["produce_to_visible_s"]["n"] > 0, (mode, row)
+    # Thin workers start no JVM; the server's CPU and memory are in the fleet's figures.
+    assert fleets["connect"]["worker_jvms"] == 0, fleets["connect"]
+    assert fleets["connect"]["server_peak_rss_mb"] > 0
+    assert fleets["local"]["worker_jvms"] == fleets["local"]["workers"], fleets["local"]
+    assert "thin workers, one Spark Connect" in proc.stdout
