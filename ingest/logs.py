@@ -7,10 +7,25 @@ import sys
 import threading
 import traceback
 from types import TracebackType
+from typing import TextIO, cast
 
 import structlog
 
 from ingest_common import redact
+
+
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was configured (a
+    test's captured stream is closed after it; the process's stream outlives every logger)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_STDERR = _Stderr()
 
 
 def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
@@ -30,7 +45,8 @@ def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # PrintLogger only writes and flushes: the proxy is all of a TextIO it uses.
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _STDERR)),
         cache_logger_on_first_use=True,
     )
     # Libraries that use the standard logging module (py4j, yoyo) stay quiet below WARNING.

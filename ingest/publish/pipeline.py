@@ -314,9 +314,10 @@ class Pipeline:
         keeps its place in its partition's publish order, and no build attempt is used up."""
         delay = self._registry_retry.delay(entry.registry_waits)
         entry.registry_waits += 1
+        # Due time first, then reported: whoever sees the wait sees when its retry is due.
+        entry.retry_at = self._registry_retry.clock.monotonic() + delay
         self._registry_waits.waiting(entry.split, error, retry=entry.registry_waits, retry_in_s=delay)
         with self._cond:
-            entry.retry_at = self._registry_retry.clock.monotonic() + delay
             if self._closing:
                 # close() has taken the queue already: resolve it here.
                 entry.built.set_exception(SplitKilled(KillReason.SHUTDOWN))

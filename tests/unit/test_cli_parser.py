@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import io
+import sys
 
 import pytest
 
@@ -113,7 +115,13 @@ def test_a_command_logs_to_stderr_and_its_json_alone_goes_to_stdout(
     try:
         assert cli.main([]) == 0
         out, err = capsys.readouterr()
+        # Events go to whatever stderr is when they are written: a stream replaced (or closed
+        # by a test's capture) after the command configured logging is never written to.
+        later = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", later)
+        structlog.get_logger("ingest.ops.gc").warning("gc_deleted", source="s")
     finally:
         structlog.reset_defaults()
     assert json.loads(out) == {"schema_version": 1}
     assert json.loads(err.strip().splitlines()[-1])["event"] == "gc_abandoned_splits"
+    assert json.loads(later.getvalue())["event"] == "gc_deleted"

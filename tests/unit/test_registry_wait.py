@@ -77,6 +77,9 @@ def test_a_split_waits_for_the_registry_on_the_backoff_without_limit_then_publis
     delays = [RETRY.delay(n) for n in range(7)]
     for n, delay in enumerate(delays):
         refusals(builder, n + 1)
+        # The refusal is seen before the pipeline put the split back with its due time:
+        # the clock moves only once the wait is recorded.
+        wait_until(lambda: (w := pipeline.registry_wait) is not None and w.retries == n + 1, 30, "the wait")  # noqa: B023
         wait = pipeline.registry_wait
         assert wait is not None and wait.partitions == (P0,) and wait.retries == n + 1
         assert "did not answer" in wait.error
