@@ -125,6 +125,7 @@ class SourceSpec:
         if self.key_format == "string":
             return ((STRING_KEY_COLUMN, "string"),)
         return tuple((KEY_COLUMN_PREFIX + name, ctype) for name, ctype in self.key_schema)
+
     compaction: CompactionSettings = CompactionSettings()
 
     @property

@@ -38,6 +38,7 @@ class Bounds(Protocol):
     @property
     def end(self) -> int: ...
 
+
 # The meta columns that place a row in the log: its footers say which split a file holds.
 OFFSET_COLUMNS = ("_topic", "_partition", "_offset")
 
