@@ -4,6 +4,10 @@ whatever runs beside the compactor or stops it half-way."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,11 +19,24 @@ from ingest.build import segment_store
 from ingest.build.builder import BuilderFactory
 from ingest.compact.job import Compactor
 from ingest.ops.gc import collect_garbage
+from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest_common.model import TopicPartition
 from ingest_dev.testkit import wait_until
 from ingest_dev.verify import verify_epochs
 from metastore import Metastore, ReplaceRefused
-from tests.acceptance.harness import Produced, StartWorker, apply_spec, assert_exactly_once, settings, write_spec
+from metastore.tables import TableKind
+from tests.acceptance.harness import (
+    REPO,
+    Produced,
+    StartWorker,
+    apply_spec,
+    assert_exactly_once,
+    process_env,
+    settings,
+    write_spec,
+)
+from tests.acceptance.test_audit import audit
+from tests.acceptance.test_cli import ingest
 
 MakeTopic = Callable[..., str]
 TARGET = 64 * 1024**2
@@ -197,3 +214,66 @@ def test_a_reset_during_compaction_leaves_each_epoch_exactly_once(
 def _exists(uri: str) -> bool:
     fs, path = segment_store.filesystem(uri)
     return bool(fs.get_file_info(path).size)
+
+
+def test_a_table_fed_source_follows_compaction_once_through_a_killed_committer(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, spark: Any,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+    )
+    worker.stop()
+    assert worker.error is None
+    env = process_env(database_url, kafka_bootstrap)
+    assert ingest(env, "table-enable", source).returncode == 0
+    committed = ingest(env, "table-commit", source, "--once", timeout=180)
+    assert committed.returncode == 0, committed.stdout + committed.stderr
+    with Metastore(database_url) as store:
+        result = compactor(store, spark).run(source, TARGET)
+    assert len(result.replaced) >= 2 and not result.refused
+    # The table still holds the replaced segments' files until the committer follows: no finding.
+    code, lines, _ = audit(env, source)
+    assert code == 0, lines
+
+    # A committer killed right after its first Iceberg commit (a replacement), before its record.
+    fault = {**env, "INGEST_FAULT_TABLE_PAUSE_AT": "iceberg_committed"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingest", "table-commit", source, "--interval", "0"],
+        env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen = []
+    try:
+        for line in proc.stderr:  # ends when the process does: never waits past its exit
+            seen.append(line)
+            if "table_fault_pause" in line:
+                break
+        assert any("table_fault_pause" in line for line in seen), "".join(seen)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    once = ingest(env, "table-commit", source, "--once", timeout=180)
+    assert once.returncode == 0, once.stdout + once.stderr
+
+    catalog = MetastoreCatalog(database_url)
+    try:
+        table = catalog.load_table(identifier(source, TableKind.DATA))
+        rows = table.scan(selected_fields=("_partition", "_offset")).to_arrow()
+        summaries = [s.summary for s in table.snapshots() if s.summary is not None]
+    finally:
+        catalog.close()
+    # Every replacement is one overwrite snapshot, none made twice (the killed one reconciled).
+    overwrites = [s for s in summaries if s.get("ingest.replacement") is not None]
+    assert sorted(int(str(s.get("ingest.replacement"))) for s in overwrites) == sorted(
+        r.segment_id for r in result.replaced
+    )
+    assert {s.operation.value for s in overwrites} == {"overwrite"}
+    # Read back: every published record once, each partition's records exactly the published ones.
+    held = Counter(zip(rows["_partition"].to_pylist(), rows["_offset"].to_pylist(), strict=True))
+    assert max(held.values()) == 1
+    verified = assert_exactly_once(database_url, source, produced)
+    expected = {(p, o) for p, end in produced.ends.items() for o in range(end) if (o * 3 + p) % 997 != 0}
+    assert len(held) == verified.rows and set(held) == expected
+    code, lines, doc = audit(env, source)
+    assert code == 0 and doc["tables"] == ["data", "rejects"], lines
