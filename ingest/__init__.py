@@ -86,6 +86,7 @@ ingest.compact (small published segments rewritten near a target size, replaced 
     plan           which segments: contiguous runs of small ones per partition, cut near the target
     job            one chunk: registered, rewritten by Spark, checked by its footers, replaced
     runner         the long-running role: one active per source (a lock), standbys, retries
+    metrics        the role's metrics (replacements, the store's shape, compaction lag) and health
 
 ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
     __init__       main and run: an IngestError becomes one line and its exit code
