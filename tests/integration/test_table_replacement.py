@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.exceptions import CommitFailedException
 
 from ingest.build.segment_store import build_dirs, filesystem
 from ingest.ops.audit import audit_source
@@ -154,4 +155,26 @@ def test_gc_keeps_replaced_files_while_the_table_holds_them(database_url: str, s
         done = collect_garbage(src.store, src.name, grace_s=0)
         assert sorted(done.deleted) == sorted(old_files)
         assert not table_files(c) & old_files
+    assert_exactly_once(database_url, src)
+
+
+def test_a_zombie_committer_with_a_stale_choice_cannot_replace_again(database_url: str, src: Source) -> None:
+    ids = [src.publish(5), src.publish(5)]
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    with committer(database_url, src.name) as c:
+        c.commit_all()
+    compact(src, ids)
+    with committer(database_url, src.name) as zombie, committer(database_url, src.name) as live:
+        stale = zombie.load(TableKind.DATA)
+        [chosen] = zombie.store.pending(src.name, TableKind.DATA, 100)
+        assert chosen.supersedes == tuple(ids)
+        assert [r.seq for r in live.commit_all()] == [2]
+        # Chosen for commit 2 from the table as it was: refused as a conflict (then re-reconciled),
+        # whether it holds the old table or loads the new one.
+        for table in (stale, zombie.load(TableKind.DATA)):
+            assert table is not None
+            with pytest.raises(CommitFailedException):
+                zombie._replace(table, TableKind.DATA, 2, chosen)
+        assert zombie.commit_batch(TableKind.DATA) is None
+        assert snapshots(live) == ["append", "overwrite"]
     assert_exactly_once(database_url, src)
