@@ -70,7 +70,9 @@ ingest.ops (what operators see and run; reads the metastore, never the worker's 
     audit          ``ingest audit``: offsets tiled by current segments and skipped gaps; files' footers
 
 ingest.table (published segments as Iceberg tables, each appended exactly once)
-    committer      the table committer: reconcile, choose a batch, append, record
+    committer      the table committer: reconcile, choose a batch, append (or replace), record
+    replacement    a compaction's replacement as one Iceberg overwrite snapshot: held files out, new in
+    properties     the table properties the committer keeps (commit seq, segments) and the head check
     runner         the long-running role: one active per source (a lock), standbys, retries
     enable         ``ingest table-enable``: a source's tables on (no pyiceberg needed)
     health         the committer's /healthz and /readyz: failing, hung, stopped; active or standby
@@ -85,6 +87,7 @@ ingest.compact (small published segments rewritten near a target size, replaced 
     plan           which segments: contiguous runs of small ones per partition, cut near the target
     job            one chunk: registered, rewritten by Spark, checked by its footers, replaced
     runner         the long-running role: one active per source (a lock), standbys, retries
+    metrics        the role's metrics (replacements, the store's shape, compaction lag) and health
 
 ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
     __init__       main and run: an IngestError becomes one line and its exit code

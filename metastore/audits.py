@@ -4,6 +4,7 @@ of each audit's result (migrations/0013_audit.sql)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from psycopg.types.json import Jsonb
@@ -11,6 +12,17 @@ from psycopg.types.json import Jsonb
 from metastore.base import Row, StoreBase
 from metastore.connection import wrap_exceptions
 from metastore.queries import query
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSnapshot:
+    """What one audit reads, in one snapshot of the metastore."""
+
+    partitions: list[Row]  # audit_partitions
+    segments: list[Row]  # current_segments
+    gaps: list[Row]  # list_gaps
+    tables: list[Row]  # table_rows: each Iceberg table's recorded commit
+    held: list[Row]  # table_held: the segments each table holds
 
 
 class AuditsMixin(StoreBase):
@@ -25,10 +37,11 @@ class AuditsMixin(StoreBase):
         """Each partition's next_offset, epoch, epoch 0's start and its resets' offsets."""
         return self._fetch("audit_partitions", source=source)
 
-    def audit_snapshot(self, source: str) -> tuple[list[Row], list[Row], list[Row]]:
-        """The partitions (``audit_partitions``), the current segments and the gap ledger, read
-        in one REPEATABLE READ transaction: one snapshot, so a publish, reset or skipped gap that
-        commits meanwhile is seen whole or not at all."""
+    def audit_snapshot(self, source: str) -> AuditSnapshot:
+        """The partitions (``audit_partitions``), the current segments, the gap ledger and the
+        tables' records, read in one REPEATABLE READ transaction: one snapshot, so a publish,
+        reset, skipped gap, replacement or table commit that commits meanwhile is seen whole or
+        not at all."""
         params = {"source": source}
         with wrap_exceptions(self.url):
             conn = self._connection()
@@ -37,7 +50,9 @@ class AuditsMixin(StoreBase):
                 partitions = conn.execute(query("audit_partitions"), params).fetchall()
                 segments = conn.execute(query("current_segments"), params).fetchall()
                 gaps = conn.execute(query("list_gaps"), params).fetchall()
-        return partitions, segments, gaps
+                tables = conn.execute(query("table_rows"), params).fetchall()
+                held = conn.execute(query("table_held"), params).fetchall()
+        return AuditSnapshot(partitions, segments, gaps, tables, held)
 
     def record_audit(
         self,

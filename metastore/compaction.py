@@ -95,14 +95,18 @@ class CompactionMixin(StoreBase):
 
     def replaced_to_delete(self, source: str, grace_s: float) -> list[Row]:
         """Replaced segments whose files gc deletes now (the rule is ``ingest.ops.gc``'s), each
-        with ``files``: those no current segment lists, under the source's registered builds."""
+        with ``files``: those no current segment lists, under the source's registered builds.
+        A segment an Iceberg table still holds waits for the committer (migrations/0019)."""
         return self._fetch("replaced_to_delete", source=source, grace_s=grace_s)
 
-    def delete_replaced_files(self, source: str, segment_id: int, delete: Callable[[], int]) -> bool:
+    def delete_replaced_files(
+        self, source: str, segment_id: int, delete: Callable[[], int], grace_s: float = 0.0
+    ) -> bool:
         """Run ``delete`` while holding the replaced segment's row, then record that its files
         are gone, in the same transaction. False, and ``delete`` not run, when another gc holds
-        the segment or already did."""
-        params = {"source": source, "segment_id": segment_id}
+        the segment or already did, or an Iceberg table holds its files (or did less than
+        ``grace_s`` ago)."""
+        params = {"source": source, "segment_id": segment_id, "grace_s": grace_s}
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():

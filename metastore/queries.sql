@@ -399,11 +399,10 @@ ORDER BY v.source, v.version DESC;
 
 -- name: table_enable
 -- ingest table enable: a table of this kind for the source; enabling again changes nothing
--- (the partition transform of an existing table is the table's own). The source's row is locked
--- so that a segment replacement in progress (it holds the row shared: migrations/0017) ends
--- first, and one that comes later sees the table.
+-- (the partition transform of an existing table is the table's own). A replacement running
+-- meanwhile needs no ordering with it: the new table starts from the current segments.
 INSERT INTO ingest_tables (source, kind, partition_by)
-SELECT s.name, %(kind)s, %(partition_by)s FROM ingest_sources s WHERE s.name = %(source)s FOR NO KEY UPDATE
+SELECT s.name, %(kind)s, %(partition_by)s FROM ingest_sources s WHERE s.name = %(source)s
 ON CONFLICT (source, kind) DO NOTHING
 RETURNING kind;
 
@@ -428,8 +427,8 @@ SELECT committed_seq FROM ingest_tables WHERE source = %(source)s AND kind = %(k
 
 -- name: table_pending
 -- Current published segments the table does not hold yet, in publish order, with the files of
--- the table's kind (data files, or rejects files); after_id pages through them. (A source with a
--- table has no replaced segments: migrations/0017 refuses the replacement.)
+-- the table's kind (data files, or rejects files); after_id pages through them. A replacement
+-- is pending like any current segment; table_superseded says which held segments it replaces.
 SELECT s.id, s.spec_version, s.published_at,
        CASE WHEN %(kind)s = 'data' THEN s.files ELSE s.rejects_files END AS files
 FROM ingest_segments s
@@ -452,6 +451,41 @@ WHERE s.source = %(source)s AND s.replaced_by IS NULL
 INSERT INTO ingest_table_segments (source, kind, segment_id, seq)
 SELECT %(source)s, %(kind)s, u.id, %(seq)s FROM unnest(%(segment_ids)s::bigint[]) AS u(id)
 ON CONFLICT (source, kind, segment_id) DO NOTHING;
+
+-- name: table_superseded
+-- For each of the segments ids: the segments the table holds (seq set, not removed) among those
+-- it replaced, directly or through replacements the table never held, with their files of the
+-- table's kind. Committing such a segment takes those files out in the same snapshot
+-- (migrations/0019).
+WITH RECURSIVE replaced (root, id) AS (
+    SELECT o.replaced_by, o.id FROM ingest_segments o
+    WHERE o.replaced_by = ANY(%(segment_ids)s::bigint[]) AND o.source = %(source)s
+    UNION ALL
+    SELECT r.root, o.id FROM replaced r JOIN ingest_segments o ON o.replaced_by = r.id
+)
+SELECT r.root, s.id,
+       CASE WHEN %(kind)s = 'data' THEN s.files ELSE s.rejects_files END AS files
+FROM replaced r
+JOIN ingest_segments s ON s.id = r.id
+JOIN ingest_table_segments t
+  ON t.source = %(source)s AND t.kind = %(kind)s AND t.segment_id = r.id
+ AND t.seq IS NOT NULL AND t.removed_seq IS NULL
+ORDER BY r.root, s.id;
+
+-- name: table_record_removed
+-- The segments a replacement commit took out of the table (migrations/0019).
+UPDATE ingest_table_segments SET removed_seq = %(seq)s, removed_at = now()
+WHERE source = %(source)s AND kind = %(kind)s AND segment_id = ANY(%(segment_ids)s::bigint[])
+  AND seq IS NOT NULL AND removed_seq IS NULL;
+
+-- name: table_held
+-- `ingest audit`: every segment each table of the source holds (current, or replaced and not
+-- yet taken out by the committer), with its files of the table's kind, and each table's record.
+SELECT t.kind, t.segment_id, s.replaced_by IS NULL AS current,
+       CASE WHEN t.kind = 'data' THEN s.files ELSE s.rejects_files END AS files
+FROM ingest_table_segments t JOIN ingest_segments s ON s.id = t.segment_id
+WHERE t.source = %(source)s AND t.seq IS NOT NULL AND t.removed_seq IS NULL
+ORDER BY t.kind, t.segment_id;
 
 -- name: table_advance
 UPDATE ingest_tables
@@ -518,7 +552,8 @@ SELECT * FROM ingest_replace_segments(
 
 -- name: replaced_to_delete
 -- gc, step 3 (the rule is ingest/ops/gc.py's): replaced segments of the source whose files gc
--- has not deleted yet, replaced longer than the grace period ago, each with the files to delete:
+-- has not deleted yet, replaced longer than the grace period ago and held by no Iceberg table
+-- since at least as long (migrations/0019), each with the files to delete:
 -- those it lists that no current segment of the source lists (a replacement carries its old
 -- segments' rejects files) and that lie under a directory a build of the source registered.
 -- A replaced segment's files never become listed by a later segment: a replacement names
@@ -536,13 +571,18 @@ SELECT s.id, s.replaced_by,
 FROM ingest_segments s
 WHERE s.source = %(source)s AND s.replaced_by IS NOT NULL AND s.files_deleted_at IS NULL
   AND s.replaced_at < now() - make_interval(secs => %(grace_s)s)
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t WHERE t.segment_id = s.id AND t.seq IS NOT NULL
+                  AND (t.removed_at IS NULL OR t.removed_at >= now() - make_interval(secs => %(grace_s)s)))
 ORDER BY s.id;
 
 -- name: lock_replaced_for_delete
 -- Held while gc deletes one replaced segment's files (Metastore.delete_replaced_files): another
--- gc skips the segment.
-SELECT id FROM ingest_segments
+-- gc skips the segment. A table commit recorded since replaced_to_delete read it (a committer
+-- that appended the segment just before its replacement) keeps its files.
+SELECT id FROM ingest_segments s
 WHERE id = %(segment_id)s AND source = %(source)s AND replaced_by IS NOT NULL AND files_deleted_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t WHERE t.segment_id = s.id AND t.seq IS NOT NULL
+                  AND (t.removed_at IS NULL OR t.removed_at >= now() - make_interval(secs => %(grace_s)s)))
 FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: mark_files_deleted

@@ -180,8 +180,8 @@ DECLARE
     new_id bigint;
     split_state text;
 BEGIN
-    -- Share: ordered after an apply, a reset or a table-enable of the source (they take the
-    -- row for update), while publishes (a key share) go on.
+    -- Share: ordered after an apply or a reset of the source (they take the row for update),
+    -- while publishes (a key share) go on.
     PERFORM 1 FROM ingest_sources s WHERE s.name = p_source FOR SHARE;
     -- Fixed order: two replacements of overlapping segments never deadlock; the later one
     -- waits, then sees the old segments replaced.
@@ -190,11 +190,6 @@ BEGIN
     SELECT s.id INTO new_id FROM ingest_segments s WHERE s.split_id = p_split_id AND s.source = p_source;
     IF new_id IS NOT NULL THEN
         RETURN QUERY SELECT new_id, NULL::text, NULL::text;
-        RETURN;
-    END IF;
-
-    IF EXISTS (SELECT 1 FROM ingest_tables t WHERE t.source = p_source) THEN
-        RETURN QUERY SELECT NULL::bigint, 'table'::text, 'the source feeds an Iceberg table'::text;
         RETURN;
     END IF;
 
@@ -746,8 +741,23 @@ CREATE TABLE public.ingest_table_segments (
     kind text NOT NULL,
     segment_id bigint NOT NULL,
     seq bigint,
-    recorded_at timestamp with time zone DEFAULT now() NOT NULL
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    removed_seq bigint,
+    removed_at timestamp with time zone,
+    CONSTRAINT ingest_table_segments_removed_check CHECK ((((removed_seq IS NULL) = (removed_at IS NULL)) AND ((removed_seq IS NULL) OR (seq IS NOT NULL))))
 );
+
+--
+-- Name: COLUMN ingest_table_segments.removed_seq; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_table_segments.removed_seq IS 'the table commit that took this (replaced) segment''s files out of the table; NULL: the table holds them';
+
+--
+-- Name: COLUMN ingest_table_segments.removed_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_table_segments.removed_at IS 'when that commit was recorded';
 
 --
 -- Name: ingest_tables; Type: TABLE; Schema: public; Owner: -
@@ -1002,6 +1012,12 @@ CREATE INDEX ingest_resets_source_idx ON public.ingest_resets USING btree (sourc
 --
 
 CREATE UNIQUE INDEX ingest_segment_ranges_start_idx ON public.ingest_segment_ranges USING btree (source, topic, partition, epoch, start_offset) WHERE (replaced_by IS NULL);
+
+--
+-- Name: ingest_segments_replaced_by_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ingest_segments_replaced_by_idx ON public.ingest_segments USING btree (replaced_by) WHERE (replaced_by IS NOT NULL);
 
 --
 -- Name: ingest_segments_replaced_idx; Type: INDEX; Schema: public; Owner: -

@@ -51,10 +51,15 @@ class TableRow:
 
 @dataclass(frozen=True, slots=True)
 class PendingSegment:
+    """A current segment the table does not hold yet. ``supersedes``: the segments the table
+    holds that it replaced (compaction), whose files ``superseded_files`` its commit takes out."""
+
     id: int
     spec_version: int
     published_at: datetime
     files: tuple[str, ...]
+    supersedes: tuple[int, ...] = ()
+    superseded_files: tuple[str, ...] = ()
 
 
 class TableStore(StoreBase):
@@ -109,11 +114,29 @@ class TableStore(StoreBase):
         return dict(rows[0]["spec"])
 
     def pending(self, source: str, kind: TableKind, limit: int, after_id: int = 0) -> list[PendingSegment]:
-        """Published segments the table does not hold yet, oldest first (ids above ``after_id``)."""
+        """Published segments the table does not hold yet, oldest first (ids above ``after_id``),
+        each with the held segments it replaced (``supersedes``)."""
+        rows = self._fetch("table_pending", source=source, kind=kind.value, limit=limit, after_id=after_id)
+        superseded: dict[int, list[Row]] = {}
+        if rows:
+            ids = [int(r["id"]) for r in rows]
+            for r in self._fetch("table_superseded", source=source, kind=kind.value, segment_ids=ids):
+                superseded.setdefault(int(r["root"]), []).append(r)
         return [
-            PendingSegment(int(r["id"]), int(r["spec_version"]), r["published_at"], tuple(r["files"] or ()))
-            for r in self._fetch("table_pending", source=source, kind=kind.value, limit=limit, after_id=after_id)
+            PendingSegment(
+                int(r["id"]),
+                int(r["spec_version"]),
+                r["published_at"],
+                tuple(r["files"] or ()),
+                tuple(int(o["id"]) for o in superseded.get(int(r["id"]), ())),
+                tuple(f for o in superseded.get(int(r["id"]), ()) for f in o["files"] or ()),
+            )
+            for r in rows
         ]
+
+    def held(self, source: str) -> list[Row]:
+        """Every segment a table of the source holds (``table_held``): kind, segment_id, current, files."""
+        return self._fetch("table_held", source=source)
 
     def behind(self, source: str, kind: TableKind) -> tuple[int, datetime | None]:
         """Segments published and not in the table yet, and the oldest one's publish time."""
@@ -143,8 +166,10 @@ class TableStore(StoreBase):
         segment_ids: Sequence[int],
         snapshot_id: int | None,
         committed_at: datetime,
+        removed_ids: Sequence[int] = (),
     ) -> bool:
-        """Record Iceberg commit ``seq`` (the segments it appended), in one transaction.
+        """Record Iceberg commit ``seq`` (the segments it appended, and ``removed_ids``: the
+        replaced segments whose files it took out), in one transaction.
 
         Idempotent: a commit recorded already (by a committer that reconciled first, or a
         zombie's late write) changes nothing and returns False. A gap (``seq`` more than one
@@ -167,6 +192,11 @@ class TableStore(StoreBase):
                     query("table_record_segments"),
                     {"source": source, "kind": kind.value, "seq": seq, "segment_ids": list(segment_ids)},
                 )
+                if removed_ids:
+                    conn.execute(
+                        query("table_record_removed"),
+                        {"source": source, "kind": kind.value, "seq": seq, "segment_ids": list(removed_ids)},
+                    )
                 conn.execute(
                     query("table_advance"),
                     {

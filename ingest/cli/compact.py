@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ingest.cli.common import emit, load_settings
-from ingest.config import default_worker_id, non_negative_seconds
+from ingest.config import Settings, default_worker_id, non_negative_seconds
 from ingest.spec import SourceSpec, parse_size
 from metastore import Metastore
 
@@ -58,7 +58,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     with Metastore(settings.database_url) as store:
         compactor = Compactor(store, spark, f"compact-{settings.worker_id or default_worker_id()}")
         if every is not None:
-            return _run_role(compactor, store, args.source, every, target)
+            return _run_role(compactor, store, args.source, every, target, settings)
         result = compactor.run(args.source, target, args.max_chunks, dry_run=args.dry_run)
     would = "would " if args.dry_run else ""
     chosen = [
@@ -116,8 +116,12 @@ def cmd_compact(args: argparse.Namespace) -> int:
     return 1 if result.refused else 0
 
 
-def _run_role(compactor: Compactor, store: Metastore, source: str, every: float, target: int | None) -> int:
+def _run_role(
+    compactor: Compactor, store: Metastore, source: str, every: float, target: int | None, settings: Settings
+) -> int:
+    from ingest.compact.metrics import CompactionMetrics, CompactorHealth
     from ingest.compact.runner import run_compactor
+    from ingest.ops.endpoints import Endpoints
 
     store.latest_spec(source)  # SourceNotFound before the role starts
     stop = threading.Event()
@@ -127,7 +131,17 @@ def _run_role(compactor: Compactor, store: Metastore, source: str, every: float,
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    run_compactor(compactor, store, source, every, stop, target)
+    metrics, health = CompactionMetrics(source), CompactorHealth()
+    endpoints = None
+    if settings.metrics_port is not None:
+        # /metrics, /healthz and /readyz as the workers and the table committer serve them.
+        endpoints = Endpoints(metrics.registry, health.healthy, health.ready)
+        endpoints.serve(settings.metrics_host, settings.metrics_port)
+    try:
+        run_compactor(compactor, store, source, every, stop, target, metrics, health)
+    finally:
+        if endpoints is not None:
+            endpoints.close()
     return 0
 
 

@@ -119,19 +119,15 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     """One line per finding and a summary; exit 1 on any finding. The result is stored."""
     from ingest.ops.audit import Finding, FindingKind, audit_source, record_result
-    from metastore.tables import TableStore
 
     settings = load_settings()
     with Metastore(settings.database_url) as store:
-        result, segments = audit_source(store, args.source, files=args.files)
-        if args.files:
-            with TableStore(settings.database_url) as tables:
-                enabled = bool(tables.tables(args.source))
-            if enabled:  # pyiceberg is imported only for a source with a table
-                from ingest.table.audit import table_findings
+        result, snapshot = audit_source(store, args.source, files=args.files)
+        if args.files and snapshot.tables:  # pyiceberg is imported only for a source with a table
+            from ingest.table.audit import table_findings
 
-                result.tables, found = table_findings(settings.database_url, args.source, segments)
-                result.findings += [Finding(FindingKind(kind), where, detail) for kind, where, detail in found]
+            result.tables, found = table_findings(settings.database_url, args.source, snapshot)
+            result.findings += [Finding(FindingKind(kind), where, detail) for kind, where, detail in found]
         record_result(store, result)
     emit(args, result.document(), [*(f.line() for f in result.findings), result.summary()])
     return 0 if result.ok else 1

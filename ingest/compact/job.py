@@ -21,6 +21,7 @@ metastore checks that again under its locks.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -46,6 +47,9 @@ log = structlog.get_logger(__name__)
 # (idempotent by split id): this many attempts, these far apart.
 REPLACE_BACKOFF = Backoff(initial_s=0.5, max_s=10.0)
 REPLACE_ATTEMPTS = 8
+# Fault injection for tests: "rewritten" logs `compaction_fault_pause` once a chunk's files are
+# written and checked, before its replacement, and waits there until the process is killed.
+FAULT_PAUSE_ENV = "INGEST_FAULT_COMPACT_PAUSE_AT"
 
 
 class CompactionStore(Protocol):
@@ -126,6 +130,12 @@ class Compactor:
         target = target_bytes or spec.compaction.target_file_bytes
         return spec, choose(self._store.segments(source), target)
 
+    def survey(self, source: str, target_bytes: int | None = None) -> tuple[list[Row], list[Chunk]]:
+        """The source's current segments and the chunks worth compacting among them (metrics)."""
+        spec = SourceSpec.from_json(self._store.latest_spec(source)[1])
+        segments = self._store.segments(source)
+        return segments, choose(segments, target_bytes or spec.compaction.target_file_bytes)
+
     def run(
         self, source: str, target_bytes: int | None = None, max_chunks: int | None = None, dry_run: bool = False
     ) -> CompactionResult:
@@ -158,6 +168,10 @@ class Compactor:
             new_files = self._rewrite(written_under, chunk, split_id, dirs.data) if chunk.files else []
             size = sum(f.size_bytes for f in new_files) + _sizes(chunk)
             uris = [f.uri for f in new_files]
+            if os.environ.get(FAULT_PAUSE_ENV) == "rewritten":
+                log.warning("compaction_fault_pause", source=spec.name, build=str(build), files=len(uris))
+                while True:
+                    time.sleep(1)
             try:
                 segment_id = self._replace(spec.name, split_id, chunk, dirs.data, uris, size)
             except (CommitOutcomeUnknown, MetastoreUnavailable):

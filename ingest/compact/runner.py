@@ -16,6 +16,7 @@ from typing import Protocol
 import structlog
 
 from ingest.compact.job import CompactionResult, Compactor
+from ingest.compact.metrics import CompactionMetrics, CompactorHealth
 from ingest.errors import BuildError
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
@@ -48,12 +49,18 @@ def run_compactor(
     every_s: float,
     stop: threading.Event,
     target_bytes: int | None = None,
+    metrics: CompactionMetrics | None = None,
+    health: CompactorHealth | None = None,
 ) -> list[CompactionResult]:
     """Compact ``source`` every ``every_s`` while holding its lock, until ``stop`` is set.
-    Returns the passes' results (for tests and the command's summary)."""
+    Returns the passes' results (for tests and the command's summary). ``metrics``, ``health``:
+    what the role's endpoints serve (the store's shape is read after every pass, a standby's too)."""
+    metrics = metrics or CompactionMetrics(source)
+    health = health or CompactorHealth()
     results: list[CompactionResult] = []
     active = standby_logged = False
     failures = 0
+    reason = "stop requested"
     try:
         while not stop.is_set():
             try:
@@ -62,13 +69,21 @@ def run_compactor(
                         log.info("compactor_standby", source=source)
                         standby_logged = True
                     active = False
+                    metrics.active.labels(source).set(0)
+                    metrics.shape(*compactor.survey(source, target_bytes))
+                    health.passed(active=False)
                     stop.wait(max(every_s, STANDBY_POLL_S))
                     continue
                 if not active:
                     log.info("compactor_active", source=source)
                 active, standby_logged = True, False
+                metrics.active.labels(source).set(1)
+                health.holding(active=True)
                 result = compactor.run(source, target_bytes)
                 results.append(result)
+                metrics.passed(result)
+                metrics.shape(*compactor.survey(source, target_bytes))
+                health.passed(active=True)
                 log.info(
                     "compaction_pass",
                     source=source,
@@ -81,10 +96,17 @@ def run_compactor(
             except Exception as exc:
                 if not _retried(exc):
                     raise
+                metrics.failures.labels(source).inc()
+                health.failed(first_line(exc))
                 delay = PASS_RETRY.delay(failures)
                 failures += 1
                 log.warning("compaction_retry", source=source, error=first_line(exc), retry_in_s=delay)
                 stop.wait(delay)
+    except BaseException as exc:
+        reason = first_line(exc)
+        raise
     finally:
+        health.stopped(reason)
+        metrics.active.labels(source).set(0)
         lock.release_compact_lock()
     return results

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from ingest.build import output_files, segment_store
 from ingest.errors import BuildError
 from metastore import Metastore
+from metastore.audits import AuditSnapshot
 from metastore.base import Row
 
 # How many finding lines an audit's record keeps (the counts by kind are complete).
@@ -109,21 +110,21 @@ class AuditResult:
         }
 
 
-def audit_source(store: Metastore, source: str, *, files: bool = False) -> tuple[AuditResult, list[Row]]:
-    """The metastore's (and with ``files`` the store's) findings; also returns the current
-    segments it audited, for the tables' audit. Reads one consistent snapshot of the
-    metastore (one REPEATABLE READ transaction), so publishes running meanwhile are not
-    half-seen."""
+def audit_source(store: Metastore, source: str, *, files: bool = False) -> tuple[AuditResult, AuditSnapshot]:
+    """The metastore's (and with ``files`` the store's) findings; also returns the snapshot it
+    audited, for the tables' audit. Reads one consistent snapshot of the metastore (one
+    REPEATABLE READ transaction), so publishes running meanwhile are not half-seen."""
     store.latest_spec(source)  # SourceNotFound for an unknown source
     result = AuditResult(source, datetime.now(UTC), files)
-    partitions, segments, gaps = store.audit_snapshot(source)
+    snapshot = store.audit_snapshot(source)
+    partitions, segments, gaps = snapshot.partitions, snapshot.segments, snapshot.gaps
     result.partitions, result.segments = len(partitions), len(segments)
     result.findings += tiling_findings(partitions, segments, gaps)
     result.findings += record_findings(segments)
     if files:
         for segment in segments:
             result.findings += file_findings(segment, result)
-    return result, segments
+    return result, snapshot
 
 
 def record_result(store: Metastore, result: AuditResult) -> None:

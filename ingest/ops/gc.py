@@ -13,7 +13,9 @@
    grace period ago are deleted, each segment once: the files it lists that no current
    segment lists (a replacement carries its old segments' rejects files as they are) and
    that lie under a directory one of the source's builds registered. A reader that listed
-   the segment just before its replacement has the grace period to read them.
+   the segment just before its replacement has the grace period to read them. A segment an
+   Iceberg table holds waits until the committer took its files out of the table, and one
+   grace period more (migrations/0019): readers of the table's previous snapshot.
 
 Safety: a file is deleted only under a registered directory of one of the source's own
 builds, only while no split of that build is building, and never while a published segment
@@ -156,7 +158,7 @@ def _delete_replaced(store: Metastore, source: str, grace_s: float, dry_run: boo
             remove = partial(_delete_files, source, segment, dry_run, deleted)
             if dry_run:
                 remove()
-            elif not store.delete_replaced_files(source, int(segment["id"]), remove):
+            elif not store.delete_replaced_files(source, int(segment["id"]), remove, grace_s):
                 continue  # another gc holds the segment, or deleted its files since it was read
         except (UnsafePath, OSError) as exc:
             result.unsafe.append(f"segment {segment['id']}: {exc}")

@@ -1,66 +1,89 @@
 """``ingest audit``'s look at a source's Iceberg tables: each holds exactly the files of the
-current segments the metastore records it holds, each once.
+segments the metastore records it holds, each once.
 
-The current segments are the ones ``ingest.ops.audit`` read (the ``current_segments`` query),
-so a table is checked against the same snapshot as the offsets. Per table of the source:
+What a table should hold comes from the audit's one snapshot of the metastore
+(``metastore.audits.AuditSnapshot``): the segments recorded in ``ingest_table_segments`` and
+not taken out by a replacement commit (``table_held``): current segments, and replaced ones
+whose replacement the committer has not followed yet (it is behind, not wrong). Which state of
+the table to compare: its current snapshot when the table's ``ingest.commit-seq`` is the
+commit the metastore recorded (then anything else in it, a file added or removed outside the
+committer, is a finding); otherwise the committer moved on since the snapshot was read (or
+crashed between a commit and its record, which its reconcile settles), and the table is read
+as of the Iceberg snapshot the metastore recorded with that commit. Per table:
 
-- a file of a current segment recorded as held (``ingest_table_segments``) that the table's
-  current snapshot does not list: ``table_missing_file``;
-- a file the table lists that no current segment lists (of the table's kind):
+- a file of a held segment that the table does not list: ``table_missing_file``;
+- a file the table lists that no held segment lists (of the table's kind):
   ``table_extra_file``; a file it lists more than once: ``table_duplicate_file``.
 
-A segment published but not committed yet is not a finding (the committer is behind); a
-file of it already in the table neither (a commit not recorded yet: the committer's
-reconcile records it).
+A segment published but not committed yet is not a finding (the committer is behind).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
 
 from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.table.committer import COMMIT_SEQ
+from metastore.audits import AuditSnapshot
 from metastore.base import Row
-from metastore.tables import TableKind, TableStore
+from metastore.tables import TableKind
 
 # (kind, where, detail): ingest.ops.audit's FindingKind values (this layer does not import ops).
 TableFinding = tuple[str, str, str]
 
 
-def table_findings(database_url: str, source: str, segments: Sequence[Row]) -> tuple[list[str], list[TableFinding]]:
+def table_findings(database_url: str, source: str, snapshot: AuditSnapshot) -> tuple[list[str], list[TableFinding]]:
     """The source's tables checked (their kinds) and what is wrong with them; no table: nothing."""
-    with TableStore(database_url) as store:
-        rows = store.tables(source)
-    if not rows:
+    if not snapshot.tables:
         return [], []
     findings: list[TableFinding] = []
     catalog = MetastoreCatalog(database_url)
     try:
-        for row in rows:
-            findings += _one_table(catalog, source, row.kind, segments)
+        for row in snapshot.tables:
+            kind = TableKind(row["kind"])
+            held = [h for h in snapshot.held if h["kind"] == kind.value]
+            findings += _one_table(catalog, source, kind, row, held, snapshot.segments)
     finally:
         catalog.close()
-    return [row.kind.value for row in rows], findings
+    return [str(row["kind"]) for row in snapshot.tables], findings
 
 
-def _table_files(catalog: MetastoreCatalog, source: str, kind: TableKind) -> list[str]:
+def _table_files(catalog: MetastoreCatalog, source: str, kind: TableKind, recorded: Row) -> list[str]:
     try:
         table = catalog.load_table(identifier(source, kind))
     except NoSuchTableError:
         return []
-    if table.current_snapshot() is None:
+    snapshot_id = _recorded_state(table, recorded)
+    if snapshot_id is None:
         return []
-    return [str(path) for path in table.inspect.data_files().column("file_path").to_pylist()]
+    files = table.inspect.data_files(snapshot_id=snapshot_id).column("file_path").to_pylist()
+    return [str(path) for path in files]
 
 
-def _one_table(catalog: MetastoreCatalog, source: str, kind: TableKind, segments: Sequence[Row]) -> list[TableFinding]:
+def _recorded_state(table: Table, recorded: Row) -> int | None:
+    """The Iceberg snapshot that holds what the metastore recorded (None: no snapshot, no files)."""
+    current = table.current_snapshot()
+    if table.properties.get(COMMIT_SEQ, "0") == str(recorded["committed_seq"]) or current is None:
+        return current.snapshot_id if current is not None else None
+    wanted = recorded["last_snapshot_id"]
+    if wanted is not None and table.snapshot_by_id(int(wanted)) is not None:
+        return int(wanted)
+    # Expired (the committer made more commits than it keeps snapshots since the audit read
+    # the metastore): the current state, compared as it is.
+    return current.snapshot_id
+
+
+def _one_table(
+    catalog: MetastoreCatalog, source: str, kind: TableKind, recorded: Row, held_rows: list[Row], segments: list[Row]
+) -> list[TableFinding]:
     name = ".".join(identifier(source, kind))
     column = "files" if kind is TableKind.DATA else "rejects_files"
-    listed = {uri: int(s["id"]) for s in segments for uri in s[column]}
-    held = {uri: int(s["id"]) for s in segments if kind.value in s["tables"] for uri in s[column]}
-    in_table = Counter(_table_files(catalog, source, kind))
+    held = {uri: int(h["segment_id"]) for h in held_rows for uri in h["files"] or ()}
+    current = {uri for s in segments for uri in s[column]}
+    in_table = Counter(_table_files(catalog, source, kind, recorded))
     findings: list[TableFinding] = []
     for uri, segment in sorted(held.items()):
         if uri not in in_table:
@@ -72,10 +95,13 @@ def _one_table(catalog: MetastoreCatalog, source: str, kind: TableKind, segments
                 )
             )
     for uri, count in sorted(in_table.items()):
-        if uri not in listed:
-            findings.append(
-                ("table_extra_file", f"table {name} file {uri}", "listed by the table, by no current segment")
+        if uri not in held:
+            detail = (
+                "listed by the table, by no segment the table is recorded as holding"
+                if uri in current
+                else "listed by the table, by no current segment"
             )
+            findings.append(("table_extra_file", f"table {name} file {uri}", detail))
         if count > 1:
             findings.append(("table_duplicate_file", f"table {name} file {uri}", f"listed {count} times by the table"))
     return findings

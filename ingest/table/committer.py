@@ -27,6 +27,13 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   committers that both hold it (a lost lock connection after a PostgreSQL restart, ``--once``
   beside a running committer) cannot duplicate anything. A ``CommitFailedException`` anywhere in
   a commit is a conflict the committer retries, never the end of its loop.
+- A pending segment that replaced segments the table holds (compaction) is committed alone, as
+  one overwrite snapshot: their files out, its files in, the same rows
+  (``ingest.table.replacement``). It is numbered, guarded and recorded like an append; the
+  record also marks the segments it took out (``removed_seq``, in the same transaction), and
+  ``ingest.commit-replaced`` names them in the table, so the reconcile after a crash records
+  them too. So a replacement is applied once: after its record the replaced segments are no
+  longer held, and no pending segment supersedes them again.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
 from ingest.table.health import CommitterHealth
 from ingest.table.metrics import TableMetrics
+from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
+from ingest.table.replacement import stage_replacement
 from ingest.table.runner import MAX_RETRY_DELAY_S, STANDBY_POLL_S, run_committer
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
@@ -65,12 +74,6 @@ from metastore.tables import PendingSegment, TableKind, TableRow, TableStore
 
 log = structlog.get_logger(__name__)
 
-COMMIT_SEQ = "ingest.commit-seq"
-# pyiceberg retries a conflicting append by rebasing it onto the new head (4 times by default):
-# a batch chosen from the old head would then be appended on top of a commit that already holds
-# it. Our tables never retry inside pyiceberg; the committer re-reconciles and re-chooses.
-NO_REBASE = {"commit.retry.num-retries": "0"}
-COMMIT_SEGMENTS = "ingest.commit-segments"
 # The longest the loop waits after a failed pass before the next, and a standby between passes.
 # Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
 # until it is killed.
@@ -200,12 +203,21 @@ class TableCommitter:
                 f"table {'.'.join(identifier(self.source, kind))} holds commit {held} but the metastore recorded "
                 f"{row.committed_seq}: the table was changed outside the committer; nothing is appended"
             )
-        ids = _segment_ids(table.properties.get(COMMIT_SEGMENTS, ""))
+        ids = segment_ids(table, COMMIT_SEGMENTS)
+        removed = segment_ids(table, COMMIT_REPLACED)
         snapshot = table.current_snapshot()
         ours = snapshot is not None and snapshot.summary is not None and snapshot.summary.get(COMMIT_SEQ) == str(held)
         at = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if ours and snapshot else datetime.now(UTC)
-        self.store.record_commit(self.source, kind, held, ids, snapshot.snapshot_id if ours and snapshot else None, at)
-        log.warning("table_commit_reconciled", source=self.source, table=kind.value, seq=held, segments=len(ids))
+        snapshot_id = snapshot.snapshot_id if ours and snapshot else None
+        self.store.record_commit(self.source, kind, held, ids, snapshot_id, at, removed)
+        log.warning(
+            "table_commit_reconciled",
+            source=self.source,
+            table=kind.value,
+            seq=held,
+            segments=len(ids),
+            removed=len(removed),
+        )
         return held
 
     # -- committing -----------------------------------------------------------------
@@ -221,10 +233,14 @@ class TableCommitter:
             batch = self._next_batch(kind)
             if not batch:
                 return None
+            replacing = batch[0].supersedes
             try:
                 if table is None:
                     table = self._create(self.store.table(self.source, kind), batch[0].files[0])
-                committed = self._append(table, kind, seq, batch)
+                if replacing:
+                    committed = self._replace(table, kind, seq, batch[0])
+                else:
+                    committed = self._append(table, kind, seq, batch)
             except (CommitFailedException, TableAlreadyExistsError) as exc:
                 # Another committer changed (or created) the table since it was loaded: the
                 # next attempt loads and reconciles what it holds now.
@@ -246,6 +262,7 @@ class TableCommitter:
                 ids,
                 snapshot.snapshot_id if snapshot else None,
                 datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
+                replacing,
             )
             _expire_snapshots(self.source, self.settings.keep_snapshots, committed, kind)
             self.health.progressed()
@@ -254,12 +271,15 @@ class TableCommitter:
             self.metrics.commit_seconds.labels(self.source, kind.value).observe(seconds)
             self.metrics.commits.labels(self.source, kind.value).inc()
             self.metrics.segments_committed.labels(self.source, kind.value).inc(len(batch))
+            if replacing:
+                self.metrics.replacements.labels(self.source, kind.value).inc()
             log.info(
                 "table_committed",
                 source=self.source,
                 table=kind.value,
                 seq=seq,
                 segments=len(batch),
+                replaced=len(replacing),
                 first_segment=ids[0],
                 last_segment=ids[-1],
                 files=files,
@@ -272,36 +292,45 @@ class TableCommitter:
         )
 
     def _next_batch(self, kind: TableKind) -> list[PendingSegment]:
-        """Up to ``batch_segments`` pending segments with files of this kind. Segments without
-        any (offsets without records, or no rejects) are recorded as held on the way: there is
-        nothing of them to append, so nothing to append twice."""
+        """Up to ``batch_segments`` pending segments with files of this kind to append, or one
+        replacement of segments the table holds (committed alone), whichever comes first.
+        Segments without any file (offsets without records, or no rejects) that replace
+        nothing the table holds are recorded as held on the way: there is nothing of them to
+        append, so nothing to append twice."""
         limit = self.settings.batch_segments
         batch: list[PendingSegment] = []
         after = 0
         while len(batch) < limit:
             pending = self.store.pending(self.source, kind, limit, after_id=after)
-            self.store.record_empty(self.source, kind, [s.id for s in pending if not s.files])
-            batch += [s for s in pending if s.files][: limit - len(batch)]
+            self.store.record_empty(self.source, kind, [s.id for s in pending if not s.files and not s.supersedes])
+            for segment in pending:
+                if segment.supersedes:
+                    return batch or [segment]
+                if segment.files and len(batch) < limit:
+                    batch.append(segment)
             if len(pending) < limit:
                 break
             after = pending[-1].id
         return batch
 
+    def _replace(self, table: Table, kind: TableKind, seq: int, segment: PendingSegment) -> Table:
+        """Commit ``seq``: the segment's files replace those of the held segments it replaced,
+        in one overwrite snapshot (``ingest.table.replacement``), onto a table at ``seq - 1``."""
+        table = at_commit(table, seq)
+        txn = table.transaction()
+        name = ".".join(identifier(self.source, kind))
+        if segment.files:
+            _evolve(txn, name, kind, [segment], self._schema_checked)
+        out, new = stage_replacement(txn, table, name, segment, seq)
+        log.info("table_replacing", source=self.source, table=kind.value, seq=seq, files_out=out, files_in=new)
+        return txn.commit_transaction()
+
     def _append(self, table: Table, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
         """Append the batch as commit ``seq`` onto ``table``, which must hold commit ``seq - 1``
         (the state the batch was chosen from); any other table is a conflict."""
-        held = table.properties.get(COMMIT_SEQ, "0")  # as reconcile reads it
-        if held != str(seq - 1):
-            raise CommitFailedException(f"table holds commit {held}, the batch was chosen for commit {seq}")
-        if any(table.properties.get(k) != v for k, v in NO_REBASE.items()):
-            # Someone changed it (or an older table): restore it first, in a commit of its own
-            # (a properties-only commit is never rebased), then append on what that returns.
-            table = table.transaction().set_properties(NO_REBASE).commit_transaction()
-            if table.properties.get(COMMIT_SEQ) != str(seq - 1):
-                # It landed on a head newer than the one the batch was chosen from.
-                raise CommitFailedException(f"table moved to commit {table.properties.get(COMMIT_SEQ)}")
+        table = at_commit(table, seq)
         txn = table.transaction()
-        self._evolve(txn, kind, batch)
+        _evolve(txn, ".".join(identifier(self.source, kind)), kind, batch, self._schema_checked)
         files = [f for s in batch for f in s.files]
         ids = [s.id for s in batch]
         try:
@@ -325,31 +354,8 @@ class TableCommitter:
                     "the spec's file_partition cut files this finely"
                 ) from exc
             raise TableError(f"table {'.'.join(identifier(self.source, kind))}: {first_line(exc)}") from exc
-        txn.set_properties({COMMIT_SEQ: str(seq), COMMIT_SEGMENTS: ",".join(map(str, ids))})
+        txn.set_properties({COMMIT_SEQ: str(seq), COMMIT_SEGMENTS: ",".join(map(str, ids)), COMMIT_REPLACED: ""})
         return txn.commit_transaction()
-
-    def _evolve(self, txn: Transaction, kind: TableKind, batch: Sequence[PendingSegment]) -> None:
-        """Columns added by a spec version are added to the table (and to its name mapping);
-        widening Iceberg allows (int -> long, float -> double) is applied; anything else stops
-        the committer with one line rather than skip the segments."""
-        seen: set[int] = set()
-        for segment in batch:
-            if segment.spec_version in seen:
-                continue
-            seen.add(segment.spec_version)
-            key = (kind, segment.spec_version, txn.table_metadata.current_schema_id)
-            if key in self._schema_checked:
-                continue
-            schema = _file_schema(segment.files[0])
-            try:
-                with txn.update_schema() as update:
-                    update.union_by_name(schema)
-            except Exception as exc:  # pyiceberg raises ValidationError, ValueError or ResolveError
-                raise SchemaChangeRefused(
-                    f"table {'.'.join(identifier(self.source, kind))}: spec version {segment.spec_version} "
-                    f"changes the schema in a way Iceberg refuses: {first_line(exc)}"
-                ) from exc
-            self._schema_checked.add((kind, segment.spec_version, txn.table_metadata.current_schema_id))
 
     def _pause_if(self, point: FaultPoint) -> None:
         if self._fault == point.value:
@@ -409,16 +415,39 @@ def _expire_snapshots(source: str, keep: int, table: Table, kind: TableKind) -> 
         log.info("table_expire_skipped", source=source, table=kind.value, error=first_line(exc))
 
 
+def _evolve(
+    txn: Transaction,
+    name: str,
+    kind: TableKind,
+    batch: Sequence[PendingSegment],
+    checked: set[tuple[TableKind, int, int]],
+) -> None:
+    """Columns added by a spec version are added to the table (and to its name mapping);
+    widening Iceberg allows (int -> long, float -> double) is applied; anything else stops
+    the committer with one line rather than skip the segments. ``checked``: (table, spec
+    version, table schema id) whose files' schema the table already covers."""
+    seen: set[int] = set()
+    for segment in batch:
+        if segment.spec_version in seen:
+            continue
+        seen.add(segment.spec_version)
+        if (kind, segment.spec_version, txn.table_metadata.current_schema_id) in checked:
+            continue
+        schema = _file_schema(segment.files[0])
+        try:
+            with txn.update_schema() as update:
+                update.union_by_name(schema)
+        except Exception as exc:  # pyiceberg raises ValidationError, ValueError or ResolveError
+            raise SchemaChangeRefused(
+                f"table {name}: spec version {segment.spec_version} "
+                f"changes the schema in a way Iceberg refuses: {first_line(exc)}"
+            ) from exc
+        checked.add((kind, segment.spec_version, txn.table_metadata.current_schema_id))
+
+
 def _file_schema(uri: str) -> pa.Schema:
     fs, path = filesystem(uri)
     return pq.read_schema(path, filesystem=fs).remove_metadata()
-
-
-def _segment_ids(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part]
-    except ValueError as exc:
-        raise TableDiverged(f"table property {COMMIT_SEGMENTS} is not a list of segment ids: {text[:80]!r}") from exc
 
 
 __all__ = [

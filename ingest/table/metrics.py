@@ -30,6 +30,12 @@ class TableMetrics:
         self.segments_committed = Counter(
             "ingest_table_segments_committed", "Published segments appended to the table", labels, registry=r
         )
+        self.replacements = Counter(
+            "ingest_table_replacements",
+            "Segment replacements (compaction) committed as one overwrite snapshot each",
+            labels,
+            registry=r,
+        )
         self.commit_conflicts = Counter(
             "ingest_table_commit_conflicts",
             "Iceberg commits refused by the catalog because the table changed meanwhile (retried)",
@@ -52,6 +58,6 @@ class TableMetrics:
             registry=r,
         )
         for kind in kinds:
-            for counter in (self.commits, self.segments_committed, self.commit_conflicts):
+            for counter in (self.commits, self.segments_committed, self.replacements, self.commit_conflicts):
                 counter.labels(source, kind.value)
         self.committer_active.labels(source).set(0)

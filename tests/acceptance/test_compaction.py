@@ -4,6 +4,14 @@ whatever runs beside the compactor or stops it half-way."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,11 +23,24 @@ from ingest.build import segment_store
 from ingest.build.builder import BuilderFactory
 from ingest.compact.job import Compactor
 from ingest.ops.gc import collect_garbage
+from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest_common.model import TopicPartition
-from ingest_dev.testkit import wait_until
+from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import verify_epochs
 from metastore import Metastore, ReplaceRefused
-from tests.acceptance.harness import Produced, StartWorker, apply_spec, assert_exactly_once, settings, write_spec
+from metastore.tables import TableKind
+from tests.acceptance.harness import (
+    REPO,
+    Produced,
+    StartWorker,
+    apply_spec,
+    assert_exactly_once,
+    process_env,
+    settings,
+    write_spec,
+)
+from tests.acceptance.test_audit import audit
+from tests.acceptance.test_cli import ingest
 
 MakeTopic = Callable[..., str]
 TARGET = 64 * 1024**2
@@ -38,6 +59,25 @@ class HookedStore(Metastore):
     def replace_segments(self, *args: Any, **kwargs: Any) -> int:
         self.before_replace()
         return super().replace_segments(*args, **kwargs)
+
+
+def killed_at_pause(proc: subprocess.Popen[str], event: str, timeout_s: float = 600) -> list[str]:
+    """Read the process's log until ``event`` (or its exit, or ``timeout_s``), then SIGKILL it;
+    returns the lines read."""
+    assert proc.stderr is not None
+    deadline = threading.Timer(timeout_s, proc.kill)
+    deadline.start()
+    seen: list[str] = []
+    try:
+        for line in proc.stderr:  # ends when the process does (killed at the deadline at the latest)
+            seen.append(line)
+            if event in line:
+                break
+    finally:
+        deadline.cancel()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    return seen
 
 
 def value(i: int) -> bytes:
@@ -197,3 +237,134 @@ def test_a_reset_during_compaction_leaves_each_epoch_exactly_once(
 def _exists(uri: str) -> bool:
     fs, path = segment_store.filesystem(uri)
     return bool(fs.get_file_info(path).size)
+
+
+def test_a_table_fed_source_follows_compaction_once_through_a_killed_committer(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker, spark: Any,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+    )
+    worker.stop()
+    assert worker.error is None
+    env = process_env(database_url, kafka_bootstrap)
+    assert ingest(env, "table-enable", source).returncode == 0
+    committed = ingest(env, "table-commit", source, "--once", timeout=180)
+    assert committed.returncode == 0, committed.stdout + committed.stderr
+    with Metastore(database_url) as store:
+        result = compactor(store, spark).run(source, TARGET)
+    assert len(result.replaced) >= 2 and not result.refused
+    # The table still holds the replaced segments' files until the committer follows: no finding.
+    code, lines, _ = audit(env, source)
+    assert code == 0, lines
+
+    # A committer killed right after its first Iceberg commit (a replacement), before its record.
+    fault = {**env, "INGEST_FAULT_TABLE_PAUSE_AT": "iceberg_committed"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingest", "table-commit", source, "--interval", "0"],
+        env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert any("table_fault_pause" in line for line in killed_at_pause(proc, "table_fault_pause"))
+    once = ingest(env, "table-commit", source, "--once", timeout=180)
+    assert once.returncode == 0, once.stdout + once.stderr
+
+    catalog = MetastoreCatalog(database_url)
+    try:
+        table = catalog.load_table(identifier(source, TableKind.DATA))
+        rows = table.scan(selected_fields=("_partition", "_offset")).to_arrow()
+        summaries = [s.summary for s in table.snapshots() if s.summary is not None]
+    finally:
+        catalog.close()
+    # Every replacement is one overwrite snapshot, none made twice (the killed one reconciled).
+    overwrites = [s for s in summaries if s.get("ingest.replacement") is not None]
+    assert sorted(int(str(s.get("ingest.replacement"))) for s in overwrites) == sorted(
+        r.segment_id for r in result.replaced
+    )
+    assert {s.operation.value for s in overwrites} == {"overwrite"}
+    # Read back: every published record once, each partition's records exactly the published ones.
+    held = Counter(zip(rows["_partition"].to_pylist(), rows["_offset"].to_pylist(), strict=True))
+    assert max(held.values()) == 1
+    verified = assert_exactly_once(database_url, source, produced)
+    expected = {(p, o) for p, end in produced.ends.items() for o in range(end) if (o * 3 + p) % 997 != 0}
+    assert len(held) == verified.rows and set(held) == expected
+    code, lines, doc = audit(env, source)
+    assert code == 0 and doc["tables"] == ["data", "rejects"], lines
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(port: int, name: str) -> list[float]:
+    """The values of the metric ``name`` (any labels) that the process serves now."""
+    _status, body = probe(port, "/metrics")
+    return [float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{")]
+
+
+def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_exports_metrics(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    start_worker: StartWorker,
+) -> None:  # fmt: skip
+    source, produced, worker = publish_small_segments(
+        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+    )
+    worker.stop()
+    assert worker.error is None
+    env = process_env(database_url, kafka_bootstrap, INGEST_METRICS_HOST="127.0.0.1")
+    with Metastore(database_url) as store:
+        listed = store.segments(source)
+
+    # SIGKILL after the build is registered and its files written, before the replacement.
+    role = [sys.executable, "-m", "ingest", "compact", source, "--every", "600", "--target-size", "64MiB"]
+    fault = {**env, "INGEST_FAULT_COMPACT_PAUSE_AT": "rewritten", "INGEST_METRICS_PORT": "0"}
+    proc = subprocess.Popen(role, env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = killed_at_pause(proc, "compaction_fault_pause")
+    assert any("compaction_fault_pause" in line for line in seen), "".join(seen[-20:])
+    with Metastore(database_url) as store:
+        assert store.segments(source) == listed  # nothing visible
+        swept = collect_garbage(store, source, grace_s=0)
+        assert swept.abandoned == 1 and swept.deleted and all("/segments/" in f for f in swept.deleted)
+        assert all(_exists(f) for s in listed for f in s["files"])
+    code, lines, _ = audit(env, source)
+    assert code == 0, lines
+
+    # The role again, without the fault: it compacts and serves its metrics and health.
+    port = free_port()
+    proc = subprocess.Popen(
+        role, env={**env, "INGEST_METRICS_PORT": str(port)}, cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        replaced: list[float] = []
+        for _ in range(1800):  # bounded: 0.1 s per attempt while the process lives
+            try:
+                replaced = samples(port, "ingest_compaction_segments_compacted_total")
+            except OSError:
+                replaced = []
+            if (replaced and replaced[0] > 0) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert replaced and replaced[0] > 0, replaced
+        assert probe(port, "/readyz") == (200, "active\n")
+        assert probe(port, "/healthz") == (200, "ok\n")
+        assert samples(port, "ingest_compactor_active") == [1.0]
+        assert samples(port, "ingest_compaction_replacements_total")[0] >= 2
+        with Metastore(database_url) as store:
+            current = store.segments(source)
+        assert samples(port, "ingest_segments_current") == [float(len(current))]
+        assert samples(port, "ingest_segment_files") == [float(sum(len(s["files"]) for s in current))]
+        assert samples(port, "ingest_segment_file_median_bytes")[0] > 0
+        assert samples(port, "ingest_compaction_segments_pending") == [0.0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert len(current) < len(listed)
+    assert_exactly_once(database_url, source, produced)
+    code, lines, _ = audit(env, source)
+    assert code == 0, lines

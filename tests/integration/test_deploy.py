@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from ingest.build.spark_jars import spark_jars_dir
+from ingest.compact.metrics import CompactionMetrics
 from ingest.ops.metrics import Metrics
 from ingest.table.metrics import TableMetrics
 from ingest_dev.testkit import free_port, port_open, wait_until
@@ -29,8 +30,9 @@ PROMETHEUS = REPO / "deploy" / "prometheus"
 
 def exported_names() -> set[str]:
     names: set[str] = set()
-    # The workers' metrics and the table committer's (ingest table-commit).
-    for metric in [*Metrics("x").registry.collect(), *TableMetrics("x").registry.collect()]:
+    # The workers' metrics, the table committer's (ingest table-commit) and the compactor's.
+    registries = (Metrics("x").registry, TableMetrics("x").registry, CompactionMetrics("x").registry)
+    for metric in (m for r in registries for m in r.collect()):
         for sample_suffix in ("", "_total", "_bucket", "_sum", "_count", "_created"):
             names.add(metric.name + sample_suffix)
     return names
@@ -95,6 +97,19 @@ def test_compose_file_structure() -> None:
     assert committer["command"] == ["table-commit", "clicks"] and committer["deploy"]["replicas"] >= 2
     assert committer["depends_on"]["table-enable"]["condition"] == "service_completed_successfully"
     assert "segments:/data/segments" in committer["volumes"] and committer["restart"] == "unless-stopped"
+    # The compactor: one active, a standby; Spark through the Connect server, the same store.
+    compactor = services["compactor"]
+    assert compactor["command"][:2] == ["compact", "clicks"] and "--every" in compactor["command"]
+    assert compactor["deploy"]["replicas"] >= 2 and compactor["restart"] == "unless-stopped"
+    assert compactor["depends_on"]["source"]["condition"] == "service_completed_successfully"
+    assert compactor["depends_on"]["spark-connect"]["condition"] == "service_healthy"
+    assert compactor["environment"]["INGEST_SPARK_MASTER"] == worker["environment"]["INGEST_SPARK_MASTER"]
+    assert "segments:/data/segments" in compactor["volumes"]
+    assert "/healthz" in " ".join(compactor["healthcheck"]["test"])
+    scraped = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]
+    assert {"worker", "table-committer", "compactor"} <= {
+        n for c in scraped for d in c["dns_sd_configs"] for n in d["names"]
+    }
 
 
 def shell_commands(services: dict[str, Any]) -> list[tuple[str, str]]:
@@ -322,6 +337,20 @@ def test_kubernetes_manifests_fit_together() -> None:
     } - {"/tmp"}
     service = docs[("Service", "ingest-table-committer-clicks")]
     assert service["spec"]["selector"].items() <= committers["spec"]["template"]["metadata"]["labels"].items()
+    # The compactors: the same source and store, their own Spark, scraped like workers.
+    compactors = docs[("Deployment", "ingest-compactor-clicks")]
+    assert compactors["spec"]["replicas"] >= 2
+    (compactor,) = compactors["spec"]["template"]["spec"]["containers"]
+    assert compactor["args"][:2] == ["compact", tomllib.loads(spec_text)["name"]] and "--every" in compactor["args"]
+    assert {m["mountPath"] for m in compactor["volumeMounts"]} == {m["mountPath"] for m in container["volumeMounts"]}
+    compactor_env = {e["name"]: e for e in compactor["env"]}
+    assert compactor_env["INGEST_METRICS_PORT"]["value"] == "9400"
+    assert compactor_env["INGEST_SPARK_MASTER"]["value"].startswith("local")
+    assert "secretKeyRef" in compactor_env["INGEST_DATABASE_URL"]["valueFrom"]
+    assert compactor["livenessProbe"]["httpGet"]["path"] == "/healthz" and "readinessProbe" not in compactor
+    assert compactors["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60
+    service = docs[("Service", "ingest-compactor-clicks")]
+    assert service["spec"]["selector"].items() <= compactors["spec"]["template"]["metadata"]["labels"].items()
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -353,7 +382,7 @@ def test_only_the_scraper_may_reach_the_metrics_port() -> None:
         if kind == "Deployment"
         and any(p["name"] == "metrics" for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", []))
     ]
-    assert len(serving) == 2  # the workers and the table committers
+    assert len(serving) == 3  # the workers, the table committers and the compactors
     for pod in serving:
         applying = [p for p in policies if selects(p["spec"]["podSelector"], pod["metadata"]["labels"])]
         assert applying, f"no NetworkPolicy selects the pods {pod['metadata']['labels']}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -121,16 +122,19 @@ def test_a_replacement_after_a_reset_keeps_the_epoch_of_the_ranges_it_replaces(
     assert store.partition_state("src", T0) == (again, 10)
 
 
-def test_a_source_that_feeds_a_table_refuses_replacement(store: Metastore, database_url: str, tmp_path: Path) -> None:
+def test_a_source_that_feeds_a_table_replaces_and_its_table_sees_the_replacement_pending(
+    store: Metastore, database_url: str, tmp_path: Path
+) -> None:
     uri = f"file://{tmp_path}"
     serial = source(store, "src", uri)
     a, _ = publish(store, uri, serial, 0, 10)
     b, _ = publish(store, uri, serial, 10, 20)
     with TableStore(database_url) as tables:
         tables.enable("src", TableKind.DATA, "none")
-    with pytest.raises(ReplaceRefused) as refused:
-        compact(store, uri, [a, b], 20)
-    assert refused.value.reason == "table"
+        tables.record_commit("src", TableKind.DATA, 1, [a, b], None, datetime.now(UTC))
+        new, _ = compact(store, uri, [a, b], 20)
+        [pending] = tables.pending("src", TableKind.DATA, 10)
+        assert (pending.id, pending.supersedes) == (new, (a, b))
 
 
 def test_two_compactors_replacing_at_once_one_waits_and_is_refused(

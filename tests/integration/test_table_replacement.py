@@ -1,0 +1,180 @@
+"""The Iceberg table follows segment replacements (compaction, migrations/0019), against a real
+PostgreSQL and a local store: each replacement becomes one overwrite snapshot of the same rows,
+applied once through crashes between the Iceberg commit and its record; gc keeps the replaced
+files while the table holds them; the audit finds nothing while the committer is behind."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+
+from ingest.build.segment_store import build_dirs, filesystem
+from ingest.ops.audit import audit_source
+from ingest.ops.gc import collect_garbage
+from ingest.table.audit import table_findings
+from ingest.table.committer import COMMIT_SEQ, TableCommitter
+from ingest.table.config import PartitionBy, RejectsMode
+from ingest.table.enable import enable_table
+from ingest_common.model import BuildRegistration
+from metastore import Metastore
+from metastore.tables import TableKind
+from tests.integration.test_iceberg_table import Source, assert_exactly_once, committer, table_offsets
+
+
+@pytest.fixture
+def src(database_url: str, tmp_path: Path) -> Iterator[Source]:
+    source = Source(database_url, f"file://{tmp_path}/store")
+    yield source
+    source.store.close()
+
+
+def compact(src: Source, old: list[int]) -> int:
+    """What ``ingest compact`` does, without Spark: a build registered, the old segments' rows
+    written as one file sorted by offset, then the replacement."""
+    segments = {s["id"]: s for s in src.store.segments(src.name)}
+    build, split = uuid.uuid4(), uuid.uuid4()
+    dirs = build_dirs(src.root, src.name, build)
+    src.store.register_build("c", BuildRegistration(build, src.name, dirs.staging, dirs.data, dirs.rejects, (split,)))
+    parts = []
+    for uri in (f for i in old for f in segments[i]["files"]):
+        fs, path = filesystem(uri)
+        parts.append(pq.read_table(path, filesystem=fs))
+    rows = sum(int(segments[i]["row_count"]) for i in old)
+    files = []
+    if parts:
+        merged = pa.concat_tables(parts).sort_by("_offset")
+        files.append(Source._write(f"{dirs.data}/part-00000-{split}.parquet", merged))
+    return src.store.replace_segments(src.name, split, "c", old, dirs.data, files, rows, 1)
+
+
+def snapshots(c: TableCommitter, kind: TableKind = TableKind.DATA) -> list[str]:
+    table = c.load(kind)
+    assert table is not None
+    return [s.summary.operation.value if s.summary else "" for s in table.snapshots()]
+
+
+def table_files(c: TableCommitter, kind: TableKind = TableKind.DATA) -> set[str]:
+    table = c.load(kind)
+    assert table is not None
+    return {task.file.file_path for task in table.scan().plan_files()}
+
+
+def audit_findings(database_url: str, source: str) -> list[str]:
+    with Metastore(database_url) as store:
+        result, snapshot = audit_source(store, source, files=True)
+    _tables, found = table_findings(database_url, source, snapshot)
+    return [f.line() for f in result.findings] + [f"{kind}: {where}: {detail}" for kind, where, detail in found]
+
+
+def test_a_replacement_becomes_one_overwrite_snapshot_and_every_record_stays_once(
+    database_url: str, src: Source
+) -> None:
+    ids = [src.publish(10), src.publish(5, rejects=2), src.publish(7), src.publish(3)]
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.TABLE)
+    with committer(database_url, src.name) as c:
+        c.commit_all()
+        assert_exactly_once(database_url, src)
+        new = compact(src, ids[:3])
+        # Replaced, not followed yet: the table still holds the old files, and that is no finding.
+        assert audit_findings(database_url, src.name) == []
+        results = c.commit_all()
+        # One commit of the data table (the rejects table: the same files, its properties only).
+        assert [(r.kind, r.segment_ids) for r in results] == [(TableKind.DATA, (new,)), (TableKind.REJECTS, (new,))]
+        assert snapshots(c) == ["append", "overwrite"]
+        assert_exactly_once(database_url, src)
+        listed = {s["id"]: s for s in src.store.segments(src.name)}
+        assert table_files(c) == {*listed[new]["files"], *listed[ids[3]]["files"]}
+        assert table_offsets(database_url, src.name, TableKind.REJECTS) == [15, 16]
+        assert table_files(c, TableKind.REJECTS) == set(listed[new]["rejects_files"])
+        assert c.commit_all() == []
+        assert audit_findings(database_url, src.name) == []
+
+        # Replaced again before the committer looked: the segment it held (new) and one it
+        # never held (later) are replaced through an intermediate replacement it never held.
+        later = src.publish(6)
+        middle = compact(src, [new, ids[3]])
+        last = compact(src, [middle, later])
+        assert audit_findings(database_url, src.name) == []
+        results = c.commit_all()
+        assert [(r.kind, r.segment_ids) for r in results] == [(TableKind.DATA, (last,)), (TableKind.REJECTS, (last,))]
+        assert snapshots(c) == ["append", "overwrite", "overwrite"]
+        assert table_files(c) == set(src.store.segments(src.name)[0]["files"])
+        assert_exactly_once(database_url, src)
+        assert audit_findings(database_url, src.name) == []
+
+
+def test_a_crash_between_the_replacement_commit_and_its_record_replaces_once(database_url: str, src: Source) -> None:
+    ids = [src.publish(10), src.publish(10), src.publish(4)]
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    with committer(database_url, src.name) as c:
+        c.commit_all()
+    new = compact(src, ids[:2])
+    with committer(database_url, src.name) as c:
+
+        def crash(*args: object, **kwargs: object) -> bool:
+            raise SystemExit("killed after the Iceberg commit")
+
+        c.store.record_commit = crash  # type: ignore[method-assign]
+        with pytest.raises(SystemExit):
+            c.commit_all()
+    with committer(database_url, src.name) as c:
+        table = c.load(TableKind.DATA)
+        assert table is not None and table.properties[COMMIT_SEQ] == "2"
+        assert c.store.table(src.name, TableKind.DATA).committed_seq == 1
+        # The audit reads the table as the metastore recorded it: the unrecorded commit is no finding.
+        assert audit_findings(database_url, src.name) == []
+        later = src.publish(3)
+        # Reconciled (the replacement recorded from the table's properties), then only the new one.
+        assert [r.segment_ids for r in c.commit_all()] == [(later,)]
+        assert snapshots(c) == ["append", "overwrite", "append"]
+        held = {int(r["segment_id"]) for r in c.store.held(src.name)}
+        assert held == {new, ids[2], later}
+    assert_exactly_once(database_url, src)
+    assert audit_findings(database_url, src.name) == []
+
+
+def test_gc_keeps_replaced_files_while_the_table_holds_them(database_url: str, src: Source) -> None:
+    ids = [src.publish(5), src.publish(5)]
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    with committer(database_url, src.name) as c:
+        c.commit_all()
+        old_files = table_files(c)
+        compact(src, ids)
+        # Replaced, but the table still lists them: no grace makes gc delete them.
+        assert collect_garbage(src.store, src.name, grace_s=0).deleted == []
+        assert all(Path(f.removeprefix("file://")).exists() for f in old_files)
+        c.commit_all()
+        # Taken out of the table just now: readers of its previous snapshot get the grace period.
+        assert collect_garbage(src.store, src.name, grace_s=3600).deleted == []
+        done = collect_garbage(src.store, src.name, grace_s=0)
+        assert sorted(done.deleted) == sorted(old_files)
+        assert not table_files(c) & old_files
+    assert_exactly_once(database_url, src)
+
+
+def test_a_zombie_committer_with_a_stale_choice_cannot_replace_again(database_url: str, src: Source) -> None:
+    ids = [src.publish(5), src.publish(5)]
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    with committer(database_url, src.name) as c:
+        c.commit_all()
+    compact(src, ids)
+    with committer(database_url, src.name) as zombie, committer(database_url, src.name) as live:
+        stale = zombie.load(TableKind.DATA)
+        [chosen] = zombie.store.pending(src.name, TableKind.DATA, 100)
+        assert chosen.supersedes == tuple(ids)
+        assert [r.seq for r in live.commit_all()] == [2]
+        # Chosen for commit 2 from the table as it was: refused as a conflict (then re-reconciled),
+        # whether it holds the old table or loads the new one.
+        for table in (stale, zombie.load(TableKind.DATA)):
+            assert table is not None
+            with pytest.raises(CommitFailedException):
+                zombie._replace(table, TableKind.DATA, 2, chosen)
+        assert zombie.commit_batch(TableKind.DATA) is None
+        assert snapshots(live) == ["append", "overwrite"]
+    assert_exactly_once(database_url, src)
