@@ -30,8 +30,9 @@ from typing import Any
 from bench import avro_wire as avro
 from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
 from bench.data import Produced, produce_dataset, produce_steady
-from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
+from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
 from bench.profile_report import profile_table
+from bench.rebalances import run_rebalance
 from bench.stats import percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
