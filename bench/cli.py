@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -29,248 +28,26 @@ from typing import Any
 
 from bench import avro_wire as avro
 from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
-from bench.data import Produced, produce_dataset, produce_steady
-from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, run_rebalance, run_throughput, steady_latency, verify
+from bench.data import TOPIC, produce_dataset, produce_steady
+from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
+from bench.options import parse_args
 from bench.profile_report import profile_table
-from bench.stats import percentiles
+from bench.raw_baseline import run_raw
+from bench.rebalances import run_rebalance
+from bench.scaling import run_scaling
+from bench.stats import median_run, percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.registry import LocalSchemaRegistry
 from metastore import apply_migrations
 
-TOPIC = "bench"
 JSON_ONLY = "--format avro: this system is set up for the JSON records only"
 REBALANCE_TOPIC = "bench-rebalance"
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench",
-        description="Ingest against a raw baseline and a peer, on one broker and one pre-produced data set.",
-    )
-    parser.add_argument("--records", type=int, help="records to pre-produce (default 1,000,000; --quick 20,000)")
-    parser.add_argument("--partitions", type=int, default=6)
-    parser.add_argument("--workers", type=int, help="workers of the N-worker run (default 3; --quick 2)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets results.json and chart.png")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small sizes for CI: 20k records, 2 workers, max_age 2s, a 6 s steady phase; "
-        "the peer is skipped if not installed",
-    )
-    parser.add_argument("--skip-peer", action="store_true")
-    parser.add_argument("--skip-rebalance", action="store_true")
-    parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
-    parser.add_argument(
-        "--skip-spark", action="store_true", help="skip the Spark Structured Streaming peer (throughput and latency)"
-    )
-    parser.add_argument(
-        "--saturate",
-        action="store_true",
-        help="run one busy-loop process per CPU during the produce-to-visible phases (both cores saturated)",
-    )
-    parser.add_argument("--setup-peer", action="store_true", help="create the Quix Streams peer's virtualenv and exit")
-    parser.add_argument("--split-records", type=int, default=200_000, help="split max_records (per partition)")
-    parser.add_argument("--max-age", help="split max_age, also the peer's commit interval (default 3s; --quick 2s)")
-    parser.add_argument("--rate", type=float, help="steady produce rate, records/s (default 2000; --quick 1000)")
-    parser.add_argument("--steady-seconds", type=float, help="steady produce duration (default 30; --quick 6)")
-    parser.add_argument(
-        "--rebalance-records", type=int, help="records on the rebalance topic (default min(records, 100000))"
-    )
-    parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
-    parser.add_argument("--timeout", type=float, help="bound on each phase, seconds (default 1800; --quick 150)")
-    parser.add_argument(
-        "--worker-env",
-        action="append",
-        default=[],
-        metavar="INGEST_NAME=VALUE",
-        help="a worker setting for every ingest run (repeatable), e.g. INGEST_WARM_UP_RECORDS=60000",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="run the raw baseline, the peer and the one-worker ingest this many times each and "
-        "report the median run of each (the runs' records/s are listed too)",
-    )
-    parser.add_argument(
-        "--scaling",
-        action="store_true",
-        help="also ingest the data set with each of --scaling-workers, and with one worker over "
-        "topics of each of --scaling-partitions partitions",
-    )
-    parser.add_argument("--scaling-workers", default="1,2,3", help="worker counts of --scaling (default 1,2,3)")
-    parser.add_argument("--scaling-partitions", default="2,6,12", help="partition counts of --scaling (default 2,6,12)")
-    parser.add_argument(
-        "--format",
-        choices=("json", "avro"),
-        default="json",
-        help="the records' format; avro: the Confluent wire format through a schema registry the bench "
-        "starts, for the workers and Spark Structured Streaming (from_avro) only (bench/avro_wire.py)",
-    )
-    parser.add_argument(
-        "--freshness",
-        action="store_true",
-        help="also the equal-freshness phase (bench/freshness.py); it replaces the Spark peer's "
-        "own produce-to-visible phase, which it measures per record at several rates",
-    )
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="also profile one worker over a topic of --records records, per thread and Python function "
-        "(bench/worker_profile.py; alone: python -m bench.worker_profile)",
-    )
-    freshness.add_arguments(parser)
-    args = parser.parse_args(argv)
-    quick = args.quick
-    args.records = args.records or (20_000 if quick else 1_000_000)
-    args.rate = args.rate or (1000.0 if quick else 2000.0)
-    args.steady_seconds = args.steady_seconds or (6.0 if quick else 30.0)
-    # --quick trims what costs wall time without changing what is measured: one Spark JVM
-    # fewer (each takes ~10 s to start on 2 cores) and shorter waits for splits to seal.
-    args.workers = args.workers or (2 if quick else 3)
-    # Not below 2 s: each split is one Spark job, and on 2 busy cores a job takes ~1 s, so shorter
-    # ages pile builds up and the latency phase measures the backlog instead.
-    args.max_age = args.max_age or ("2s" if quick else "3s")
-    args.rebalance_records = args.rebalance_records or min(args.records, 100_000)
-    args.driver_memory = args.driver_memory or ("1g" if quick else "2g")
-    # A hung phase must fail inside the bench (which then stops what it started), not be
-    # killed from outside with servers and workers left behind.
-    args.timeout = args.timeout or (150.0 if quick else 1800.0)
-    if args.records <= 0 or args.partitions <= 0 or args.workers <= 0 or args.repeat <= 0:
-        parser.error("--records, --partitions, --workers and --repeat must be positive")
-    args.worker_settings = {}
-    for item in args.worker_env:
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("INGEST_"):
-            parser.error(f"--worker-env: expected INGEST_NAME=VALUE, got {item!r}")
-        args.worker_settings[name] = value
-    for name in ("scaling_workers", "scaling_partitions"):
-        try:
-            counts = [int(x) for x in getattr(args, name).split(",") if x.strip()]
-        except ValueError:
-            counts = []
-        if not counts or min(counts) <= 0:
-            parser.error(f"--{name.replace('_', '-')}: a comma-separated list of positive integers")
-        setattr(args, name, counts)
-    return args
-
-
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median records/s (the lower one of an even count), annotated with every
-    run's records/s. A run that could not be measured ("n/a") makes the whole result n/a."""
-    failed = [r for r in runs if r.get("status") == "n/a"]
-    if failed:
-        return failed[0]
-    ordered = sorted(runs, key=lambda r: float(r["records_per_s"]))
-    median = dict(ordered[(len(ordered) - 1) // 2])
-    if len(runs) > 1:
-        median["runs_records_per_s"] = [r["records_per_s"] for r in runs]
-    return median
-
-
-def _scaling_row(result: dict[str, Any], check: dict[str, Any], **key: int) -> dict[str, Any]:
-    return {
-        **key,
-        **{
-            k: result[k]
-            for k in ("records_per_s", "mb_per_s", "cpu_s_per_million", "wall_s", "peak_rss_mb", "segments")
-        },
-        "exactly_once": check["ok"],
-    }
-
-
-def _scaling_topic(ctx: Context, args: argparse.Namespace, partitions: int, name: str) -> Produced:
-    """A fresh topic with the data set (the main topic has the latency phase's records too)."""
-    create_topic(ctx.bootstrap, name, partitions)
-    return produce_dataset(ctx.bootstrap, name, args.records, partitions, timeout=max(120.0, args.records / 5000))
-
-
-def run_scaling(
-    ctx: Context, args: argparse.Namespace, split: SplitConfig, checks: dict[str, dict[str, Any]]
-) -> dict[str, list[dict[str, Any]]]:
-    """Throughput by worker count (one topic) and by partition count (one worker). A worker
-    alone gets ``local[2]`` and two build threads; several share the cores with ``local[1]``
-    and one each, as in the main runs."""
-    by_workers: list[dict[str, Any]] = []
-    topic = f"{TOPIC}-workers"
-    data = _scaling_topic(ctx, args, args.partitions, topic)
-    for n in args.scaling_workers:
-        master, threads = ("local[2]", 2) if n == 1 else ("local[1]", 1)
-        result, fleet = run_throughput(ctx, topic, data, n, master, threads, split, f"scale_w{n}")
-        fleet.stop()
-        check = checks[f"scale_w{n}"] = verify(ctx, result["source"], topic, data.ends)
-        by_workers.append(_scaling_row(result, check, workers=n))
-    by_partitions: list[dict[str, Any]] = []
-    for parts in args.scaling_partitions:
-        topic = f"{TOPIC}-p{parts}"
-        produced = _scaling_topic(ctx, args, parts, topic)
-        result, fleet = run_throughput(ctx, topic, produced, 1, "local[2]", 2, split, f"scale_p{parts}")
-        fleet.stop()
-        check = checks[f"scale_p{parts}"] = verify(ctx, result["source"], topic, produced.ends)
-        by_partitions.append(_scaling_row(result, check, partitions=parts))
-    return {"workers": by_workers, "partitions": by_partitions}
-
-
-def run_raw(
-    ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int, timeout: float, run: int = 1
-) -> dict[str, Any]:
-    """The raw baseline in its own process (its CPU and memory are its own); each run writes
-    into its own directory."""
-    result_path = ctx.work / f"raw-result-{run}.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    with (ctx.work / "logs" / f"raw-{run}.log").open("wb") as out:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.raw",
-                "--bootstrap",
-                ctx.bootstrap,
-                "--topic",
-                TOPIC,
-                "--ends",
-                json.dumps(data_ends),
-                "--out",
-                str(ctx.work / f"raw-{run}"),
-                "--batch",
-                str(batch),
-                "--timeout",
-                str(timeout),
-                "--result",
-                str(result_path),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=timeout + 60,
-            check=False,
-        )
-    if proc.returncode != 0 or not result_path.exists():
-        raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / f'raw-{run}.log'}")
-    raw: dict[str, Any] = json.loads(result_path.read_text())
-    wall = max(raw["last_write_at"] - raw["first_record_at"], 1e-6)
-    return {
-        "system": "raw",
-        "records": records,
-        "rows_written": raw["rows"],
-        "value_bytes": value_bytes,
-        "wall_s": wall,
-        "records_per_s": records / wall,
-        "mb_per_s": value_bytes / wall / 1e6,
-        "cpu_s": raw["cpu_s"],
-        "cpu_s_per_million": raw["cpu_s"] / records * 1e6,
-        "peak_rss_mb": raw["peak_rss_mb"],
-        "files": raw["files"],
-        "file_bytes": raw["file_bytes"],
-    }
 
 
 def _versions() -> dict[str, str]:

@@ -25,6 +25,8 @@ SCHEMA: dict[str, str] = {
     "page": "string",
 }
 EVENT_TIME = "ts"
+# The topic of ``python -m bench``'s data set (the --scaling topics are named after it).
+TOPIC = "bench"
 
 _COUNTRIES = ("DE", "FR", "US", "BR", "IN", "JP", "NG", "AU")
 _DEVICES = ("android", "ios", "desktop", "tablet")

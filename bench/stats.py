@@ -1,8 +1,10 @@
-"""Percentiles of small samples (linear interpolation between closest ranks, as numpy's default)."""
+"""Percentiles of small samples (linear interpolation between closest ranks, as numpy's default), and
+the median of repeated runs."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -22,3 +24,16 @@ def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
         "p99": percentile(values, 99),
         "max": max(values) if values else None,
     }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median records/s (the lower one of an even count), annotated with every
+    run's records/s. A run that could not be measured ("n/a") makes the whole result n/a."""
+    failed = [r for r in runs if r.get("status") == "n/a"]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda r: float(r["records_per_s"]))
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        median["runs_records_per_s"] = [r["records_per_s"] for r in runs]
+    return median

@@ -1,5 +1,5 @@
 """The in-memory side of segment replacement (metastore/compaction.py), mixed into
-tests.fakes.MemoryMetastore; tests/contract runs the same tests against it and PostgreSQL."""
+tests.fake_metastore.MemoryMetastore; tests/contract runs the same tests against it and PostgreSQL."""
 
 from __future__ import annotations
 

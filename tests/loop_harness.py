@@ -21,7 +21,8 @@ from ingest.spec import SourceSpec, SpecHolder, SplitLimits
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, TopicPartition
 from ingest_dev.testkit import wait_until
-from tests.fakes import FakeBuilder, FakeClock, MemoryMetastore
+from tests.fake_metastore import MemoryMetastore
+from tests.fakes import FakeBuilder, FakeClock
 from tests.memory_kafka import MemoryBroker, MemoryConsumer
 
 TOPIC = "t"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import ChaosConfig, run
+from tests.chaos import run
+from tests.chaos_config import ChaosConfig
 
 
 @pytest.mark.parametrize(
@@ -34,7 +35,7 @@ def test_quick_chaos_run_loses_and_duplicates_nothing(
     assert len(result.faults) == config.fault_count
     assert {fault.kind for fault in result.faults} == set(config.faults)
     # Under SIGKILL, SIGSTOP, SIGTERM and added workers no lagging partition stays without a
-    # live owner longer than the session timeout plus one rebalance (tests.chaos.UNOWNED_BOUND_S).
+    # live owner longer than the session timeout plus one rebalance (tests.chaos_config.UNOWNED_BOUND_S).
     assert result.ownership_samples > 0
     assert result.ownership_ok, result.summary()
     if table:

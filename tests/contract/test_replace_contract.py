@@ -14,7 +14,7 @@ import pytest
 from ingest_common.model import BuildRegistration, OffsetRange, TopicPartition
 from metastore import Metastore, ReplaceRefused
 from tests.contract.test_store_contract import claim, publish
-from tests.fakes import MemoryMetastore
+from tests.fake_metastore import MemoryMetastore
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)

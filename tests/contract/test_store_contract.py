@@ -1,5 +1,5 @@
 """One contract for the metastore calls a worker makes, run against the in-memory fake
-(tests.fakes.MemoryMetastore, which the unit tests use) and the real PostgreSQL Metastore:
+(tests.fake_metastore.MemoryMetastore, which the unit tests use) and the real PostgreSQL Metastore:
 where they disagree, the unit tests would prove nothing."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ingest_common.model import (
 )
 from ingest_common.redact import redact
 from metastore import Metastore, PublishConflict, SourceNotFound
-from tests.fakes import MemoryMetastore
+from tests.fake_metastore import MemoryMetastore
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)

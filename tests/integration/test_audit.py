@@ -1,7 +1,8 @@
 """``ingest audit`` against a real PostgreSQL and real stores (a local directory, an S3 API):
 epochs after resets, skipped gaps and pinned starts tile; holes, overlaps and missing objects
-are findings. Segments are published as a worker publishes them (tests.integration.
-test_iceberg_table.Source); tests/acceptance/test_audit.py audits what real workers built."""
+are findings. Segments are published as a worker publishes them
+(tests.integration.iceberg_harness.Source); tests/acceptance/test_audit.py audits what real
+workers built."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ingest.cli import main
 from ingest_common.model import TopicPartition
 from metastore import Metastore
 from tests.fixtures.servers import S3Server
-from tests.integration.test_iceberg_table import T0, Source
+from tests.integration.iceberg_harness import T0, Source
 
 T1 = TopicPartition(T0.topic, 1)
 T2 = TopicPartition(T0.topic, 2)

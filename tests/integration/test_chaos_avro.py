@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 from ingest.build.builder import SparkSegmentBuilder
 from ingest.spec import load_spec_file
 from tests.acceptance.harness import write_spec
-from tests.chaos import expected_row, record_fields
 from tests.chaos_avro import AVRO_VERSIONS, avro_values, version_of
+from tests.chaos_records import expected_row, record_fields
 from tests.fakes import RecordingRegistrar
 from tests.integration.test_key_formats import keyed_split
 

@@ -30,7 +30,7 @@ from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest_dev.testkit import free_port
 from metastore.tables import TableKind, TableStore
-from tests.integration.test_iceberg_table import Source, assert_eventually, gauge, run_cli
+from tests.integration.iceberg_harness import Source, assert_eventually, gauge, run_cli
 
 FAST = CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1)
 

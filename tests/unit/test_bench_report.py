@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.cli import median_run
 from bench.report import table
+from bench.stats import median_run
 
 
 def run(rps: float) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 from ingest.consume.background import Background
 from ingest.consume.context import LoopContext
 from metastore.errors import MetastoreUnavailable
-from tests.fakes import MemoryMetastore
+from tests.fake_metastore import MemoryMetastore
 from tests.loop_harness import context
 
 

@@ -20,7 +20,8 @@ from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, SegmentToPublish, TopicPartition
 from ingest_dev.testkit import wait_until
 from metastore.errors import CommitOutcomeUnknown, Session
-from tests.fakes import FakeBuilder, FakeClock, FakeStore, make_split
+from tests.fake_metastore import FakeStore
+from tests.fakes import FakeBuilder, FakeClock, make_split
 
 P0 = TopicPartition("t", 0)
 P1 = TopicPartition("t", 1)

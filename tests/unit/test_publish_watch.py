@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 from ingest.config import Settings
 from ingest.worker import Worker
 from ingest_common.model import SegmentToPublish
-from tests.fakes import MemoryMetastore
+from tests.fake_metastore import MemoryMetastore
 from tests.loop_harness import P0, Harness
 
 

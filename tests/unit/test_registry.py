@@ -14,7 +14,7 @@ from ingest.consume.background import Background
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest_common.model import DesiredState, LastAudit, WorkerState
 from ingest_dev.testkit import wait_until
-from tests.fakes import MemoryMetastore
+from tests.fake_metastore import MemoryMetastore
 from tests.loop_harness import context
 
 

@@ -17,7 +17,8 @@ from ingest.spec import SpecHolder
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, WorkerState
 from ingest_dev.testkit import wait_until
-from tests.fakes import FakeBuilder, FakeClock, FakeStore, make_split
+from tests.fake_metastore import FakeStore
+from tests.fakes import FakeBuilder, FakeClock, make_split
 from tests.loop_harness import Harness
 from tests.unit.test_loop import tiles
 from tests.unit.test_pipeline import P0, P1, SPEC, drain

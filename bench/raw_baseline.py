@@ -1,0 +1,68 @@
+"""The raw baseline's run: ``bench/raw.py`` in its own process (its CPU and memory are its own)
+over the data set, its result as a throughput row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from bench.data import TOPIC
+from bench.ingest_runs import REPO, Context
+
+
+def run_raw(
+    ctx: Context, data_ends: dict[int, int], records: int, value_bytes: int, batch: int, timeout: float, run: int = 1
+) -> dict[str, Any]:
+    """The raw baseline in its own process (its CPU and memory are its own); each run writes
+    into its own directory."""
+    result_path = ctx.work / f"raw-result-{run}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    with (ctx.work / "logs" / f"raw-{run}.log").open("wb") as out:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.raw",
+                "--bootstrap",
+                ctx.bootstrap,
+                "--topic",
+                TOPIC,
+                "--ends",
+                json.dumps(data_ends),
+                "--out",
+                str(ctx.work / f"raw-{run}"),
+                "--batch",
+                str(batch),
+                "--timeout",
+                str(timeout),
+                "--result",
+                str(result_path),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout + 60,
+            check=False,
+        )
+    if proc.returncode != 0 or not result_path.exists():
+        raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / f'raw-{run}.log'}")
+    raw: dict[str, Any] = json.loads(result_path.read_text())
+    wall = max(raw["last_write_at"] - raw["first_record_at"], 1e-6)
+    return {
+        "system": "raw",
+        "records": records,
+        "rows_written": raw["rows"],
+        "value_bytes": value_bytes,
+        "wall_s": wall,
+        "records_per_s": records / wall,
+        "mb_per_s": value_bytes / wall / 1e6,
+        "cpu_s": raw["cpu_s"],
+        "cpu_s_per_million": raw["cpu_s"] / records * 1e6,
+        "peak_rss_mb": raw["peak_rss_mb"],
+        "files": raw["files"],
+        "file_bytes": raw["file_bytes"],
+    }

@@ -1,0 +1,98 @@
+"""Spark (the product's own, in the tests' session) reads exactly the committed rows of both
+Iceberg tables through Iceberg's JdbcCatalog on the metastore's PostgreSQL, each once, the same rows
+pyiceberg's scan reads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ingest.build.segment_store import filesystem
+from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.table.config import PartitionBy, RejectsMode
+from ingest.table.enable import enable_table
+from ingest_dev.iceberg_spark import read_tables, spark_table
+from metastore.tables import TableKind
+from tests.integration.iceberg_harness import Source, committer
+
+
+def table_coordinates(database_url: str, source: str, kind: TableKind) -> list[tuple[str, int, int]]:
+    """Every row's (_topic, _partition, _offset) as pyiceberg's scan reads them, sorted."""
+    catalog = MetastoreCatalog(database_url)
+    try:
+        rows = (
+            catalog.load_table(identifier(source, kind))
+            .scan(selected_fields=("_topic", "_partition", "_offset"))
+            .to_arrow()
+            .to_pylist()
+        )
+    finally:
+        catalog.close()
+    return sorted((r["_topic"], r["_partition"], r["_offset"]) for r in rows)
+
+
+def file_rows(files: list[str]) -> list[tuple[str, str, int, int]]:
+    """(file, _topic, _partition, _offset) of every row in the files, read with pyarrow, sorted."""
+    rows = []
+    for f in files:
+        fs, path = filesystem(f)
+        table = pq.read_table(path, filesystem=fs, columns=["_topic", "_partition", "_offset"])
+        rows += [(f, r["_topic"], r["_partition"], r["_offset"]) for r in table.to_pylist()]
+    return sorted(rows)
+
+
+def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(
+    database_url: str, tmp_path: Path, spark: Any
+) -> None:
+    """Spark (the product's pyspark with Iceberg's runtime from the project's jar set, in a new
+    session on the tests' SparkContext: ingest_dev/iceberg_spark.py) reads both tables through
+    Iceberg's JdbcCatalog on the metastore's PostgreSQL: it sees exactly the rows of the
+    committed segments' files, each once, the same rows pyiceberg's scan reads, and nothing of a
+    segment published after the commit.
+
+    Spark cannot select the column ``_partition`` (Iceberg reserves the name for its metadata
+    column and refuses the scan), so it identifies each row by ``_file`` (Iceberg's metadata
+    column: the data file it was read from), ``_topic`` and ``_offset``; the Kafka partition of
+    each row is then that file's."""
+    src = Source(database_url, f"file://{tmp_path}/store", partitions=2)
+    try:
+        src.publish(10)
+        src.publish(6, rejects=2, partition=1)
+        src.publish(0, holes=3)
+        src.publish(7, partition=1)
+        src.publish(5, rejects=1)
+        enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.TABLE)
+        with committer(database_url, src.name, batch=2) as c:
+            assert c.commit_all()
+        committed = src.store.segments(src.name)
+        late = src.publish(4, partition=1)  # published, not committed: no reader of the table sees it yet
+        late_files = {f for s in src.store.segments(src.name) if s["id"] == late for f in s["files"]}
+        tables = {kind: spark_table(src.name, kind) for kind in TableKind}
+        seen = read_tables(database_url, list(tables.values()), coordinates=True, spark=spark)
+    finally:
+        src.store.close()
+    assert seen["spark_version"] == spark.version
+    for kind, files_key, count_key, partitions in (
+        (TableKind.DATA, "files", "row_count", {("events", 0): 15, ("events", 1): 13}),
+        (TableKind.REJECTS, "rejects_files", "rejects_count", {("events", 0): 1, ("events", 1): 2}),
+    ):
+        spark = seen["tables"][tables[kind]]
+        assert set(spark["refused_columns"]) == {"_partition"}, spark["refused_columns"]
+        assert spark["key"] == ["_topic", "_offset"]
+        expected = file_rows([f for s in committed for f in s[files_key]])
+        assert spark["rows"] == len(expected) == sum(s[count_key] for s in committed) == sum(partitions.values())
+        assert spark["distinct_file_keys"] == spark["rows"]  # no row twice
+        assert spark["files"] == len({f for f, *_ in expected})
+        # Row for row the committed files' rows, each once: a row of another file (the late
+        # segment's), a missing row or a row read twice would differ here.
+        partition_of = {(f, t, o): p for f, t, p, o in expected}
+        spark_rows = sorted((f, t, partition_of[(f, t, o)], o) for f, t, o in spark["coordinates"])
+        assert spark_rows == expected
+        assert not {f for f, *_ in spark_rows} & late_files
+        coordinates = sorted((t, p, o) for _, t, p, o in spark_rows)
+        assert coordinates == table_coordinates(database_url, src.name, kind)
+        assert len(set(coordinates)) == len(coordinates)
+        assert Counter((t, p) for t, p, _ in coordinates) == partitions
