@@ -19,6 +19,7 @@ from typing import Any
 import fastavro
 
 from ingest.formats import HEADER_BYTES, MAGIC_BYTE
+from ingest_dev.registry import client as registry_client
 
 # The writer schema: the bench's SCHEMA (bench/data.py) as Avro, no field nullable.
 WRITER_SCHEMA = json.dumps(
@@ -66,10 +67,10 @@ def wire(registry_url: str, schema_id: int) -> AvroWire:
 
 def activate(registry_url: str) -> AvroWire:
     """Register the writer schema and make every record of this run Avro."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
 
     global _active
-    schema_id = SchemaRegistryClient({"url": registry_url}).register_schema(SUBJECT, Schema(WRITER_SCHEMA, "AVRO"))
+    schema_id = registry_client(registry_url).register_schema(SUBJECT, Schema(WRITER_SCHEMA, "AVRO"))
     _active = wire(registry_url, int(schema_id))
     return _active
 

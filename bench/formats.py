@@ -33,6 +33,7 @@ from ingest.build.spark import create_session
 from ingest.logs import configure_logging
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import BuiltSegment
+from ingest_dev.registry import client as registry_client
 
 FORMATS = ("json", "avro", "protobuf")
 TOPIC = "bench-formats"
@@ -82,12 +83,11 @@ def encode(fmt: str, registry_url: str, records: int) -> list[bytes]:
     docs = [json.loads(record_value(i)) for i in range(records)]
     if fmt == "json":
         return [record_value(i) for i in range(records)]
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     # A timeout, so that a lost reply is retried (the client's default retries) instead of
     # waiting forever: seen once under load, a reply Apicurio logged as sent never arrived.
-    client = SchemaRegistryClient({"url": registry_url, "timeout": 30})
+    client = registry_client(registry_url)
     ctx = SerializationContext(TOPIC + "-" + fmt, MessageField.VALUE)
     for doc in docs:
         doc[EVENT_TIME] = datetime.fromisoformat(doc[EVENT_TIME]).astimezone(UTC)

@@ -17,6 +17,7 @@ from typing import Any
 import fastavro
 
 from ingest.formats import MAGIC_BYTE
+from ingest_dev.registry import client as registry_client
 
 
 def _click(*extra: dict[str, Any]) -> str:
@@ -52,9 +53,9 @@ CLICK_COLUMNS = {
 
 def register(registry_url: str, subject: str, schema: str) -> int:
     """Register ``schema`` (Avro) under ``subject``; its id (the same text gets the same id)."""
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry import Schema
 
-    return int(SchemaRegistryClient({"url": registry_url}).register_schema(subject, Schema(schema, "AVRO")))
+    return int(registry_client(registry_url).register_schema(subject, Schema(schema, "AVRO")))
 
 
 class AvroWriter:

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -42,6 +42,19 @@ CCOMPAT_PATH = "/apis/ccompat/v7"
 # (:func:`build_class_archive`) each cut its CPU time (docs/schema-registry.md has the numbers).
 # A registry in tests answers a few hundred requests; C2's peak speed does not pay for itself.
 _JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true")
+
+
+#: Every request of a development client is bounded: a reply the registry never sends (seen
+#: once from Apicurio under load) is a timeout the client retries, never a hang.
+CLIENT_TIMEOUT_S = 10
+
+
+def client(url: str, **conf: Any) -> Any:
+    """confluent-kafka's SchemaRegistryClient for producers, demos and tests, every request
+    bounded (the product's own client: ingest.formats.registry_client)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url, "timeout": CLIENT_TIMEOUT_S, **conf})
 
 
 def class_archive(home: Path, java: Path) -> Path:

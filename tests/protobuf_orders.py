@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+from ingest_dev.registry import client as registry_client
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -115,9 +116,7 @@ def order(v: OrderVersion, i: int, **extra: Any) -> Any:
 
 
 def serializer(registry_url: str, message_class: Any) -> ProtobufSerializer:
-    return ProtobufSerializer(
-        message_class, SchemaRegistryClient({"url": registry_url}), {"auto.register.schemas": True}
-    )
+    return ProtobufSerializer(message_class, registry_client(registry_url), {"auto.register.schemas": True})
 
 
 def framed(registry_url: str, message_class: Any, ctx: SerializationContext) -> Any:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -27,6 +26,7 @@ from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest_dev.registry import LocalSchemaRegistry
+from ingest_dev.registry import client as registry_client
 from metastore import Metastore
 from metastore.tables import TableKind
 from tests.acceptance.harness import Produced, StartWorker, apply_spec, assert_exactly_once, process_env
@@ -61,7 +61,7 @@ def serializer(url: str, schema: str, subject: str | None = None) -> AvroSeriali
     conf: dict[str, Any] = {"auto.register.schemas": True}
     if subject is not None:
         conf["subject.name.strategy"] = lambda _ctx, _name: subject
-    return AvroSerializer(SchemaRegistryClient({"url": url}), schema, conf=conf)
+    return AvroSerializer(registry_client(url), schema, conf=conf)
 
 
 def table_rows(database_url: str, source: str) -> tuple[list[str], list[dict[str, Any]]]:
@@ -120,12 +120,12 @@ def test_three_writer_versions_a_deleted_id_and_a_reader_that_evolves_land_exact
     makers = [make for makers in bad.values() for make in makers]
     first_bad = produced.next_id
     produced.produce(len(makers), lambda i: makers[i - first_bad](i))
-    gone_id = SchemaRegistryClient({"url": url}).get_latest_version(f"{topic}-gone-value").schema_id
-    client = SchemaRegistryClient({"url": url})
+    gone_id = registry_client(url).get_latest_version(f"{topic}-gone-value").schema_id
+    client = registry_client(url)
     client.delete_subject(f"{topic}-gone-value")
     client.delete_subject(f"{topic}-gone-value", permanent=True)
     with pytest.raises(SchemaRegistryError) as unknown:
-        SchemaRegistryClient({"url": url}).get_schema(gone_id)
+        registry_client(url).get_schema(gone_id)
     assert unknown.value.http_status_code == 404
 
     run_to_end(tmp_path, database_url, kafka_bootstrap, start_worker, spark_builder, source, produced)

@@ -15,12 +15,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.build import segment_store
 from ingest.build.builder import BuilderFactory
+from ingest_dev.registry import client as registry_client
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -61,7 +61,7 @@ def order(i: int) -> dict[str, Any]:
 
 
 def serializer(registry_url: str, schema: str) -> AvroSerializer:
-    return AvroSerializer(SchemaRegistryClient({"url": registry_url}), schema, conf={"auto.register.schemas": True})
+    return AvroSerializer(registry_client(registry_url), schema, conf={"auto.register.schemas": True})
 
 
 def published(database_url: str, source: str) -> tuple[pa.Table, pa.Table]:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -20,6 +19,7 @@ from ingest.build.writer_schemas import RegistryUnavailable
 from ingest.spec import spec_from_dict
 from ingest_common.model import BuiltSegment
 from ingest_dev.registry import LocalSchemaRegistry
+from ingest_dev.registry import client as registry_client
 from tests.acceptance.test_registry_formats import V1, V2, order, serializer
 from tests.fakes import RecordingRegistrar
 from tests.integration.test_builder import split_of
@@ -78,7 +78,7 @@ def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
     wrong = V1.replace('"name": "amount", "type": "double"', '"name": "amount", "type": "string"')
     assert wrong != V1
     bad = AvroSerializer(
-        SchemaRegistryClient({"url": schema_registry_url}),
+        registry_client(schema_registry_url),
         wrong,
         conf={"auto.register.schemas": True, "subject.name.strategy": lambda _ctx, _name: "orders-wrong-value"},
     )

@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from ingest_dev.kafka_clients import create_topic, produce_records
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.registry import client as registry_client
 from ingest_dev.testkit import free_port, wait_until
 from tests.fixtures.servers import MakeTopic
 
@@ -172,7 +173,6 @@ def test_create_topic_is_idempotent_but_checks_partition_count(kafka_bootstrap: 
 def test_the_demo_avro_data_goes_through_the_registry(schema_registry_url: str) -> None:
     """The demo's default data: two writer versions under ``<topic>-value``, the key's schema
     under ``<topic>-key``, and records any Confluent client decodes through the registry."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -182,7 +182,7 @@ def test_the_demo_avro_data_goes_through_the_registry(schema_registry_url: str) 
     topic = "demo-" + uuid.uuid4().hex[:8]
     v1, v2 = avro_samples.writers(schema_registry_url, topic, (avro_samples.CLICK_V1, avro_samples.CLICK_V2))
     key = avro_samples.key_writer(schema_registry_url, topic)
-    client = SchemaRegistryClient({"url": schema_registry_url})
+    client = registry_client(schema_registry_url)
     assert client.get_versions(f"{topic}-value") == [1, 2]
     assert client.get_versions(f"{topic}-key") == [1]
     deserialize = AvroDeserializer(client)

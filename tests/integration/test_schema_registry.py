@@ -24,6 +24,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest_dev.postgres import PostgresServer
 from ingest_dev.registry import LocalSchemaRegistry
+from ingest_dev.registry import client as registry_client
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,7 +53,7 @@ def subject() -> str:
 
 def client(url: str) -> SchemaRegistryClient:
     # No retries: a registry that is down fails the call at once (the default retries thrice).
-    return SchemaRegistryClient({"url": url, "max.retries": 0})
+    return registry_client(url, **{"max.retries": 0})
 
 
 def registry_error(call: Any) -> SchemaRegistryError:
