@@ -47,7 +47,10 @@ def configure_logging(fmt: str = "auto", level: int = logging.INFO) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(level),
         # PrintLogger only writes and flushes: the proxy is all of a TextIO it uses.
         logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _STDERR)),
-        cache_logger_on_first_use=True,
+        # Not cached: a cached module logger keeps the configuration of its first use for the
+        # process's life, so a later configure (a one-shot command, a test's capture) would
+        # never reach it. The worker logs per split, not per record: the lookup costs nothing.
+        cache_logger_on_first_use=False,
     )
     # Libraries that use the standard logging module (py4j, yoyo) stay quiet below WARNING.
     handler = logging.StreamHandler(sys.stderr)
