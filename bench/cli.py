@@ -46,6 +46,10 @@ JSON_ONLY = "--format avro: this system is set up for the JSON records only"
 REBALANCE_TOPIC = "bench-rebalance"
 
 
+#: What scripts/test sets to run test JVMs on C1 only; a benchmark under them says so.
+JVM_OPTION_VARS = ("SPARK_SUBMIT_OPTS", "INGEST_DEV_JAVA_OPTIONS")
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -114,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ingest_bench_"))
     (work / "logs").mkdir()
     log(f"working directory {work}")
+    jvm_env = {k: os.environ[k] for k in JVM_OPTION_VARS if os.environ.get(k)}
+    if jvm_env:
+        log(f"JVM options from the environment {jvm_env}: figures are not comparable with docs/benchmarks.md")
     load_start = os.getloadavg()[0]
     results: dict[str, Any] = {}
     throughput: dict[str, dict[str, Any]] = {}
@@ -366,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             "worker_settings": args.worker_settings,
             "quick": args.quick,
             "format": args.format,
+            "jvm_options_env": jvm_env,
             "cpus": os.cpu_count(),
             "load_at_start": load_start,
             "load_at_end": os.getloadavg()[0],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -21,6 +22,9 @@ from typing import Self
 from ingest_dev.maven import fetch_kafka, kafka_version
 from ingest_dev.process import ManagedProcess
 from ingest_dev.testkit import LOOPBACK, free_port
+
+#: Extra JVM options for the development brokers (scripts/test sets ``-XX:TieredStopAtLevel=1``).
+DEV_JAVA_OPTIONS_ENV = "INGEST_DEV_JAVA_OPTIONS"
 
 # A logger keeps librdkafka's "Connection refused" lines off stderr: they are expected
 # while the broker starts, and the last error is in the TimeoutError if it never answers.
@@ -227,6 +231,8 @@ class LocalKafka(ManagedProcess):
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
+            # scripts/test sets C1 only here (short runs; see docs/testing.md), benches never do.
+            *shlex.split(os.environ.get(DEV_JAVA_OPTIONS_ENV, "")),
             f"-Dlog4j2.configurationFile={self.base_dir / 'log4j2.yaml'}",
             "-cp",
             str(libs / "*"),

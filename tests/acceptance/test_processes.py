@@ -119,6 +119,9 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
     assert_exactly_once(database_url, source, produced)
 
 
+# Resuming after a crash reads the metastore, whatever the group protocol: one protocol suffices
+# (the rebalance and zombie tests run under both).
+@pytest.mark.parametrize("group_protocol", ["consumer"])
 def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
 ) -> None:
