@@ -20,12 +20,13 @@ at a change Iceberg refuses).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ingest.avro_resolution import resolution_problem
 from ingest.errors import ConfigError
 from ingest.formats import reader_for_writer
 from ingest.spec import SourceSpec
-from metastore import Metastore
-from metastore.errors import SourceNotFound
 
 #: Column type changes every reader of earlier segments and of the table accepts.
 WIDENINGS = frozenset({("int", "long"), ("float", "double")})
@@ -54,12 +55,13 @@ def evolution_problem(previous: SourceSpec, new: SourceSpec) -> str | None:
     return None
 
 
-def check_evolution(store: Metastore, new: SourceSpec) -> None:
-    """Raise ConfigError (one line) when ``new`` may not follow the source's stored spec."""
-    try:
-        version, doc = store.latest_spec(new.name)
-    except SourceNotFound:
-        return
-    problem = evolution_problem(SourceSpec.from_json(doc), new)
-    if problem is not None:
-        raise ConfigError(f"source {new.name}: refused against version {version}: {problem}")
+def evolution_guard(new: SourceSpec) -> Callable[[int, dict[str, Any]], None]:
+    """What ``Metastore.apply_source(follows=...)`` runs against the latest stored version,
+    inside the apply's transaction: raises ConfigError (one line) when ``new`` may not follow it."""
+
+    def follows(version: int, doc: dict[str, Any]) -> None:
+        problem = evolution_problem(SourceSpec.from_json(doc), new)
+        if problem is not None:
+            raise ConfigError(f"source {new.name}: refused against version {version}: {problem}")
+
+    return follows

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -30,12 +30,20 @@ class SourcesMixin(StoreBase):
     controls, record heartbeats and errors."""
 
     def apply_source(
-        self, name: str, spec: dict[str, Any], spec_text: str, reactivate: bool = False
+        self,
+        name: str,
+        spec: dict[str, Any],
+        spec_text: str,
+        reactivate: bool = False,
+        follows: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> tuple[int, bool]:
         """Store a new version of the spec unless it equals the latest. Returns (version, changed).
 
         A terminated source refuses (SourceTerminated) unless ``reactivate``: then it is set
-        running again (its history, segments and offsets are kept)."""
+        running again (its history, segments and offsets are kept). ``follows(version, spec)``
+        sees the latest stored version under the same locks that store the new one, so no
+        other apply lands between its check and this version; whatever it raises refuses the
+        apply and stores nothing."""
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
@@ -53,6 +61,8 @@ class SourcesMixin(StoreBase):
                     latest = conn.execute(query("latest_spec"), {"name": name}).fetchone()
                     if latest is not None and latest["spec"] == json.loads(json.dumps(spec)):
                         return int(latest["version"]), False
+                    if latest is not None and follows is not None:
+                        follows(int(latest["version"]), latest["spec"])
                 row = conn.execute(query("upsert_source"), {"name": name}).fetchone()
                 assert row is not None
                 version = int(row["version"])

@@ -54,17 +54,21 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_source_apply(args: argparse.Namespace) -> int:
-    from ingest.evolution import check_evolution
+    from ingest.evolution import evolution_guard
     from ingest.spec import load_spec_file, resolve_registry_schema
 
     spec, text = load_spec_file(Path(args.file))
     # The registry's latest reader schema is fixed now and stored with this version.
     spec = resolve_registry_schema(spec)
     with Metastore(load_settings().database_url) as store:
-        # An Avro reader schema that earlier segments and the table could not follow is refused.
-        check_evolution(store, spec)
+        # An Avro reader schema that earlier segments and the table could not follow is refused,
+        # checked against the version it would follow in the transaction that stores it.
         version, changed = store.apply_source(
-            spec.name, spec.to_json(), text, reactivate=getattr(args, "reactivate", False)
+            spec.name,
+            spec.to_json(),
+            text,
+            reactivate=getattr(args, "reactivate", False),
+            follows=evolution_guard(spec),
         )
     emit(
         args,

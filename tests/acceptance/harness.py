@@ -12,7 +12,7 @@ from typing import Any
 
 from ingest.build.builder import BuilderFactory
 from ingest.config import Settings
-from ingest.evolution import check_evolution
+from ingest.evolution import evolution_guard
 from ingest.spec import load_spec_file, resolve_registry_schema
 from ingest.worker import Worker
 from ingest_dev.kafka_clients import produce_records
@@ -49,8 +49,7 @@ def apply_spec(database_url: str, path: Path) -> None:
     spec, text = load_spec_file(path)
     spec = resolve_registry_schema(spec)  # as ``ingest source apply`` does
     with Metastore(database_url) as store:
-        check_evolution(store, spec)
-        store.apply_source(spec.name, spec.to_json(), text)
+        store.apply_source(spec.name, spec.to_json(), text, follows=evolution_guard(spec))
 
 
 def sample_value(i: int) -> bytes:

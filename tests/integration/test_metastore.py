@@ -271,6 +271,41 @@ def test_sources_are_versioned_and_unchanged_specs_are_not(store: Metastore) -> 
         store.latest_spec("nope")
 
 
+def test_an_apply_check_sees_the_version_it_follows_and_a_refusal_stores_nothing(
+    store: Metastore, database_url: str
+) -> None:
+    def refuse(version: int, spec: dict[str, object]) -> None:
+        raise ValueError(f"refused after {version}")
+
+    with pytest.raises(ValueError, match="refused after 1"):
+        store.apply_source("src", {"name": "src", "x": 1}, "", follows=refuse)
+    assert store.latest_spec("src") == (1, {"name": "src"})
+
+    # A second apply racing the first checks against the version the first stored, never
+    # against the one both read before: its check runs under the same locks.
+    inside, seen = threading.Event(), []
+
+    def slow(version: int, spec: dict[str, object]) -> None:
+        inside.set()
+        other = threading.Thread(
+            target=lambda: seen.append(
+                Metastore(database_url).apply_source(
+                    "src", {"name": "src", "x": 3}, "", follows=lambda v, doc: seen.append((v, doc))
+                )
+            ),
+            daemon=True,
+        )
+        other.start()
+        other.join(1.0)  # it waits for this transaction's locks
+        assert other.is_alive() and seen == []
+        threads.append(other)
+
+    threads: list[threading.Thread] = []
+    assert store.apply_source("src", {"name": "src", "x": 2}, "", follows=slow) == (2, True)
+    threads[0].join(10)
+    assert inside.is_set() and seen == [(2, {"name": "src", "x": 2}), (3, True)]
+
+
 def test_unreachable_postgres_is_one_clear_error() -> None:
     with pytest.raises(MetastoreUnavailable, match=r"PostgreSQL unavailable at postgresql://u:\*\*\*@127.0.0.1:1/db"):
         Metastore("postgresql://u:secret@127.0.0.1:1/db").ping()
