@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# About 80 s on 2 quiet cores (two Spark JVMs started one after the other: the worker's, then the
-# compaction's); well over 3 minutes at a load average of 20. The bound is a hang guard.
+# Two Spark JVMs started one after the other (the worker's, then the compaction's) take most of
+# it: 3 min measured at a load average of 20-26 on 2 cores. The bound is a hang guard.
 RUN_TIMEOUT_S = 420
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 60)]
