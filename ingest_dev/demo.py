@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.registry import LocalSchemaRegistry
 from ingest_dev.testkit import free_port, wait_until
-from ingest_dev.verify import published_positions, verify_exactly_once
+from ingest_dev.verify import published_positions, store_shape, verify_exactly_once
 from metastore import Metastore, apply_migrations
 from metastore.tables import TableStore
 
@@ -180,10 +181,31 @@ QUERY = (
 )
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ingest", *args], env=env, capture_output=True, text=True, check=False, timeout=120
+        [sys.executable, "-m", "ingest", *args], env=env, capture_output=True, text=True, check=False, timeout=timeout
     )
+
+
+def compact(env: dict[str, str], store: Metastore, timeout: float) -> bool:
+    """``ingest compact clicks`` beside the running workers: the small segments the 2 s splits
+    left, rewritten into one per partition (and file_partition value); the shape before and after."""
+    before = store_shape(store, "clicks")
+    print("\ningest compact clicks")
+    done = cli(env, "compact", "clicks", timeout=timeout)
+    after = store_shape(store, "clicks")
+    summary = done.stdout.splitlines()[:1] if done.returncode == 0 else [(done.stdout + done.stderr)[-2000:]]
+    print("\n".join(summary))
+    print(
+        f"  segments {before.segments} -> {after.segments}, data files {before.files} -> {after.files}, "
+        f"bytes {before.bytes:,} -> {after.bytes:,}, median file {_median(before.file_sizes):,.0f} -> "
+        f"{_median(after.file_sizes):,.0f} bytes (rejects files as they were: {after.rejects_files})"
+    )
+    return done.returncode == 0 and after.files < before.files
+
+
+def _median(values: list[int]) -> float:
+    return statistics.median(values) if values else 0.0
 
 
 def table_caught_up(url: str, deadline: float) -> bool:
@@ -329,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                 ok = wait_until(caught_up, args.timeout, "the workers to catch up", interval=2)
             except TimeoutError:
                 print("timed out before the workers caught up", file=sys.stderr)
+            # Before the checks below: they then prove the compacted segments (and the table's
+            # replacement snapshot) hold every record once.
+            compacted = ok and compact(env, store, args.timeout)
             expected = {(TOPIC, p): list(range(end)) for p, end in ends.items()}
             result = verify_exactly_once(store, "clicks", expected)
             print(("EXACTLY ONCE: " if result.ok else "CHECK FAILED: ") + result.summary())
@@ -378,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 signal.pause()
         stop_all([*workers, committer], timeout=60)
-        return 0 if ok and result.ok and table_ok and audit_ok else 1
+        return 0 if ok and compacted and result.ok and table_ok and audit_ok else 1
 
 
 if __name__ == "__main__":

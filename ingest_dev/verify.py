@@ -159,6 +159,41 @@ def verify_payloads(
     return checked, errors
 
 
+@dataclass(frozen=True)
+class StoreShape:
+    """A source's current segments and the data files they list, as the store has them."""
+
+    segments: int
+    rows: int
+    file_sizes: list[int]
+    rejects_files: int
+
+    @property
+    def files(self) -> int:
+        return len(self.file_sizes)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.file_sizes)
+
+
+def store_shape(store: Metastore, source: str) -> StoreShape:
+    """Segments, rows and data file sizes read from the files themselves (what small files cost
+    a reader), not from the metastore's accounting; before and after ``ingest compact``."""
+    segments = store.segments(source)
+    sizes: list[int] = []
+    for seg in segments:
+        for uri in seg["files"]:
+            filesystem, path = segment_store.filesystem(uri)
+            sizes.append(int(filesystem.get_file_info(path).size or 0))
+    return StoreShape(
+        segments=len(segments),
+        rows=sum(int(seg["row_count"]) for seg in segments),
+        file_sizes=sizes,
+        rejects_files=sum(len(seg["rejects_files"]) for seg in segments),
+    )
+
+
 def published_positions(store: Metastore, source: str) -> dict[Coord, int | None]:
     return {(r["topic"], r["partition"]): r["next_offset"] for r in store.partitions(source)}
 
