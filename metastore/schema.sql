@@ -278,6 +278,15 @@ BEGIN
     GROUP BY r.topic, r.partition;
     UPDATE ingest_segments s SET replaced_by = new_id, replaced_at = now() WHERE s.id = ANY(p_old_ids);
 
+    -- A partition whose last segment was replaced points to the replacement, which covers its
+    -- last published range. Rows locked in a fixed order; a publish that moved the pointer
+    -- first (it holds the row until it commits) is left alone by the recheck of the condition.
+    PERFORM 1 FROM ingest_partitions p
+    WHERE p.source = p_source AND p.last_segment_id = ANY(p_old_ids)
+    ORDER BY p.topic, p.partition FOR UPDATE;
+    UPDATE ingest_partitions p SET last_segment_id = new_id
+    WHERE p.source = p_source AND p.last_segment_id = ANY(p_old_ids);
+
     RETURN QUERY SELECT new_id, NULL::text, NULL::text;
 END;
 $$;

@@ -147,6 +147,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
                 "serial": r["serial"],
                 "last_publish_at": _iso(r["last_publish_at"]),
                 "last_event_time": _iso(last_event.get((r["topic"], r["partition"]))),
+                # The current segment holding the last published range (a compaction re-points it).
+                "last_segment_id": r["last_segment_id"],
                 "initial_position": r["initial_position"],
             }
         )

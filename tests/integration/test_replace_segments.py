@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ingest.config import Settings
 from ingest.ops.gc import collect_garbage
+from ingest.ops.status import source_status
 from ingest_common.model import TopicPartition
 from metastore import Metastore, ReplaceRefused
 from metastore.queries import query
@@ -181,3 +183,33 @@ def test_an_unknown_split_id_is_refused_not_published(store: Metastore, tmp_path
     with pytest.raises(ReplaceRefused) as refused:
         store.replace_segments("src", uuid.uuid4(), "c", [a, b], uri, [], 20, 0)
     assert refused.value.reason == "unregistered"
+
+
+def test_status_shows_the_replacement_as_the_last_segment_and_a_reset_records_it(
+    store: Metastore, tmp_path: Path
+) -> None:
+    uri = f"file://{tmp_path}"
+    serial = source(store, "src", uri)
+    no_kafka = Settings(database_url=store.url, kafka_bootstrap="")
+
+    def last_segment() -> object:
+        [partition] = source_status(store, no_kafka, "src")["partitions"]
+        return partition["last_segment_id"]
+
+    a, _ = publish(store, uri, serial, 0, 10)
+    b, _ = publish(store, uri, serial, 10, 20)
+    c, _ = publish(store, uri, serial, 20, 30)
+    # A replacement of earlier segments leaves the last one alone.
+    first, _ = compact(store, uri, [a, b], 20)
+    assert last_segment() == c
+    # One of the last segment: the replacement, then the replacement of that replacement.
+    second, _ = compact(store, uri, [first, c], 30)
+    assert last_segment() == second and second in {s["id"] for s in store.segments("src")}
+    d, _ = publish(store, uri, serial, 30, 40)
+    assert last_segment() == d
+    third, _ = compact(store, uri, [second, d], 40)
+    assert last_segment() == third
+    # A reset ends the epoch at the current segment: later publishes are after it.
+    store.reset_offsets("src", {T0: 0}, actor="t", reason="replay", target="offset", confirmed=True)
+    [reset] = store.recent_resets("src")
+    assert reset["partitions"][0]["last_segment_id"] == third
