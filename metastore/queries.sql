@@ -557,18 +557,27 @@ SELECT * FROM ingest_replace_segments(
 -- those it lists that no current segment of the source lists (a replacement carries its old
 -- segments' rejects files) and that lie under a directory a build of the source registered.
 -- A replaced segment's files never become listed by a later segment: a replacement names
--- current segments only.
+-- current segments only. dirs: the registered directories holding those files, of builds with
+-- no split building: gc removes the directories its deletions left empty up to these, never
+-- above (the store's shared levels) and never in a build that may still write.
 WITH listed AS (
     SELECT DISTINCT f FROM ingest_segments c, unnest(c.files || c.rejects_files) AS f
     WHERE c.source = %(source)s AND c.replaced_by IS NULL
 )
-SELECT s.id, s.replaced_by,
-       ARRAY(SELECT f FROM unnest(s.files || s.rejects_files) AS f
-             WHERE f NOT IN (SELECT l.f FROM listed l)
-               AND EXISTS (SELECT 1 FROM ingest_builds b
-                           WHERE b.source = s.source
-                             AND (starts_with(f, b.data || '/') OR starts_with(f, b.rejects || '/')))) AS files
+SELECT s.id, s.replaced_by, d.files,
+       ARRAY(SELECT DISTINCT v.dir FROM ingest_builds b, LATERAL (VALUES (b.data), (b.rejects)) AS v(dir)
+             WHERE b.source = s.source
+               AND EXISTS (SELECT 1 FROM unnest(d.files) AS f WHERE starts_with(f, v.dir || '/'))
+               AND NOT EXISTS (SELECT 1 FROM ingest_splits p WHERE p.build_id = b.id AND p.state = 'building')
+             ORDER BY v.dir) AS dirs
 FROM ingest_segments s
+CROSS JOIN LATERAL (
+    SELECT ARRAY(SELECT f FROM unnest(s.files || s.rejects_files) AS f
+                 WHERE f NOT IN (SELECT l.f FROM listed l)
+                   AND EXISTS (SELECT 1 FROM ingest_builds b
+                               WHERE b.source = s.source
+                                 AND (starts_with(f, b.data || '/') OR starts_with(f, b.rejects || '/')))) AS files
+) d
 WHERE s.source = %(source)s AND s.replaced_by IS NOT NULL AND s.files_deleted_at IS NULL
   AND s.replaced_at < now() - make_interval(secs => %(grace_s)s)
   AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t WHERE t.segment_id = s.id AND t.seq IS NOT NULL

@@ -15,6 +15,7 @@ listing the store: see ``ingest.ops.gc``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import uuid
 from dataclasses import dataclass
@@ -164,3 +165,36 @@ def _delete_local(location: str, path: str, keep: frozenset[str], dry_run: bool)
             with contextlib.suppress(OSError):  # not empty: it holds files to keep
                 os.rmdir(dirpath)
     return deleted
+
+
+def remove_empty_parents(uri: str, top: str) -> list[str]:
+    """After the file at ``uri`` was deleted: remove its parent directories that are empty now,
+    nearest first, up to and including ``top`` (a directory above it) and never above; returns
+    the URIs removed. Only local stores have directories (an object store's are prefixes of
+    its objects' keys): elsewhere nothing to do.
+
+    ``os.rmdir`` only, never a recursive delete: a directory a writer put something into
+    meanwhile is not empty and stays, with everything above it; one already gone (another gc)
+    is fine. A writer that creates a directory and then a file in it may still find the
+    directory gone in between and fail: callers bound ``top`` to directories nobody writes to.
+    Same link rules as ``delete``."""
+    fs, path = filesystem(uri)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return []
+    top_path = filesystem(top)[1].rstrip("/")
+    current = os.path.dirname(path.rstrip("/"))
+    removed: list[str] = []
+    while current == top_path or current.startswith(top_path + "/"):
+        _check_no_symlink(current)
+        try:
+            os.rmdir(current)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                break
+            raise
+        else:
+            removed.append(_uri_of(top, top_path, current))
+        current = os.path.dirname(current)
+    return removed

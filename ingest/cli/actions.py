@@ -263,6 +263,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             "multipart_uploads": result.multipart_note,
             "replaced_deleted": result.replaced,
             "replaced_waiting": result.replaced_waiting,
+            "dirs_removed": list(result.dirs_removed),
         },
         [
             f"{would}abandon{'' if would else 'ed'} {result.abandoned} split(s) older than the grace period; "

@@ -15,7 +15,15 @@
    that lie under a directory one of the source's builds registered. A reader that listed
    the segment just before its replacement has the grace period to read them. A segment an
    Iceberg table holds waits until the committer took its files out of the table, and one
-   grace period more (migrations/0019): readers of the table's previous snapshot.
+   grace period more (migrations/0019): readers of the table's previous snapshot. The
+   directories those deletions left empty go too (local stores; an object store has none),
+   from each file's directory up to the registered build directory holding it, never above
+   (the source's and the store's shared levels, where any build may create its directory)
+   and never in a build with a split still building. Builds write only under directories of
+   their own, registered fresh (a new UUID) before they write, so the one build that could
+   write there is the replaced segment's own, and its job completed before that segment was
+   published. A directory is removed only when empty (``os.rmdir``): a late writer's file
+   keeps it.
 
 Safety: a file is deleted only under a registered directory of one of the source's own
 builds, only while no split of that build is building, and never while a published segment
@@ -61,7 +69,7 @@ from typing import Any
 
 import structlog
 
-from ingest.build.segment_store import UnsafePath, delete_unlisted
+from ingest.build.segment_store import UnsafePath, delete_unlisted, remove_empty_parents
 from metastore import Metastore
 
 log = structlog.get_logger(__name__)
@@ -101,6 +109,8 @@ class GcResult:
     # Replaced segments whose files were deleted now, and those whose files wait for their grace.
     replaced: int = 0
     replaced_waiting: int = 0
+    # Directories the deletion of replaced segments' files left empty, removed (local stores).
+    dirs_removed: list[str] = field(default_factory=list)
 
 
 def collect_garbage(store: Metastore, source: str, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False) -> GcResult:
@@ -154,8 +164,9 @@ def _delete_replaced(store: Metastore, source: str, grace_s: float, dry_run: boo
     which: never one a current segment lists)."""
     for segment in store.replaced_to_delete(source, grace_s):
         deleted: list[str] = []
+        dirs: list[str] = []
         try:
-            remove = partial(_delete_files, source, segment, dry_run, deleted)
+            remove = partial(_delete_files, source, segment, dry_run, deleted, dirs)
             if dry_run:
                 remove()
             elif not store.delete_replaced_files(source, int(segment["id"]), remove, grace_s):
@@ -166,17 +177,26 @@ def _delete_replaced(store: Metastore, source: str, grace_s: float, dry_run: boo
             continue
         finally:
             result.deleted.extend(deleted)
+            result.dirs_removed.extend(dirs)
         result.replaced += 1
     pending = int(store.replaced_counts(source)["pending"])
     # A dry run deleted nothing: what it would delete is still pending.
     result.replaced_waiting = max(0, pending - result.replaced) if dry_run else pending
 
 
-def _delete_files(source: str, segment: dict[str, Any], dry_run: bool, deleted: list[str]) -> int:
+def _delete_files(source: str, segment: dict[str, Any], dry_run: bool, deleted: list[str], dirs: list[str]) -> int:
     for uri in segment["files"]:
         for gone in delete_unlisted(uri, frozenset(), dry_run):
             log.info("gc_deleted", source=source, replaced_segment=segment["id"], uri=gone, dry_run=dry_run)
             deleted.append(gone)
+    if dry_run:
+        return len(deleted)
+    # Once every file is gone: a directory holding several of them empties with the last.
+    for uri in deleted:
+        top = next((d for d in segment["dirs"] if uri.startswith(d + "/")), None)
+        for gone in remove_empty_parents(uri, top) if top is not None else ():
+            log.info("gc_removed_dir", source=source, replaced_segment=segment["id"], uri=gone)
+            dirs.append(gone)
     return len(deleted)
 
 

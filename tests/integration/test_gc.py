@@ -5,6 +5,7 @@ through a symbolic link, whatever the store URI's spelling."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -393,3 +394,66 @@ def test_a_consumer_group_belongs_to_one_source(store: Metastore, tmp_path: Path
     assert store.apply_source("bar", {**spec("bar", f"file://{tmp_path}"), "consumer_group": "shared", "x": 1}, "")[1]
     store.apply_source("baz", {**spec("baz", f"file://{tmp_path}"), "consumer_group": "own"}, "")
     assert sorted(r["name"] for r in store.list_sources()) == ["bar", "baz", "foo"]
+
+
+def _replace_and_age(store: Metastore, compaction: Build, old: list[int], rows: int) -> int:
+    """A compaction's replacement of ``old``, then its grace period passed."""
+    sid = compaction.split_ids[0]
+    new = store.replace_segments("src", sid, "c", old, compaction.dirs.data, [compaction.files[sid]], rows, 4)
+    conn = store._connection()
+    with conn.transaction():
+        conn.execute(
+            "UPDATE ingest_segments SET replaced_at = replaced_at - make_interval(secs => %(s)s) "
+            "WHERE replaced_by IS NOT NULL",
+            {"s": AGED},
+        )
+    return new
+
+
+def is_dir(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return bool(fs.get_file_info(path).type == FileType.Directory)
+
+
+def test_gc_removes_the_directories_replaced_files_leave_empty_up_to_their_build(store: Metastore, root: str) -> None:
+    serial = source(store, "src", root)
+    first, second = Build(store, "src", root), Build(store, "src", root)
+    nested = first.write_late("day=1/part-0.parquet")  # a file_partition level below the build
+    item = first.item("src", 0, serial, 0, 10)
+    a = store.publish(replace(item, segment=replace(item.segment, files=(*item.segment.files, nested))))
+    b = store.publish(second.item("src", 0, serial, 10, 20))
+    # The compaction writes under another store root: the old root's levels above the builds
+    # hold nothing else afterwards, and still stay.
+    compaction = Build(store, "src", f"{root}/moved")
+    _replace_and_age(store, compaction, [a, b], 20)
+
+    dry = collect_garbage(store, "src", grace_s=GRACE, dry_run=True)
+    assert dry.dirs_removed == [] and exists(nested)
+    result = collect_garbage(store, "src", grace_s=GRACE)
+    assert result.replaced == 2 and not result.unsafe and not exists(nested)
+    if root.startswith("file://"):
+        removed = [f"{first.dirs.data}/day=1", first.dirs.data, second.dirs.data]
+        assert sorted(result.dirs_removed) == sorted(removed) and not any(is_dir(d) for d in removed)
+        assert is_dir(f"{root}/src/segments") and is_dir(compaction.dirs.data)
+    else:  # an object store has no directories
+        assert result.dirs_removed == []
+    assert exists(compaction.files[compaction.split_ids[0]])
+
+
+def test_gc_keeps_the_directory_of_a_build_with_a_split_still_building(store: Metastore, tmp_path: Path) -> None:
+    """A registration retried after a lost reply makes a split of a build whose other split was
+    published building again: its writer may still create files in the build's directory. And
+    a directory a writer that outlived its job wrote into is not empty: it stays."""
+    root = f"file://{tmp_path}"
+    serial = source(store, "src", root)
+    first, second = Build(store, "src", root, splits=2), Build(store, "src", root)
+    a = store.publish(first.item("src", 0, serial, 0, 10))
+    b = store.publish(second.item("src", 0, serial, 10, 20))
+    store.register_build("w", first.registration)
+    Path(first.files[first.split_ids[1]].removeprefix("file://")).unlink()  # not written yet
+    late = second.write_late("part-late.parquet")
+    _replace_and_age(store, Build(store, "src", root), [a, b], 20)
+    result = collect_garbage(store, "src", grace_s=GRACE)
+    assert (result.replaced, result.dirs_removed, result.unsafe) == (2, [], [])
+    assert is_dir(first.dirs.data) and not exists(first.files[first.split_ids[0]])
+    assert exists(late) and not exists(second.files[second.split_ids[0]])
