@@ -66,24 +66,47 @@ def _memory() -> Truncated:
     return Truncated(tp, 0, broker.epochs[tp], make)
 
 
-def _kafka(request: pytest.FixtureRequest) -> Iterator[Truncated]:
+@dataclass(frozen=True)
+class TruncatedLog:
+    """The truncated partition on a broker of this module's own."""
+
+    bootstrap: str
+    tp: TopicPartition
+    epoch_before: int
+    epoch_after: int
+
+
+@pytest.fixture(scope="module")
+def truncated_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TruncatedLog]:
+    """One broker and one truncated partition for every test of the module (a broker of its own
+    and the log's loss cost ~20 s): the tests only read the partition, each in a consumer group
+    of its own that commits nothing (enable.auto.commit=false), so none sees another's traces.
+    Started like ``private_kafka`` (tests/fixtures/servers.py), which is per test."""
+    from ingest_dev.kafka import LocalKafka
     from ingest_dev.kafka_clients import create_topic, produce_records, record_leader_epochs
 
-    broker = request.getfixturevalue("private_kafka")
-    bootstrap, topic = broker.bootstrap, f"trunc-{uuid.uuid4().hex[:8]}"
-    tp = TopicPartition(topic, 0)
-    create_topic(bootstrap, topic, 1)
-    produce_records(bootstrap, topic, ((0, b"k", b"%d" % i) for i in range(BEFORE)))
-    [before] = record_leader_epochs(bootstrap, topic, 0)
-    broker.lose_partition_log(topic, 0)
-    produce_records(bootstrap, topic, ((0, b"k", b"%d" % i) for i in range(AFTER)))
-    [after] = record_leader_epochs(bootstrap, topic, 0)
+    broker = LocalKafka(base_dir=tmp_path_factory.mktemp("truncation") / "kafka")
+    broker.start()
+    try:
+        bootstrap, topic = broker.bootstrap, f"trunc-{uuid.uuid4().hex[:8]}"
+        create_topic(bootstrap, topic, 1)
+        produce_records(bootstrap, topic, ((0, b"k", b"%d" % i) for i in range(BEFORE)))
+        [before] = record_leader_epochs(bootstrap, topic, 0)
+        broker.lose_partition_log(topic, 0)
+        produce_records(bootstrap, topic, ((0, b"k", b"%d" % i) for i in range(AFTER)))
+        [after] = record_leader_epochs(bootstrap, topic, 0)
+        yield TruncatedLog(bootstrap, TopicPartition(topic, 0), before, after)
+    finally:
+        broker.stop()
+
+
+def _kafka(log: TruncatedLog) -> Iterator[Truncated]:
     consumers: list[ConfluentConsumer] = []
 
     def make() -> Consumer:
         conf: dict[str, Any] = {
             **PROTOCOL_PROPERTIES,
-            "bootstrap.servers": bootstrap,
+            "bootstrap.servers": log.bootstrap,
             "group.id": f"contract-{uuid.uuid4().hex[:8]}",
             "session.timeout.ms": 6000,
             "partition.assignment.strategy": "cooperative-sticky",
@@ -92,7 +115,7 @@ def _kafka(request: pytest.FixtureRequest) -> Iterator[Truncated]:
         consumers.append(consumer)
         return consumer
 
-    yield Truncated(tp, before, after, make)
+    yield Truncated(log.tp, log.epoch_before, log.epoch_after, make)
     for consumer in consumers:
         consumer.close()
 
@@ -102,7 +125,7 @@ def truncated(request: pytest.FixtureRequest) -> Iterator[Truncated]:
     if request.param == "memory":
         yield _memory()
     else:
-        yield from _kafka(request)
+        yield from _kafka(request.getfixturevalue("truncated_log"))
 
 
 def _poll(consumer: Consumer, done: Callable[[list[Any], Batch], bool]) -> tuple[list[Any], list[Batch]]:
