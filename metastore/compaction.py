@@ -63,8 +63,9 @@ class CompactionMixin(StoreBase):
         under the build that registered ``split_id``), in one transaction: the old segments
         are locked and must all still be current; the new one covers exactly the union of
         their ranges (in their epoch) and carries their rejects files and counts; next_offset
-        is not touched. Idempotent by split id: a split that already has its segment answers
-        with its id. Returns the new segment's id.
+        is not touched, a partition whose last segment it replaces points to it (0021).
+        Idempotent by split id: a split that already has its segment answers with its id.
+        Returns the new segment's id.
 
         Raises ReplaceRefused (nothing written) or CommitOutcomeUnknown (the connection broke
         before the reply: end the session, then call again)."""
