@@ -3,8 +3,8 @@ the server lost replaced by a fresh one before the next build.
 
 pyspark's Connect client retries an unreachable server inside every call for 10 minutes or
 more (its ``DefaultPolicy``): a build, a job interrupt and ``stop()`` would all wait that long.
-Here each call gives up once its next retry would end more than ``retry_s`` after the call's
-first failure (:class:`BoundedPolicy`, on :data:`CONNECT_RETRY`'s schedule), so a build on a
+Here each call gives up once its next retry would start more than ``retry_s`` after the call
+began (:class:`BoundedPolicy`, on :data:`CONNECT_RETRY`'s schedule), so a build on a
 dead server fails within that bound and goes through the pipeline's build retries like any
 failed build: the same splits built again, published once, or failed and rewound.
 
@@ -57,7 +57,7 @@ _SESSION_GONE = (
 class BoundedPolicy(DefaultPolicy):
     """pyspark's DefaultPolicy as to which errors are retried (UNAVAILABLE, a cursor another
     call preempted, anything carrying RetryInfo), on ``schedule`` instead of its own, and over
-    at most ``total_s`` from a call's first failure. A server's RetryInfo delay is not
+    at most ``total_s`` from the call's start. A server's RetryInfo delay is not
     honoured: it could stretch the waits past the bound."""
 
     def __init__(self, total_s: float, schedule: Backoff = CONNECT_RETRY) -> None:
@@ -70,22 +70,20 @@ class BoundedPolicy(DefaultPolicy):
 
 
 class _BoundedState(RetryPolicyState):
-    """One call's retries (pyspark makes one per call)."""
+    """One call's retries (pyspark makes one state per call, as the call begins)."""
 
     def __init__(self, policy: BoundedPolicy) -> None:
         super().__init__(policy)
         self._bounded = policy
-        self._first_failure: float | None = None
+        self._began = policy.schedule.clock.monotonic()
         self._retries = 0
 
     def next_attempt(self, exception: BaseException | None = None) -> int | None:
-        """Milliseconds to wait before the next attempt, or None: give up (the call raises)."""
+        """Milliseconds to wait before the next attempt, or None: give up (the call raises).
+        No retry starts later than ``total_s`` after the call began."""
         schedule = self._bounded.schedule
-        now = schedule.clock.monotonic()
-        if self._first_failure is None:
-            self._first_failure = now
         delay = schedule.delay(self._retries)
-        if now + delay - self._first_failure > self._bounded.total_s:
+        if schedule.clock.monotonic() + delay - self._began > self._bounded.total_s:
             return None
         self._retries += 1
         return round(delay * 1000)

@@ -88,8 +88,8 @@ def test_a_restarted_connect_server_gets_a_fresh_session_and_every_offset_once(
                 120,
                 "a build to give up on the dead server",
             )
-            restarted = time.monotonic()
             connect_server.start()
+            restarted = time.monotonic()
             produced.produce(1000)
             wait_until(
                 lambda: produced.caught_up(store, source) or worker.poll() is not None,
