@@ -171,21 +171,25 @@ class ConnectSessions(SessionSource):
         self._conf = {"spark.app.name": app_name, **session_conf(url)}
         self.retry_s = retry_s
         self._on_event = on_event
+        # _lock guards the state below, briefly; _creating is held while a session is made.
         self._lock = threading.Lock()
+        self._creating = threading.Lock()
         self._session = first
         # Why the next current() starts a fresh session (None: the current one is usable).
         self._lost: SparkConnectEvent | None = None if first is not None else SparkConnectEvent.SESSION_LOST
         self._stopped = False
 
     def current(self) -> Any:
-        """The session for the next build; a fresh one when the last was lost. Raises
-        BuildError when stopped, and whatever the new session's first call raised."""
-        with self._lock:
-            if self._stopped:
-                raise BuildError("the Spark Connect session is stopped (the worker is stopping)")
-            if self._session is not None and self._lost is None:
-                return self._session
-            old, reason = self._session, self._lost
+        """The session for the next build; a fresh one when the last was lost (one thread
+        makes it, the others wait for it). Raises BuildError when stopped, and whatever the
+        new session's first call raised."""
+        with self._creating:  # never taken by stop(): a creation on a dead server never holds it
+            with self._lock:
+                if self._stopped:
+                    raise BuildError("the Spark Connect session is stopped (the worker is stopping)")
+                if self._session is not None and self._lost is None:
+                    return self._session
+                old, reason = self._session, self._lost
             started = time.monotonic()
             try:
                 session = connect_session(self._url, self._conf, self.retry_s)
@@ -193,7 +197,13 @@ class ConnectSessions(SessionSource):
                 if loss_of(None, exc) is SparkConnectEvent.UNREACHABLE:
                     self._report(SparkConnectEvent.UNREACHABLE, exc, while_="creating a session")
                 raise
-            self._session, self._lost = session, None
+            with self._lock:
+                stopped = self._stopped
+                if not stopped:
+                    self._session, self._lost = session, None
+        if stopped:
+            close_session(session, release=True, wait_s=0.0)
+            raise BuildError("the Spark Connect session is stopped (the worker is stopping)")
         if old is not None:
             # A lost session's server is gone or forgot it: nothing to release. One that was
             # unreachable may be back: released, within the bound, off this thread.

@@ -150,3 +150,38 @@ def test_a_grpc_error_is_shown_by_its_status_and_details() -> None:
 
     Refused.__module__ = "grpc._channel"
     assert first_line(Refused()) == "UNAVAILABLE: failed to connect to all addresses"
+
+
+def test_a_stop_does_not_wait_for_a_session_being_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build thread making a session on a dead server holds its creation for up to the
+    retry bound; the stop (SIGTERM) goes on meanwhile, and the session made after it is closed."""
+    import threading
+
+    creating, release = threading.Event(), threading.Event()
+    closed: list[Any] = []
+
+    def slow_session(*_a: Any, **_k: Any) -> FakeSession:
+        creating.set()
+        release.wait(10)
+        return FakeSession()
+
+    monkeypatch.setattr(connect, "connect_session", slow_session)
+    monkeypatch.setattr(
+        connect, "close_session", lambda session, *, release, wait_s: closed.append((session, release)) or True
+    )
+    owner = ConnectSessions("sc://127.0.0.1:1", "t")  # no first session: the first build makes one
+    outcome: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            owner.current()
+        except BuildError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    assert creating.wait(10)
+    owner.stop()  # returns while the session is still being made
+    release.set()
+    thread.join(10)
+    assert len(outcome) == 1 and len(closed) == 1
