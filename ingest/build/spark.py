@@ -163,6 +163,7 @@ class FixedSession(SessionSource):
 
 
 _START_THREAD = "spark-start"
+_CONNECT_START_MARGIN_S = 5.0
 _abandoned: list[threading.Thread] = []
 
 
@@ -259,7 +260,9 @@ def create_session_within(
                 stores=stores,
                 connectors=connectors,
                 connect_retry_s=connect_retry_s,
-                connect_wait_s=timeout_s,
+                # A little longer than the start's own bound, which is what ends a start on an
+                # unreachable server (its error names INGEST_SPARK_START_TIMEOUT_S); the thread ends soon after.
+                connect_wait_s=timeout_s + _CONNECT_START_MARGIN_S,
             )
             outcome.put((session, None))
         except BaseException as exc:  # handed to the caller, which raises it
