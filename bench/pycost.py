@@ -165,6 +165,7 @@ class StageOnlyBuilder(SparkSegmentBuilder):
 
     def _run(
         self,
+        spark: Any,
         splits: list[SealedSplit],
         spec: SourceSpec,
         fetched: BatchSchemas,

@@ -52,6 +52,7 @@ ingest.build (sealed splits into Parquet files, invisible until published)
     output_files   which split each output file belongs to, from its footers
     segment_store  the store's layout and file operations (file://, s3a://, ...)
     spark          the worker's one SparkSession (local, standalone or Spark Connect)
+    connect        the Spark Connect session: bounded client retries, re-created when the server lost it
     spark_jars     where the pinned Spark jars are (S3, Kafka source, Avro, Iceberg, JDBC)
 
 ingest.publish (built splits made visible, in offset order per partition)

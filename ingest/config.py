@@ -82,6 +82,9 @@ class Settings:
     # A Spark session not started within this is SparkUnavailable: Spark Connect's client
     # otherwise retries an unreachable server for 10 minutes without a word.
     spark_start_timeout_s: float = 300.0
+    # Under Spark Connect, one call (a build's, an interrupt, the stop) retries an unreachable
+    # server for at most this long (ingest.build.connect), instead of the client's 10 minutes.
+    spark_connect_retry_s: float = 30.0
     # The values of SECRET_ENV_VARS that are set (for redaction only; never shown).
     environment_secrets: tuple[str, ...] = field(default=(), repr=False)
 
@@ -135,6 +138,9 @@ class Settings:
             stuck_after_s=non_negative_seconds("INGEST_STUCK_AFTER_S", env.get("INGEST_STUCK_AFTER_S", "300")),
             spark_start_timeout_s=non_negative_seconds(
                 "INGEST_SPARK_START_TIMEOUT_S", env.get("INGEST_SPARK_START_TIMEOUT_S", "300")
+            ),
+            spark_connect_retry_s=non_negative_seconds(
+                "INGEST_SPARK_CONNECT_RETRY_S", env.get("INGEST_SPARK_CONNECT_RETRY_S", "30")
             ),
             environment_secrets=tuple(env[name] for name in SECRET_ENV_VARS if env.get(name)),
         )

@@ -206,7 +206,7 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
-                from ingest.build.spark import create_session_within
+                from ingest.build.spark import FixedSession, SessionSource, create_session_within, is_connect
 
                 log.info(
                     "spark_starting",
@@ -214,19 +214,33 @@ class Worker:
                     spark_master=settings.spark_master,
                     timeout_s=settings.spark_start_timeout_s,
                 )
+                app_name = f"ingest-{spec.name}"
                 try:
                     spark = create_session_within(
                         settings.spark_start_timeout_s,
                         settings.spark_master,
-                        f"ingest-{spec.name}",
+                        app_name,
                         stores=[spec.segment_store],
                         # from_avro is spark-avro's, in the pinned jar set (not in pyspark's jars).
                         connectors="avro" in (spec.format, spec.key_format),
+                        connect_retry_s=settings.spark_connect_retry_s,
                     )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
-                stack.callback(spark.stop)
-                spark_builder = SparkSegmentBuilder(spark, registrar)
+                sessions: SessionSource = FixedSession(spark)
+                if is_connect(settings.spark_master):
+                    from ingest.build.connect import ConnectSessions
+
+                    events = self.metrics.spark_connect_events
+                    sessions = ConnectSessions(
+                        settings.spark_master,
+                        app_name,
+                        retry_s=settings.spark_connect_retry_s,
+                        first=spark,
+                        on_event=lambda event: events.labels(spec.name, event.value).inc(),
+                    )
+                stack.callback(sessions.stop)
+                spark_builder = SparkSegmentBuilder(sessions, registrar)
                 self._warm_up(spark_builder, spec, settings.warm_up_records)
                 builder = spark_builder
             # Connect now, not in the first publish (whose latency would then include it); a

@@ -46,7 +46,12 @@ class ConfigError(IngestError):
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (Java stack traces and Py4J errors run to
-    hundreds of lines), capped, or its type name when it has no message."""
+    hundreds of lines), capped, or its type name when it has no message. A gRPC error (the
+    Spark Connect client lets some through) is its status and details: its text is a
+    multi-line repr whose first line says nothing."""
+    if type(exc).__module__.startswith("grpc") and callable(getattr(exc, "details", None)):
+        code = exc.code() if callable(getattr(exc, "code", None)) else None  # type: ignore[attr-defined]
+        return f"{getattr(code, 'name', 'gRPC')}: {exc.details()}"[:300]  # type: ignore[attr-defined]
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
 

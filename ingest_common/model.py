@@ -129,6 +129,17 @@ class GapAction(StrEnum):
     SKIPPED = "skipped"
 
 
+class SparkConnectEvent(StrEnum):
+    """What the worker's Spark Connect session went through (ingest_spark_connect_events_total)."""
+
+    # A call gave up on the server after its bounded retries (INGEST_SPARK_CONNECT_RETRY_S).
+    UNREACHABLE = "unreachable"
+    # The server answered that it no longer knows the session (it restarted).
+    SESSION_LOST = "session_lost"
+    # A fresh session replaced one lost or unreachable, before the next build.
+    SESSION_RECREATED = "session_recreated"
+
+
 class PartitionBy(StrEnum):
     """A transform of the event-time column that cuts data files (the spec's ``file_partition``)
     and partitions an Iceberg table (``ingest table-enable --partition-by``). Files cut by a

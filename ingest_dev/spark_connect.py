@@ -119,12 +119,17 @@ class LocalConnectServer:
         self.start_seconds = time.monotonic() - started
         return self
 
+    def kill(self) -> None:
+        """SIGKILL the server and wait until it is gone; :meth:`start` starts a new one on the
+        same port, which knows none of the old one's sessions."""
+        self._end(signal.SIGKILL)
+
     def crash_and_restart(self) -> float:
         """SIGKILL the server, then start a new one on the same port (the chaos run's ``spark``
         fault under Connect: every client's session is gone with it). Returns the seconds the
         port was without a server."""
         started = time.monotonic()
-        self._end(signal.SIGKILL)
+        self.kill()
         self.start()
         return time.monotonic() - started
 

@@ -37,7 +37,7 @@ import structlog
 from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, Writers, stage_records
 from ingest.build.registration import BuildRegistrar
-from ingest.build.spark import JobInterrupts
+from ingest.build.spark import FixedSession, JobInterrupts, SessionSource
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import BatchSchemas, WriterSchemas, resolvable
 from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
@@ -125,11 +125,13 @@ def _utc(micros: int | None) -> datetime | None:
 
 
 class SparkSegmentBuilder:
-    """Safe to call from several threads with one SparkSession (jobs are tagged per batch)."""
+    """Safe to call from several threads with one SparkSession (jobs are tagged per batch).
+    ``spark``: a session, or the SessionSource that owns it (each batch takes the current
+    session and reports its failure there: a Connect session the server lost is replaced)."""
 
     def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
-        self._spark = spark
-        self._interrupts = JobInterrupts(spark)
+        self._sessions = spark if isinstance(spark, SessionSource) else FixedSession(spark)
+        self._interrupts = JobInterrupts(self._sessions)
         self._registrar = registrar
         self._plans = PlanCache()
         self._writer_schemas = WriterSchemas()
@@ -229,7 +231,9 @@ class SparkSegmentBuilder:
         tag = f"ingest-batch-{build}"
         self._interrupt_when_all_killed(splits, tag)
         registered = False
+        spark: Any = None
         try:
+            spark = self._sessions.current()
             self._registrar.register(
                 BuildRegistration(
                     build, spec.name, dirs.staging, dirs.data, dirs.rejects, tuple(split.id for split in splits)
@@ -241,12 +245,14 @@ class SparkSegmentBuilder:
                 self._stage(split, staged[split.id])
             if all(split.kill_switch.tripped for split in splits):
                 raise SplitKilled("killed")
-            self._spark.addTag(tag)
+            spark.addTag(tag)
             try:
-                return self._run(splits, spec, fetched, staged, dirs.data, dirs.rejects)
+                return self._run(spark, splits, spec, fetched, staged, dirs.data, dirs.rejects)
             finally:
-                self._spark.removeTag(tag)
+                spark.removeTag(tag)
         except Exception as exc:
+            if spark is not None:
+                self._sessions.failed(spark, exc)
             if registered:
                 self._cleanup(dirs.data, dirs.rejects)
             if not isinstance(exc, BuildError | SplitKilled):
@@ -313,13 +319,14 @@ class SparkSegmentBuilder:
         avro, unresolvable = resolvable(spec, fetched.schemas) if spec.format == "avro" else ({}, frozenset())
         return self._plans.get(spec, Writers(avro, unresolvable, fetched.key_schemas, fetched.protobuf))
 
-    def _parse(self, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
+    @staticmethod
+    def _parse(spark: Any, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
         """One Spark job: parse the staged files, write the good (or the bad) rows to
         ``out_dir``. Returns the number of rows read."""
         from pyspark.sql import Observation
 
         # The staged schema is fixed: giving it saves reading the footers to infer it.
-        df = self._spark.read.schema(STAGED_DDL).parquet(*staged)
+        df = spark.read.schema(STAGED_DDL).parquet(*staged)
         if plan.decode is not None:
             df = plan.decode(df)
         df = df.select(*plan.staged_columns).withColumn("_error", plan.error)
@@ -337,6 +344,7 @@ class SparkSegmentBuilder:
 
     def _run(
         self,
+        spark: Any,
         splits: list[SealedSplit],
         spec: SourceSpec,
         fetched: BatchSchemas,
@@ -345,7 +353,7 @@ class SparkSegmentBuilder:
         rejects_dir: str,
     ) -> dict[uuid.UUID, BuildResult]:
         plan = self._plan(spec, fetched)
-        total = self._parse(plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
+        total = self._parse(spark, plan, [staged[s.id] for s in splits], True, data_dir, plan.output_columns)
         expected = sum(len(split) for split in splits)
         if total != expected:
             raise BuildError(f"Spark read {total} rows, the batch's {len(splits)} splits have {expected}")
@@ -353,7 +361,9 @@ class SparkSegmentBuilder:
         rejected: dict[uuid.UUID, list[output_files.OutputFile]] = {split.id: [] for split in splits}
         short = [s for s in splits if sum(f.rows for f in data[s.id]) < len(s) and not s.kill_switch.tripped]
         if short:
-            self._parse(plan, [staged[s.id] for s in short], False, rejects_dir, (*META_COLUMNS, "_value", "_error"))
+            self._parse(
+                spark, plan, [staged[s.id] for s in short], False, rejects_dir, (*META_COLUMNS, "_value", "_error")
+            )
             rejected.update(output_files.attribute(rejects_dir, short))
         return {
             split.id: self._finish(split, spec, data[split.id], rejected[split.id], data_dir, rejects_dir)

@@ -3,6 +3,7 @@ Connect (``sc://``)."""
 
 from __future__ import annotations
 
+import abc
 import os
 import queue
 import threading
@@ -95,32 +96,80 @@ def create_session(
     extra_conf: Mapping[str, str] | None = None,
     stores: Iterable[str] = (),
     connectors: bool = False,
+    connect_retry_s: float | None = None,
+    connect_wait_s: float | None = None,
 ) -> Any:
     """``stores``: the segment stores the session will write. A local or standalone driver
     loads the pinned jar set (:func:`jars_conf`) when a store is s3a:// or ``connectors`` asks
     for it (Spark's Kafka source, Avro, reading the Iceberg tables); a Connect server has its
-    own classpath."""
+    own classpath. A Connect session's calls retry an unreachable server for at most
+    ``connect_retry_s`` (ingest.build.connect; default CONNECT_RETRY_S), its first call (the
+    settings) for ``connect_wait_s`` (default: the same)."""
+    conf = session_conf(master, extra_conf)
+    if is_connect(master):
+        from ingest.build.connect import CONNECT_RETRY_S, connect_session
+
+        # Everything in session_conf is a runtime SQL setting, applied to this client's own
+        # server-side session (several workers share one server without interfering).
+        retry_s = CONNECT_RETRY_S if connect_retry_s is None else connect_retry_s
+        settings = {"spark.app.name": app_name, **conf}
+        return connect_session(master, settings, retry_s, wait_s=retry_s if connect_wait_s is None else connect_wait_s)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app_name)
-    # Under Connect, everything in session_conf is a runtime SQL setting, applied to this
-    # client's own server-side session (several workers share one server without interfering).
-    builder = builder.remote(master) if is_connect(master) else builder.master(master)
-    conf = session_conf(master, extra_conf)
-    if not is_connect(master):
-        stores_conf = object_store_conf(stores)
-        jars = jars_conf() if stores_conf or connectors else {}
-        conf = {**jars, **stores_conf, **conf}
-    for key, value in conf.items():
+    builder = SparkSession.builder.appName(app_name).master(master)
+    stores_conf = object_store_conf(stores)
+    jars = jars_conf() if stores_conf or connectors else {}
+    for key, value in {**jars, **stores_conf, **conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if not is_connect(master):  # a Connect session has no SparkContext
-        spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
+class SessionSource(abc.ABC):
+    """Where builds take their Spark session from: the one owner of the worker's session."""
+
+    @abc.abstractmethod
+    def current(self) -> Any:
+        """The session for the next build (it may start one, and raise when it cannot)."""
+
+    @abc.abstractmethod
+    def peek(self) -> Any | None:
+        """The session now, if any; never starts one (a job interrupt)."""
+
+    def failed(self, session: Any, exc: BaseException) -> None:  # noqa: B027 (a no-op by default)
+        """A build on ``session`` ended with ``exc``."""
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+
+class FixedSession(SessionSource):
+    """A session made elsewhere, used as it is for its whole life: a local or standalone
+    driver's (a JVM that died fails the builds until /healthz has the worker restarted), or
+    a test's."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def current(self) -> Any:
+        return self._session
+
+    def peek(self) -> Any | None:
+        return self._session
+
+    def stop(self) -> None:
+        self._session.stop()
+
+
 _START_THREAD = "spark-start"
+_CONNECT_START_MARGIN_S = 5.0
 _abandoned: list[threading.Thread] = []
+
+
+def abandon(thread: threading.Thread) -> None:
+    """A thread given up on that cannot be stopped (a JVM start, a gRPC call retrying)."""
+    _abandoned.append(thread)
 
 
 def start_abandoned() -> bool:
@@ -142,8 +191,8 @@ class JobInterrupts:
 
     IDLE_S = 30.0
 
-    def __init__(self, spark: Any) -> None:
-        self._spark = spark
+    def __init__(self, sessions: SessionSource) -> None:
+        self._sessions = sessions
         self._tags: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -173,9 +222,13 @@ class JobInterrupts:
                         self._thread = None
                         return
                 continue
+            session = self._sessions.peek()
+            if session is None:  # stopped: its jobs ended with it
+                continue
             self._calling = True
             try:
-                self._spark.interruptTag(tag)
+                # The current session: one replaced since the job started was closed, its jobs with it.
+                session.interruptTag(tag)
             except Exception as exc:  # the session may be stopping; the kill switch still holds
                 log.warning("spark_interrupt_failed", tag=tag, error=str(exc))
             finally:
@@ -186,16 +239,32 @@ _interrupters: weakref.WeakSet[JobInterrupts] = weakref.WeakSet()
 
 
 def create_session_within(
-    timeout_s: float, master: str, app_name: str, stores: Iterable[str] = (), connectors: bool = False
+    timeout_s: float,
+    master: str,
+    app_name: str,
+    stores: Iterable[str] = (),
+    connectors: bool = False,
+    connect_retry_s: float | None = None,
 ) -> Any:
     """``create_session`` that gives up after ``timeout_s`` with ``TimeoutError``. The attempt
     goes on in a daemon thread (neither a JVM start nor a gRPC retry can be interrupted); the
-    caller is expected to exit, which ends it."""
+    caller is expected to exit, which ends it. A Connect server is waited for that long too
+    (it may be starting beside the worker); the session's later calls retry ``connect_retry_s``."""
     outcome: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=1)
 
     def start() -> None:
         try:
-            outcome.put((create_session(master, app_name, stores=stores, connectors=connectors), None))
+            session = create_session(
+                master,
+                app_name,
+                stores=stores,
+                connectors=connectors,
+                connect_retry_s=connect_retry_s,
+                # A little longer than the start's own bound, which is what ends a start on an
+                # unreachable server (its error names INGEST_SPARK_START_TIMEOUT_S); the thread ends soon after.
+                connect_wait_s=timeout_s + _CONNECT_START_MARGIN_S,
+            )
+            outcome.put((session, None))
         except BaseException as exc:  # handed to the caller, which raises it
             outcome.put((None, exc))
 
@@ -204,7 +273,7 @@ def create_session_within(
     try:
         session, error = outcome.get(timeout=timeout_s)
     except queue.Empty:
-        _abandoned.append(thread)
+        abandon(thread)
         raise TimeoutError(f"no session within {timeout_s:g} s (INGEST_SPARK_START_TIMEOUT_S)") from None
     if error is not None:
         raise error

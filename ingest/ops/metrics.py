@@ -19,6 +19,7 @@ from ingest_common.model import (
     KillReason,
     LastAudit,
     RebalanceKind,
+    SparkConnectEvent,
     TopicPartition,
     WorkerState,
 )
@@ -86,6 +87,13 @@ class Metrics:
             "Published offsets committed to the consumer group as advice for Kafka's "
             "tools (never read back), by result",
             ["source", "result"],
+            registry=r,
+        )
+        self.spark_connect_events = Counter(
+            "ingest_spark_connect_events",
+            "Under Spark Connect: calls that gave up on an unreachable server, sessions the server "
+            "lost, sessions re-created",
+            ["source", "event"],
             registry=r,
         )
         self.kafka_errors = Counter(
@@ -193,6 +201,7 @@ class Metrics:
             (self.split_failures, FailureStage),
             (self.rebalances, RebalanceKind),
             (self.offset_gap_records, GapAction),
+            (self.spark_connect_events, SparkConnectEvent),
         ):
             for value in values:
                 counter.labels(source, value.value)

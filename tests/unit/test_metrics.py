@@ -15,6 +15,7 @@ from ingest_common.model import (
     GapAction,
     KillReason,
     RebalanceKind,
+    SparkConnectEvent,
     WorkerState,
 )
 
@@ -76,6 +77,7 @@ def test_every_counter_label_value_exists_at_zero_from_the_start() -> None:
         "ingest_split_failures_total": ("stage", FailureStage),
         "ingest_rebalances_total": ("kind", RebalanceKind),
         "ingest_offset_gap_records_total": ("action", GapAction),
+        "ingest_spark_connect_events_total": ("event", SparkConnectEvent),
     }
     for name, (label, values) in families.items():
         assert {v.value: sample(m, name, **{label: v.value}) for v in values} == dict.fromkeys(
