@@ -17,6 +17,8 @@ Invariants:
   A slice counts its own records; it shares its parent's memory, so after the older side of
   a cut is freed the newer side holds up to one chunk (one poll's run of a partition) more
   than it counts.
+- A buffer merges its trailing small chunks (``MERGE_SMALL`` of fewer than ``SMALL_CHUNK``
+  records), so a partition of a low rate does not hold a chunk's overhead per record.
 - Every record's leader epoch is kept: the first and last record's when they are equal (the
   epochs of a partition's log never decrease along its offsets, so every record between has
   it too), else each record's.
@@ -50,6 +52,13 @@ RECORD_BYTES = 8 + 8 + 4 + 4
 # batch, its arrays and their buffers, and each buffer's padding to 64 bytes (measured: 3.65 kB
 # of resident memory per chunk of one 10-byte record, 200,000 of them).
 CHUNK_BYTES = 3600
+
+
+# A buffer merges its trailing chunks of fewer than SMALL_CHUNK records each once it holds
+# MERGE_SMALL of them (a partition of a low rate gives a chunk of a record or two per poll):
+# what they hold falls to what their records hold, for a copy of at most MERGE_SMALL small chunks.
+SMALL_CHUNK = 256
+MERGE_SMALL = 32
 
 
 def _held(n: int, data: int) -> int:
@@ -166,6 +175,12 @@ class Chunk:
             return None
         epochs = self.epochs if isinstance(self.epochs, int) else tuple(self.epochs[i] for i in keep)
         return Chunk.of(self.batch.take(pa.array(keep, pa.int64())), _shared(epochs))
+
+
+def merged(chunks: Sequence[Chunk]) -> Chunk:
+    """One chunk of the records of ``chunks``, in their order, in memory of its own."""
+    epochs = tuple(e for c in chunks for e in ((c.epochs,) * len(c) if isinstance(c.epochs, int) else c.epochs))
+    return Chunk.of(pa.concat_batches([c.batch for c in chunks]), _shared(epochs))
 
 
 def _shared(epochs: int | tuple[int, ...]) -> int | tuple[int, ...]:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ingest.build.chunks import Chunk
+from ingest.build.chunks import MERGE_SMALL, SMALL_CHUNK, Chunk, merged
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
 from ingest_common.model import OffsetRange, TopicPartition
@@ -205,6 +205,7 @@ class PartitionBuffer:
         "_first_at",
         "_last",
         "_size",
+        "_small",
         "epoch",
         "position",
         "serial",
@@ -219,6 +220,8 @@ class PartitionBuffer:
         # position (earliest/latest) rather than a stored offset.
         self.position = position
         self._chunks: list[Chunk] = []
+        # How many of the last chunks have fewer than SMALL_CHUNK records each.
+        self._small = 0
         self._count = 0
         self._size = 0
         self._first_at = 0.0
@@ -265,7 +268,19 @@ class PartitionBuffer:
         self._count += count
         self._last = head.last_offset
         self._size += size
+        self._small = self._small + 1 if count < SMALL_CHUNK else 0
+        if self._small >= MERGE_SMALL:
+            self._merge_small()
         return (kept.slice(count, n) if count < n else None), count, size
+
+    def _merge_small(self) -> None:
+        """The trailing small chunks become one (copied): what the buffer holds falls by their
+        overhead, counted at once."""
+        small = self._chunks[-self._small :]
+        one = merged(small)
+        self._size += one.nbytes - sum(c.nbytes for c in small)
+        self._chunks[-self._small :] = [one]
+        self._small = 1 if len(one) < SMALL_CHUNK else 0
 
     def full(self, limits: SplitLimits) -> str | None:
         """The size limit the buffer reached, if any."""
@@ -323,6 +338,7 @@ class PartitionBuffer:
         )
         self.position = split.end
         self._chunks = []
+        self._small = 0
         self._count = 0
         self._size = 0
         self._last = -1

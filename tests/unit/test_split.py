@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ingest.build.chunks import CHUNK_BYTES, RECORD_BYTES, Chunk, Record, chunks_of
+from ingest.build.chunks import CHUNK_BYTES, MERGE_SMALL, RECORD_BYTES, Chunk, Record, chunks_of
 from ingest.build.split import KillSwitch, PartitionBuffer, SealedSplit, SyntheticRecord
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
@@ -349,3 +349,22 @@ def test_take_cuts_chunks_exactly_as_the_record_by_record_model() -> None:
             model.take(records, limits)
         assert got == model.sealed, case
         assert (buf.position, len(buf), buf.size_bytes) == (model.position, len(model.held), model.size), case
+
+
+def test_a_low_rate_partitions_small_chunks_are_merged_and_counted_as_merged() -> None:
+    """A record or two per poll (a partition of a low rate): every MERGE_SMALL small chunks
+    become one in memory of its own, so the buffer holds what its records hold, not a chunk's
+    overhead per record; offsets, gaps, values and leader epochs are kept."""
+    offsets_in = [o for o in range(0, 300) if o % 7]  # gaps: every 7th offset carries no record
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    for i, offset in enumerate(offsets_in):
+        record = SyntheticRecord(offset, b"v%d" % offset, leader_epoch=1 if i < 150 else 2)
+        assert buf.take(chunk([record]), 0.0, UNBOUNDED)[1] == 1
+    split = buf.seal("age", 0.0)
+    assert offsets(split) == offsets_in and (split.start, split.end) == (0, 300)
+    assert [v for c in split.chunks for v in c.values.to_pylist()] == [b"v%d" % o for o in offsets_in]
+    assert len(split.chunks) <= MERGE_SMALL
+    assert split.size_bytes == sum(c.nbytes for c in split.chunks) < 2 * MERGE_SMALL * CHUNK_BYTES
+    assert split.leader_epoch == 2
+    epochs = [c.leader_epoch(i) for c in split.chunks for i in range(len(c))]
+    assert epochs == [1] * 150 + [2] * (len(offsets_in) - 150)
