@@ -40,6 +40,7 @@ from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import cpu_seconds, parse_values
 from ingest.build.builder import SparkSegmentBuilder
+from ingest.build.chunks import chunks_of
 from ingest.build.plan import META_COLUMNS
 from ingest.build.spark import create_session
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
@@ -95,7 +96,7 @@ def _splits(values: list[bytes], count: int) -> list[SealedSplit]:
                 serial=1,
                 start=0,
                 end=len(part),
-                records=tuple(SyntheticRecord(i, v) for i, v in enumerate(part)),
+                chunks=chunks_of([SyntheticRecord(i, v) for i, v in enumerate(part)]),
                 size_bytes=sum(map(len, part)),
                 first_record_at=now,
                 sealed_at=now,

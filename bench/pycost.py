@@ -2,9 +2,10 @@
 
 A real worker (``ingest.worker.Worker``, in this process) consumes records pre-produced to the
 embedded Kafka broker through its real path: ``ConfluentConsumer.poll`` (librdkafka's messages
-to Python objects), the loop's routing into per-partition buffers (``PartitionBuffer.take`` and
-``held_bytes``), sealing, the pipeline's build threads (registration in a real PostgreSQL
-metastore, staging each split as a Parquet file) and the publish transaction. Spark's job is
+to Python objects), the loop's routing (each partition's records gathered, made an Arrow chunk,
+taken by its buffer: ``partition_runs``, ``chunks_of``, ``PartitionBuffer.take``), sealing, the
+pipeline's build threads (registration in a real PostgreSQL metastore, staging each split as a
+Parquet file) and the publish transaction. Spark's job is
 replaced by nothing (each split's segment lists its staged file), unless ``--spark``: then the
 worker's own ``SparkSegmentBuilder`` runs it, and the JVM's CPU is counted apart.
 
@@ -50,6 +51,7 @@ from ingest.build.registration import BuildRegistrar
 from ingest.build.split import SealedSplit
 from ingest.build.writer_schemas import BatchSchemas
 from ingest.config import Settings
+from ingest.consume import loop as loop_module
 from ingest.consume.kafka import ConfluentConsumer
 from ingest.consume.loop import ConsumeLoop
 from ingest.consume.rebalance import RebalanceHandler
@@ -74,9 +76,11 @@ STAGES: tuple[tuple[str, Any, str], ...] = (
     ("poll: librdkafka to Python messages", ConfluentConsumer, "poll"),
     ("rebalance callbacks (claims)", RebalanceHandler, "on_assign"),
     ("rebalance callbacks (claims)", RebalanceHandler, "on_revoke"),
-    ("route: buffers, held_bytes", ConsumeLoop, "_route"),
+    ("route: runs per partition", loop_module, "partition_runs"),
+    ("route: messages to Arrow chunks", loop_module, "chunks_of"),
+    ("route: buffers (take)", ConsumeLoop, "_route"),
     ("seal", ConsumeLoop, "_seal"),
-    ("stage: Arrow columns", builder_module, "stage_records"),
+    ("stage: Arrow table of the chunks", builder_module, "stage_records"),
     ("stage: Parquet write", SparkSegmentBuilder, "_stage"),
     ("spark job: Py4J calls", SparkSegmentBuilder, "_parse"),
     ("output files: footers", output_files, "attribute"),

@@ -31,6 +31,7 @@ from typing import Any
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.stats import percentiles
 from ingest.build.builder import SparkSegmentBuilder
+from ingest.build.chunks import chunks_of
 from ingest.build.registration import Registrar
 from ingest.build.spark import create_session
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
@@ -96,7 +97,7 @@ def _batch(run: StoreRun, splits: int, records: int, values: list[bytes]) -> lis
                 serial=run.claims[tp].serial,
                 start=start,
                 end=start + records,
-                records=tuple(SyntheticRecord(start + i, values[i]) for i in range(records)),
+                chunks=chunks_of([SyntheticRecord(start + i, values[i]) for i in range(records)]),
                 size_bytes=sum(len(v) for v in values[:records]),
                 first_record_at=now,
                 sealed_at=now,

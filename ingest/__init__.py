@@ -43,6 +43,7 @@ ingest.consume (one polling thread: the consumer group's member)
 
 ingest.build (sealed splits into Parquet files, invisible until published)
     split          per-partition buffers, sealed splits, kill switches, records made in memory
+    chunks         consumed records as Arrow chunks: what buffers and splits hold, sliced at split boundaries
     registration   every build registered in the metastore before it writes
     builder        the Spark job over a batch of splits: stage, parse, write, account
     plan           the staged files' layout and the expressions that parse them

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ingest.build.chunks import chunks_of
 from ingest.build.registration import BuildRegistrar, Registrar, RegistrationStore
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import RegistryUnavailable
@@ -55,7 +56,7 @@ def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch:
         serial=serial,
         start=start,
         end=end,
-        records=records,
+        chunks=chunks_of(records),
         size_bytes=10 * len(records),
         first_record_at=0.0,
         sealed_at=0.0,

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from ingest.build import output_files, segment_store
+from ingest.build.chunks import chunks_of
 from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, Writers, stage_records
 from ingest.build.registration import BuildRegistrar
 from ingest.build.spark import FixedSession, JobInterrupts, SessionSource
@@ -198,7 +199,7 @@ class SparkSegmentBuilder:
                 serial=0,
                 start=0,
                 end=per_split,
-                records=tuple(SyntheticRecord(i, good if i % 100 else b"{") for i in range(per_split)),
+                chunks=chunks_of([SyntheticRecord(i, good if i % 100 else b"{") for i in range(per_split)]),
                 size_bytes=len(good) * per_split,
                 first_record_at=started,
                 sealed_at=started,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.build.chunks import CHUNK_SCHEMA
 from ingest.build.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.build.split import SealedSplit
 from ingest.formats import (
@@ -50,18 +51,14 @@ STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestam
 
 
 def stage_records(split: SealedSplit) -> pa.Table:
-    records = split.records
-    n = len(records)
-    # Kind 0 is TIMESTAMP_NOT_AVAILABLE.
-    timestamps = [ms if kind else None for kind, ms in (r.timestamp() for r in records)]
-    return pa.table(
+    """The split's staged table: its chunks' columns (not copied) after the topic and partition."""
+    records = pa.Table.from_batches([chunk.batch for chunk in split.chunks], schema=CHUNK_SCHEMA)
+    n = records.num_rows
+    return pa.Table.from_arrays(
         [
             pa.repeat(pa.scalar(split.tp.topic, pa.string()), n),
             pa.repeat(pa.scalar(split.tp.partition, pa.int32()), n),
-            pa.array([r.offset() for r in records], pa.int64()),
-            pa.array(timestamps, pa.timestamp("ms", tz="UTC")),
-            pa.array([r.key() for r in records], pa.binary()),
-            pa.array([r.value() for r in records], pa.binary()),
+            *records.columns,
         ],
         schema=STAGED_SCHEMA,
     )

@@ -1,5 +1,8 @@
 """Per-partition buffers, sealed splits and their kill switches; records made in memory.
 
+Buffers and splits hold records as Arrow chunks (ingest.build.chunks), never the consumer's
+messages.
+
 Invariants:
 - A buffer belongs to exactly one partition and one assignment (serial). It is
   dropped, never re-used, when the partition is revoked or lost.
@@ -11,40 +14,23 @@ Invariants:
   a ``read_committed`` consumer (transaction markers, aborted records) are covered too,
   and a split may hold only such offsets.
 - A sealed split is immutable; only its kill switch changes state.
+- What a buffer or split holds (``size_bytes``) is the sum of its chunks' ``nbytes``: the one
+  measure of size that ``max_bytes``, ``max_in_flight_bytes`` and the byte metrics use.
 """
 
 from __future__ import annotations
 
-import itertools
-import operator
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, cast
 
+from ingest.build.chunks import MERGE_SMALL, SMALL_CHUNK, Chunk, merged
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
 from ingest_common.model import OffsetRange, TopicPartition
-
-
-class Record(Protocol):
-    """The part of ``confluent_kafka.Message`` a split needs (fakes implement it in tests)."""
-
-    def offset(self) -> int | None: ...
-    def timestamp(self) -> tuple[int, int]: ...
-    def key(self) -> bytes | None: ...
-    def value(self) -> bytes | None: ...
-    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
-    def leader_epoch(self) -> int | None:
-        """The partition leader's epoch the record was written under (None: unknown)."""
-        ...
-
-    def __len__(self) -> int:
-        """The value's length (0 without one), as confluent-kafka's Message defines it."""
-        ...
 
 
 class SyntheticRecord:
@@ -102,44 +88,6 @@ class SyntheticRecord:
 
     def __repr__(self) -> str:
         return f"SyntheticRecord({self._topic}[{self._partition}]@{self._offset}, {self._value!r})"
-
-
-# What a consumed record holds beyond the bytes of its value, key and headers, measured with
-# tracemalloc on confluent-kafka 2.16 messages read from a broker (CPython 3.11, 64-bit): the
-# Message object (136 bytes), its value's bytes object (33 + length; counted for a tombstone
-# too), its own copy of the topic name (a str of 49 + length; the length is added per record)
-# and its slot in the buffer's list (8).
-RECORD_OVERHEAD_BYTES = 136 + 33 + 49 + 8
-# A key or a header value: a bytes object of 33 + length.
-BYTES_OVERHEAD = 33
-# Headers, once asked for: a list (56), and per header a slot (8), a (name, value) tuple (56)
-# and the name's str (49 + length).
-HEADERS_OVERHEAD = 56
-HEADER_OVERHEAD = 8 + 56 + 49
-
-
-def held_bytes(record: Record, topic: str) -> int:
-    """The memory a buffered record of ``topic`` holds: the one measure of size that
-    ``max_bytes``, ``max_in_flight_bytes`` and the byte metrics use (values alone would let
-    small values or large keys hold several times those bounds). Asking for a record's
-    headers converts them to Python objects once (librdkafka's copy is freed then), which is
-    what is counted. On the consumer loop's hot path: kept to the calls it needs."""
-    size = RECORD_OVERHEAD_BYTES + len(topic) + len(record)
-    key = record.key()
-    if key is not None:
-        size += BYTES_OVERHEAD + len(key)
-    headers = record.headers()
-    if headers:
-        size += _headers_bytes(headers)
-    return size
-
-
-def _headers_bytes(headers: list[tuple[str, bytes | None]]) -> int:
-    """What a record's (non-empty) headers hold as Python objects."""
-    size = HEADERS_OVERHEAD
-    for name, data in headers:
-        size += HEADER_OVERHEAD + len(name) + (BYTES_OVERHEAD + len(data) if data is not None else 0)
-    return size
 
 
 class KillSwitch:
@@ -207,7 +155,8 @@ class SealedSplit:
     serial: int
     start: int
     end: int
-    records: tuple[Record, ...]
+    # The records, in offset order (none: the split covers only offsets without records).
+    chunks: tuple[Chunk, ...]
     size_bytes: int
     first_record_at: float
     sealed_at: float
@@ -227,22 +176,41 @@ class SealedSplit:
         the next reader can have the position validated (KIP-320). None when ``end - 1`` holds
         no record this consumer received (a transaction marker, an aborted record): the epoch
         of an earlier record could end before ``end`` and read as a truncation."""
-        if not self.records:
+        if not self.chunks:
             return None
-        last = self.records[-1]
-        if last.offset() != self.end - 1:
+        last = self.chunks[-1]
+        if last.last_offset != self.end - 1:
             return None
-        epoch = last.leader_epoch()
-        return epoch if epoch is not None and epoch >= 0 else None
+        return last.leader_epoch(len(last) - 1)
+
+    def first_timestamp_ms(self) -> int | None:
+        """The first record's Kafka timestamp (None: no records, or it has none)."""
+        return self.chunks[0].timestamp_ms(0) if self.chunks else None
+
+    def last_timestamp_ms(self) -> int | None:
+        """The last record's Kafka timestamp (None: no records, or it has none)."""
+        return self.chunks[-1].timestamp_ms(len(self.chunks[-1]) - 1) if self.chunks else None
 
     def __len__(self) -> int:
-        return len(self.records)
+        return sum(map(len, self.chunks))
 
 
 class PartitionBuffer:
-    """Records of one partition since the last seal."""
+    """Records of one partition since the last seal, as the chunks they came in (or slices)."""
 
-    __slots__ = ("_delivered_to", "_first_at", "_last", "_records", "_size", "epoch", "position", "serial", "tp")
+    __slots__ = (
+        "_chunks",
+        "_count",
+        "_delivered_to",
+        "_first_at",
+        "_last",
+        "_size",
+        "_small",
+        "epoch",
+        "position",
+        "serial",
+        "tp",
+    )
 
     def __init__(self, tp: TopicPartition, serial: int, position: int | None, epoch: int = 0) -> None:
         self.tp = tp
@@ -251,119 +219,72 @@ class PartitionBuffer:
         # None until the first record arrives when the partition started at a logical
         # position (earliest/latest) rather than a stored offset.
         self.position = position
-        self._records: list[Record] = []
+        self._chunks: list[Chunk] = []
+        # How many of the last chunks have fewer than SMALL_CHUNK records each.
+        self._small = 0
+        self._count = 0
         self._size = 0
         self._first_at = 0.0
-        # Offset of the last record appended (-1: none); kept to avoid a call per record.
+        # Offset of the last record appended (-1: none).
         self._last = -1
         # Kafka's end of partition, when it lies past the last record: every offset below it
         # was delivered (-1: not known).
         self._delivered_to = -1
 
     def __len__(self) -> int:
-        return len(self._records)
+        return self._count
 
     @property
     def size_bytes(self) -> int:
         return self._size
 
     def first_timestamp_ms(self) -> int | None:
-        return self._records[0].timestamp()[1] if self._records else None
+        return self._chunks[0].timestamp_ms(0) if self._chunks else None
 
-    def take(
-        self, records: Sequence[Record], lo: int, hi: int, now: float, limits: SplitLimits
-    ) -> tuple[int, int, int]:
-        """Append ``records[lo:hi]`` (one partition's, as the consumer delivered them) until
-        the buffer reaches ``max_records`` or ``max_bytes``. A record before the position or at
-        or below the last one appended is dropped: that happens only for messages fetched
-        before a seek. Returns the index after the last record looked at, and the records and
-        bytes (:func:`held_bytes`) appended. The consumer loop's hot path: one call per run of a
-        partition's records, and the records counted column by column (each accessor over the
-        run at once) whenever the whole run is kept; a run that drops a record or reaches
-        ``max_bytes`` is taken record by record."""
-        room = limits.max_records - len(self._records)
-        if room > 0 and lo < hi:
-            stop = min(hi, lo + room)
-            chunk = records[lo:stop]
-            added = self._take_whole(chunk, now, limits)
-            if added is not None:
-                return stop, len(chunk), added
-        return self._take_each(records, lo, hi, now, limits)
-
-    def _take_whole(self, chunk: Sequence[Record], now: float, limits: SplitLimits) -> int | None:
-        """Append every record of ``chunk`` if each is kept and they stay below ``max_bytes``;
-        returns the bytes appended, or None (nothing appended)."""
-        # A delivered record always has an offset (None only on error events, which the
-        # consumer boundary takes out of the batch); a None here fails the comparison below.
-        offsets = cast("list[int]", [record.offset() for record in chunk])
-        first = offsets[0]
-        if self._records:
-            if first <= self._last:
-                return None
-        elif self.position is not None and first < self.position:
-            return None
-        # Strictly increasing: every record after the first is kept too.
-        if not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None))):
-            return None
-        n = len(chunk)
-        # held_bytes over the chunk, column by column.
-        size = n * (RECORD_OVERHEAD_BYTES + len(self.tp.topic)) + sum(map(len, chunk))
-        keys = [record.key() for record in chunk]
-        with_keys = n - keys.count(None)
-        if with_keys:
-            size += with_keys * BYTES_OVERHEAD + sum(map(len, filter(None, keys)))
-        headers = [record.headers() for record in chunk]
-        if any(headers):
-            size += sum(_headers_bytes(h) for h in headers if h)
+    def take(self, chunk: Chunk, now: float, limits: SplitLimits) -> tuple[Chunk | None, int, int]:
+        """Append the records of ``chunk`` (one partition's, as the consumer delivered them)
+        until the buffer reaches ``max_records`` or ``max_bytes``: the record that reaches
+        either is appended, the rest is returned (a slice: seal, then take it). A record before
+        the position or at or below the last one appended is dropped: that happens only for
+        messages fetched before a seek. Returns the rest (None: every record was looked at),
+        and the records and bytes (``Chunk.nbytes``) appended."""
+        floor = self._last if self._count else (None if self.position is None else self.position - 1)
+        kept = chunk.kept_above(floor)
+        if kept is None:
+            return None, 0, 0
+        n = len(kept)
+        # At least one record: a buffer already at a limit (a lowered one) still moves on.
+        count = min(n, max(1, limits.max_records - self._count))
+        size = kept.bytes_of(count)
         if self._size + size >= limits.max_bytes:
-            return None
-        if not self._records:
+            count = min(count, kept.records_reaching(limits.max_bytes - self._size))
+            size = kept.bytes_of(count)
+        head = kept.slice(0, count)
+        if not self._count:
             if self.position is None:
-                self.position = first
+                self.position = head.first_offset
             self._first_at = now
-        self._records.extend(chunk)
-        self._last = offsets[-1]
+        self._chunks.append(head)
+        self._count += count
+        self._last = head.last_offset
         self._size += size
-        return size
+        self._small = self._small + 1 if count < SMALL_CHUNK else 0
+        if self._small >= MERGE_SMALL:
+            self._merge_small()
+        return (kept.slice(count, n) if count < n else None), count, size
 
-    def _take_each(
-        self, records: Sequence[Record], lo: int, hi: int, now: float, limits: SplitLimits
-    ) -> tuple[int, int, int]:
-        """:meth:`take` record by record: drops what is not kept, stops at the record that
-        fills the buffer."""
-        kept = self._records
-        last = self._last
-        size = self._size
-        before = (len(kept), size)
-        max_records, max_bytes = limits.max_records, limits.max_bytes
-        topic = self.tp.topic
-        i = lo
-        while i < hi:
-            record = records[i]
-            i += 1
-            offset = record.offset()
-            assert offset is not None
-            if kept:
-                if offset <= last:
-                    continue
-            else:
-                if self.position is None:
-                    self.position = offset
-                elif offset < self.position:
-                    continue
-                self._first_at = now
-            kept.append(record)
-            last = offset
-            size += held_bytes(record, topic)
-            if len(kept) >= max_records or size >= max_bytes:
-                break
-        self._last = last
-        self._size = size
-        return i, len(kept) - before[0], size - before[1]
+    def _merge_small(self) -> None:
+        """The trailing small chunks become one (copied): what the buffer holds falls by their
+        overhead, counted at once."""
+        small = self._chunks[-self._small :]
+        one = merged(small)
+        self._size += one.nbytes - sum(c.nbytes for c in small)
+        self._chunks[-self._small :] = [one]
+        self._small = 1 if len(one) < SMALL_CHUNK else 0
 
     def full(self, limits: SplitLimits) -> str | None:
         """The size limit the buffer reached, if any."""
-        if len(self._records) >= limits.max_records:
+        if self._count >= limits.max_records:
             return "records"
         if self._size >= limits.max_bytes:
             return "bytes"
@@ -373,7 +294,7 @@ class PartitionBuffer:
         """The consumer reached the end of the partition at ``end`` (librdkafka's
         PARTITION_EOF, in order with the records): offsets between the last record and
         ``end`` hold nothing this consumer will ever receive."""
-        reached = self._last + 1 if self._records else self.position
+        reached = self._last + 1 if self._count else self.position
         if reached is None or end <= max(reached, self._delivered_to):
             return
         self._delivered_to = end
@@ -381,14 +302,14 @@ class PartitionBuffer:
     @property
     def end(self) -> int | None:
         """Where a split sealed now would end (None: nothing to seal)."""
-        if self._records:
+        if self._count:
             return max(self._last + 1, self._delivered_to)
         if self.position is not None and self._delivered_to > self.position:
             return self._delivered_to
         return None
 
     def should_seal(self, limits: SplitLimits, now: float) -> str | None:
-        if not self._records:
+        if not self._count:
             # Only offsets without records (markers at the tail of a partition): sealed at
             # once, so the stored offset reaches the end and no lag is left behind.
             return "no_records" if self.end is not None else None
@@ -407,7 +328,7 @@ class PartitionBuffer:
             serial=self.serial,
             start=self.position,
             end=end,
-            records=tuple(self._records),
+            chunks=tuple(self._chunks),
             size_bytes=self._size,
             first_record_at=self._first_at,
             sealed_at=time.monotonic() if now is None else now,
@@ -416,7 +337,9 @@ class PartitionBuffer:
             epoch=self.epoch,
         )
         self.position = split.end
-        self._records = []
+        self._chunks = []
+        self._small = 0
+        self._count = 0
         self._size = 0
         self._last = -1
         self._delivered_to = -1

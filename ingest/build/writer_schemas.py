@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 
 from ingest.avro_resolution import resolution_problem
@@ -32,7 +34,7 @@ from ingest.build.protobuf_decode import ProtoFiles
 from ingest.build.protobuf_writers import schema_files
 from ingest.build.split import SealedSplit
 from ingest.errors import BuildError, first_line
-from ingest.formats import RegistrySettings, reader_for_writer, registry_client, schema_id
+from ingest.formats import HEADER_BYTES, RegistrySettings, reader_for_writer, registry_client, schema_id
 from ingest.spec import SourceSpec
 
 log = structlog.get_logger(__name__)
@@ -175,7 +177,12 @@ class WriterSchemas:
 
 
 def _ids(split: SealedSplit, *, keys: bool) -> set[int]:
-    return {sid for r in split.records if (sid := schema_id(r.key() if keys else r.value())) is not None}
+    """The schema ids the split's framed values (or keys) name: from their distinct headers."""
+    if not split.chunks:
+        return set()
+    column = pa.chunked_array([chunk.keys if keys else chunk.values for chunk in split.chunks], pa.binary())
+    headers = pc.unique(pc.binary_slice(column, 0, HEADER_BYTES)).to_pylist()
+    return {sid for header in headers if (sid := schema_id(header)) is not None}
 
 
 def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, str], frozenset[int]]:

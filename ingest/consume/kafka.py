@@ -21,9 +21,10 @@ Everything librdkafka-specific lives here and nowhere else:
   what it assigns, and the paused set lives and dies with the assignment;
 - eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign``.
 
-Records pass through as confluent-kafka's own message objects, typed by
-:class:`ingest.build.split.Record`: nothing is allocated per record (except a record's headers, made
-Python objects once when the buffer counts the bytes the record holds).
+Records pass through as confluent-kafka's own message objects, typed by :class:`Message`
+(:class:`ingest.build.chunks.Record` and where it came from): nothing is allocated per record
+here. The consumer loop turns each poll's messages into Arrow chunks at once and drops them
+(ingest.build.chunks).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.build.split import Record
+from ingest.build.chunks import Record
 from ingest.errors import WorkerFailed
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
@@ -55,7 +56,7 @@ class KafkaCallFailed(IngestError):
 
 class Message(Record, Protocol):
     """A record as the consumer delivers it (confluent-kafka's Message, or a test double):
-    what a split keeps, plus where it came from."""
+    what a chunk reads, plus where it came from."""
 
     def topic(self) -> str: ...
     def partition(self) -> int: ...

@@ -18,8 +18,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import structlog
 
+from ingest.build.chunks import Chunk, chunks_of
 from ingest.consume.assignment import OwnedPartition
 from ingest.consume.context import LoopContext
 from ingest.consume.controls import Controls
@@ -232,29 +235,24 @@ class ConsumeLoop:
                 owned.buffer.delivered_to(offset)
 
     def _route(self, records: Sequence[Message], now: float) -> None:
+        """Each partition's records of the poll become chunks at once (the messages are not
+        kept past this step), taken by the partition's buffer, sealed where it fills."""
         limits = self._specs.spec.split
         lookup = self._assignment.lookup
         consumed = 0
         consumed_bytes = 0
-        i, n = 0, len(records)
-        while i < n:
-            # A run: the records of one partition that follow each other in the batch
-            # (librdkafka hands out each fetched partition's records together).
-            first = records[i]
-            topic, partition = first.topic(), first.partition()
-            end = i + 1
-            while end < n and records[end].partition() == partition and records[end].topic() == topic:
-                end += 1
+        for topic, partition, run in partition_runs(records):
             owned = lookup(topic, partition)
             if owned is None or not owned.active:
-                i = end
                 continue  # fetched before a revoke, fence or rewind: never buffered
-            while i < end:
-                i, added, added_bytes = owned.buffer.take(records, i, end, now, limits)
-                consumed += added
-                consumed_bytes += added_bytes
-                if reason := owned.buffer.full(limits):
-                    self._seal(owned, reason, now)
+            for chunk in chunks_of(run):
+                rest: Chunk | None = chunk
+                while rest is not None:
+                    rest, added, added_bytes = owned.buffer.take(rest, now, limits)
+                    consumed += added
+                    consumed_bytes += added_bytes
+                    if reason := owned.buffer.full(limits):
+                        self._seal(owned, reason, now)
         self._m_consumed.inc(consumed)
         self._m_bytes.inc(consumed_bytes)
 
@@ -293,3 +291,36 @@ class ConsumeLoop:
         # A partition whose split waits for the schema registry reads nothing more meanwhile.
         waiting = self._registry_watch.partitions
         self._consumer.set_paused(o.tp for o in self._assignment if full or not o.active or o.tp in waiting)
+
+
+def partition_runs(records: Sequence[Message]) -> list[tuple[str, int, Sequence[Message]]]:
+    """A poll's records as (topic, partition, its records in the order delivered), one entry
+    per partition. librdkafka hands out each fetched partition's records together, so a
+    partition's records are usually one run of the batch; one found in several runs is
+    gathered (a stable sort: its records stay in order)."""
+    n = len(records)
+    if not n:
+        return []
+    topics = [r.topic() for r in records]
+    partitions = [r.partition() for r in records]
+    if topics.count(topics[0]) == n:
+        keys = np.array(partitions, dtype=np.int64)
+    else:
+        numbers: dict[tuple[str, int], int] = {}
+        keys = np.array(
+            [numbers.setdefault(tp, len(numbers)) for tp in zip(topics, partitions, strict=True)], dtype=np.int64
+        )
+    starts = _starts(keys)
+    if len(set(keys[starts].tolist())) < len(starts):
+        order = np.argsort(keys, kind="stable").tolist()
+        records = [records[i] for i in order]
+        topics = [topics[i] for i in order]
+        partitions = [partitions[i] for i in order]
+        starts = _starts(keys[order])
+    ends = [*starts[1:], n]
+    return [(topics[lo], partitions[lo], records[lo:hi]) for lo, hi in zip(starts, ends, strict=True)]
+
+
+def _starts(keys: npt.NDArray[np.int64]) -> list[int]:
+    """Where each run of equal keys starts."""
+    return [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()]

@@ -133,8 +133,8 @@ class OutcomeHandler:
         m.publish_seconds.labels(source).observe(outcome.publish_seconds)
         m.segment_rows.labels(source).observe(seg.row_count)
         m.segment_bytes.labels(source).observe(seg.size_bytes)
-        newest_ms = max((r.timestamp()[1] for r in outcome.split.records[-1:]), default=0)
-        if newest_ms > 0:
+        newest_ms = outcome.split.last_timestamp_ms()
+        if newest_ms is not None and newest_ms > 0:
             m.visible_latency.labels(source).observe(max(0.0, time.time() - newest_ms / 1000))
         self._failed_streak = 0
         if owned is not None:

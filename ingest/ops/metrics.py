@@ -41,7 +41,7 @@ class Metrics:
         self.records_consumed = Counter("ingest_records_consumed", "Records read from Kafka", ["source"], registry=r)
         self.bytes_consumed = Counter(
             "ingest_bytes_consumed",
-            "Bytes the records read from Kafka hold in memory (value, key, headers, per-record overhead)",
+            "Bytes the records read from Kafka hold in memory as Arrow chunks (value, key, overheads)",
             ["source"],
             registry=r,
         )

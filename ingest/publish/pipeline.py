@@ -117,7 +117,7 @@ class Pipeline:
         entry = _Entry(split, future, spec, spec_version)
         with self._cond:
             self._queues.setdefault(split.tp, deque()).append(entry)
-            if split.records:
+            if split.chunks:
                 self._unbuilt.append(entry)
             else:
                 # Offsets without records (transaction markers, aborted records): nothing to
@@ -178,9 +178,9 @@ class Pipeline:
         """Kafka timestamp of the first record of the oldest unresolved split of ``tp``."""
         with self._cond:
             queue = self._queues.get(tp)
-            if not queue or not queue[0].split.records:
+            if not queue:
                 return None
-            return queue[0].split.records[0].timestamp()[1]
+            return queue[0].split.first_timestamp_ms()
 
     def inflight_partitions(self) -> set[TopicPartition]:
         with self._cond:

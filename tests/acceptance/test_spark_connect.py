@@ -140,6 +140,7 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         from pathlib import Path
         from ingest.build.builder import SparkSegmentBuilder
         from ingest.build.spark import create_session, start_abandoned
+        from ingest.build.chunks import chunks_of
         from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
         from ingest.errors import SplitKilled
         from ingest.spec import load_spec_file
@@ -152,7 +153,7 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         spec, _ = load_spec_file(Path({str(spec_path)!r}))
         split = SealedSplit(
             id=uuid.uuid4(), tp=TopicPartition("connect-revoke", 0), serial=1, start=0, end=1,
-            records=(SyntheticRecord(0, b"{{}}"),), size_bytes=2, first_record_at=0.0, sealed_at=0.0,
+            chunks=chunks_of([SyntheticRecord(0, b"{{}}")]), size_bytes=2, first_record_at=0.0, sealed_at=0.0,
             seal_reason="test", kill_switch=KillSwitch(),
         )
         trip_s = []

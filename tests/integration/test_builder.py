@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest.build.builder import SparkSegmentBuilder, warm_up_value
+from ingest.build.chunks import chunks_of
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.spec import SourceSpec, spec_from_dict
@@ -47,7 +48,7 @@ def split_of(values: list[bytes | None], start: int = 100, tp: TopicPartition = 
         serial=1,
         start=start,
         end=start + len(values),
-        records=records,
+        chunks=chunks_of(records),
         size_bytes=sum(len(v or b"") for v in values),
         first_record_at=0.0,
         sealed_at=0.0,

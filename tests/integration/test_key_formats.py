@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.build.builder import SparkSegmentBuilder
+from ingest.build.chunks import chunks_of
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.errors import BuildError
 from ingest.spec import SourceSpec, spec_from_dict
@@ -47,7 +48,7 @@ def keyed_split(pairs: list[tuple[bytes | None, bytes | None]], topic: str, star
         serial=1,
         start=start,
         end=start + len(pairs),
-        records=records,
+        chunks=chunks_of(records),
         size_bytes=sum(len(v or b"") + len(k or b"") for k, v in pairs),
         first_record_at=0.0,
         sealed_at=0.0,

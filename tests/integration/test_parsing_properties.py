@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ingest.build.builder import SparkSegmentBuilder
+from ingest.build.chunks import chunks_of
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.spec import spec_from_dict
 from ingest_common.model import TopicPartition
@@ -142,7 +143,7 @@ def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
         serial=1,
         start=0,
         end=len(records),
-        records=fakes,
+        chunks=chunks_of(fakes),
         size_bytes=1,
         first_record_at=0.0,
         sealed_at=0.0,

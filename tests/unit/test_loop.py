@@ -12,7 +12,7 @@ import pytest
 
 from ingest.consume.assignment import PartitionState
 from ingest.spec import SplitLimits
-from ingest_common.model import DesiredState, WorkerState
+from ingest_common.model import DesiredState, TopicPartition, WorkerState
 from tests.loop_harness import P0, P1, Harness, spec
 
 
@@ -58,6 +58,36 @@ def test_a_revoke_kills_the_partitions_splits_and_a_kept_partition_loses_nothing
     assert h.published(P0) == []
     assert h.store.next_offsets[P0] == 0  # the start pinned at the claim, nothing published
     assert h.assignment.get(P0) is None and h.assignment.get(P1) is not None
+
+
+def test_a_revoke_with_chunks_held_loses_nothing_after_the_partition_comes_back(h: Harness) -> None:
+    """One poll's 25 records of a partition are one chunk: two splits are cut from it (held
+    by the gated builds) and its last 5 records stay in the buffer as a slice of it. A revoke
+    kills the splits and drops the buffer; assigned again, the partition is read from its
+    stored offset and published exactly once, and the other partition's chunk is untouched."""
+    gate = threading.Event()
+    h.builder.gates[0] = gate
+    h.produce(P0, 25)
+    h.produce(P1, 25)
+    h.consumer.group_assigns(P0, P1)
+
+    def held(tp: TopicPartition) -> int:
+        owned = h.assignment.get(tp)
+        return 0 if owned is None else len(owned.buffer)
+
+    h.step_until(lambda: held(P0) == 5, what="two splits cut from one chunk")
+    assert h.pipeline.inflight_count == 4  # [0, 10) and [10, 20) of each partition
+    h.consumer.group_revokes(P0)
+    h.loop.step()
+    assert h.assignment.get(P0) is None
+    gate.set()
+    h.step_until(lambda: h.pipeline.inflight_count == 0, what="P0's splits to end, P1's published")
+    assert h.published(P0) == [] and h.store.next_offsets[P0] == 0
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: len(h.published(P0)) == 2, what="P0 read again from its stored offset")
+    assert h.loop.drain()
+    assert h.published(P0) == [(0, 10), (10, 20), (20, 25)]
+    assert h.published(P1) == [(0, 10), (10, 20), (20, 25)]
 
 
 def test_an_offset_conflict_rewinds_to_the_stored_offset(h: Harness) -> None:
@@ -272,3 +302,20 @@ def test_a_new_spec_version_applies_from_the_next_split_on_and_is_reported(h: Ha
     with h.store.lock:
         versions = [item.spec_version for item in h.store.segments.values()]
     assert versions == [1, 2, 2]
+
+
+def test_a_polls_records_are_gathered_per_partition_in_their_order() -> None:
+    """librdkafka hands out a partition's records together, but a batch may hold a partition in
+    several runs (two fetches): each partition's records become one run, in the order consumed."""
+    from ingest.build.split import SyntheticRecord
+    from ingest.consume.loop import partition_runs
+
+    def rec(topic: str, partition: int, offset: int) -> SyntheticRecord:
+        return SyntheticRecord(offset, topic=topic, partition=partition)
+
+    batch = [rec("a", 0, 1), rec("a", 0, 2), rec("a", 1, 7), rec("a", 0, 3), rec("b", 0, 9), rec("a", 1, 8)]
+    runs = [(t, p, [r.offset() for r in run]) for t, p, run in partition_runs(batch)]
+    assert runs == [("a", 0, [1, 2, 3]), ("a", 1, [7, 8]), ("b", 0, [9])]
+    one_topic = [rec("a", 2, 5), rec("a", 2, 6), rec("a", 0, 4)]
+    assert [(t, p, len(run)) for t, p, run in partition_runs(one_topic)] == [("a", 2, 2), ("a", 0, 1)]
+    assert partition_runs([]) == []

@@ -334,7 +334,7 @@ def test_a_split_without_records_is_published_in_its_place_without_a_build(
     records = make_split(P0, 0, 10)
     # Offsets 10 and 11 carry no record (a transaction's markers): the split that covers them
     # must wait for the split before it, then advance the stored offset to the log end.
-    markers = dataclasses.replace(make_split(P0, 10, 12), records=(), size_bytes=0)
+    markers = dataclasses.replace(make_split(P0, 10, 12), chunks=(), size_bytes=0)
     pipeline.submit(records)
     pipeline.submit(markers)
     wait_until(lambda: 0 in builder.started, 5, "the first split's build", interval=0.005)

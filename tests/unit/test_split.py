@@ -1,27 +1,53 @@
+import itertools
 import random
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import pytest
-from confluent_kafka import Message
 
-from ingest.build.split import KillSwitch, PartitionBuffer, SyntheticRecord, held_bytes
+from ingest.build.chunks import CHUNK_BYTES, MERGE_SMALL, RECORD_BYTES, Chunk, Record, chunks_of
+from ingest.build.split import KillSwitch, PartitionBuffer, SealedSplit, SyntheticRecord
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
 from ingest_common.model import TopicPartition
 
 TP = TopicPartition("t", 0)
 UNBOUNDED = SplitLimits(max_records=10**9, max_bytes=10**18, max_age_s=3600.0)
-# What one SyntheticRecord with the default value holds.
-HELD = held_bytes(SyntheticRecord(0), TP.topic)
+# What one record with the default value (2 bytes) holds in a chunk, but its validity bits.
+HELD = RECORD_BYTES + 2
+
+
+def bits(n: int) -> int:
+    """The bytes of ``n`` records' validity bits (three each)."""
+    return (3 * n + 7) // 8
+
+
+def chunk(records: Sequence[Record]) -> Chunk:
+    (one,) = chunks_of(records)
+    return one
+
+
+def take_all(buf: PartitionBuffer, records: Sequence[Record] | Chunk, limits: SplitLimits) -> list[SealedSplit]:
+    """The consumer loop's path: ``records`` as one chunk, taken until every record was looked
+    at, sealing each time the buffer fills."""
+    sealed = []
+    rest: Chunk | None = records if isinstance(records, Chunk) else chunk(records)
+    while rest is not None:
+        rest, _, _ = buf.take(rest, 0.0, limits)
+        if reason := buf.full(limits):
+            sealed.append(buf.seal(reason, 0.0))
+    return sealed
+
+
+def offsets(split: SealedSplit) -> list[int]:
+    return [o for c in split.chunks for o in c.offsets.tolist()]
 
 
 def add(buf: PartitionBuffer, offset: int, size: int) -> bool:
     """One record of ``size`` bytes through the consumer loop's path (``take``); True if kept."""
-    _, added, _ = buf.take([SyntheticRecord(offset, b"x" * size)], 0, 1, 0.0, UNBOUNDED)
+    _, added, _ = buf.take(chunk([SyntheticRecord(offset, b"x" * size)]), 0.0, UNBOUNDED)
     return added == 1
 
 
@@ -52,38 +78,40 @@ def test_logical_start_takes_the_first_record_offset() -> None:
 
 def test_take_stops_at_the_record_that_fills_the_buffer_and_the_rest_starts_the_next_split() -> None:
     limits = SplitLimits(max_records=3, max_bytes=10_000, max_age_s=60.0)
-    run = [SyntheticRecord(o) for o in range(10, 15)]
+    run = chunk([SyntheticRecord(o) for o in range(10, 15)])
     buf = PartitionBuffer(TP, serial=1, position=10)
-    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (3, 3, 3 * HELD)
+    rest, added, size = buf.take(run, now=1.0, limits=limits)
+    assert (added, size) == (3, CHUNK_BYTES + 3 * HELD + bits(3)) and rest is not None
     assert buf.full(limits) == "records"
     first = buf.seal("records")
-    assert (first.start, first.end, [r.offset() for r in first.records]) == (10, 13, [10, 11, 12])
-    assert buf.take(run, 3, len(run), now=1.0, limits=limits) == (5, 2, 2 * HELD)
+    assert (first.start, first.end, offsets(first)) == (10, 13, [10, 11, 12])
+    assert buf.take(rest, now=1.0, limits=limits) == (None, 2, CHUNK_BYTES + 2 * HELD + bits(2))
     assert buf.full(limits) is None
     assert (buf.seal("age").start, buf.end) == (13, None)
 
 
 def test_take_drops_records_before_the_position_or_repeated_and_counts_only_what_it_kept() -> None:
     limits = SplitLimits(max_records=100, max_bytes=10_000, max_age_s=60.0)
-    run = [SyntheticRecord(o) for o in (98, 99, 100, 100, 101)]
+    run = chunk([SyntheticRecord(o) for o in (98, 99, 100, 100, 101)])
     buf = PartitionBuffer(TP, serial=1, position=100)
-    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (5, 2, 2 * HELD)
+    assert buf.take(run, now=1.0, limits=limits) == (None, 2, CHUNK_BYTES + 2 * HELD + bits(2))
     split = buf.seal("age")
-    assert [r.offset() for r in split.records] == [100, 101] and split.size_bytes == 2 * HELD
+    assert offsets(split) == [100, 101] and split.size_bytes == CHUNK_BYTES + 2 * HELD + bits(2)
 
 
 def test_take_stops_on_bytes_and_a_logical_start_takes_the_first_offset() -> None:
-    run = [SyntheticRecord(o, b"abc") for o in (42, 43, 44)]
-    each = held_bytes(run[0], TP.topic)
-    limits = SplitLimits(max_records=100, max_bytes=2 * each - 1, max_age_s=60.0)
+    run = chunk([SyntheticRecord(o, b"abc") for o in (42, 43, 44)])
+    each = RECORD_BYTES + 3
+    limits = SplitLimits(max_records=100, max_bytes=CHUNK_BYTES + 2 * each + bits(2) - 1, max_age_s=60.0)
     buf = PartitionBuffer(TP, serial=1, position=None)
-    assert buf.take(run, 0, len(run), now=1.0, limits=limits) == (2, 2, 2 * each)
+    rest, added, size = buf.take(run, now=1.0, limits=limits)
+    assert (added, size, rest is not None and rest.first_offset) == (2, CHUNK_BYTES + 2 * each + bits(2), 44)
     assert buf.full(limits) == "bytes"
     assert (buf.seal("bytes").start, buf.position) == (42, 44)
 
 
 def test_seal_reasons() -> None:
-    limits = SplitLimits(max_records=3, max_bytes=HELD + 100, max_age_s=5.0)
+    limits = SplitLimits(max_records=3, max_bytes=CHUNK_BYTES + HELD + 100, max_age_s=5.0)
     buf = PartitionBuffer(TP, serial=1, position=0)
     assert buf.should_seal(limits, now=100.0) is None  # empty never seals
     add(buf, 0, 10)
@@ -191,77 +219,152 @@ def test_an_end_of_partition_before_the_first_record_of_a_logical_start_is_ignor
     assert buf.end is None
 
 
-def test_the_byte_count_holds_keys_headers_and_each_record_object_not_only_values() -> None:
-    """Real confluent-kafka messages, 10-byte values and 100-byte keys: what each one holds,
-    measured here with sys.getsizeof, is what the buffer counts and what max_bytes bounds."""
-    topic = "clicks-eu-west"
-    tp = TopicPartition(topic, 0)
-    records = [Message(topic=topic, partition=0, offset=o, key=b"k" * 100, value=b"v" * 10) for o in range(100)]
-    one = records[0]
-    # The message object, its value, key and topic name objects, and its slot in the buffer's list.
-    held = sys.getsizeof(one) + sys.getsizeof(one.value()) + sys.getsizeof(one.key()) + sys.getsizeof(topic) + 8
-    buf = PartitionBuffer(tp, serial=1, position=0)
-    assert buf.take(records, 0, len(records), 0.0, UNBOUNDED) == (100, 100, 100 * held)
-    assert buf.size_bytes == 100 * held  # not 100 * 10
-
-    limits = SplitLimits(max_records=1000, max_bytes=10 * held, max_age_s=60.0)
-    buf = PartitionBuffer(tp, serial=1, position=0)
-    assert buf.take(records, 0, len(records), 0.0, limits) == (10, 10, 10 * held)
-    assert buf.full(limits) == "bytes" and buf.seal("bytes").size_bytes == 10 * held
-
-
-def test_headers_count_as_the_python_objects_they_become() -> None:
-    topic = "clicks"
-    headers = [("trace-id", b"t" * 16), ("tenant", None)]
-    with_headers = Message(topic=topic, partition=0, offset=0, value=b"v" * 10, headers=headers)
-    without = Message(topic=topic, partition=0, offset=0, value=b"v" * 10)
-    # The list (its slots included), and per header its (name, value) tuple, the name and the value.
-    expected = sys.getsizeof(headers) + sum(
-        sys.getsizeof((name, data)) + sys.getsizeof(name) + (sys.getsizeof(data) if data is not None else 0)
-        for name, data in headers
-    )
-    assert held_bytes(with_headers, topic) - held_bytes(without, topic) == expected
+def test_a_split_boundary_inside_a_chunk_slices_it_without_copying() -> None:
+    """A chunk of 10 records cut by max_records=4: splits of 4, 4 and 2, each a slice of the
+    chunk's own memory; together they hold every record once, counted as the chunk plus one
+    chunk's overhead per extra piece."""
+    records = [SyntheticRecord(o, b"v%d" % o, b"k" if o % 2 else None) for o in range(100, 110)]
+    whole = chunk(records)
+    limits = SplitLimits(max_records=4, max_bytes=10**9, max_age_s=60.0)
+    buf = PartitionBuffer(TP, serial=1, position=100)
+    splits = [*take_all(buf, whole, limits), buf.seal("age", 0.0)]
+    assert [(s.start, s.end, len(s)) for s in splits] == [(100, 104, 4), (104, 108, 4), (108, 110, 2)]
+    assert [o for s in splits for o in offsets(s)] == list(range(100, 110))
+    values = [v for s in splits for c in s.chunks for v in c.values.to_pylist()]
+    keys = [k for s in splits for c in s.chunks for k in c.keys.to_pylist()]
+    assert values == [r.value() for r in records] and keys == [r.key() for r in records]
+    data = whole.values.buffers()[2].address
+    assert all(c.values.buffers()[2].address == data for s in splits for c in s.chunks)  # zero-copy
+    assert [s.size_bytes for s in splits] == [whole.slice(lo, hi).nbytes for lo, hi in ((0, 4), (4, 8), (8, 10))]
+    # Each piece counts its validity bits in whole bytes: 2 + 2 + 1 against 4 for the chunk.
+    assert sum(s.size_bytes for s in splits) == whole.nbytes + 2 * CHUNK_BYTES + 1
 
 
-def test_take_counts_a_run_column_by_column_exactly_as_record_by_record() -> None:
-    """Seeded random runs of real messages (keys or none, headers or none, offsets with holes,
-    repeats and records from before the position), taken by ``take`` and by the record-by-record
-    path it falls back to: the same records kept, bytes, positions and returned indexes."""
+def test_a_gap_inside_a_chunk_stays_inside_the_split_that_covers_it() -> None:
+    """Offsets 12, 13 and 16 carry no record (compaction, transaction markers): the splits a
+    chunk is cut into tile the offsets with the gaps inside them, never between them."""
+    records = [SyntheticRecord(o) for o in (10, 11, 14, 15, 17, 18)]
+    for cut in (1, 2, 3, 4, 5):
+        buf = PartitionBuffer(TP, serial=1, position=10)
+        splits = take_all(buf, records, SplitLimits(max_records=cut, max_bytes=10**9, max_age_s=60.0))
+        if len(buf):
+            splits.append(buf.seal("age", 0.0))
+        ranges = [(s.start, s.end) for s in splits]
+        assert ranges[0][0] == 10 and ranges[-1][1] == 19, (cut, ranges)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), (cut, ranges)
+        assert [o for s in splits for o in offsets(s)] == [r.offset() for r in records], cut
+        assert all(offsets(s)[0] >= s.start and offsets(s)[-1] == s.end - 1 for s in splits), (cut, ranges)
+
+
+def test_a_splits_leader_epoch_is_its_last_records_wherever_the_chunk_is_cut() -> None:
+    records = [SyntheticRecord(o, leader_epoch=5 if o < 3 else 7) for o in range(6)]
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    splits = take_all(buf, records, SplitLimits(max_records=2, max_bytes=10**9, max_age_s=60.0))
+    assert [(s.end, s.leader_epoch) for s in splits] == [(2, 5), (4, 7), (6, 7)]
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    add(buf, 0, 1)
+    buf.delivered_to(3)  # offsets 1 and 2 hold no record: epoch of offset 2 unknown
+    assert buf.seal("age").leader_epoch is None
+
+
+def test_a_chunks_byte_count_is_what_arrow_holds_for_its_records() -> None:
+    """``nbytes`` against Arrow's own measure of the columns (its ``nbytes``, which counts a
+    slice's elements only), whole and sliced: never less; more by at most CHUNK_BYTES (objects
+    Arrow does not count) and a byte (the validity bits of a column without nulls, which Arrow
+    leaves out, and their rounding)."""
+    rng = random.Random(7)
+    records = [
+        SyntheticRecord(o, rng.choice((None, b"v" * rng.randrange(300))), rng.choice((None, b"k" * 20)))
+        for o in range(1000)
+    ]
+    whole = chunk(records)
+    for piece in (whole, whole.slice(0, 1), whole.slice(100, 900), whole.slice(999, 1000)):
+        columns = piece.batch.nbytes
+        assert columns <= piece.nbytes <= columns + CHUNK_BYTES + 1 + len(piece) // 8, (len(piece), piece.nbytes)
+    for n in (1, 2, 500, 999, 1000):
+        assert whole.bytes_of(n) == whole.slice(0, n).nbytes
+        assert whole.records_reaching(whole.bytes_of(n)) == n
+        assert whole.records_reaching(whole.bytes_of(n) + 1) == min(n + 1, 1000)
+
+
+class _Reference:
+    """The buffer's semantics record by record, as a model: each record kept if it is above
+    the position and the last kept one; a piece of a chunk costs CHUNK_BYTES once; a buffer is
+    sealed at the record that reaches max_records or max_bytes."""
+
+    def __init__(self, position: int | None) -> None:
+        self.position = position
+        self.held: list[int] = []
+        self.size = 0
+        self.sealed: list[tuple[int, int, list[int], int]] = []
+
+    def take(self, records: Sequence[Record], limits: SplitLimits) -> None:
+        piece = 0  # records of this chunk in the buffer (0: the next one starts a piece)
+        for r in records:
+            offset = r.offset()
+            assert offset is not None
+            if self.held and offset <= self.held[-1]:
+                continue
+            if not self.held and self.position is not None and offset < self.position:
+                continue
+            if not self.held and self.position is None:
+                self.position = offset
+            if not piece:
+                self.size += CHUNK_BYTES
+            piece += 1
+            self.held.append(offset)
+            self.size += RECORD_BYTES + len(r.key() or b"") + len(r.value() or b"")
+            self.size += bits(piece) - bits(piece - 1)  # the piece's validity bits, in whole bytes
+            if len(self.held) >= limits.max_records or self.size >= limits.max_bytes:
+                assert self.position is not None
+                self.sealed.append((self.position, self.held[-1] + 1, self.held, self.size))
+                self.position, self.held, self.size, piece = self.held[-1] + 1, [], 0, 0
+
+
+def test_take_cuts_chunks_exactly_as_the_record_by_record_model() -> None:
+    """Seeded random chunks (keys or none, values or none, offsets with holes, repeats and
+    records from before the position): the splits sealed, their records and byte counts, and
+    what is left in the buffer are the model's."""
     rng = random.Random(29)
-    topic = "clicks"
-    tp = TopicPartition(topic, 0)
     for case in range(300):
         start = rng.randrange(5, 50)
-        offset, records = start - rng.randrange(0, 3), []
-        for _ in range(rng.randrange(1, 60)):
-            offset = max(0, offset + (rng.choice((1, 1, 1, 2, 5, 0, -1)) if case % 3 == 0 else rng.choice((1, 1, 2))))
-            key = rng.choice((None, b"", b"k" * rng.randrange(1, 40)))
-            headers = rng.choice((None, [("h", b"x" * rng.randrange(0, 9)), ("g", None)]))
-            value = rng.choice((None, b"v" * rng.randrange(0, 300)))
-            records.append(Message(topic=topic, partition=0, offset=offset, key=key, value=value, headers=headers))
-        limits = SplitLimits(max_records=rng.randrange(1, 80), max_bytes=rng.randrange(200, 40_000), max_age_s=60.0)
-        position = rng.choice((None, start))
-        fast, slow = PartitionBuffer(tp, 1, position), PartitionBuffer(tp, 1, position)
-        i = j = 0
-        steps = []
-        while i < len(records):
-            got = fast.take(records, i, len(records), float(i), limits)
-            want = slow._take_each(records, j, len(records), float(j), limits)
-            steps.append((got, want))
-            assert got == want, (case, steps)
-            i = j = got[0]
-            if fast.full(limits):
-                a, b = fast.seal("x", 0.0), slow.seal("x", 0.0)
-                assert (a.start, a.end, a.records, a.size_bytes, a.first_record_at) == (
-                    b.start,
-                    b.end,
-                    b.records,
-                    b.size_bytes,
-                    b.first_record_at,
-                ), case
-        assert (fast.position, fast.end, fast.size_bytes, len(fast)) == (
-            slow.position,
-            slow.end,
-            slow.size_bytes,
-            len(slow),
+        offset, chunks = start - rng.randrange(0, 3), []
+        for _ in range(rng.randrange(1, 6)):
+            records = []
+            for _ in range(rng.randrange(1, 40)):
+                step = rng.choice((1, 1, 1, 2, 5, 0, -1)) if case % 3 == 0 else rng.choice((1, 1, 2))
+                offset = max(0, offset + step)
+                key = rng.choice((None, b"", b"k" * rng.randrange(1, 40)))
+                value = rng.choice((None, b"v" * rng.randrange(0, 300)))
+                records.append(SyntheticRecord(offset, value, key))
+            chunks.append(records)
+        limits = SplitLimits(
+            max_records=rng.randrange(1, 80), max_bytes=rng.randrange(CHUNK_BYTES, 4 * CHUNK_BYTES), max_age_s=60.0
         )
+        position = rng.choice((None, start))
+        buf, model = PartitionBuffer(TP, 1, position), _Reference(position)
+        got = []
+        for records in chunks:
+            got += [(s.start, s.end, offsets(s), s.size_bytes) for s in take_all(buf, records, limits)]
+            model.take(records, limits)
+        assert got == model.sealed, case
+        assert (buf.position, len(buf), buf.size_bytes) == (model.position, len(model.held), model.size), case
+
+
+def test_a_low_rate_partitions_small_chunks_are_merged_and_counted_as_merged() -> None:
+    """A record or two per poll (a partition of a low rate): every MERGE_SMALL small chunks
+    become one in memory of its own, so the buffer holds what its records hold, not a chunk's
+    overhead per record; offsets, gaps, values and leader epochs are kept."""
+    offsets_in = [o for o in range(0, 300) if o % 7]  # gaps: every 7th offset carries no record
+    buf = PartitionBuffer(TP, serial=1, position=0)
+    for i, offset in enumerate(offsets_in):
+        record = SyntheticRecord(offset, b"v%d" % offset, leader_epoch=1 if i < 150 else 2)
+        assert buf.take(chunk([record]), 0.0, UNBOUNDED)[1] == 1
+    split = buf.seal("age", 0.0)
+    assert offsets(split) == offsets_in and (split.start, split.end) == (0, 300)
+    assert [v for c in split.chunks for v in c.values.to_pylist()] == [b"v%d" % o for o in offsets_in]
+    assert len(split.chunks) <= MERGE_SMALL
+    assert split.size_bytes == sum(c.nbytes for c in split.chunks) < 2 * MERGE_SMALL * CHUNK_BYTES
+    assert split.leader_epoch == 2
+    epochs = [c.leader_epoch(i) for c in split.chunks for i in range(len(c))]
+    assert epochs == [1] * 150 + [2] * (len(offsets_in) - 150)

@@ -11,6 +11,7 @@ import uuid
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from ingest.build.chunks import chunks_of
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import RegistryUnavailable, WriterSchemas
 from ingest.formats import RegistrySettings
@@ -45,7 +46,7 @@ def split_with(partition: int, *ids: int) -> SealedSplit:
         serial=1,
         start=0,
         end=len(records),
-        records=records,
+        chunks=chunks_of(records),
         size_bytes=10,
         first_record_at=0.0,
         sealed_at=0.0,
