@@ -21,6 +21,7 @@ from pyarrow.fs import FileType
 from ingest.build import segment_store
 from ingest_dev.ingest_process import REPO, IngestProcess
 from metastore import Metastore
+from tests.chaos_fleet import wait_started
 
 # A pass every few seconds, one Spark job per chunk (a partition's segments published since the
 # last pass): it keeps up with the workers without many tiny jobs.
@@ -117,6 +118,9 @@ class Compactor:
             proc.kill()
             self.kills += 1
             self._spawn()
+            new = self._proc
+        assert new is not None
+        wait_started(new, ("compactor_active", "compactor_standby"))
         return f"{proc.name} ({where})"
 
     def _supervise(self) -> None:
