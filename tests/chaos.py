@@ -16,15 +16,19 @@ on the same port: every worker's session is gone with it, so every worker's buil
 the new server listens and the worker replaces its session (ingest.build.connect).
 With ``--table`` (tests/chaos_table.py) two ``ingest table-commit`` processes run beside the
 workers, ``table_kill`` SIGKILLs one of them, and the Iceberg table must hold every record
-exactly once too. With ``--format avro`` the records are Avro in the Confluent wire format
-through a local schema registry, written with three writer schema versions in turn while the run
-goes on (each adds a field with a default; the spec's reader schema reads them all).
+exactly once too. Unless ``--no-compact`` (tests/chaos_compact.py) an ``ingest compact --every``
+process replaces small segments all through the run, ``compact_kill`` SIGKILLs it inside a job
+and starts another, and every check reads only the current segments. With ``--format avro``
+the records are Avro in the Confluent wire format through a local schema registry, written
+with three writer schema versions in turn while the run goes on (each adds a field with a
+default; the spec's reader schema reads them all).
 
 A supervisor plays the orchestrator: it restarts workers that exit on their own or whose
 ``/healthz`` keeps failing, and counts both. Recovery after a fault is the time from the
 end of the fault until every partition's published offset moved past where it stood then
-(or reached the end of what was produced). Exit status: 0 when exactly-once holds and the
-fleet caught up, 1 otherwise.
+(or reached the end of what was produced). The run ends with ``ingest audit SOURCE --files`` (a
+CLI process). Exit status: 0 when exactly-once holds, the fleet caught up and the audit passed,
+1 otherwise.
 
 This module is the run itself (the fault schedule, the injections, the final checks) and its
 command line; its parts: tests/chaos_config.py (ChaosConfig, the bounds), tests/chaos_records.py
@@ -59,6 +63,7 @@ from ingest_dev.verify import verify_exactly_once, verify_payloads
 from metastore import Metastore, MetastoreError, apply_migrations
 from tests.acceptance.harness import apply_spec, process_env, write_spec
 from tests.chaos_avro import AVRO_VERSIONS, avro_values, registry_beside
+from tests.chaos_compact import Compactor, audit_files, replaced_segments, unlisted_files
 from tests.chaos_config import FAULT_KINDS, SESSION_TIMEOUT_S, ChaosConfig
 from tests.chaos_fleet import Fleet, log_since, stop_worker
 from tests.chaos_records import ChaosProducer, expected_row, record_fields, record_value
@@ -251,11 +256,15 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         if committers is not None:
             enable_table(url, source)
             committers.start()
+        compactor = Compactor(env, source, work, t0) if config.compact else None
+        compact_problems: list[str] = []
         producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s, value)
         monitor = Monitor(url, source, producer, t0)
         ownership = OwnershipWatch(broker.bootstrap, f"ingest-{source}", TOPIC, fleet, monitor, t0)
         try:
             fleet.start(config.workers)
+            if compactor is not None:
+                compactor.start()
             # Workers start Spark before they join the group (tens of seconds on a loaded
             # machine): produce only once the fleet consumes, so the faults hit production.
             say("waiting for the fleet to own every partition")
@@ -287,9 +296,14 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                 started = time.monotonic()
                 if kind == "table_kill" and committers is not None:
                     target, injected = committers.kill_one(), kind
+                elif kind == "compact_kill" and compactor is not None:
+                    target, injected = compactor.kill_in_job(rng), kind
                 else:
                     target, injected = _inject(kind, fleet, pg, rng, config.workers + 2, t0, connect)
                 fault = Fault(injected, target, started - t0, time.monotonic() - t0)
+                if injected == "gc":
+                    with Metastore(url) as store:
+                        compact_problems += unlisted_files(store, source)
                 monitor.ended(fault)
                 say(
                     f"fault {injected} on {target} ({fault.ended - fault.started:.1f}s); "
@@ -320,6 +334,9 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             committer_exits = committers.exited() if committers is not None else []
             if committers is not None:
                 committers.stop()
+            if compactor is not None:
+                compactor.stop()
+                compact_problems += compactor.problems()
         expected = {(TOPIC, p): sorted(d) for p, d in producer.delivered.items()}
         ids = producer.delivered
         with Metastore(url) as store:
@@ -329,7 +346,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
                 f"caught up: {caught_up}; gc deleted {len(final_gc.deleted)} unpublished file(s) of "
                 f"{final_gc.swept} build(s); verifying every published file"
             )
+            compact_problems += unlisted_files(store, source)
+            # Reads the current segments only (replaced_by IS NULL) and the files they list.
             verification = verify_exactly_once(store, source, expected)
+            replaced = replaced_segments(store, source)
             conflicts = store.conflict_counts(source)
 
             def want(topic: str, partition: int, offset: int) -> dict[str, Any] | None:
@@ -343,6 +363,9 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         table_errors += [f"a committer exited on its own (exit {rc})" for rc in committer_exits]
         if config.table:
             say(f"iceberg table: {table_rows} rows; {'; '.join(table_errors) or 'exactly once'}")
+        # The operator's proof, after everything settled (the table committed up to date too).
+        audit_code, audit_lines = audit_files(env, source)
+        say(f"{replaced} segments replaced by compaction; ingest audit --files exited {audit_code}")
         return ChaosResult(
             config=config,
             produced=producer.delivered_count(),
@@ -363,6 +386,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             broker=broker.describe(),
             unowned_worst=ownership.worst,
             ownership_samples=ownership.samples,
+            replaced=replaced,
+            compact_problems=compact_problems,
+            audit_code=audit_code,
+            audit_lines=audit_lines,
         )
 
 
@@ -414,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run table committers beside the workers (fault table_kill) and check the Iceberg table",
     )
     parser.add_argument(
+        "--no-compact",
+        action="store_true",
+        help="no compactor beside the workers (and no compact_kill fault)",
+    )
+    parser.add_argument(
         "--start-from",
         choices=("earliest", "latest"),
         help="the source's start_from (latest: records produced before the fleet starts must stay out)",
@@ -451,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "start_from": args.start_from,
         "format": args.format,
         "spark": args.spark,
+        "compact": False if args.no_compact else None,
     }
     from dataclasses import replace
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark", "gc", "table_kill")
+FAULT_KINDS = ("kill", "stop", "add", "term", "pg_restart", "pg_outage", "spark", "gc", "table_kill", "compact_kill")
 SESSION_TIMEOUT_S = 6.0
 # The bound on how long a partition with lag may go without a live owner while live workers
 # are in the group: the session timeout (a SIGKILLed or frozen owner is noticed) plus one
@@ -46,11 +46,14 @@ class ChaosConfig:
     # The workers' Spark: "local" (a JVM in each worker) or "connect" (one Spark Connect server
     # the run starts, ``local[2]``; the workers are thin clients).
     spark: str = "local"
+    # A compactor beside the workers (tests/chaos_compact.py), its replacements checked at the end.
+    compact: bool = True
 
     def __post_init__(self) -> None:
-        # Without committers there is nothing for table_kill to hit (the default kinds include it).
-        if "table_kill" in self.faults and not self.table:
-            object.__setattr__(self, "faults", tuple(f for f in self.faults if f != "table_kill"))
+        # Without committers (a compactor) there is nothing for table_kill (compact_kill) to hit.
+        off = {"table_kill"} if not self.table else set()
+        off |= {"compact_kill"} if not self.compact else set()
+        object.__setattr__(self, "faults", tuple(f for f in self.faults if f not in off))
 
     @classmethod
     def quick(
@@ -65,17 +68,19 @@ class ChaosConfig:
     ) -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans the faults (a worker restart with Spark takes ~20-30 s here), so
-        # each fault meets partitions with lag and the ownership bound is exercised.
+        # each fault meets partitions with lag and the ownership bound is exercised. The gaps
+        # between faults are such that the schedule takes about as long as it did with one
+        # kind fewer (before compact_kill).
         return cls(
             records=20_000,
             duration_s=150.0,
             workers=2,
             partitions=4,
             seed=seed,
-            faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc")
+            faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc", "compact_kill")
             + (("table_kill",) if table else ()),
-            fault_count=9 if table else 8,
-            gap_s=(6.0, 10.0),
+            fault_count=10 if table else 9,
+            gap_s=(5.0, 9.0),
             catchup_timeout_s=240.0,
             max_records_per_split=2_000,
             workdir=workdir,

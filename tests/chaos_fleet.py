@@ -162,6 +162,18 @@ class Fleet:
         stop_all(self.all, timeout)
 
 
+def wait_started(proc: IngestProcess, events: tuple[str, ...], timeout_s: float = 60.0) -> bool:
+    """Wait (bounded) until a process started in place of a killed one logs one of ``events``
+    (it reached the metastore and runs its loop) or exits: a fault injected next, a PostgreSQL
+    restart say, then meets a running process, not one still starting."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(e.get("event") in events for e in proc.events()):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def stop_worker(worker: IngestProcess, timeout: float) -> None:
     """SIGTERM, then SIGKILL after ``timeout`` (as an orchestrator's grace period)."""
     with contextlib.suppress(subprocess.TimeoutExpired):  # killed with its group, as a pod would be

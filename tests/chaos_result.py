@@ -50,6 +50,13 @@ class ChaosResult:
     # With the table on: rows the tables hold and what is wrong with them (nothing, when exactly once).
     table_rows: int = 0
     table_errors: list[str] = field(default_factory=list)
+    # With the compactor on: segments replaced by compaction during the run, and what went wrong
+    # around it (a file a current segment lists deleted by gc, a compactor that exited on its own).
+    replaced: int = 0
+    compact_problems: list[str] = field(default_factory=list)
+    # ``ingest audit SOURCE --files`` at the end, run as an operator would: its exit code and lines.
+    audit_code: int | None = None
+    audit_lines: list[str] = field(default_factory=list)
 
     @property
     def ownership_ok(self) -> bool:
@@ -66,6 +73,8 @@ class ChaosResult:
             and self.ownership_ok
             and not self.final_gc_problems
             and not self.table_errors
+            and not self.compact_problems
+            and self.audit_code == 0
         )
 
     def summary(self) -> str:
@@ -96,6 +105,14 @@ class ChaosResult:
                 if self.config.table
                 else []
             ),
+            *(
+                [f"  compaction: {self.replaced} segments replaced; " + ("; ".join(self.compact_problems) or "ok")]
+                if self.config.compact
+                else []
+            ),
+            f"  ingest audit --files: exit {self.audit_code}"
+            + ": "
+            + " | ".join(self.audit_lines[-1:] if self.audit_code == 0 else self.audit_lines[:20]),
             "  faults injected: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items())),
             "  publish conflicts rejected: "
             + (", ".join(f"{k}={n}" for k, n in sorted(self.conflicts.items())) or "0"),

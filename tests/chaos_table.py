@@ -15,6 +15,7 @@ from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest_dev.ingest_process import IngestProcess, stop_all
 from metastore.tables import TableKind
+from tests.chaos_fleet import wait_started
 
 COMMITTERS = 2
 
@@ -37,10 +38,12 @@ class Committers:
             self.procs.append(IngestProcess(command, self.env, self.log_dir, f"committer-{self.started}").start())
 
     def kill_one(self) -> str:
-        """SIGKILL the oldest committer (most likely the one holding the lock); start another."""
+        """SIGKILL the oldest committer (most likely the one holding the lock); start another
+        and wait until it runs."""
         self.procs.pop(0).kill()
         self.kills += 1
         self.start(1)
+        wait_started(self.procs[-1], ("table_committer_active", "table_committer_standby"))
         return f"committer-{self.started - COMMITTERS}"
 
     def exited(self) -> list[int]:

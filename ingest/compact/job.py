@@ -21,6 +21,7 @@ metastore checks that again under its locks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -212,14 +213,24 @@ class Compactor:
     def _rewrite(
         self, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str
     ) -> list[output_files.OutputFile]:
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
         if self._spark is None:
             self._spark = self._spark_factory(spec)
         # The files' own column order (all were written under one spec version).
         fs, path = segment_store.filesystem(chunk.files[0])
         columns = pq.read_schema(path, filesystem=fs).names
+        try:
+            return self._spark_rewrite(spec, chunk, split_id, out_dir, columns)
+        except Exception as exc:
+            if spark_failure(exc):
+                self._forget_connect_session()
+            raise
+
+    def _spark_rewrite(
+        self, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str, columns: list[str]
+    ) -> list[output_files.OutputFile]:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         observation = Observation(f"compact-{split_id.hex}")
         df = self._spark.read.parquet(*chunk.files).select(*columns)
         df = df.observe(observation, F.count(F.lit(1)).alias("total")).coalesce(1)
@@ -239,6 +250,22 @@ class Compactor:
         if (rows := sum(f.rows for f in files)) != chunk.rows:
             raise BuildError(f"compaction wrote {rows} rows, the {len(chunk.segments)} segments hold {chunk.rows}")
         return files
+
+    def _forget_connect_session(self) -> None:
+        """After a failed Spark job under Spark Connect the next job makes a new session: a
+        server that restarted has lost this client's session, and every call on it would fail
+        (NO_ACTIVE_SESSION) for as long as the role runs. A Connect session is cheap to make
+        again. A local session stays: its driver is this process's own."""
+        spark = self._spark
+        if spark is None or not type(spark).__module__.startswith("pyspark.sql.connect"):
+            return
+        self._spark = None
+        # Releasing the server-side session would wait out the client's retries while the
+        # server is unreachable; one the server still holds expires there on its own.
+        spark.release_session_on_close = False
+        with contextlib.suppress(Exception):  # best effort: the client's channel is closed either way
+            spark.stop()
+        log.warning("compaction_spark_session_dropped", worker=self._worker)
 
     def _replace(
         self, source: str, split_id: uuid.UUID, chunk: Chunk, location: str, files: list[str], size: int
@@ -271,6 +298,11 @@ class Compactor:
             return self._store.end_session(session)
         except MetastoreUnavailable:
             return False
+
+
+def spark_failure(exc: BaseException) -> bool:
+    """An exception raised by Spark (PySpark, Spark Connect's client, Py4J)."""
+    return type(exc).__module__.startswith(("pyspark", "py4j"))
 
 
 def _sizes(chunk: Chunk) -> int:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import structlog
 
-from ingest.compact.job import CompactionResult, Compactor
+from ingest.compact.job import CompactionResult, Compactor, spark_failure
 from ingest.compact.metrics import CompactionMetrics, CompactorHealth
 from ingest.errors import BuildError
 from ingest_common.backoff import Backoff
@@ -37,9 +37,7 @@ class CompactorLock(Protocol):
 
 def _retried(exc: Exception) -> bool:
     """What the next pass may get past: outages, and a Spark job that failed (its files are gc's)."""
-    return isinstance(exc, MetastoreUnavailable | OSError | BuildError) or type(exc).__module__.startswith(
-        ("pyspark", "py4j")
-    )
+    return isinstance(exc, MetastoreUnavailable | OSError | BuildError) or spark_failure(exc)
 
 
 def run_compactor(

@@ -6,7 +6,9 @@ variant's source starts at ``latest`` after records were produced, which must st
 workers are thin clients of one Spark Connect server (``--spark connect``: the ``spark`` fault
 kills that server and starts a new one). The S3 variant's records are Avro through a local
 schema registry, three writer schema versions in turn while the faults go on
-(``--format avro``), built by a Spark JVM in each worker."""
+(``--format avro``), built by a Spark JVM in each worker. In both a compactor replaces small segments beside the
+workers (``compact_kill`` SIGKILLs it inside a job) and the run ends with ``ingest audit
+--files``."""
 
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ def test_quick_chaos_run_loses_and_duplicates_nothing(
         assert "table_kill" in config.faults
         assert result.table_errors == [], result.summary()
         assert result.table_rows == result.produced
+    # A compactor replaced segments all through the run, one SIGKILLed inside a job; the run
+    # ends with ``ingest audit --files`` passing over what it left.
+    assert "compact_kill" in config.faults
+    assert result.replaced > 0, result.summary()
+    assert result.audit_code == 0, result.summary()
     if format == "avro":
         # Every record of every writer version decoded (none rejected) with its payload intact.
         assert result.payload_rows == result.produced, result.summary()
