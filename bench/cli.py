@@ -28,6 +28,7 @@ from typing import Any
 
 from bench import avro_wire as avro
 from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
+from bench.console import log
 from bench.data import TOPIC, produce_dataset, produce_steady
 from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
 from bench.options import parse_args
@@ -48,10 +49,6 @@ REBALANCE_TOPIC = "bench-rebalance"
 
 #: What scripts/test sets to run test JVMs on C1 only; a benchmark under them says so.
 JVM_OPTION_VARS = ("SPARK_SUBMIT_OPTS", "INGEST_DEV_JAVA_OPTIONS")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _versions() -> dict[str, str]:

@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.console import log
 from bench.data import produce_dataset
 from bench.ingest_runs import REPO, Context, SplitConfig, run_throughput, verify, worker_env
 from bench.procs import TreeSampler, parse_log_time
@@ -54,10 +55,6 @@ from ingest_dev.verify import store_shape as verify_store_shape
 from metastore import Metastore, apply_migrations
 
 GB = 1e9
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

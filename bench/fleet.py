@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.console import log
 from bench.data import produce_dataset
 from bench.ingest_runs import Context, SplitConfig, run_throughput, steady_latency, verify
 from bench.procs import process_tree
@@ -45,10 +46,6 @@ from ingest_dev.spark_connect import LocalConnectServer
 from metastore import apply_migrations
 
 MODES = ("local", "connect")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer
+from bench.console import log
 from bench.data import RecordPool, paced_producer, produce_paced
 from bench.followers import Follower, IngestFollower, QuixFollower, RawFollower, SparkFollower
 from bench.freshness_report import ratios, table
@@ -310,9 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ingest_freshness_"))
     (work / "logs").mkdir()
-
-    def log(message: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     try:
         with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bench.console import log
 from bench.data import produce_dataset
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, apply_source, wait_published, worker_env
 from bench.procs import WorkerProcess, parse_log_time, process_tree
@@ -142,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ingest_profile_"))
     (work / "logs").mkdir()
-
-    def log(message: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     split = SplitConfig(max_records=args.split_records, max_age=args.max_age)
     try:

@@ -8,13 +8,12 @@ How fast anything was is not asserted (CI machines are shared and small).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.bench_run import run_bench
+
 # Two Spark JVMs started one after the other (the worker's, then the compaction's) take most of
 # it: 3 min measured at a load average of 20-26 on 2 cores. The bound is a hang guard.
 RUN_TIMEOUT_S = 420
@@ -26,26 +25,8 @@ def test_bench_compaction_quick_measures_fewer_files_and_audits(
     tmp_path: Path, database_url: str, kafka_bootstrap: str
 ) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "bench.compaction", "--quick", "--out", str(out)]
-    proc = subprocess.Popen(
-        [*cmd, "--database-url", database_url, "--bootstrap", kafka_bootstrap],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        # SIGTERM, not SIGKILL: the bench then stops its worker and the compaction's process group.
-        proc.terminate()
-        try:
-            stdout, stderr = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        pytest.fail(f"python -m bench.compaction --quick did not finish in {RUN_TIMEOUT_S} s\n{stderr[-3000:]}")
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+    args = ["bench.compaction", "--quick", "--out", str(out), "--database-url", database_url]
+    stdout = run_bench([*args, "--bootstrap", kafka_bootstrap], RUN_TIMEOUT_S, grace_s=60)
 
     result = json.loads((out / "compaction.json").read_text())
     before, after, compaction = result["before"], result["after"], result["compaction"]

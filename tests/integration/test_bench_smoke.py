@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.bench_run import REPO, run_bench
+
 # --quick took ~2.5 min on an idle 2-core machine and ~3.5 min while other tests loaded it with
 # 4 Spark JVMs started one after another; the Spark Structured Streaming peer adds two more
 # (~1.5 min at load average 7); --freshness starts four more systems at once (two JVMs) in place
@@ -28,25 +29,7 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
 def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench", "--quick", "--freshness", "--out", str(out)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        # SIGTERM, not SIGKILL: the bench then stops its workers, broker and PostgreSQL.
-        proc.terminate()
-        try:
-            stdout, stderr = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        pytest.fail(f"python -m bench --quick did not finish in {RUN_TIMEOUT_S} s\n{stderr[-3000:]}")
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+    stdout = run_bench(["bench", "--quick", "--freshness", "--out", str(out)], RUN_TIMEOUT_S)
 
     results = json.loads((out / "results.json").read_text())
     assert {"config", "throughput", "ratios", "latency", "rebalance", "exactly_once"} <= set(results)
