@@ -29,12 +29,15 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
 def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    stdout = run_bench(["bench", "--quick", "--freshness", "--out", str(out)], RUN_TIMEOUT_S)
+    # One worker only: N workers with local Spark are the fleet bench's (its smoke test below),
+    # and the CI budget has no room for the same fleet twice.
+    stdout = run_bench(["bench", "--quick", "--workers", "1", "--freshness", "--out", str(out)], RUN_TIMEOUT_S)
 
     results = json.loads((out / "results.json").read_text())
     assert {"config", "throughput", "ratios", "latency", "rebalance", "exactly_once"} <= set(results)
     throughput = results["throughput"]
-    for key in ("ingest_1", "ingest_n", "raw"):
+    assert "ingest_n" not in throughput
+    for key in ("ingest_1", "raw"):
         row = throughput[key]
         assert row["records"] == results["config"]["records"]
         for field in ("records_per_s", "mb_per_s", "cpu_s_per_million", "peak_rss_mb", "wall_s"):
@@ -80,9 +83,8 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     assert latency["publish_transaction_ms"]["p50"] > 0
     assert latency["produce_to_visible_s"]["n"] > 0
     assert latency["produce_to_visible_s"]["p99"] >= latency["produce_to_visible_s"]["p50"] > 0
-    # One worker (the peer's deployment) and the N-worker fleet, each on its own steady records.
-    assert latency["steady"]["workers"] == 1 and latency["steady_n"]["workers"] == results["config"]["workers"] > 1
-    assert latency["steady_n"]["produce_to_visible_s"]["n"] > 0
+    # One worker (the peer's deployment) on its own steady records.
+    assert latency["steady"]["workers"] == 1 and "steady_n" not in latency
 
     rebalance = results["rebalance"]
     assert [e["event"] for e in rebalance["events"]] == [
