@@ -17,7 +17,6 @@ import contextlib
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any
 
 from bench import avro_wire as avro
 from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
-from bench.console import log
+from bench.console import exit_on_sigterm, log
 from bench.data import TOPIC, produce_dataset, produce_steady
 from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
 from bench.options import parse_args
@@ -92,15 +91,9 @@ def _load(args: argparse.Namespace) -> BusyLoops:
     return BusyLoops(n, args.steady_seconds + 180)
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    # SIGTERM's default kills at once; as SystemExit it unwinds through every ``finally`` below,
-    # which stops the workers, the broker and PostgreSQL.
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     if args.setup_peer:
         print(f"peer virtualenv ready: {peer.setup_venv()}")
         return 0

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.console import log
+from bench.console import exit_on_sigterm, log
 from bench.data import produce_dataset
 from bench.ingest_runs import REPO, Context, SplitConfig, run_throughput, verify, worker_env
 from bench.procs import TreeSampler, parse_log_time
@@ -342,14 +342,9 @@ def table(result: dict[str, Any]) -> str:
     )
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    # As SystemExit it unwinds through every ``finally``: the worker, the command, the servers.
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ingest_bench_compaction_"))
     log(f"working directory {work}")

@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.console import log
+from bench.console import exit_on_sigterm, log
 from bench.data import produce_dataset
 from bench.ingest_runs import Context, SplitConfig, run_throughput, steady_latency, verify
 from bench.procs import process_tree
@@ -159,14 +158,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    # As SystemExit it unwinds through every ``finally``: workers, server, broker and PostgreSQL stop.
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ingest_bench_fleet_"))
     log(f"working directory {work}")

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer
-from bench.console import log
+from bench.console import exit_on_sigterm, log
 from bench.data import RecordPool, paced_producer, produce_paced
 from bench.followers import Follower, IngestFollower, QuixFollower, RawFollower, SparkFollower
 from bench.freshness_report import ratios, table
@@ -287,10 +286,6 @@ def config_from(args: argparse.Namespace, quick: bool, partitions: int) -> Fresh
     )
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     from ingest_dev.kafka import LocalKafka
     from ingest_dev.postgres import LocalPostgres
@@ -305,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
     add_arguments(parser)
     # SIGTERM unwinds like Ctrl-C: every ``finally`` stops what this started.
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     args = parser.parse_args(argv)
     cfg = config_from(args, args.quick, args.partitions)
     args.out.mkdir(parents=True, exist_ok=True)

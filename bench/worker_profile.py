@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.console import log
+from bench.console import exit_on_sigterm, log
 from bench.data import produce_dataset
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, apply_source, wait_published, worker_env
 from bench.procs import WorkerProcess, parse_log_time, process_tree
@@ -109,10 +108,6 @@ def run_profile(ctx: Context, records: int, partitions: int, interval_ms: float,
     }
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     from ingest_dev.kafka import LocalKafka
     from ingest_dev.postgres import LocalPostgres
@@ -133,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "--worker-env", action="append", default=[], metavar="INGEST_NAME=VALUE", help="a worker setting (repeatable)"
     )
     # SIGTERM unwinds like Ctrl-C: every ``finally`` stops what this started.
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     args = parser.parse_args(argv)
     settings = dict(item.partition("=")[::2] for item in args.worker_env)
     if any(not name.startswith("INGEST_") or not value for name, value in settings.items()):
