@@ -52,6 +52,12 @@ def subject() -> str:
 
 
 def client(url: str) -> SchemaRegistryClient:
+    # The development client's retries: under a loaded test run Apicurio now and then never
+    # answers a request (ingest_dev.registry.CLIENT_TIMEOUT_S); a retry is what a client does.
+    return registry_client(url)
+
+
+def outage_client(url: str) -> SchemaRegistryClient:
     # No retries: a registry that is down fails the call at once (the default retries thrice).
     return registry_client(url, **{"max.retries": 0})
 
@@ -182,7 +188,7 @@ def listening_addresses(ports: set[int]) -> set[ipaddress.IPv4Address | ipaddres
 
 def _outage(registry: LocalSchemaRegistry) -> None:
     name = subject()
-    before = client(registry.url)
+    before = outage_client(registry.url)
     schema_id = before.register_schema(name, avro(USER_V1))
     assert before.get_schema(schema_id).schema_type == "AVRO"
     port = registry.port
@@ -190,7 +196,7 @@ def _outage(registry: LocalSchemaRegistry) -> None:
     registry.halt()
     # Down: a transport error, not a SchemaRegistryError (which means the registry answered).
     with pytest.raises(httpx.TransportError):
-        client(registry.url).get_schema(schema_id)
+        outage_client(registry.url).get_schema(schema_id)
     with pytest.raises(httpx.TransportError):
         before.get_latest_version(name)
     # A schema the client fetched before keeps resolving from its cache.
@@ -198,7 +204,7 @@ def _outage(registry: LocalSchemaRegistry) -> None:
 
     registry.start()
     assert registry.port == port
-    after = client(registry.url)
+    after = outage_client(registry.url)
     # The storage kept everything: same id, same subject, same versions.
     assert json.loads(after.get_schema(schema_id).schema_str) == USER_V1
     assert after.get_latest_version(name).schema_id == schema_id
