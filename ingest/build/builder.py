@@ -51,6 +51,15 @@ log = structlog.get_logger(__name__)
 # "errorifexists": the Spark Connect client only knows the short name.
 WRITE_MODE = "error"
 
+#: The largest dictionary a segment's column keeps (parquet-mr's default is 1 MiB). A column
+#: whose distinct values outgrow it is written plain from there on: with the default, every value
+#: of a split's high-cardinality columns (offsets, ids, timestamps, session strings) was hashed
+#: into a dictionary the writer dropped when the file closed, ~30 % of the build's JVM CPU at
+#: 100k-record batches (docs/benchmarks.md, "Parquet dictionaries"). Columns of few values (a
+#: country, a device, the topic) keep theirs, and zstd sees to the rest: file sizes were within
+#: 1 %. Compaction writes with the default: the files it leaves are the ones read for long.
+DICTIONARY_PAGE_BYTES = 32 * 1024
+
 
 # What building one split of a batch gave: its segment, or why there is none (SplitKilled,
 # ParseFailure under policy "fail", BuildError; RegistryUnavailable, a BuildError: not built
@@ -340,6 +349,7 @@ class SparkSegmentBuilder:
             writer = rows.write.partitionBy(FILE_PARTITION_COLUMN)
         else:
             writer = rows.select(*columns).write
+        writer = writer.option("parquet.dictionary.page.size", str(DICTIONARY_PAGE_BYTES))
         writer.mode(WRITE_MODE).option("compression", "zstd").parquet(out_dir)
         return int(observation.get["total"])
 

@@ -223,6 +223,40 @@ def test_a_batch_builds_each_split_into_its_own_files(spark: Any, tmp_path: Path
     assert sorted(all_files(tmp_path / "store")) == sorted(Path(f.removeprefix("file://")) for f in published)
 
 
+def test_a_segment_keeps_dictionaries_only_for_columns_of_few_values(spark: Any, tmp_path: Path) -> None:
+    # 20,000 records: `country` has 8 values, `page` 5,000 (~150 KB of them, each 4 times),
+    # `id` one per record. Parquet's default would dictionary-encode `page` (its 1 MiB
+    # dictionary holds them and pays off); a segment gives up on a dictionary past 32 KiB.
+    spec = spec_from_dict(
+        {
+            "name": "d",
+            "topics": ["events"],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / "store"),
+            "schema": {"id": "long", "ts": "timestamp", "country": "string", "page": "string"},
+        }
+    )
+    values = [
+        json.dumps(
+            {"id": i, "ts": "2026-11-22T10:00:00Z", "country": f"c{i % 8}", "page": f"/products/{i % 5000:05d}/details"}
+        ).encode()
+        for i in range(20_000)
+    ]
+    built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split_of(values, start=0), spec)
+    assert built.row_count == 20_000
+    dictionary: dict[str, bool] = {}
+    for f in built.files:
+        meta = pq.ParquetFile(f.removeprefix("file://")).metadata
+        for rg in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                column = meta.row_group(rg).column(c)
+                dictionary[column.path_in_schema] = dictionary.get(column.path_in_schema, False) or (
+                    column.has_dictionary_page
+                )
+    assert dictionary["country"] and dictionary["_topic"], dictionary
+    assert not dictionary["page"] and not dictionary["id"] and not dictionary["_offset"], dictionary
+
+
 def test_file_partition_cuts_each_splits_files_by_hour_of_event_time(spark: Any, tmp_path: Path) -> None:
     """Every file holds one split's rows of one hour (what an hour-partitioned Iceberg table needs),
     and the rows are all there, each once; rejects are not cut."""
