@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--processing-time", type=float, help="trigger interval, seconds")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument(
+        "--dictionary-page-bytes", type=int, help="parquet.dictionary.page.size of the output (default Parquet's)"
+    )
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--result", required=True)
     parser.add_argument("--ready", help="written once the query's first batch completed (--processing-time)")
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F  # type: ignore[import-not-found,unused-ignore]
 
     launched = time.time()
-    spark = (
+    builder = (
         SparkSession.builder.master(args.master)
         .appName("bench-peer-spark")
         .config("spark.jars", args.jars)
@@ -84,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         # One partition of output per Kafka partition, as Spark plans it: no shuffle anywhere.
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
     )
+    if args.dictionary_page_bytes:
+        builder = builder.config("spark.hadoop.parquet.dictionary.page.size", str(args.dictionary_page_bytes))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     session_ready = time.time()
     schema = _ddl(json.loads(args.schema))

@@ -21,6 +21,7 @@ from bench import avro_wire as avro
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles
+from ingest.build.builder import DICTIONARY_PAGE_BYTES
 from ingest.build.spark_jars import spark_jars
 from ingest_dev.maven import fetch_spark_jars
 
@@ -91,6 +92,10 @@ class SparkPeer:
             str(work / "checkpoint"),
             "--driver-memory",
             driver_memory,
+            # The same Parquet writer settings as the workers' builds (a one-line setting any
+            # Spark user has): the comparison is of the designs, not of a writer option.
+            "--dictionary-page-bytes",
+            str(DICTIONARY_PAGE_BYTES),
             "--timeout",
             str(timeout),
             "--result",
