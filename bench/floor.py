@@ -11,10 +11,14 @@ in one process, each timed and its CPU counted per million records:
 - ``spark copy``: Spark reading columns pyarrow has already parsed (staged uncompressed) and
   writing them as zstd Parquet: the least any segment written by Spark costs, whoever parses.
 
-Rounds alternate between the two Spark jobs so that drift of the machine hits both alike.
+With ``--dictionary-page-bytes A,B,...`` the worker build runs once per Parquet dictionary
+limit in every round (the first is the ``worker build`` row), on the same session and batch.
+Rounds alternate between the Spark jobs so that drift of the machine, and the JIT still
+compiling, hit each alike.
 The JVM's CPU is read from ``/proc`` (the Spark JVM is a child of this process).
 
     python -m bench.floor [--records 1000000] [--splits 6] [--rounds 4] [--out floor.json]
+        [--dictionary-page-bytes 32768,1048576]
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import pyarrow.parquet as pq
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import cpu_seconds, parse_values
-from ingest.build.builder import SparkSegmentBuilder
+from ingest.build.builder import DICTIONARY_PAGE_BYTES, SparkSegmentBuilder
 from ingest.build.chunks import chunks_of
 from ingest.build.plan import META_COLUMNS
 from ingest.build.spark import create_session
@@ -138,7 +142,12 @@ class _TempDirBuilds:
 
 
 def run(
-    records: int, splits: int, rounds: int, master: str, warm_up: tuple[int, int] = (WARM_UP_RECORDS, 2)
+    records: int,
+    splits: int,
+    rounds: int,
+    master: str,
+    warm_up: tuple[int, int] = (WARM_UP_RECORDS, 2),
+    dictionary_page_bytes: Sequence[int] = (DICTIONARY_PAGE_BYTES,),
 ) -> dict[str, Any]:
     values = [record_value(i) for i in range(records)]
     work = Path(tempfile.mkdtemp(prefix="ingest_floor_"))
@@ -154,10 +163,10 @@ def run(
         typed = _typed_staging(values, batch, work)
         spark = create_session(master)
         try:
-            builder = SparkSegmentBuilder(spark, _TempDirBuilds())
-            warm_up_s = builder.warm_up(spec, records=warm_up[0], splits=warm_up[1])
+            builders = [SparkSegmentBuilder(spark, _TempDirBuilds(), limit) for limit in dictionary_page_bytes]
+            warm_up_s = builders[0].warm_up(spec, records=warm_up[0], splits=warm_up[1])
 
-            def worker_build() -> None:
+            def worker_build(builder: SparkSegmentBuilder) -> None:
                 built = 0
                 for result in builder.build_batch(batch, spec):
                     if not isinstance(result, BuiltSegment):
@@ -172,9 +181,11 @@ def run(
                 spark.read.parquet(*typed).write.option("compression", "zstd").parquet(str(out))
                 shutil.rmtree(out)
 
-            build_runs, copy_runs = [], []
+            build_runs: list[list[dict[str, float]]] = [[] for _ in builders]
+            copy_runs = []
             for i in range(rounds):
-                build_runs.append(_measure(records, worker_build))
+                for runs, builder in zip(build_runs, builders, strict=True):
+                    runs.append(_measure(records, partial(worker_build, builder)))
                 copy_runs.append(_measure(records, partial(spark_copy, i)))
         finally:
             spark.stop()
@@ -189,9 +200,14 @@ def run(
             "warm_up_records": warm_up[0],
             "warm_up_splits": warm_up[1],
             "warm_up_s": warm_up_s,
+            "dictionary_page_bytes": list(dictionary_page_bytes),
         },
         "pyarrow": pyarrow_runs,
-        "worker_build": build_runs,
+        "worker_build": build_runs[0],
+        # Every limit's runs, the first's included (the same list as worker_build).
+        "worker_build_by_dictionary": {
+            str(limit): runs for limit, runs in zip(dictionary_page_bytes, build_runs, strict=True)
+        },
         "spark_copy": copy_runs,
     }
 
@@ -207,11 +223,14 @@ def report(result: dict[str, Any]) -> str:
         ("worker build (from_json)", "worker_build"),
         ("spark copy of parsed columns", "spark_copy"),
     ]
-    lines = [f"{'build':<31} {'first s':>8} {'rec/s (median)':>15} {'CPU s/M':>8} {'JVM':>6} {'Python':>7}"]
+    limits = result["config"]["dictionary_page_bytes"]
+    if len(limits) > 1:
+        rows[1:2] = [(f"worker build, dictionary {int(b):,} B", b) for b in limits]
+    lines = [f"{'build':<35} {'first s':>8} {'rec/s (median)':>15} {'CPU s/M':>8} {'JVM':>6} {'Python':>7}"]
     for label, key in rows:
-        runs = result[key]
+        runs = result[key] if key in result else result["worker_build_by_dictionary"][str(key)]
         lines.append(
-            f"{label:<31} {runs[0]['wall_s']:>8.2f} {_median(runs, 'records_per_s'):>15,.0f} "
+            f"{label:<35} {runs[0]['wall_s']:>8.2f} {_median(runs, 'records_per_s'):>15,.0f} "
             f"{_median(runs, 'cpu_s_per_million'):>8.1f} {_median(runs, 'jvm_cpu_s_per_million'):>6.1f} "
             f"{_median(runs, 'python_cpu_s_per_million'):>7.1f}"
         )
@@ -238,12 +257,19 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the Spark warm-up before the first round: records in all, splits "
         f"(default: the worker's, {WARM_UP_RECORDS} records in 2 splits)",
     )
+    parser.add_argument(
+        "--dictionary-page-bytes",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[DICTIONARY_PAGE_BYTES],
+        help=f"comma-separated Parquet dictionary limits to build with, interleaved (default {DICTIONARY_PAGE_BYTES}, "
+        "the worker's; Parquet's own is 1048576)",
+    )
     parser.add_argument("--out", type=Path, help="write the runs as JSON here")
     args = parser.parse_args(argv)
     configure_logging(level=logging.WARNING)
     if args.records < args.splits or args.rounds < 1:
         parser.error("need --records >= --splits and --rounds >= 1")
-    result = run(args.records, args.splits, args.rounds, args.master, tuple(args.warm_up))
+    result = run(args.records, args.splits, args.rounds, args.master, tuple(args.warm_up), args.dictionary_page_bytes)
     print(report(result))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

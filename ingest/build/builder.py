@@ -139,8 +139,11 @@ class SparkSegmentBuilder:
     ``spark``: a session, or the SessionSource that owns it (each batch takes the current
     session and reports its failure there: a Connect session the server lost is replaced)."""
 
-    def __init__(self, spark: Any, registrar: BuildRegistrar) -> None:
+    def __init__(
+        self, spark: Any, registrar: BuildRegistrar, dictionary_page_bytes: int = DICTIONARY_PAGE_BYTES
+    ) -> None:
         self._sessions = spark if isinstance(spark, SessionSource) else FixedSession(spark)
+        self._dictionary_page_bytes = dictionary_page_bytes
         self._interrupts = JobInterrupts(self._sessions)
         self._registrar = registrar
         self._plans = PlanCache()
@@ -329,8 +332,9 @@ class SparkSegmentBuilder:
         avro, unresolvable = resolvable(spec, fetched.schemas) if spec.format == "avro" else ({}, frozenset())
         return self._plans.get(spec, Writers(avro, unresolvable, fetched.key_schemas, fetched.protobuf))
 
-    @staticmethod
-    def _parse(spark: Any, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]) -> int:
+    def _parse(
+        self, spark: Any, plan: Plan, staged: list[str], good: bool, out_dir: str, columns: Sequence[Any]
+    ) -> int:
         """One Spark job: parse the staged files, write the good (or the bad) rows to
         ``out_dir``. Returns the number of rows read."""
         from pyspark.sql import Observation
@@ -349,7 +353,7 @@ class SparkSegmentBuilder:
             writer = rows.write.partitionBy(FILE_PARTITION_COLUMN)
         else:
             writer = rows.select(*columns).write
-        writer = writer.option("parquet.dictionary.page.size", str(DICTIONARY_PAGE_BYTES))
+        writer = writer.option("parquet.dictionary.page.size", str(self._dictionary_page_bytes))
         writer.mode(WRITE_MODE).option("compression", "zstd").parquet(out_dir)
         return int(observation.get["total"])
 

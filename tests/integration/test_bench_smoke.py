@@ -128,7 +128,10 @@ def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
 def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "floor.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.floor", "--records", "6000", "--rounds", "2", "--out", str(out)],
+        [
+            *(sys.executable, "-m", "bench.floor", "--records", "6000", "--rounds", "2", "--out", str(out)),
+            *("--dictionary-page-bytes", "32768,1048576"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -143,6 +146,11 @@ def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
     # The Spark jobs run in the JVM (a child of the bench): their CPU must be counted there.
     assert all(run["jvm_cpu_s_per_million"] > 0 for run in results["worker_build"]), results["worker_build"]
     assert "spark copy of parsed columns" in proc.stdout
+    # One worker build per dictionary limit in every round, each its own row.
+    by_limit = results["worker_build_by_dictionary"]
+    assert set(by_limit) == {"32768", "1048576"} and by_limit["32768"] == results["worker_build"], by_limit
+    assert all(len(runs) == 2 and all(r["records_per_s"] > 0 for r in runs) for runs in by_limit.values())
+    assert "worker build, dictionary 1,048,576 B" in proc.stdout, proc.stdout
 
 
 def test_bench_store_compares_the_file_and_s3_stores(tmp_path: Path) -> None:
