@@ -206,7 +206,7 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
-                from ingest.build.spark import FixedSession, SessionSource, create_session_within, is_connect
+                from ingest.build.spark import create_session_within, session_source
 
                 log.info(
                     "spark_starting",
@@ -227,18 +227,14 @@ class Worker:
                     )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
-                sessions: SessionSource = FixedSession(spark)
-                if is_connect(settings.spark_master):
-                    from ingest.build.connect import ConnectSessions
-
-                    events = self.metrics.spark_connect_events
-                    sessions = ConnectSessions(
-                        settings.spark_master,
-                        app_name,
-                        retry_s=settings.spark_connect_retry_s,
-                        first=spark,
-                        on_event=lambda event: events.labels(spec.name, event.value).inc(),
-                    )
+                events = self.metrics.spark_connect_events
+                sessions = session_source(
+                    settings.spark_master,
+                    app_name,
+                    spark,
+                    retry_s=settings.spark_connect_retry_s,
+                    on_event=lambda event: events.labels(spec.name, event.value).inc(),
+                )
                 stack.callback(sessions.stop)
                 spark_builder = SparkSegmentBuilder(sessions, registrar)
                 self._warm_up(spark_builder, spec, settings.warm_up_records)

@@ -153,7 +153,7 @@ def close_session(session: Any, *, release: bool, wait_s: float) -> bool:
 
 
 class ConnectSessions(SessionSource):
-    """The worker's one Connect session. States: usable (``_lost`` None), lost (the next
+    """A role's one Connect session (a worker's, a compactor's). States: usable (``_lost`` None), lost (the next
     :meth:`current` replaces it), stopped (for good). Builds on a replaced session that fail
     afterwards are ignored: only a failure of the current session marks it lost."""
 

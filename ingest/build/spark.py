@@ -8,10 +8,12 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
+
+from ingest_common.model import SparkConnectEvent
 
 log = structlog.get_logger(__name__)
 
@@ -278,6 +280,25 @@ def create_session_within(
     if error is not None:
         raise error
     return session
+
+
+def session_source(
+    master: str,
+    app_name: str,
+    first: Any,
+    *,
+    retry_s: float,
+    on_event: Callable[[SparkConnectEvent], None] = lambda _event: None,
+) -> SessionSource:
+    """The one owner of a role's Spark session (a worker's builds, a compactor's jobs), given
+    the session ``first`` made for ``master``: under Spark Connect one that replaces a session
+    the server lost (ingest.build.connect.ConnectSessions, its calls bounded by ``retry_s``);
+    otherwise the driver's own, kept for the process's life (:class:`FixedSession`)."""
+    if not is_connect(master):
+        return FixedSession(first)
+    from ingest.build.connect import ConnectSessions  # the Connect client and grpc: for sc:// only
+
+    return ConnectSessions(master, app_name, retry_s=retry_s, first=first, on_event=on_event)
 
 
 def is_connect(master: str) -> bool:

@@ -43,23 +43,31 @@ def add_compact_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from ingest.build.spark import create_session_within
+    from ingest.build.spark import SessionSource, create_session_within, session_source
     from ingest.compact.job import Compactor
 
     target = parse_size("--target-size", args.target_size) if args.target_size is not None else None
     every = non_negative_seconds("--every", args.every) if args.every is not None else None
     settings = load_settings()
 
-    def spark(spec: SourceSpec) -> object:
-        return create_session_within(
-            settings.spark_start_timeout_s, settings.spark_master, "ingest-compact", stores=[spec.segment_store]
+    def sessions(spec: SourceSpec) -> SessionSource:
+        spark = create_session_within(
+            settings.spark_start_timeout_s,
+            settings.spark_master,
+            "ingest-compact",
+            stores=[spec.segment_store],
+            connect_retry_s=settings.spark_connect_retry_s,
         )
+        return session_source(settings.spark_master, "ingest-compact", spark, retry_s=settings.spark_connect_retry_s)
 
     with Metastore(settings.database_url) as store:
-        compactor = Compactor(store, spark, f"compact-{settings.worker_id or default_worker_id()}")
-        if every is not None:
-            return _run_role(compactor, store, args.source, every, target, settings)
-        result = compactor.run(args.source, target, args.max_chunks, dry_run=args.dry_run)
+        compactor = Compactor(store, sessions, f"compact-{settings.worker_id or default_worker_id()}")
+        try:
+            if every is not None:
+                return _run_role(compactor, store, args.source, every, target, settings)
+            result = compactor.run(args.source, target, args.max_chunks, dry_run=args.dry_run)
+        finally:
+            compactor.stop()
     would = "would " if args.dry_run else ""
     chosen = [
         {

@@ -21,7 +21,6 @@ metastore checks that again under its locks.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
@@ -34,6 +33,7 @@ import structlog
 
 from ingest.build import output_files, segment_store
 from ingest.build.plan import FILE_PARTITION_COLUMN, file_partition_value
+from ingest.build.spark import SessionSource
 from ingest.compact.plan import Chunk, choose
 from ingest.errors import BuildError
 from ingest.spec import SourceSpec
@@ -117,12 +117,14 @@ class CompactionResult:
 
 
 class Compactor:
-    """Compacts one source at a time with one SparkSession (``spark``: made on first need)."""
+    """Compacts one source at a time with one Spark session, from the one owner of it that
+    ``sessions`` makes on first need (ingest.build.spark.session_source: under Spark Connect a
+    session the server lost is replaced by the next job)."""
 
-    def __init__(self, store: CompactionStore, spark: Callable[[SourceSpec], Any], worker_id: str) -> None:
+    def __init__(self, store: CompactionStore, sessions: Callable[[SourceSpec], SessionSource], worker_id: str) -> None:
         self._store = store
-        self._spark_factory = spark
-        self._spark: Any = None
+        self._session_factory = sessions
+        self._sessions: SessionSource | None = None
         self._worker = worker_id
 
     def plan(self, source: str, target_bytes: int | None = None) -> tuple[SourceSpec, list[Chunk]]:
@@ -213,26 +215,31 @@ class Compactor:
     def _rewrite(
         self, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str
     ) -> list[output_files.OutputFile]:
-        if self._spark is None:
-            self._spark = self._spark_factory(spec)
+        if self._sessions is None:
+            self._sessions = self._session_factory(spec)
+        spark = self._sessions.current()
         # The files' own column order (all were written under one spec version).
         fs, path = segment_store.filesystem(chunk.files[0])
         columns = pq.read_schema(path, filesystem=fs).names
         try:
-            return self._spark_rewrite(spec, chunk, split_id, out_dir, columns)
+            return self._spark_rewrite(spark, spec, chunk, split_id, out_dir, columns)
         except Exception as exc:
-            if spark_failure(exc):
-                self._forget_connect_session()
+            self._sessions.failed(spark, exc)
             raise
 
+    def stop(self) -> None:
+        """Release the session (a Connect server's side of it too)."""
+        if self._sessions is not None:
+            self._sessions.stop()
+
     def _spark_rewrite(
-        self, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str, columns: list[str]
+        self, spark: Any, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str, columns: list[str]
     ) -> list[output_files.OutputFile]:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         observation = Observation(f"compact-{split_id.hex}")
-        df = self._spark.read.parquet(*chunk.files).select(*columns)
+        df = spark.read.parquet(*chunk.files).select(*columns)
         df = df.observe(observation, F.count(F.lit(1)).alias("total")).coalesce(1)
         cut = file_partition_value(F.col(spec.event_time), spec.file_partition)
         if cut is None:
@@ -250,22 +257,6 @@ class Compactor:
         if (rows := sum(f.rows for f in files)) != chunk.rows:
             raise BuildError(f"compaction wrote {rows} rows, the {len(chunk.segments)} segments hold {chunk.rows}")
         return files
-
-    def _forget_connect_session(self) -> None:
-        """After a failed Spark job under Spark Connect the next job makes a new session: a
-        server that restarted has lost this client's session, and every call on it would fail
-        (NO_ACTIVE_SESSION) for as long as the role runs. A Connect session is cheap to make
-        again. A local session stays: its driver is this process's own."""
-        spark = self._spark
-        if spark is None or not type(spark).__module__.startswith("pyspark.sql.connect"):
-            return
-        self._spark = None
-        # Releasing the server-side session would wait out the client's retries while the
-        # server is unreachable; one the server still holds expires there on its own.
-        spark.release_session_on_close = False
-        with contextlib.suppress(Exception):  # best effort: the client's channel is closed either way
-            spark.stop()
-        log.warning("compaction_spark_session_dropped", worker=self._worker)
 
     def _replace(
         self, source: str, split_id: uuid.UUID, chunk: Chunk, location: str, files: list[str], size: int

@@ -21,6 +21,7 @@ import pytest
 
 from ingest.build import segment_store
 from ingest.build.builder import BuilderFactory
+from ingest.build.spark import FixedSession
 from ingest.compact.job import Compactor
 from ingest.ops.gc import collect_garbage
 from ingest.table.catalog import MetastoreCatalog, identifier
@@ -104,7 +105,8 @@ def publish_small_segments(
 
 
 def compactor(store: Metastore, spark: Any) -> Compactor:
-    return Compactor(store, lambda _spec: spark, "compact-test")
+    # The session's shared Spark: never stopped here (Compactor.stop is not called).
+    return Compactor(store, lambda _spec: FixedSession(spark), "compact-test")
 
 
 def data_files(store: Metastore, source: str) -> list[str]:

@@ -1,7 +1,8 @@
-"""The compactor's Spark session after a failed job (ingest.compact.job): under Spark Connect it
-is dropped and the next job makes a new one (a restarted server lost it: every call on it
-would fail); a local session is kept. Fakes stand in for Spark; the chaos run's ``spark`` fault
-under ``--spark connect`` is the real server restart."""
+"""The compactor's Spark session after a failed job (ingest.compact.job): it asks the one owner
+of its session (ingest.build.spark.session_source); under Spark Connect a session the server
+lost is replaced by the next job (a restarted server lost it: every call on it would fail)
+and not released on the dead server; a local session is kept. Fakes stand in for Spark's
+sessions; the chaos run's ``spark`` fault under ``--spark connect`` is the real server restart."""
 
 from __future__ import annotations
 
@@ -14,18 +15,25 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import PySparkRuntimeError
 
+from ingest.build import connect
+from ingest.build.spark import SessionSource, session_source
 from ingest.compact.job import Compactor
 from ingest.compact.plan import Candidate, Chunk
 from ingest.spec import spec_from_dict
 from ingest_common.model import TopicPartition
+from ingest_dev.testkit import wait_until
 
 
 class LostSession:
     """A session whose every job fails as one the server no longer has."""
 
     release_session_on_close = True
+    made = 0
 
     def __init__(self) -> None:
+        LostSession.made += 1
+        self.session_id = f"s{LostSession.made}"
+        self.is_stopped = False
         self.stopped_with_release: bool | None = None
 
     @property
@@ -34,22 +42,11 @@ class LostSession:
 
     def stop(self) -> None:
         self.stopped_with_release = self.release_session_on_close
+        self.is_stopped = True
 
 
-class ConnectSession(LostSession):
-    pass
-
-
-class LocalSession(LostSession):
-    pass
-
-
-ConnectSession.__module__ = "pyspark.sql.connect.session"
-LocalSession.__module__ = "pyspark.sql.session"
-
-
-def rewrite_twice(tmp_path: Path, kind: type[LostSession]) -> list[LostSession]:
-    """Two jobs of one compactor, both failing; returns the sessions it made."""
+def rewrite_twice(tmp_path: Path, master: str, monkeypatch: pytest.MonkeyPatch) -> list[LostSession]:
+    """Two jobs of one compactor, both failing; returns the sessions it used."""
     data = tmp_path / "seg.parquet"
     pq.write_table(pa.table({"_partition": [0], "_offset": [0]}), data)
     spec = spec_from_dict(
@@ -58,23 +55,34 @@ def rewrite_twice(tmp_path: Path, kind: type[LostSession]) -> list[LostSession]:
     seg = Candidate(1, TopicPartition("t", 0), 0, 1, 0, 1, (f"file://{data}",), 1, 10, ())
     made: list[LostSession] = []
 
-    def factory(_spec: Any) -> LostSession:
-        made.append(kind())
+    def new_session(*_args: Any, **_kwargs: Any) -> LostSession:
+        made.append(LostSession())
         return made[-1]
 
-    compactor = Compactor(store=None, spark=factory, worker_id="c")  # type: ignore[arg-type]
+    # A Connect session the owner makes again: no server here.
+    monkeypatch.setattr(connect, "connect_session", new_session)
+
+    def sessions(_spec: Any) -> SessionSource:
+        return session_source(master, "ingest-compact", new_session(), retry_s=1.0)
+
+    compactor = Compactor(store=None, sessions=sessions, worker_id="c")  # type: ignore[arg-type]
     for _ in range(2):
         with pytest.raises(PySparkRuntimeError):
             compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
     return made
 
 
-def test_a_connect_session_is_dropped_after_a_failed_job_without_waiting_to_release_it(tmp_path: Path) -> None:
-    made = rewrite_twice(tmp_path, ConnectSession)
+def test_a_lost_connect_session_is_replaced_by_the_next_job_without_releasing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = rewrite_twice(tmp_path, "sc://127.0.0.1:1", monkeypatch)
     assert len(made) == 2
+    # Closed off the job's thread, never released on a server that no longer has it.
+    wait_until(lambda: made[0].stopped_with_release is not None, 10, "the lost session to close")
     assert made[0].stopped_with_release is False
+    assert made[1].stopped_with_release is None
 
 
-def test_a_local_session_is_kept_after_a_failed_job(tmp_path: Path) -> None:
-    made = rewrite_twice(tmp_path, LocalSession)
+def test_a_local_session_is_kept_after_a_failed_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = rewrite_twice(tmp_path, "local[1]", monkeypatch)
     assert len(made) == 1 and made[0].stopped_with_release is None
