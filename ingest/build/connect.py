@@ -153,9 +153,10 @@ def close_session(session: Any, *, release: bool, wait_s: float) -> bool:
 
 
 class ConnectSessions(SessionSource):
-    """A role's one Connect session (a worker's, a compactor's). States: usable (``_lost`` None), lost (the next
-    :meth:`current` replaces it), stopped (for good). Builds on a replaced session that fail
-    afterwards are ignored: only a failure of the current session marks it lost."""
+    """A role's one Connect session (a worker's, a compactor's). States: usable (``_lost``
+    None), lost (the next :meth:`current` replaces it), stopped (for good). Builds on a
+    replaced session that fail afterwards are ignored: only a failure of the current session
+    marks it lost."""
 
     def __init__(
         self,
