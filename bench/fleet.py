@@ -1,7 +1,7 @@
 """``python -m bench.fleet``: N thin workers sharing one Spark Connect server beside N workers
 with a local Spark each, on one broker and the same data set.
 
-    python -m bench.fleet [--records 1000000] [--partitions 6] [--workers 3] [--modes local,connect]
+    python -m bench.fleet [--records 1000000] [--partitions 6] [--workers 3] [--modes one,local,connect]
                           [--connect-master local[2]] [--rate 2000] [--steady-seconds 30] [--quick]
                           [--out DIR]
 
@@ -11,6 +11,8 @@ the same records (``bench.data``: the same ids, values and partitions), then a f
 ``--steady-seconds`` to the same fleet for produce-to-visible; exactly-once is checked over
 everything. The modes:
 
+- ``one``: one worker with ``local[2]`` and two build threads (the one-worker run of ``python -m
+  bench``): what the fleets are measured against (the table's last line: thin fleet / one);
 - ``local``: each worker runs Spark in its own process (``local[1]``, one build thread), so
   each carries a JVM;
 - ``connect``: one Spark Connect server (``--connect-master``, the pyspark wheel's, started
@@ -44,7 +46,14 @@ from ingest_dev.postgres import LocalPostgres
 from ingest_dev.spark_connect import LocalConnectServer
 from metastore import apply_migrations
 
-MODES = ("local", "connect")
+MODES = ("one", "local", "connect")
+# --quick (the CI smoke test) leaves out the one-worker reference: its run is bench --quick's.
+QUICK_MODES = ("local", "connect")
+LABELS = {
+    "one": "one worker with local Spark",
+    "local": "workers with local Spark",
+    "connect": "thin workers, one Spark Connect",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,7 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, help="records per mode's topic (default 1,000,000; --quick 20,000)")
     parser.add_argument("--partitions", type=int, help="topic partitions (default 6; --quick 4)")
     parser.add_argument("--workers", type=int, help="workers per fleet (default 3; --quick 2)")
-    parser.add_argument("--modes", default=",".join(MODES), help="which fleets, in order (default local,connect)")
+    parser.add_argument(
+        "--modes", help=f"which fleets, in order (default {','.join(MODES)}; --quick {','.join(QUICK_MODES)})"
+    )
     parser.add_argument(
         "--connect-master", default="local[2]", help="the Connect server's own master (default local[2])"
     )
@@ -77,7 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.steady_seconds = args.steady_seconds or (5.0 if quick else 30.0)
     args.driver_memory = args.driver_memory or ("1g" if quick else "2g")
     args.timeout = args.timeout or (180.0 if quick else 1800.0)
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = args.modes or ",".join(QUICK_MODES if quick else MODES)
+    args.modes = [m.strip() for m in modes.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
         parser.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
     if args.records <= 0 or args.partitions <= 0 or args.workers <= 0:
@@ -104,8 +116,9 @@ def run_mode(ctx: Context, args: argparse.Namespace, mode: str, split: SplitConf
             assert server.pid is not None
             master, roots = server.url, [server.pid]
         else:
-            master, roots = "local[1]", []
-        result, fleet = run_throughput(ctx, topic, data, args.workers, master, 1, split, f"fleet_{mode}", roots)
+            master, roots = ("local[2]" if mode == "one" else "local[1]"), []
+        workers, threads = (1, 2) if mode == "one" else (args.workers, 1)
+        result, fleet = run_throughput(ctx, topic, data, workers, master, threads, split, f"fleet_{mode}", roots)
         try:
             result["worker_jvms"] = worker_jvms([w.pid for w in fleet.workers if w.pid is not None])
             steady, ends = steady_latency(
@@ -120,7 +133,7 @@ def run_mode(ctx: Context, args: argparse.Namespace, mode: str, split: SplitConf
             server.stop()
     return {
         "mode": mode,
-        "spark": master if mode == "local" else f"one Spark Connect server, {args.connect_master}",
+        "spark": f"one Spark Connect server, {args.connect_master}" if mode == "connect" else master,
         **{k: result[k] for k in ("workers", "records", "wall_s", "records_per_s", "cpu_s", "cpu_s_per_million")},
         "peak_rss_mb": result["peak_rss_mb"],
         "peak_rss_mb_per_worker": result["peak_rss_mb_per_worker"],
@@ -140,7 +153,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lat = r["produce_to_visible_s"]
         lines.append(
             [
-                "thin workers, one Spark Connect" if r["mode"] == "connect" else "workers with local Spark",
+                LABELS[r["mode"]],
                 str(r["workers"]),
                 f"{r['records_per_s']:,.0f}",
                 f"{r['cpu_s_per_million']:.1f}",
@@ -152,10 +165,20 @@ def table(rows: list[dict[str, Any]]) -> str:
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join(
+    text = "\n".join(
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
         for line in lines
     )
+    by_mode = {r["mode"]: r for r in rows}
+    if "one" in by_mode and "connect" in by_mode:
+        one, thin = by_mode["one"], by_mode["connect"]
+        text += (
+            f"\nthin fleet / one worker: {thin['records_per_s'] / one['records_per_s']:.2f}x the records/s, "
+            f"{thin['peak_rss_mb'] / one['peak_rss_mb']:.2f}x the peak RSS"
+        )
+        if "local" in by_mode:
+            text += f"; {thin['peak_rss_mb'] / by_mode['local']['peak_rss_mb']:.2f}x the local fleet's RSS"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
