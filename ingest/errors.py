@@ -79,6 +79,19 @@ class WorkerFailed(IngestError):
     """The worker stopped because of an unrecoverable condition."""
 
 
+class SparkDriverExited(WorkerFailed):
+    """The Spark driver JVM this process launched (a local or standalone driver) exited: no
+    build can run in this process again, so the role exits and its supervisor restarts it
+    (ingest.build.spark.FixedSession). Nothing was published by the builds it failed."""
+
+    def __init__(self, exit_status: int, cause: BaseException) -> None:
+        super().__init__(
+            f"the Spark driver JVM exited (status {exit_status}): {type(cause).__name__}: {first_line(cause)}; "
+            "exiting so that the supervisor restarts this process"
+        )
+        self.exit_status = exit_status
+
+
 class SparkUnavailable(IngestError):
     """The worker could not start its Spark session (no Java, the JVM died while starting,
     an unreachable Spark Connect server or cluster)."""

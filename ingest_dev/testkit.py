@@ -15,6 +15,7 @@ ingest_dev is not in the wheel; tests may import it, production code never does.
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -70,3 +71,24 @@ def port_open(port: int, host: str = LOOPBACK) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+def java_under(root: int) -> int | None:
+    """Pid of the first JVM (a process named ``java``) among ``root``'s descendants: the Spark
+    driver a worker launched (pyspark starts it through spark-submit's scripts)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, check=False)
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+            children.setdefault(int(parts[1]), []).append((int(parts[0]), parts[2]))
+    queue = [root]
+    for _ in range(1000):  # bounded: a process table is never that deep
+        if not queue:
+            break
+        pid = queue.pop()
+        for child, comm in children.get(pid, []):
+            if comm == "java":
+                return child
+            queue.append(child)
+    return None

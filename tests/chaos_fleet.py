@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from ingest_dev.ingest_process import IngestProcess, stop_all
-from ingest_dev.testkit import free_port
+from ingest_dev.testkit import free_port, java_under
 
 
 def log_since(t0: float, message: str) -> None:
@@ -81,24 +81,7 @@ class Fleet:
     def spark_jvm(self, name: str) -> int | None:
         """Pid of the Spark JVM under a worker process (a child or grandchild running java)."""
         root = self.worker(name).pid
-        if root is None:
-            return None
-        out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True, check=False)
-        children: dict[int, list[tuple[int, str]]] = {}
-        for line in out.stdout.splitlines():
-            parts = line.split(None, 2)
-            if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-                children.setdefault(int(parts[1]), []).append((int(parts[0]), parts[2]))
-        queue = [root]
-        for _ in range(1000):
-            if not queue:
-                break
-            pid = queue.pop()
-            for child, comm in children.get(pid, []):
-                if comm == "java":
-                    return child
-                queue.append(child)
-        return None
+        return None if root is None else java_under(root)
 
     def ready(self, name: str) -> bool:
         with self._lock:

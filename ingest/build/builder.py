@@ -41,7 +41,7 @@ from ingest.build.registration import BuildRegistrar
 from ingest.build.spark import FixedSession, JobInterrupts, SessionSource
 from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest.build.writer_schemas import BatchSchemas, WriterSchemas, resolvable
-from ingest.errors import BuildError, ParseFailure, SplitKilled, first_line
+from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed, first_line
 from ingest.spec import SourceSpec
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
 
@@ -268,6 +268,9 @@ class SparkSegmentBuilder:
                 self._sessions.failed(spark, exc)
             if registered:
                 self._cleanup(dirs.data, dirs.rejects)
+            if isinstance(exc, WorkerFailed):
+                # No build can run in this process again (SparkDriverExited): not one to retry.
+                return {split.id: exc for split in splits}
             if not isinstance(exc, BuildError | SplitKilled):
                 log.warning(
                     "batch_failed",

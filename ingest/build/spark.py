@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from ingest.errors import SparkDriverExited, first_line
 from ingest_common.model import SparkConnectEvent
 
 log = structlog.get_logger(__name__)
@@ -148,20 +149,43 @@ class SessionSource(abc.ABC):
 
 class FixedSession(SessionSource):
     """A session made elsewhere, used as it is for its whole life: a local or standalone
-    driver's (a JVM that died fails the builds until /healthz has the worker restarted), or
-    a test's."""
+    driver's, or a test's. States: usable, exited (the driver JVM this process launched is
+    gone: every later :meth:`current` raises SparkDriverExited, so the role exits and its
+    supervisor restarts it, rather than failing builds until /healthz says so)."""
 
     def __init__(self, session: Any) -> None:
         self._session = session
+        self._exited: SparkDriverExited | None = None
 
     def current(self) -> Any:
+        if self._exited is not None:
+            raise self._exited
         return self._session
 
     def peek(self) -> Any | None:
-        return self._session
+        return None if self._exited is not None else self._session
+
+    def failed(self, session: Any, exc: BaseException) -> None:
+        status = driver_exit_status(session)
+        if status is None or self._exited is not None:
+            return
+        self._exited = SparkDriverExited(status, exc)
+        log.error("spark_driver_exited", exit_status=status, error=first_line(exc))
 
     def stop(self) -> None:
-        self._session.stop()
+        if self._exited is None:  # a JVM that is gone has nothing to stop
+            self._session.stop()
+
+
+def driver_exit_status(session: Any) -> int | None:
+    """The exit status of the driver JVM pyspark launched for ``session`` (its gateway's
+    process), or None while it runs or when this process launched none."""
+    try:
+        process = session.sparkContext._gateway.proc
+    except Exception:  # not a classic session, or one that was never launched here
+        return None
+    status = process.poll() if process is not None else None
+    return None if status is None else int(status)
 
 
 _START_THREAD = "spark-start"

@@ -19,6 +19,7 @@ from ingest.consume.context import LoopContext
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner
+from ingest.errors import WorkerFailed
 from ingest.publish.settle import Conflicted, Failed, Fatal, Killed, Outcome, Published
 from ingest_common.model import ConflictReason
 
@@ -112,6 +113,11 @@ class OutcomeHandler:
 
     def _failed(self, outcome: Failed, owned: OwnedPartition | None, fields: dict[str, Any]) -> None:
         split = outcome.split
+        if isinstance(outcome.error, WorkerFailed):
+            # Nothing in this process can build again (the Spark driver JVM exited): the worker
+            # stops (its last words record why), its partitions go to the group, and the
+            # supervisor starts a new one.
+            raise outcome.error
         self._metrics.split_failures.labels(self._source, outcome.stage).inc()
         self._failed_streak += 1
         self._last_failure = f"{outcome.stage} of {split.tp} [{split.start}, {split.end}): {outcome.error}"

@@ -18,7 +18,7 @@ import structlog
 
 from ingest.build.builder import SegmentBuilder
 from ingest.build.split import SealedSplit
-from ingest.errors import BuildError, ParseFailure, PublishFailed, SplitKilled
+from ingest.errors import BuildError, ParseFailure, PublishFailed, SplitKilled, WorkerFailed
 from ingest.publish.publisher import Publisher
 from ingest_common.model import BuiltSegment, FailureStage, KillReason
 from metastore.errors import PublishConflict
@@ -110,7 +110,7 @@ class Settler:
                 topic=split.tp.topic,
                 partition=split.tp.partition,
                 error=str(exc),
-                exc_info=not isinstance(exc, BuildError),
+                exc_info=not isinstance(exc, BuildError | WorkerFailed),
             )
             return Failed(split, FailureStage.BUILD, exc)
         try:

@@ -19,6 +19,7 @@ from ingest.build import connect
 from ingest.build.spark import SessionSource, session_source
 from ingest.compact.job import Compactor
 from ingest.compact.plan import Candidate, Chunk
+from ingest.errors import SparkDriverExited
 from ingest.spec import spec_from_dict
 from ingest_common.model import TopicPartition
 from ingest_dev.testkit import wait_until
@@ -86,3 +87,43 @@ def test_a_lost_connect_session_is_replaced_by_the_next_job_without_releasing_it
 def test_a_local_session_is_kept_after_a_failed_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made = rewrite_twice(tmp_path, "local[1]", monkeypatch)
     assert len(made) == 1 and made[0].stopped_with_release is None
+
+
+class DeadDriverSession(LostSession):
+    """A local driver's session whose JVM was killed: calls fail as Py4J's do, and the
+    process pyspark launched has exited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        process = type("Process", (), {"poll": lambda _self: -9})()
+        self.sparkContext = type("Context", (), {"_gateway": type("Gateway", (), {"proc": process})()})()
+
+    @property
+    def read(self) -> Any:
+        from py4j.protocol import Py4JNetworkError
+
+        raise Py4JNetworkError("Answer from Java side is empty")
+
+
+def test_a_compactor_whose_driver_jvm_exited_raises_driver_exited_on_its_next_job(tmp_path: Path) -> None:
+    data = tmp_path / "seg.parquet"
+    pq.write_table(pa.table({"_partition": [0], "_offset": [0]}), data)
+    spec = spec_from_dict(
+        {"name": "src", "topics": ["t"], "event_time": "ts", "schema": {"ts": "timestamp"}, "segment_store": "/r"}
+    )
+    seg = Candidate(1, TopicPartition("t", 0), 0, 1, 0, 1, (f"file://{data}",), 1, 10, ())
+    session = DeadDriverSession()
+    compactor = Compactor(
+        store=None,  # type: ignore[arg-type]
+        sessions=lambda _spec: session_source("local[2]", "ingest-compact", session, retry_s=1.0),
+        worker_id="c",
+    )
+    from py4j.protocol import Py4JNetworkError
+
+    with pytest.raises(Py4JNetworkError):  # a Spark failure: the role retries its pass
+        compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+    # Not one the role retries (ingest.compact.runner): it exits, and is restarted.
+    with pytest.raises(SparkDriverExited):
+        compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+    compactor.stop()
+    assert session.stopped_with_release is None  # a dead JVM is not asked to stop
