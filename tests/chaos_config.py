@@ -72,14 +72,14 @@ class ChaosConfig:
         # whole run stays within the CI budget (~3 min each variant on 2 cores).
         return cls(
             records=20_000,
-            duration_s=95.0,
+            duration_s=85.0,
             workers=2,
             partitions=4,
             seed=seed,
             faults=("kill", "stop", "term", "add", "pg_outage", "spark", "pg_restart", "gc", "compact_kill")
             + (("table_kill",) if table else ()),
             fault_count=10 if table else 9,
-            gap_s=(3.0, 6.0),
+            gap_s=(2.0, 4.0),
             catchup_timeout_s=240.0,
             max_records_per_split=2_000,
             workdir=workdir,
