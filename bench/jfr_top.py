@@ -10,9 +10,10 @@ frames with the largest share (self), and, for frames whose ``Class.method`` con
 ``--match``, their share anywhere on the stack (inclusive: a frame counted once per sample).
 A sample is one running Java thread caught every 10-20 ms (``settings=profile``); threads in
 native code or waiting are not sampled, so shares are of the JVM's Java CPU, not of its GC or
-JIT threads (``python -m bench.worker_profile`` has those, per thread, from /proc). A stack
-deeper than the recording's ``stackdepth`` (64 by default) loses its outermost frames, so an
-outer frame's inclusive share is a lower bound.
+JIT threads (``python -m bench.worker_profile`` has those, per thread, from /proc). Stacks are
+read to ``STACK_DEPTH`` frames (``jfr print`` keeps only 5 unless told, which hides every outer
+frame); one deeper than that, or than the recording's own ``stackdepth`` (64 by default), loses
+its outermost frames, so an outer frame's inclusive share is a lower bound.
 """
 
 from __future__ import annotations
@@ -90,6 +91,18 @@ def report(summary: Summary) -> str:
     return "\n".join(lines)
 
 
+# Frames read per sample: the recording's own default ``stackdepth``.
+STACK_DEPTH = 64
+
+
+def jfr_print_command(tool: Path, recording: Path, stack_depth: int = STACK_DEPTH) -> list[str]:
+    """The JDK's ``jfr print`` of a recording's execution samples, ``stack_depth`` frames each."""
+    return [
+        *(str(tool), "print", "--json", "--stack-depth", str(stack_depth)),
+        *("--events", "jdk.ExecutionSample", str(recording)),
+    ]
+
+
 def read_recording(path: Path) -> dict[str, Any]:
     java = find_java(11)
     if java is None:
@@ -98,7 +111,7 @@ def read_recording(path: Path) -> dict[str, Any]:
     if not tool.exists():
         raise SystemExit(f"bench.jfr_top: {java.parent} has no jfr tool (a JRE, not a JDK)")
     printed = subprocess.run(
-        [str(tool), "print", "--json", "--events", "jdk.ExecutionSample", str(path)],
+        jfr_print_command(tool, path),
         capture_output=True,
         text=True,
         check=True,

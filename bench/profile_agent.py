@@ -94,10 +94,17 @@ class ThreadProfiler:
         self._gc_started = threading.local()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="bench-profiler", daemon=True)
+        self._stopped = threading.Event()
 
     def start(self) -> None:
         gc.callbacks.append(self._on_gc)
         self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling (the worker's profiler runs until the process ends; a test's must not)."""
+        self._stopped.set()
+        self._thread.join()
+        gc.callbacks.remove(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -177,7 +184,7 @@ class ThreadProfiler:
 
     def _run(self) -> None:
         next_check = 0.0
-        while True:
+        while not self._stopped.is_set():
             try:
                 self.sample()
                 now = time.monotonic()
@@ -190,7 +197,7 @@ class ThreadProfiler:
                 self.errors += 1
                 if self.errors <= 3:
                     traceback.print_exc()
-            time.sleep(self.interval_s)
+            self._stopped.wait(self.interval_s)
 
 
 def main() -> None:

@@ -206,7 +206,7 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
-                from ingest.build.spark import create_session_within, session_source
+                from ingest.build.spark import open_session_source
 
                 log.info(
                     "spark_starting",
@@ -214,27 +214,18 @@ class Worker:
                     spark_master=settings.spark_master,
                     timeout_s=settings.spark_start_timeout_s,
                 )
-                app_name = f"ingest-{spec.name}"
+                events = self.metrics.spark_connect_events
                 try:
-                    spark = create_session_within(
-                        settings.spark_start_timeout_s,
-                        settings.spark_master,
-                        app_name,
-                        stores=[spec.segment_store],
+                    sessions = open_session_source(
+                        settings,
+                        f"ingest-{spec.name}",
+                        [spec.segment_store],
                         # from_avro is spark-avro's, in the pinned jar set (not in pyspark's jars).
                         connectors="avro" in (spec.format, spec.key_format),
-                        connect_retry_s=settings.spark_connect_retry_s,
+                        on_event=lambda event: events.labels(spec.name, event.value).inc(),
                     )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
-                events = self.metrics.spark_connect_events
-                sessions = session_source(
-                    settings.spark_master,
-                    app_name,
-                    spark,
-                    retry_s=settings.spark_connect_retry_s,
-                    on_event=lambda event: events.labels(spec.name, event.value).inc(),
-                )
                 stack.callback(sessions.stop)
                 spark_builder = SparkSegmentBuilder(sessions, registrar)
                 self._warm_up(spark_builder, spec, settings.warm_up_records)

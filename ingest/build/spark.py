@@ -9,12 +9,15 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from ingest.errors import SparkDriverExited, first_line
 from ingest_common.model import SparkConnectEvent
+
+if TYPE_CHECKING:
+    from ingest.config import Settings
 
 log = structlog.get_logger(__name__)
 
@@ -323,6 +326,30 @@ def session_source(
     from ingest.build.connect import ConnectSessions  # the Connect client and grpc: for sc:// only
 
     return ConnectSessions(master, app_name, retry_s=retry_s, first=first, on_event=on_event)
+
+
+def open_session_source(
+    settings: Settings,
+    app_name: str,
+    stores: Iterable[str],
+    *,
+    connectors: bool = False,
+    on_event: Callable[[SparkConnectEvent], None] = lambda _event: None,
+) -> SessionSource:
+    """A role's Spark session as the role's settings say (master, start bound, Connect retry
+    bound), started now: :func:`create_session_within`, then its one owner
+    (:func:`session_source`). Raises what the start raises (``TimeoutError`` past the bound)."""
+    first = create_session_within(
+        settings.spark_start_timeout_s,
+        settings.spark_master,
+        app_name,
+        stores=stores,
+        connectors=connectors,
+        connect_retry_s=settings.spark_connect_retry_s,
+    )
+    return session_source(
+        settings.spark_master, app_name, first, retry_s=settings.spark_connect_retry_s, on_event=on_event
+    )
 
 
 def is_connect(master: str) -> bool:

@@ -13,6 +13,7 @@ from ingest.spec import SourceSpec, parse_size
 from metastore import Metastore
 
 if TYPE_CHECKING:
+    from ingest.build.spark import SessionSource
     from ingest.compact.job import Compactor
 
 EXAMPLES = {
@@ -43,7 +44,7 @@ def add_compact_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from ingest.build.spark import SessionSource, create_session_within, session_source
+    from ingest.build.spark import open_session_source
     from ingest.compact.job import Compactor
 
     target = parse_size("--target-size", args.target_size) if args.target_size is not None else None
@@ -51,14 +52,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     settings = load_settings()
 
     def sessions(spec: SourceSpec) -> SessionSource:
-        spark = create_session_within(
-            settings.spark_start_timeout_s,
-            settings.spark_master,
-            "ingest-compact",
-            stores=[spec.segment_store],
-            connect_retry_s=settings.spark_connect_retry_s,
-        )
-        return session_source(settings.spark_master, "ingest-compact", spark, retry_s=settings.spark_connect_retry_s)
+        return open_session_source(settings, "ingest-compact", [spec.segment_store])
 
     with Metastore(settings.database_url) as store:
         compactor = Compactor(store, sessions, f"compact-{settings.worker_id or default_worker_id()}")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -8,7 +9,8 @@ import pytest
 from ingest.build.builder import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings
 from ingest_dev.ingest_process import kill_leftovers
-from tests.acceptance.harness import StartWorker, ThreadWorker
+from tests.acceptance.harness import NewSource, Produced, StartWorker, ThreadWorker, apply_spec, write_spec
+from tests.fixtures.servers import MakeTopic
 
 
 @pytest.fixture
@@ -40,3 +42,17 @@ def start_worker() -> Iterator[StartWorker]:
         worker.stop_event.set()
     for worker in started:
         worker.thread.join(60)
+
+
+@pytest.fixture
+def new_source(tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic) -> NewSource:
+    """What most tests start with: a new topic, a JSON source over it (tests.acceptance.harness.write_spec's
+    options) applied to the metastore, and the :class:`Produced` of that topic."""
+
+    def make(partitions: int, **spec: Any) -> tuple[str, Produced]:
+        topic = make_topic(partitions=partitions)
+        source, path = write_spec(tmp_path, topic, **spec)
+        apply_spec(database_url, path)
+        return source, Produced(kafka_bootstrap, topic, partitions)
+
+    return make

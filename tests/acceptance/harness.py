@@ -8,7 +8,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ingest.build.builder import BuilderFactory
 from ingest.config import Settings
@@ -88,6 +88,14 @@ class Produced:
     def caught_up(self, store: Metastore, source: str) -> bool:
         positions = published_positions(store, source)
         return all(positions.get((self.topic, p)) == end for p, end in self.ends.items() if end)
+
+
+class NewSource(Protocol):
+    """The ``new_source`` fixture: ``new_source(partitions, **write_spec options) -> (source,
+    produced)``: a new topic of ``partitions``, a JSON source over it applied to the metastore,
+    and the :class:`Produced` that tracks what the test produces to it."""
+
+    def __call__(self, partitions: int, **spec: Any) -> tuple[str, Produced]: ...
 
 
 def settings(database_url: str, bootstrap: str, **over: Any) -> Settings:

@@ -25,6 +25,7 @@ from ingest_dev.testkit import wait_until
 from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
+    NewSource,
     Produced,
     StartWorker,
     apply_spec,
@@ -33,8 +34,7 @@ from tests.acceptance.harness import (
     settings,
     write_spec,
 )
-
-MakeTopic = Callable[..., str]
+from tests.fixtures.servers import MakeTopic
 
 
 def _positions(url: str, source: str) -> dict[int, int | None]:
@@ -71,14 +71,11 @@ def test_published_offsets_reach_the_consumer_group_for_kafkas_own_tools(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=4)
-    source, spec_path = write_spec(tmp_path, topic, max_records=2000, max_age="500ms")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 4)
+    source, produced = new_source(4, max_records=2000, max_age="500ms")
     produced.produce(12_000)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
@@ -100,7 +97,7 @@ def test_group_commits_that_fail_never_stop_ingestion(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
     monkeypatch: pytest.MonkeyPatch,
@@ -112,10 +109,7 @@ def test_group_commits_that_fail_never_stop_ingestion(
         real(self, {TopicPartition(tp.topic + "-missing", tp.partition): o for tp, o in offsets.items()})
 
     monkeypatch.setattr(ConfluentConsumer, "commit", commit_to_a_missing_topic)
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="500ms")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=1000, max_age="500ms")
     produced.produce(4000)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,14 @@ from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from metastore.tables import TableKind
-from tests.acceptance.harness import Produced, StartWorker, apply_spec, process_env, sample_value, settings, write_spec
+from tests.acceptance.harness import (
+    NewSource,
+    StartWorker,
+    process_env,
+    sample_value,
+    settings,
+)
 from tests.acceptance.test_cli import ingest
-
-MakeTopic = Callable[..., str]
 
 
 def audit(env: dict[str, str], source: str, text_too: bool = False) -> tuple[int, list[str], dict[str, Any]]:
@@ -87,14 +91,12 @@ def test_audit_passes_on_a_clean_source_and_finds_each_injected_defect(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s", store=f"file://{tmp_path}/store")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=400, max_age="1s", store=f"file://{tmp_path}/store")
+    topic = produced.topic
     produced.produce(2000, some_values)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:

@@ -41,8 +41,8 @@ from tests.acceptance.test_registry_formats import (
     run_to_end,
     write_registry_spec,
 )
+from tests.fixtures.servers import MakeTopic
 
-MakeTopic = Callable[..., str]
 PARTITIONS = 3
 
 

@@ -19,7 +19,7 @@ from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     REPO,
-    Produced,
+    NewSource,
     StartWorker,
     apply_spec,
     assert_exactly_once,
@@ -148,14 +148,11 @@ def test_segments_status_and_gc(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=300)
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=300)
     produced.produce(1000)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
@@ -203,7 +200,7 @@ def test_gc_during_a_delayed_publish_loses_nothing(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
@@ -211,10 +208,7 @@ def test_gc_during_a_delayed_publish_loses_nothing(
     grace shorter than the hold-up: gc abandons the split and deletes its files, the late
     publish is refused and counted as a conflict, the worker reads the records again and
     every record is published exactly once, with every published file in place."""
-    topic = make_topic(partitions=1)
-    source, spec_path = write_spec(tmp_path, topic, max_records=250)
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 1)
+    source, produced = new_source(1, max_records=250)
     produced.produce(1000)
     env = process_env(database_url, kafka_bootstrap)
     worker = start_worker(settings(database_url, kafka_bootstrap, fault_publish_delay_s=3.0), source, spark_builder)

@@ -32,18 +32,16 @@ from metastore import Metastore, ReplaceRefused
 from metastore.tables import TableKind
 from tests.acceptance.harness import (
     REPO,
+    NewSource,
     Produced,
     StartWorker,
-    apply_spec,
     assert_exactly_once,
     process_env,
     settings,
-    write_spec,
 )
 from tests.acceptance.test_audit import audit
 from tests.acceptance.test_cli import ingest
 
-MakeTopic = Callable[..., str]
 TARGET = 64 * 1024**2
 
 
@@ -88,15 +86,12 @@ def value(i: int) -> bytes:
 
 
 def publish_small_segments(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker, records: int = 6000,
 ) -> tuple[str, Produced, Any]:  # fmt: skip
     """A source cut into many small segments (file_partition hour), its records published; the
     worker keeps running."""
-    topic = make_topic(partitions=3)
-    source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s", extra='file_partition = "hour"')
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 3)
+    source, produced = new_source(3, max_records=400, max_age="1s", extra='file_partition = "hour"')
     produced.produce(records, value)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
@@ -114,11 +109,11 @@ def data_files(store: Metastore, source: str) -> list[str]:
 
 
 def test_compaction_beside_a_running_worker_keeps_every_record_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker, spark: Any,
 ) -> None:  # fmt: skip
     source, produced, worker = publish_small_segments(
-        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker
+        tmp_path, database_url, kafka_bootstrap, new_source, spark_builder, start_worker
     )
     with Metastore(database_url) as store:
         before = store.segments(source)
@@ -146,11 +141,11 @@ def test_compaction_beside_a_running_worker_keeps_every_record_once(
 
 
 def test_a_zombie_compactor_is_refused_and_a_killed_one_leaves_nothing_visible(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker, spark: Any,
 ) -> None:  # fmt: skip
     source, produced, worker = publish_small_segments(
-        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker
+        tmp_path, database_url, kafka_bootstrap, new_source, spark_builder, start_worker
     )
     worker.stop()
     with HookedStore(database_url) as store:
@@ -181,11 +176,11 @@ def test_a_zombie_compactor_is_refused_and_a_killed_one_leaves_nothing_visible(
 
 
 def test_gc_during_compaction_abandons_it_and_nothing_is_lost(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker, spark: Any,
 ) -> None:  # fmt: skip
     source, produced, worker = publish_small_segments(
-        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+        tmp_path, database_url, kafka_bootstrap, new_source, spark_builder, start_worker, records=3000
     )
     worker.stop()
     with HookedStore(database_url) as store:
@@ -206,11 +201,11 @@ def test_gc_during_compaction_abandons_it_and_nothing_is_lost(
 
 
 def test_a_reset_during_compaction_leaves_each_epoch_exactly_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker, spark: Any,
 ) -> None:  # fmt: skip
     source, produced, worker = publish_small_segments(
-        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+        tmp_path, database_url, kafka_bootstrap, new_source, spark_builder, start_worker, records=3000
     )
     tps = [TopicPartition(produced.topic, p) for p in range(3)]
     with HookedStore(database_url) as store:
@@ -242,11 +237,11 @@ def _exists(uri: str) -> bool:
 
 
 def test_a_table_fed_source_follows_compaction_once_through_a_killed_committer(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker, spark: Any,
 ) -> None:  # fmt: skip
     source, produced, worker = publish_small_segments(
-        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+        tmp_path, database_url, kafka_bootstrap, new_source, spark_builder, start_worker, records=3000
     )
     worker.stop()
     assert worker.error is None
@@ -309,11 +304,11 @@ def samples(port: int, name: str) -> list[float]:
 
 
 def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_exports_metrics(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, spark_builder: BuilderFactory,
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:  # fmt: skip
     source, produced, worker = publish_small_segments(
-        tmp_path, database_url, kafka_bootstrap, make_topic, spark_builder, start_worker, records=3000
+        tmp_path, database_url, kafka_bootstrap, new_source, spark_builder, start_worker, records=3000
     )
     worker.stop()
     assert worker.error is None

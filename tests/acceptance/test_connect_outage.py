@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.spark_connect import LocalConnectServer
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
-from tests.acceptance.harness import Produced, apply_spec, assert_exactly_once, process_env, write_spec
+from tests.acceptance.harness import NewSource, assert_exactly_once, process_env
 
 pytestmark = pytest.mark.process
 
@@ -67,13 +67,10 @@ def test_a_restarted_connect_server_gets_a_fresh_session_and_every_offset_once(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     connect_server: LocalConnectServer,
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=500, max_age="1s")
     produced.produce(1000)
     worker = connect_worker(tmp_path, database_url, kafka_bootstrap, connect_server, source, "restart")
     try:
@@ -114,13 +111,10 @@ def test_a_sigterm_while_the_connect_server_is_dead_exits_within_the_retry_bound
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     connect_server: LocalConnectServer,
 ) -> None:
-    topic = make_topic(partitions=1)
-    source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 1)
+    source, produced = new_source(1, max_records=500, max_age="1s")
     produced.produce(500)
     worker = connect_worker(tmp_path, database_url, kafka_bootstrap, connect_server, source, "sigterm")
     try:

@@ -18,6 +18,7 @@ from ingest_dev.testkit import wait_until
 from ingest_dev.verify import Verification, verify_epochs, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
+    NewSource,
     Produced,
     StartWorker,
     ThreadWorker,
@@ -109,15 +110,12 @@ def test_drain_with_stay_holds_the_fleet_until_resume(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=4)
-    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="5s")
-    apply_spec(database_url, spec_path)
+    source, produced = new_source(4, max_records=1000, max_age="5s")
     env = process_env(database_url, kafka_bootstrap)
-    produced = Produced(kafka_bootstrap, topic, 4)
     workers = [start_worker(settings(database_url, kafka_bootstrap), source, spark_builder) for _ in range(2)]
     producer = steady_producer(produced, 15)
     time.sleep(4)
@@ -173,15 +171,13 @@ def test_reset_under_load_fences_in_flight_work_and_replays_once_per_epoch(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=400, max_age="1s")
-    apply_spec(database_url, spec_path)
+    source, produced = new_source(2, max_records=400, max_age="1s")
+    topic = produced.topic
     env = process_env(database_url, kafka_bootstrap)
-    produced = Produced(kafka_bootstrap, topic, 2)
     # A publish waits 1 s after its build, so splits are in flight when the reset commits.
     worker = start_worker(settings(database_url, kafka_bootstrap, fault_publish_delay_s=1.0), source, spark_builder)
     producer = steady_producer(produced, 12)
@@ -320,18 +316,15 @@ def test_a_control_applies_through_notify_long_before_the_heartbeat_poll(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Workers would poll the controls every 10 minutes: only NOTIFY can deliver them within the test.
     monkeypatch.setattr(registry_module, "HEARTBEAT_INTERVAL_S", 600.0)
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
-    apply_spec(database_url, spec_path)
+    source, produced = new_source(2, max_records=500, max_age="1s")
     env = process_env(database_url, kafka_bootstrap)
-    produced = Produced(kafka_bootstrap, topic, 2)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     producer = steady_producer(produced, 6)
     wait_until(lambda: worker.consumed() > 0 and len(worker.worker.assignment) == 2, 30, "consumption")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,15 @@ import pytest
 from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.testkit import java_under, wait_until
 from metastore import Metastore
-from tests.acceptance.harness import Produced, apply_spec, assert_exactly_once, process_env, write_spec
+from tests.acceptance.harness import NewSource, assert_exactly_once, process_env
 
 pytestmark = pytest.mark.process
 
 
 def test_a_worker_whose_spark_jvm_dies_exits_at_once_and_a_successor_publishes_everything_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str]
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource
 ) -> None:
-    topic = make_topic(partitions=1)
-    source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 1)
+    source, produced = new_source(1, max_records=500, max_age="1s")
     produced.produce(500)
     env = process_env(database_url, kafka_bootstrap, INGEST_WARM_UP_RECORDS="0", INGEST_METRICS_PORT="0")
     worker = IngestProcess.worker(env, source, tmp_path, "first")

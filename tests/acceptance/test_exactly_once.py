@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,6 +18,7 @@ from ingest_common.model import BuiltSegment
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
+    NewSource,
     Produced,
     StartWorker,
     apply_spec,
@@ -25,22 +26,18 @@ from tests.acceptance.harness import (
     settings,
     write_spec,
 )
-
-MakeTopic = Callable[..., str]
+from tests.fixtures.servers import MakeTopic
 
 
 def test_one_worker_publishes_every_offset_exactly_once(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=6)
-    source, spec_path = write_spec(tmp_path, topic, max_records=6000, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 6)
+    source, produced = new_source(6, max_records=6000, max_age="1s")
     produced.produce(50_000)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
@@ -113,14 +110,11 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=100, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=100, max_age="1s")
     produced.produce(400)
     zombies: list[ZombieBuilder] = []
 
@@ -174,14 +168,11 @@ def test_parse_errors_are_rejected_or_skipped_exactly_once(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=250, on_parse_error=policy)
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=250, on_parse_error=policy)
     produced.produce(1000, bad_every_tenth)
     worker = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     with Metastore(database_url) as store:
@@ -211,14 +202,12 @@ def test_fail_policy_stops_the_worker_naming_the_record(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=1)
-    source, spec_path = write_spec(tmp_path, topic, max_records=50, on_parse_error="fail")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 1)
+    source, produced = new_source(1, max_records=50, on_parse_error="fail")
+    topic = produced.topic
     produced.produce(
         120, lambda i: b"not json" if i == 77 else json.dumps({"id": i, "ts": "2026-11-22T10:00:00Z"}).encode()
     )
@@ -236,14 +225,11 @@ def test_eager_rebalancing_is_exactly_once_too(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: MakeTopic,
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=4)
-    source, spec_path = write_spec(tmp_path, topic, max_records=700, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 4)
+    source, produced = new_source(4, max_records=700, max_age="1s")
     produced.produce(4000)
     props = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500", "partition.assignment.strategy": "range"}
     first = start_worker(settings(database_url, kafka_bootstrap, kafka_properties=props), source, spark_builder)

@@ -18,6 +18,7 @@ from ingest_common.model import PARSE_ERRORS, WorkerState
 from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
+    NewSource,
     Produced,
     StartWorker,
     ThreadWorker,
@@ -55,14 +56,12 @@ def test_metrics_match_what_was_published_and_follow_rebalances(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
-    make_topic: Callable[..., str],
+    new_source: NewSource,
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
-    topic = make_topic(partitions=4)
-    source, spec_path = write_spec(tmp_path, topic, max_records=400)
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 4)
+    source, produced = new_source(4, max_records=400)
+    topic = produced.topic
     produced.produce(
         3000, lambda i: b"{not json" if i % 100 == 0 else json.dumps({"id": i, "ts": "2026-11-22T10:00:00Z"}).encode()
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,13 @@ from ingest_dev.verify import verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import (
     GROUP_PROTOCOLS,
+    NewSource,
     Produced,
-    apply_spec,
     assert_exactly_once,
     process_env,
-    write_spec,
 )
 
 pytestmark = pytest.mark.process
-MakeTopic = Callable[..., str]
 
 
 @pytest.fixture(params=GROUP_PROTOCOLS)
@@ -45,13 +42,10 @@ def background_producer(produced: Produced, batches: int, batch: int, pause_s: f
 
 
 def test_rebalances_under_load_publish_every_offset_exactly_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, group_protocol: str
 ) -> None:
-    topic = make_topic(partitions=6)
-    source, spec_path = write_spec(tmp_path, topic, max_records=2000, max_age="1s")
-    apply_spec(database_url, spec_path)
+    source, produced = new_source(6, max_records=2000, max_age="1s")
     env = process_env(database_url, kafka_bootstrap, group_protocol)
-    produced = Produced(kafka_bootstrap, topic, 6)
     workers = [IngestProcess.worker(env, source, tmp_path, f"w{i}") for i in range(3)]
     try:
         producer = background_producer(produced, batches=30, batch=2000, pause_s=1.0)
@@ -74,12 +68,9 @@ def test_rebalances_under_load_publish_every_offset_exactly_once(
 
 
 def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, group_protocol: str
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=500, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=500, max_age="1s")
     produced.produce(2000)
     # The zombie pauses 4 s between building a split and publishing it: the window to freeze it in.
     zombie = IngestProcess.worker(
@@ -123,13 +114,10 @@ def test_a_stopped_zombie_cannot_publish_after_its_partitions_moved(
 # (the rebalance and zombie tests run under both).
 @pytest.mark.parametrize("group_protocol", ["consumer"])
 def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, group_protocol: str
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, group_protocol: str
 ) -> None:
-    topic = make_topic(partitions=4)
-    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="1s")
-    apply_spec(database_url, spec_path)
+    source, produced = new_source(4, max_records=1000, max_age="1s")
     env = process_env(database_url, kafka_bootstrap, group_protocol)
-    produced = Produced(kafka_bootstrap, topic, 4)
     produced.produce(20_000)
     first = [IngestProcess.worker(env, source, tmp_path, f"a{i}") for i in range(2)]
     with Metastore(database_url) as store:
@@ -148,15 +136,13 @@ def test_a_crashed_fleet_resumes_from_the_metastore_offsets(
 
 
 def test_a_latest_source_loses_nothing_produced_after_its_first_claim(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource
 ) -> None:
     """The first worker claims every partition of a ``latest`` source, reads, and dies before
     its first publish; the next one must start where the first claim started, not at the log
     end of its own claim."""
-    topic = make_topic(partitions=6)
-    source, spec_path = write_spec(tmp_path, topic, max_records=5000, max_age="1s", extra='start_from = "latest"')
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 6)
+    source, produced = new_source(6, max_records=5000, max_age="1s", extra='start_from = "latest"')
+    topic = produced.topic
     produced.produce(600)  # before the source reads: "latest" leaves these out
     before = dict(produced.ends)
     env = process_env(database_url, kafka_bootstrap)

@@ -5,7 +5,6 @@ bad records among them, through a worker; exactly once checked from the Parquet 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -19,9 +18,8 @@ from tests.acceptance.test_registry_formats import (
     run_to_end,
     write_registry_spec,
 )
+from tests.fixtures.servers import MakeTopic
 from tests.protobuf_orders import ORDER_COLUMNS, OrderVersion, framed, order, when
-
-MakeTopic = Callable[..., str]
 
 
 def test_protobuf_with_two_writer_versions_and_bad_records_lands_exactly_once(

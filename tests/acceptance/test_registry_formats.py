@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ from tests.acceptance.harness import (
     assert_exactly_once,
     settings,
 )
+from tests.fixtures.servers import MakeTopic
 
-MakeTopic = Callable[..., str]
 PARTITIONS = 3
 # An id no registry here ever gave out (ids are small and increasing).
 NEVER_REGISTERED_ID = 2**31 - 7

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,7 @@ from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import Produced, StartWorker, ThreadWorker, apply_spec, assert_exactly_once, settings
 from tests.acceptance.test_registry_formats import V1, V2, order, serializer, write_registry_spec
-
-MakeTopic = Callable[..., str]
+from tests.fixtures.servers import MakeTopic
 
 
 def get(worker: ThreadWorker, path: str) -> tuple[int, str]:

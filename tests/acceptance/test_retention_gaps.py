@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,9 @@ from ingest_dev.verify import read_coordinates, verify_exactly_once
 from metastore import Metastore
 from tests.acceptance.harness import StartWorker, apply_spec, sample_value, settings, write_spec
 from tests.acceptance.test_apache_kafka import topic_configs_setter
+from tests.fixtures.servers import MakeTopic
 
 PARTITIONS = 4
-MakeTopic = Callable[..., str]
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[int, int]]) -> None:

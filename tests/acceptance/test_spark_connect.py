@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
     REPO,
-    Produced,
-    apply_spec,
+    NewSource,
     assert_exactly_once,
     process_env,
     sample_value,
@@ -43,12 +41,9 @@ THIN_WORKER_RSS_BOUND = 700 * 2**20
 
 
 def test_a_worker_on_spark_connect_publishes_every_offset_exactly_once(
-    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: Callable[..., str], spark_connect: str
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_connect: str
 ) -> None:
-    topic = make_topic(partitions=2)
-    source, spec_path = write_spec(tmp_path, topic, max_records=1000, max_age="1s")
-    apply_spec(database_url, spec_path)
-    produced = Produced(kafka_bootstrap, topic, 2)
+    source, produced = new_source(2, max_records=1000, max_age="1s")
     produced.produce(4000, bad_every_500)
     worker = IngestProcess.worker(
         process_env(database_url, kafka_bootstrap, INGEST_SPARK_MASTER=spark_connect), source, tmp_path, "connect"

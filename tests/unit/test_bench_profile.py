@@ -112,13 +112,20 @@ def test_collections_during_a_sample_do_not_stop_the_sampler(tmp_path: Path) -> 
     try:
         profiler = ThreadProfiler(0.001, tmp_path)
         profiler.start()
-        (tmp_path / "mark-a").touch()
-        deadline = time.monotonic() + 10
-        while not (tmp_path / "snap-a.json").exists() and time.monotonic() < deadline:
-            _ = [object() for _ in range(100)]
-            time.sleep(0.01)
+        try:
+            (tmp_path / "mark-a").touch()
+            deadline = time.monotonic() + 10
+            while not (tmp_path / "snap-a.json").exists() and time.monotonic() < deadline:
+                _ = [object() for _ in range(100)]
+                time.sleep(0.01)
+        finally:
+            # Stopped, not left sampling every thread of the test session every millisecond
+            # (it once did, for the rest of the run, and crashed it walking another thread's frames).
+            profiler.stop()
     finally:
         gc.set_threshold(*old)
+    assert not any(t.name == "bench-profiler" for t in threading.enumerate())
+    assert profiler._on_gc not in gc.callbacks
     snap = json.loads((tmp_path / "snap-a.json").read_text())
     assert snap["samples"] > 0 and snap["errors"] == 0
     assert sum(snap["gc"].values()) > 0
