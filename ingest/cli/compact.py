@@ -13,8 +13,11 @@ from ingest.spec import SourceSpec, parse_size
 from metastore import Metastore
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.build.spark import SessionSource
     from ingest.compact.job import Compactor
+    from ingest.compact.metrics import CompactionMetrics
 
 EXAMPLES = {
     "compact": [
@@ -43,22 +46,34 @@ def add_compact_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     compact.set_defaults(func=cmd_compact)
 
 
-def cmd_compact(args: argparse.Namespace) -> int:
+def compactor_sessions(settings: Settings, metrics: CompactionMetrics) -> Callable[[SourceSpec], SessionSource]:
+    """The compactor's Spark session, made on its first job; under Spark Connect what the
+    session goes through is counted in ``metrics`` (ingest_spark_connect_events_total), as
+    for a worker."""
     from ingest.build.spark import open_session_source
+
+    def sessions(spec: SourceSpec) -> SessionSource:
+        return open_session_source(settings, "ingest-compact", [spec.segment_store], on_event=metrics.connect_event)
+
+    return sessions
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
     from ingest.compact.job import Compactor
+    from ingest.compact.metrics import CompactionMetrics
 
     target = parse_size("--target-size", args.target_size) if args.target_size is not None else None
     every = non_negative_seconds("--every", args.every) if args.every is not None else None
     settings = load_settings()
-
-    def sessions(spec: SourceSpec) -> SessionSource:
-        return open_session_source(settings, "ingest-compact", [spec.segment_store])
+    metrics = CompactionMetrics(args.source)
 
     with Metastore(settings.database_url) as store:
-        compactor = Compactor(store, sessions, f"compact-{settings.worker_id or default_worker_id()}")
+        compactor = Compactor(
+            store, compactor_sessions(settings, metrics), f"compact-{settings.worker_id or default_worker_id()}"
+        )
         try:
             if every is not None:
-                return _run_role(compactor, store, args.source, every, target, settings)
+                return _run_role(compactor, store, args.source, every, target, settings, metrics)
             result = compactor.run(args.source, target, args.max_chunks, dry_run=args.dry_run)
         finally:
             compactor.stop()
@@ -119,9 +134,15 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _run_role(
-    compactor: Compactor, store: Metastore, source: str, every: float, target: int | None, settings: Settings
+    compactor: Compactor,
+    store: Metastore,
+    source: str,
+    every: float,
+    target: int | None,
+    settings: Settings,
+    metrics: CompactionMetrics,
 ) -> int:
-    from ingest.compact.metrics import CompactionMetrics, CompactorHealth
+    from ingest.compact.metrics import CompactorHealth
     from ingest.compact.runner import run_compactor
     from ingest.ops.endpoints import Endpoints
 
@@ -133,7 +154,7 @@ def _run_role(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    metrics, health = CompactionMetrics(source), CompactorHealth()
+    health = CompactorHealth()
     endpoints = None
     if settings.metrics_port is not None:
         # /metrics, /healthz and /readyz as the workers and the table committer serve them.

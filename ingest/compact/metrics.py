@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ingest_common.model import SparkConnectEvent
+
 if TYPE_CHECKING:
     from ingest.compact.job import CompactionResult
     from ingest.compact.plan import Chunk
@@ -77,10 +79,23 @@ class CompactionMetrics:
         self.active = Gauge(
             "ingest_compactor_active", "1 while this process holds the source's compactor lock", labels, registry=r
         )
+        # The same series as a worker's (ingest.ops.metrics): the alerts on it cover both roles.
+        self.spark_connect_events = Counter(
+            "ingest_spark_connect_events",
+            "Under Spark Connect: calls that gave up on an unreachable server, sessions the server "
+            "lost, sessions re-created",
+            ["source", "event"],
+            registry=r,
+        )
+        for event in SparkConnectEvent:
+            self.spark_connect_events.labels(source, event.value)
         for counter in (self.segments_compacted, self.replacements, self.bytes_rewritten, self.failures):
             counter.labels(source)
         for gauge in (self.last_pass, self.active):
             gauge.labels(source).set(0)
+
+    def connect_event(self, event: SparkConnectEvent) -> None:
+        self.spark_connect_events.labels(self.source, event.value).inc()
 
     def passed(self, result: CompactionResult) -> None:
         s = self.source

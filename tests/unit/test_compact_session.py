@@ -127,3 +127,37 @@ def test_a_compactor_whose_driver_jvm_exited_raises_driver_exited_on_its_next_jo
         compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
     compactor.stop()
     assert session.stopped_with_release is None  # a dead JVM is not asked to stop
+
+
+def test_the_compactor_role_counts_what_its_connect_session_went_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ingest compact``'s sessions (ingest.cli.compact.compactor_sessions) report to the role's
+    /metrics as a worker's do: a session the server lost, then the fresh one that replaced it."""
+    from ingest.build import spark
+    from ingest.cli.compact import compactor_sessions
+    from ingest.compact.metrics import CompactionMetrics
+    from ingest.config import Settings
+
+    data = tmp_path / "seg.parquet"
+    pq.write_table(pa.table({"_partition": [0], "_offset": [0]}), data)
+    spec = spec_from_dict(
+        {"name": "src", "topics": ["t"], "event_time": "ts", "schema": {"ts": "timestamp"}, "segment_store": "/r"}
+    )
+    seg = Candidate(1, TopicPartition("t", 0), 0, 1, 0, 1, (f"file://{data}",), 1, 10, ())
+    monkeypatch.setattr(spark, "create_session_within", lambda *_a, **_k: LostSession())
+    monkeypatch.setattr(connect, "connect_session", lambda *_a, **_k: LostSession())
+    metrics = CompactionMetrics("src")
+    settings = Settings(database_url="postgresql://unused", kafka_bootstrap="unused", spark_master="sc://127.0.0.1:1")
+    compactor = Compactor(store=None, sessions=compactor_sessions(settings, metrics), worker_id="c")  # type: ignore[arg-type]
+    for _ in range(2):
+        with pytest.raises(PySparkRuntimeError):
+            compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+    compactor.stop()
+
+    def count(event: str) -> float | None:
+        return metrics.registry.get_sample_value("ingest_spark_connect_events_total", {"source": "src", "event": event})
+
+    assert count("session_lost") == 2
+    assert count("session_recreated") == 1
+    assert count("unreachable") == 0
