@@ -347,10 +347,10 @@ def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key
 
     value = F.col("_value")
     event_us = F.unix_micros(F.col("_p").getField(spec.event_time))
-    error = F.when(
-        error.isNull() & ((event_us < F.lit(EVENT_TIME_MIN_US)) | (event_us >= F.lit(EVENT_TIME_END_US))),
-        F.lit("event_time_out_of_range"),
-    ).otherwise(error)
+    # The parse's reason, else one for an event time out of range: ``error`` appears once, so
+    # it is evaluated once per record (a CASE that tested it and then returned it ran it twice).
+    out_of_range = (event_us < F.lit(EVENT_TIME_MIN_US)) | (event_us >= F.lit(EVENT_TIME_END_US))
+    error = F.coalesce(error, F.when(out_of_range, F.lit("event_time_out_of_range")))
     return Plan(
         staged_columns=(
             *(F.col(c) for c in META_COLUMNS),

@@ -122,6 +122,8 @@ def _not_json_object(b: bytes) -> bool:
         (b'{"ts": "9999-12-31T23:30:00-05:00"}', "event_time_out_of_range"),
         (b'{"ts": "0001-01-01T00:00:00+05:30"}', "event_time_out_of_range"),
         (b'{"ts": "9999-12-31T23:59:59Z"}', None),
+        # The parse's reason wins over the event time's (from_json keeps the fields it could parse).
+        (b'{"ts": "9999-12-31T23:30:00-05:00", "id": "x"}', "type_mismatch"),
     ]
 )
 def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
