@@ -1,7 +1,8 @@
 """``python -m bench``: ingest vs. a raw ceiling vs. a peer, on one broker and one pre-produced data set.
 
     python -m bench [--records 1000000] [--partitions 6] [--workers 3] [--skip-peer] [--skip-spark]
-                    [--saturate] [--quick] [--freshness] [--profile] [--format json|avro] [--out DIR]
+                    [--saturate] [--quick] [--freshness] [--profile] [--fleet] [--format json|avro]
+                    [--out DIR]
     python -m bench --setup-peer        # create the Quix Streams peer's own virtualenv
 
 Starts a private PostgreSQL and Apache Kafka (one KRaft node, 127.0.0.1 only), produces the data once, then
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import avro_wire as avro
-from bench import freshness, freshness_report, peer, report, streaming_peer, worker_profile
+from bench import fleet, freshness, freshness_report, peer, report, streaming_peer, worker_profile
 from bench.console import exit_on_sigterm, log
 from bench.data import TOPIC, produce_dataset, produce_steady
 from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
@@ -330,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile:
                 ctx.log("[profile] one worker under the profiling agent")
                 results["profile"] = worker_profile.run_profile(ctx, args.records, args.partitions, 10.0, split)
+            if args.fleet:
+                modes = fleet.QUICK_MODES if args.quick else fleet.MODES
+                ctx.log(f"[fleet] {', '.join(fleet.LABELS[m] for m in modes)}")
+                fleet_args = argparse.Namespace(**{**vars(args), "workers": args.fleet_workers})
+                rows = fleet.run_fleets(ctx, fleet_args, modes, split)
+                results["fleet"] = {r["mode"]: r for r in rows}
+                checks.update({f"fleet_{r['mode']}": r["exactly_once"] for r in rows})
     finally:
         for f in fleets:
             f.stop()  # no-op for fleets already stopped
@@ -386,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + freshness_report.table(results["freshness"]))
     if "profile" in results:
         print("\n" + profile_table(results["profile"]))
+    if "fleet" in results:
+        print("\n" + fleet.table(list(results["fleet"].values())))
     print(
         f"\nresults: {args.out / 'results.json'}"
         + (f"; {no_chart}" if no_chart else f", chart: {args.out / 'chart.png'}")

@@ -33,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,14 @@ def run_mode(ctx: Context, args: argparse.Namespace, mode: str, split: SplitConf
     }
 
 
+def run_fleets(
+    ctx: Context, args: argparse.Namespace, modes: Sequence[str], split: SplitConfig
+) -> list[dict[str, Any]]:
+    """Each of ``modes`` in order (``args``: records, partitions, workers, connect_master,
+    driver_memory, rate, steady_seconds); ``python -m bench --fleet`` runs the same."""
+    return [run_mode(ctx, args, mode, split) for mode in modes]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["fleet", "workers", "records/s", "CPU s/M", "peak RSS MB", "of it server", "JVMs/worker", "p50 s", "p99 s"]
     lines = [head]
@@ -190,13 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     split = SplitConfig(max_records=args.split_records, max_age=args.max_age)
     load_start = os.getloadavg()[0]
     started = time.time()
-    rows: list[dict[str, Any]] = []
     with LocalPostgres() as pg, LocalKafka(base_dir=work / "broker") as broker:
         log(f"broker: {broker.describe()}")
         apply_migrations(pg.url)
         ctx = Context(pg.url, broker.bootstrap, work, args.driver_memory, args.timeout, log)
-        for mode in args.modes:
-            rows.append(run_mode(ctx, args, mode, split))
+        rows = run_fleets(ctx, args, args.modes, split)
     results = {
         "config": {
             "records": args.records,

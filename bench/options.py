@@ -87,6 +87,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also profile one worker over a topic of --records records, per thread and Python function "
         "(bench/worker_profile.py; alone: python -m bench.worker_profile)",
     )
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="also the fleet comparison (bench/fleet.py): one worker, then --fleet-workers workers with "
+        "local Spark, then as many thin workers on one Spark Connect server, each over its own copy of "
+        "the data set (--quick: the two fleets only; alone: python -m bench.fleet)",
+    )
+    parser.add_argument("--fleet-workers", type=int, help="workers of each --fleet fleet (default 3; --quick 2)")
+    parser.add_argument(
+        "--connect-master", default="local[2]", help="the --fleet Spark Connect server's master (default local[2])"
+    )
     freshness.add_arguments(parser)
     args = parser.parse_args(argv)
     quick = args.quick
@@ -96,6 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # --quick trims what costs wall time without changing what is measured: one Spark JVM
     # fewer (each takes ~10 s to start on 2 cores) and shorter waits for splits to seal.
     args.workers = args.workers or (2 if quick else 3)
+    args.fleet_workers = args.fleet_workers or (2 if quick else 3)
     # Not below 2 s: each split is one Spark job, and on 2 busy cores a job takes ~1 s, so shorter
     # ages pile builds up and the latency phase measures the backlog instead.
     args.max_age = args.max_age or ("2s" if quick else "3s")
@@ -104,8 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # A hung phase must fail inside the bench (which then stops what it started), not be
     # killed from outside with servers and workers left behind.
     args.timeout = args.timeout or (150.0 if quick else 1800.0)
-    if args.records <= 0 or args.partitions <= 0 or args.workers <= 0 or args.repeat <= 0:
-        parser.error("--records, --partitions, --workers and --repeat must be positive")
+    if min(args.records, args.partitions, args.workers, args.repeat, args.fleet_workers) <= 0:
+        parser.error("--records, --partitions, --workers, --fleet-workers and --repeat must be positive")
     args.worker_settings = {}
     for item in args.worker_env:
         name, sep, value = item.partition("=")

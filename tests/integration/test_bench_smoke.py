@@ -21,17 +21,21 @@ from tests.integration.bench_run import REPO, run_bench
 # --quick took ~2.5 min on an idle 2-core machine and ~3.5 min while other tests loaded it with
 # 4 Spark JVMs started one after another; the Spark Structured Streaming peer adds two more
 # (~1.5 min at load average 7); --freshness starts four more systems at once (two JVMs) in place
-# of the Spark peer's latency phase.  The bound is a hang guard, not a speed check.
-RUN_TIMEOUT_S = 540
+# of the Spark peer's latency phase; --fleet adds two fleets of two workers (~1 min, with a Spark
+# Connect server).  The bound is a hang guard, not a speed check.
+RUN_TIMEOUT_S = 720
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
 
 def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    # One worker only: N workers with local Spark are the fleet bench's (its smoke test below),
-    # and the CI budget has no room for the same fleet twice.
-    stdout = run_bench(["bench", "--quick", "--workers", "1", "--freshness", "--out", str(out)], RUN_TIMEOUT_S)
+    # One worker in the throughput phase: N workers with local Spark are the fleet phase's
+    # (--fleet: bench.fleet's two fleets, as python -m bench.fleet --quick runs them), and the CI
+    # budget has no room for the same fleet twice.
+    stdout = run_bench(
+        ["bench", "--quick", "--workers", "1", "--freshness", "--fleet", "--out", str(out)], RUN_TIMEOUT_S
+    )
 
     results = json.loads((out / "results.json").read_text())
     assert {"config", "throughput", "ratios", "latency", "rebalance", "exactly_once"} <= set(results)
@@ -101,6 +105,20 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     assert rebalance["events"][2]["reconsumed_moved"] == 0
     assert all(check["ok"] for check in results["exactly_once"].values()), results["exactly_once"]
 
+    # The fleet phase: N workers with local Spark, then N thin workers on one Spark Connect
+    # server, each over its own copy of the data set, exactly once.
+    fleets = results["fleet"]
+    assert set(fleets) == {"local", "connect"}
+    for mode, row in fleets.items():
+        assert row["workers"] == 2 and results["exactly_once"][f"fleet_{mode}"]["ok"], (mode, row)
+        assert row["records_per_s"] > 0 and row["cpu_s_per_million"] > 0 and row["peak_rss_mb"] > 0, (mode, row)
+        assert row["produce_to_visible_s"]["n"] > 0, (mode, row)
+    # Thin workers start no JVM; the server's CPU and memory are in the fleet's figures.
+    assert fleets["connect"]["worker_jvms"] == 0, fleets["connect"]
+    assert fleets["connect"]["server_peak_rss_mb"] > 0
+    assert fleets["local"]["worker_jvms"] == fleets["local"]["workers"], fleets["local"]
+    assert "thin workers, one Spark Connect" in stdout
+
     assert (out / "chart.png").stat().st_size > 0
     assert "records/s" in stdout
     assert "peer: spark structured streaming" in stdout
@@ -169,26 +187,3 @@ def test_bench_store_compares_the_file_and_s3_stores(tmp_path: Path) -> None:
     # S3 builds upload multipart (POST) and never copy; the figure exists to show that cost.
     assert figures["s3"]["s3_requests_per_batch"].get("POST", 0) > 0, figures
     assert "s3 build time / file build time" in proc.stdout
-
-
-def test_bench_fleet_runs_thin_workers_on_one_connect_server_beside_local_spark(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.fleet", "--quick", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    fleets = json.loads((out / "fleet.json").read_text())["fleets"]
-    assert set(fleets) == {"local", "connect"}
-    for mode, row in fleets.items():
-        assert row["exactly_once"]["ok"], (mode, row["exactly_once"])
-        assert row["records_per_s"] > 0 and row["cpu_s_per_million"] > 0 and row["peak_rss_mb"] > 0, (mode, row)
-        assert row["produce_to_visible_s"]["n"] > 0, (mode, row)
-    # Thin workers start no JVM; the server's CPU and memory are in the fleet's figures.
-    assert fleets["connect"]["worker_jvms"] == 0, fleets["connect"]
-    assert fleets["connect"]["server_peak_rss_mb"] > 0
-    assert fleets["local"]["worker_jvms"] == fleets["local"]["workers"], fleets["local"]
-    assert "thin workers, one Spark Connect" in proc.stdout
