@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,8 +38,7 @@ def _java() -> Path:
     home = os.environ.get("JAVA_HOME")
     if home:
         return Path(home) / "bin" / "java"
-    found = subprocess.run(["sh", "-c", "command -v java"], capture_output=True, text=True, check=False)
-    return Path(os.path.realpath(found.stdout.strip() or "java"))
+    return Path(os.path.realpath(shutil.which("java") or "java"))
 
 
 def archive_path() -> Path:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from prometheus_client import CollectorRegistry, Counter
 
 from ingest.errors import SparkDriverExited, first_line
 from ingest_common.model import SparkConnectEvent
@@ -349,6 +350,19 @@ def open_session_source(
     )
     return session_source(
         settings.spark_master, app_name, first, retry_s=settings.spark_connect_retry_s, on_event=on_event
+    )
+
+
+def spark_connect_events_counter(registry: CollectorRegistry) -> Counter:
+    """``ingest_spark_connect_events_total{source, event}`` in ``registry``: one series for every
+    role whose session a :func:`session_source` owns (a worker, a compactor), so the alerts and
+    dashboard panels on it cover them all."""
+    return Counter(
+        "ingest_spark_connect_events",
+        "Under Spark Connect: calls that gave up on an unreachable server, sessions the server "
+        "lost, sessions re-created",
+        ["source", "event"],
+        registry=registry,
     )
 
 

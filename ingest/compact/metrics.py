@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ingest.build.spark import spark_connect_events_counter
 from ingest_common.model import SparkConnectEvent
 
 if TYPE_CHECKING:
@@ -80,13 +81,7 @@ class CompactionMetrics:
             "ingest_compactor_active", "1 while this process holds the source's compactor lock", labels, registry=r
         )
         # The same series as a worker's (ingest.ops.metrics): the alerts on it cover both roles.
-        self.spark_connect_events = Counter(
-            "ingest_spark_connect_events",
-            "Under Spark Connect: calls that gave up on an unreachable server, sessions the server "
-            "lost, sessions re-created",
-            ["source", "event"],
-            registry=r,
-        )
+        self.spark_connect_events = spark_connect_events_counter(r)
         for event in SparkConnectEvent:
             self.spark_connect_events.labels(source, event.value)
         for counter in (self.segments_compacted, self.replacements, self.bytes_rewritten, self.failures):

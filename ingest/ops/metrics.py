@@ -10,6 +10,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ingest.build.spark import spark_connect_events_counter
 from ingest_common.model import (
     PARSE_ERRORS,
     BuiltSegment,
@@ -89,13 +90,7 @@ class Metrics:
             ["source", "result"],
             registry=r,
         )
-        self.spark_connect_events = Counter(
-            "ingest_spark_connect_events",
-            "Under Spark Connect: calls that gave up on an unreachable server, sessions the server "
-            "lost, sessions re-created",
-            ["source", "event"],
-            registry=r,
-        )
+        self.spark_connect_events = spark_connect_events_counter(r)
         self.kafka_errors = Counter(
             "ingest_kafka_errors", "Errors reported by the Kafka client", ["source"], registry=r
         )
