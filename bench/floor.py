@@ -43,14 +43,14 @@ import pyarrow.parquet as pq
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.procs import process_tree
 from bench.raw import cpu_seconds, parse_values
-from ingest.build.builder import DICTIONARY_PAGE_BYTES, SparkSegmentBuilder
-from ingest.build.chunks import chunks_of
-from ingest.build.plan import META_COLUMNS
-from ingest.build.spark import create_session
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.builder.job import DICTIONARY_PAGE_BYTES, SparkSegmentBuilder
+from ingest.builder.plan import META_COLUMNS
 from ingest.config import WARM_UP_RECORDS
 from ingest.logs import configure_logging
+from ingest.spark.session import create_session
 from ingest.spec import SourceSpec, spec_from_dict
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import BuildRegistration, BuiltSegment, TopicPartition
 
 
@@ -135,7 +135,7 @@ def _typed_staging(values: list[bytes], splits: list[SealedSplit], work: Path) -
 
 class _TempDirBuilds:
     """The floor builds into a temporary directory it removes itself: no metastore, so
-    there is nothing to register (a worker registers every build; see ingest.build.registration)."""
+    there is nothing to register (a worker registers every build; see ingest.builder.registration)."""
 
     def register(self, build: BuildRegistration, splits: Sequence[SealedSplit]) -> None:
         return None

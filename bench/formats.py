@@ -28,9 +28,9 @@ from typing import Any
 
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.floor import _measure, _splits, _TempDirBuilds
-from ingest.build.builder import SparkSegmentBuilder
-from ingest.build.spark import create_session
+from ingest.builder.job import SparkSegmentBuilder
 from ingest.logs import configure_logging
+from ingest.spark.session import create_session
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import BuiltSegment
 from ingest_dev.registry import client as registry_client

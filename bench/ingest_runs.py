@@ -106,8 +106,8 @@ def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str,
 def _avro_spark_conf(work: Path) -> Path:
     """A SPARK_CONF_DIR whose spark-defaults.conf loads the project's pinned jars, spark-avro
     among them: a local worker's session loads them by itself only for s3a:// stores, and
-    otherwise takes jars from there (ingest.build.spark.session_conf), as an operator sets them."""
-    from ingest.build.spark_jars import spark_jars
+    otherwise takes jars from there (ingest.spark.session.session_conf), as an operator sets them."""
+    from ingest.spark.jars import spark_jars
 
     conf = work / "spark-conf"
     conf.mkdir(parents=True, exist_ok=True)

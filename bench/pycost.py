@@ -44,12 +44,10 @@ from typing import Any
 from bench.data import produce_dataset
 from bench.ingest_runs import Context, SplitConfig, apply_source
 from bench.procs import process_tree
-from ingest.build import builder as builder_module
-from ingest.build import output_files
-from ingest.build.builder import BuildResult, SparkSegmentBuilder
-from ingest.build.registration import BuildRegistrar
-from ingest.build.split import SealedSplit
-from ingest.build.writer_schemas import BatchSchemas
+from ingest.builder import job as builder_module
+from ingest.builder.job import BuildResult, SparkSegmentBuilder
+from ingest.builder.registration import BuildRegistrar
+from ingest.builder.writer_schemas import BatchSchemas
 from ingest.config import Settings
 from ingest.consume import loop as loop_module
 from ingest.consume.kafka import ConfluentConsumer
@@ -57,7 +55,9 @@ from ingest.consume.loop import ConsumeLoop
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.logs import configure_logging
 from ingest.publish.publisher import Publisher
+from ingest.segments import output_files
 from ingest.spec import SourceSpec
+from ingest.splits.split import SealedSplit
 from ingest.worker import Worker
 from ingest_common.model import BuiltSegment
 from ingest_dev.kafka import LocalKafka
@@ -375,7 +375,7 @@ def print_summary(summary: dict[str, Any], spark: bool) -> None:
 
 
 def _spark_factory(work: Path) -> tuple[Callable[[BuildRegistrar], Any], Callable[[], None]]:
-    from ingest.build.spark import create_session
+    from ingest.spark.session import create_session
 
     spark = create_session("local[2]", "pycost", stores=["file://" + str(work)])
 

@@ -30,13 +30,13 @@ from typing import Any
 
 from bench.data import EVENT_TIME, SCHEMA, record_value
 from bench.stats import percentiles
-from ingest.build.builder import SparkSegmentBuilder
-from ingest.build.chunks import chunks_of
-from ingest.build.registration import Registrar
-from ingest.build.spark import create_session
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.builder.job import SparkSegmentBuilder
+from ingest.builder.registration import Registrar
 from ingest.logs import configure_logging
+from ingest.spark.session import create_session
 from ingest.spec import SourceSpec, spec_from_dict
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import (
     BuiltSegment,
     OffsetRange,
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{os.cpu_count()} cores",
     }
     with LocalPostgres() as pg, LocalS3() as s3, tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
-        os.environ.update(s3.env)  # S3A (through ingest.build.spark) and pyarrow read the usual AWS variables
+        os.environ.update(s3.env)  # S3A (through ingest.spark.session) and pyarrow read the usual AWS variables
         url = pg.create_database("bench_store")
         apply_migrations(url)
         stores = {"file": Path(tmp).resolve().as_uri(), "s3": s3.uri("bench")}

@@ -21,8 +21,8 @@ from bench import avro_wire as avro
 from bench.data import SCHEMA
 from bench.procs import TreeSampler
 from bench.stats import percentiles
-from ingest.build.builder import DICTIONARY_PAGE_BYTES
-from ingest.build.spark_jars import spark_jars
+from ingest.builder.job import DICTIONARY_PAGE_BYTES
+from ingest.spark.jars import spark_jars
 from ingest_dev.maven import fetch_spark_jars
 
 SCRIPT = Path(__file__).resolve().parent / "peer_spark.py"

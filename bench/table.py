@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.build.segment_store import build_dirs, ensure_parent
+from ingest.segments.store import build_dirs, ensure_parent
 from ingest.spec import spec_from_dict
 from ingest.table.committer import CommitResult, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode

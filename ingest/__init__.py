@@ -8,8 +8,8 @@ and act through ``ops`` and ``cli``; ``table`` appends published segments to Ice
 Layers, lowest first; a module imports only from its own layer and the ones below it, and
 the three in one row not from each other (tests/unit/test_layers.py checks this)::
 
-    ingest_common < metastore < ingest (shared) < build < publish | ops | table | compact
-        < consume < ingest.worker < cli
+    ingest_common < metastore < ingest (shared) < splits < spark | segments < builder
+        < publish | ops | table | compact < consume < ingest.worker < cli
 
 Module map:
 
@@ -41,20 +41,26 @@ ingest.consume (one polling thread: the consumer group's member)
     publish_watch  a publish unfinished past its bound makes the worker unhealthy
     registry_watch partitions waiting for the schema registry: paused, reported (readyz, status, metrics)
 
-ingest.build (sealed splits into Parquet files, invisible until published)
+ingest.splits (the hand-off types of a split's journey: consume -> build -> publish)
     split          per-partition buffers, sealed splits, kill switches, records made in memory
     chunks         consumed records as Arrow chunks: what buffers and splits hold, sliced at split boundaries
+
+ingest.spark (a role's Spark session and what it runs on)
+    session        the worker's one SparkSession (local, standalone or Spark Connect)
+    connect        the Spark Connect session: bounded client retries, re-created when the server lost it
+    jars           where the pinned Spark jars are (S3, Kafka source, Avro, Iceberg, JDBC)
+
+ingest.segments (segment files: where they live, which split each belongs to)
+    store          the store's layout and file operations (file://, s3a://, ...)
+    output_files   which split each output file belongs to, from its footers
+
+ingest.builder (sealed splits into Parquet files, invisible until published)
+    job            the Spark job over a batch of splits: stage, parse, write, account
     registration   every build registered in the metastore before it writes
-    builder        the Spark job over a batch of splits: stage, parse, write, account
     plan           the staged files' layout and the expressions that parse them
     writer_schemas a batch's Avro and Protobuf writer schemas, fetched from the registry once and cached
     protobuf_writers a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
     protobuf_decode the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
-    output_files   which split each output file belongs to, from its footers
-    segment_store  the store's layout and file operations (file://, s3a://, ...)
-    spark          the worker's one SparkSession (local, standalone or Spark Connect)
-    connect        the Spark Connect session: bounded client retries, re-created when the server lost it
-    spark_jars     where the pinned Spark jars are (S3, Kafka source, Avro, Iceberg, JDBC)
 
 ingest.publish (built splits made visible, in offset order per partition)
     pipeline       concurrent batched builds, in-order publishes, outcomes for the loop

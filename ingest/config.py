@@ -83,7 +83,7 @@ class Settings:
     # otherwise retries an unreachable server for 10 minutes without a word.
     spark_start_timeout_s: float = 300.0
     # Under Spark Connect, one call (a build's, an interrupt, the stop) retries an unreachable
-    # server for at most this long (ingest.build.connect), instead of the client's 10 minutes.
+    # server for at most this long (ingest.spark.connect), instead of the client's 10 minutes.
     spark_connect_retry_s: float = 30.0
     # The values of SECRET_ENV_VARS that are set (for redaction only; never shown).
     environment_secrets: tuple[str, ...] = field(default=(), repr=False)

@@ -82,7 +82,7 @@ class WorkerFailed(IngestError):
 class SparkDriverExited(WorkerFailed):
     """The Spark driver JVM this process launched (a local or standalone driver) exited: no
     build can run in this process again, so the role exits and its supervisor restarts it
-    (ingest.build.spark.FixedSession). Nothing was published by the builds it failed."""
+    (ingest.spark.session.FixedSession). Nothing was published by the builds it failed."""
 
     def __init__(self, exit_status: int, cause: BaseException) -> None:
         super().__init__(

@@ -1,6 +1,6 @@
 """Record formats behind a schema registry: the Confluent wire format (a zero magic byte, a
 4-byte big-endian schema id, then the body; for Protobuf a message-index list before it,
-ingest.build.protobuf_decode), the ``[registry]`` section of a spec, the Avro reader schema
+ingest.builder.protobuf_decode), the ``[registry]`` section of a spec, the Avro reader schema
 of a spec and the registry client.
 
 Only the Confluent Schema Registry REST API is used (any registry that speaks it will do).

@@ -12,8 +12,8 @@ import structlog
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ingest.build.builder import BuilderFactory, SparkSegmentBuilder
-from ingest.build.registration import Registrar
+from ingest.builder.job import BuilderFactory, SparkSegmentBuilder
+from ingest.builder.registration import Registrar
 from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
@@ -162,7 +162,7 @@ class Worker:
             stack.push(lambda _type, exc, _tb: self._stopped(exc))
             store = stack.enter_context(Metastore(settings.database_url))
             publish_store = stack.enter_context(Metastore(settings.database_url))
-            # Build threads register builds on a connection of their own (ingest.build.registration).
+            # Build threads register builds on a connection of their own (ingest.builder.registration).
             register_store = stack.enter_context(Metastore(settings.database_url))
             # The background thread's (ingest.consume.background): heartbeats, controls, rewinds, gaps.
             task_store = stack.enter_context(Metastore(settings.database_url))
@@ -206,7 +206,7 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
-                from ingest.build.spark import open_session_source
+                from ingest.spark.session import open_session_source
 
                 log.info(
                     "spark_starting",

@@ -78,7 +78,7 @@ def catalog_conf(database_url: str) -> dict[str, str]:
         # Required by JdbcCatalog; used only to place tables it would create, which a reader never does.
         f"{prefix}.warehouse": "file:///nonexistent-ingest-warehouse",
         # Hadoop's default local file system for this catalog's files: the product's sessions use
-        # the raw one (no .crc files, ingest/build/spark.py), whose getScheme() Hadoop 3.4 does
+        # the raw one (no .crc files, ingest/spark/session.py), whose getScheme() Hadoop 3.4 does
         # not implement, and Iceberg's scan planning asks every table's file system for it.
         f"{prefix}.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
     }
@@ -148,7 +148,7 @@ def read_tables(
     SparkContext has the project's jars; the reader works in a new session on it (its own SQL
     settings and catalogs, so each read sees the catalog of its own ``database_url``). Without
     one, a local session is started and stopped here."""
-    from ingest.build.spark import create_session
+    from ingest.spark.session import create_session
 
     started = time.monotonic()
     own = spark is None

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ingest.build.spark_jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
+from ingest.spark.jars import SPARK_JARS_POM, maven_cache, spark_jars_dir
 
 _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 KAFKA_POM = _SCRIPTS / "kafka" / "pom.xml"

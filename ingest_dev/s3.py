@@ -23,7 +23,7 @@ class LocalS3(ManagedProcess):
     """An S3 API server on a free loopback port (moto's server mode, from PyPI), with one
     bucket, for the object-store tests, the chaos run and the benchmark. ``env`` is what a
     process needs to reach it: the usual AWS variables, which pyarrow and (through
-    ``ingest.build.spark``) Spark's S3A connector both read; never anything in a spec. The
+    ``ingest.spark.session``) Spark's S3A connector both read; never anything in a spec. The
     server's output goes to ``s3.log`` in a temporary directory removed by :meth:`stop`."""
 
     kind = "the S3 API server (moto)"

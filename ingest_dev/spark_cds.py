@@ -54,8 +54,8 @@ def archive_path() -> Path:
 
 def train() -> None:
     """The workload the archive records: a local session and the builder's warm-up build."""
-    from ingest.build.builder import SparkSegmentBuilder
-    from ingest.build.spark import create_session
+    from ingest.builder.job import SparkSegmentBuilder
+    from ingest.spark.session import create_session
     from ingest.spec import spec_from_dict
 
     class _NoRegistry:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ingest.build import segment_store
+from ingest.segments import store as segment_store
 from metastore import Metastore
 
 Coord = tuple[str, int]

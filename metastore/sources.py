@@ -163,7 +163,7 @@ class SourcesMixin(StoreBase):
 
 
 def _source_root(store: str, name: str) -> str:
-    """Where a source's files lie: ``<store>/<name>`` (ingest/build/segment_store.py)."""
+    """Where a source's files lie: ``<store>/<name>`` (ingest/segments/store.py)."""
     try:
         store = canonical_store_uri(store)
     except ConfigError:  # a store stored before URIs were validated: compare it as written

@@ -13,7 +13,7 @@ its builds fail until its /healthz reports it unhealthy and the supervisor resta
 With ``--spark connect`` the workers are thin clients of one Spark Connect server the run
 starts (ingest_dev/spark_connect.py), and ``spark`` SIGKILLs that server and starts a new one
 on the same port: every worker's session is gone with it, so every worker's builds fail until
-the new server listens and the worker replaces its session (ingest.build.connect).
+the new server listens and the worker replaces its session (ingest.spark.connect).
 With ``--table`` (tests/chaos_table.py) two ``ingest table-commit`` processes run beside the
 workers, ``table_kill`` SIGKILLs one of them, and the Iceberg table must hold every record
 exactly once too. Unless ``--no-compact`` (tests/chaos_compact.py) an ``ingest compact --every``

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pyarrow.fs import FileType
 
-from ingest.build import segment_store
+from ingest.segments import store as segment_store
 from ingest_dev.ingest_process import REPO, IngestProcess
 from metastore import Metastore
 from tests.chaos_fleet import wait_started

@@ -8,12 +8,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ingest.build.chunks import chunks_of
-from ingest.build.registration import BuildRegistrar, Registrar, RegistrationStore
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
-from ingest.build.writer_schemas import RegistryUnavailable
+from ingest.builder.registration import BuildRegistrar, Registrar, RegistrationStore
+from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.backoff import Backoff
 from ingest_common.model import (
     BuildRegistration,

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 
-from ingest.build.split import SyntheticRecord
 from ingest.consume.kafka import TRUNCATION_TEXT, Batch, KafkaCallFailed, RebalanceListener, Truncation
+from ingest.splits.split import SyntheticRecord
 from ingest_common.model import TopicPartition
 
 

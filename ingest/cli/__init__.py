@@ -45,11 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def exit_process(code: int) -> None:
-    """Exit with ``code``. A Spark start given up on (ingest.build.spark.create_session_within)
-    or a job interrupt still running (ingest.build.spark.JobInterrupts) cannot be stopped, and
+    """Exit with ``code``. A Spark start given up on (ingest.spark.session.create_session_within)
+    or a job interrupt still running (ingest.spark.session.JobInterrupts) cannot be stopped, and
     the Spark Connect client's exit hook would retry its server for
     minutes: then the process ends at once, its output flushed."""
-    from ingest.build.spark import start_abandoned
+    from ingest.spark.session import start_abandoned
 
     if start_abandoned():
         sys.stdout.flush()

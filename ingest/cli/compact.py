@@ -15,9 +15,9 @@ from metastore import Metastore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ingest.build.spark import SessionSource
     from ingest.compact.job import Compactor
     from ingest.compact.metrics import CompactionMetrics
+    from ingest.spark.session import SessionSource
 
 EXAMPLES = {
     "compact": [
@@ -50,7 +50,7 @@ def compactor_sessions(settings: Settings, metrics: CompactionMetrics) -> Callab
     """The compactor's Spark session, made on its first job; under Spark Connect what the
     session goes through is counted in ``metrics`` (ingest_spark_connect_events_total), as
     for a worker."""
-    from ingest.build.spark import open_session_source
+    from ingest.spark.session import open_session_source
 
     def sessions(spec: SourceSpec) -> SessionSource:
         return open_session_source(settings, "ingest-compact", [spec.segment_store], on_event=metrics.connect_event)

@@ -4,13 +4,13 @@ files near the target size, checked, then replaced in one metastore transaction.
 Per chunk, in this order, as a worker's build does:
 
 1. A build of one split (the new segment's) is registered in the metastore before anything is
-   written (``ingest.build.registration``'s rule): a compaction that dies from here on leaves
+   written (``ingest.builder.registration``'s rule): a compaction that dies from here on leaves
    files nobody lists, and gc abandons its split and sweeps them after the grace period.
 2. One Spark job reads the old segments' data files and writes them as zstd Parquet into the
    build's data directory: one task, so one file per ``file_partition`` value (the chunk is at
    most the target size), sorted by ``_partition, _offset`` within a file.
 3. The job's row count and the new files' footers are checked like a build's
-   (``ingest.build.output_files``): every file of the chunk's partition, its offsets inside the
+   (``ingest.segments.output_files``): every file of the chunk's partition, its offsets inside the
    chunk's range, the rows adding up to the old segments' rows.
 4. ``Metastore.replace_segments`` replaces the old segments by the new one, or refuses (another
    compactor was first, gc gave the split up, ...): then the new files are deleted.
@@ -31,11 +31,12 @@ from typing import Any, Protocol
 import pyarrow.parquet as pq
 import structlog
 
-from ingest.build import output_files, segment_store
-from ingest.build.plan import FILE_PARTITION_COLUMN, file_partition_value
-from ingest.build.spark import SessionSource
+from ingest.builder.plan import FILE_PARTITION_COLUMN, file_partition_value
 from ingest.compact.plan import Chunk, choose
 from ingest.errors import BuildError
+from ingest.segments import output_files
+from ingest.segments import store as segment_store
+from ingest.spark.session import SessionSource
 from ingest.spec import SourceSpec
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, TopicPartition
@@ -118,7 +119,7 @@ class CompactionResult:
 
 class Compactor:
     """Compacts one source at a time with one Spark session, from the one owner of it that
-    ``sessions`` makes on first need (ingest.build.spark.session_source: under Spark Connect a
+    ``sessions`` makes on first need (ingest.spark.session.session_source: under Spark Connect a
     session the server lost is replaced by the next job)."""
 
     def __init__(self, store: CompactionStore, sessions: Callable[[SourceSpec], SessionSource], worker_id: str) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ingest.build.spark import spark_connect_events_counter
+from ingest.spark.session import spark_connect_events_counter
 from ingest_common.model import SparkConnectEvent
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ import enum
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ingest.build.split import PartitionBuffer
 from ingest.consume.kafka import Truncation
+from ingest.splits.split import PartitionBuffer
 from ingest_common.backoff import Backoff
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition

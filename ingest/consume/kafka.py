@@ -22,9 +22,9 @@ Everything librdkafka-specific lives here and nowhere else:
 - eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign``.
 
 Records pass through as confluent-kafka's own message objects, typed by :class:`Message`
-(:class:`ingest.build.chunks.Record` and where it came from): nothing is allocated per record
+(:class:`ingest.splits.chunks.Record` and where it came from): nothing is allocated per record
 here. The consumer loop turns each poll's messages into Arrow chunks at once and drops them
-(ingest.build.chunks).
+(ingest.splits.chunks).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.build.chunks import Record
 from ingest.errors import WorkerFailed
+from ingest.splits.chunks import Record
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
 

@@ -22,7 +22,6 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from ingest.build.chunks import Chunk, chunks_of
 from ingest.consume.assignment import OwnedPartition
 from ingest.consume.context import LoopContext
 from ingest.consume.controls import Controls
@@ -38,6 +37,7 @@ from ingest.consume.rebalance import RebalanceHandler
 from ingest.consume.registry_watch import RegistryWatch
 from ingest.errors import WorkerFailed
 from ingest.publish.pipeline import Pipeline
+from ingest.splits.chunks import Chunk, chunks_of
 from ingest_common.model import DesiredState, WorkerState
 
 log = structlog.get_logger(__name__)

@@ -30,8 +30,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ingest.build import output_files, segment_store
 from ingest.errors import BuildError
+from ingest.segments import output_files
+from ingest.segments import store as segment_store
 from metastore import Metastore
 from metastore.audits import AuditSnapshot
 from metastore.base import Row

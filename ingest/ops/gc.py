@@ -69,7 +69,7 @@ from typing import Any
 
 import structlog
 
-from ingest.build.segment_store import UnsafePath, delete_unlisted, remove_empty_parents
+from ingest.segments.store import UnsafePath, delete_unlisted, remove_empty_parents
 from metastore import Metastore
 
 log = structlog.get_logger(__name__)

@@ -10,7 +10,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ingest.build.spark import spark_connect_events_counter
+from ingest.spark.session import spark_connect_events_counter
 from ingest_common.model import (
     PARSE_ERRORS,
     BuiltSegment,

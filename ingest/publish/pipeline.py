@@ -30,15 +30,15 @@ from functools import partial
 
 import structlog
 
-from ingest.build import segment_store
-from ingest.build.builder import SegmentBuilder
-from ingest.build.split import SealedSplit
-from ingest.build.writer_schemas import RegistryUnavailable
+from ingest.builder.job import SegmentBuilder
+from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
 from ingest.publish.publisher import Publisher
 from ingest.publish.registry_wait import RegistryWait, RegistryWaits
 from ingest.publish.settle import Killed, Outcome, Published, PublishInProgress, Settler
+from ingest.segments import store as segment_store
 from ingest.spec import SourceSpec, SpecHolder
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 

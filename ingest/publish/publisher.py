@@ -17,8 +17,8 @@ from typing import Protocol
 
 import structlog
 
-from ingest.build.split import SealedSplit
 from ingest.errors import PublishFailed, SplitKilled
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import METASTORE_BACKOFF, Backoff
 from ingest_common.model import BuiltSegment, PublishRange, SegmentToPublish
 from metastore.errors import CommitOutcomeUnknown, MetastoreError, MetastoreUnavailable, Session

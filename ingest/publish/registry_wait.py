@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from ingest.build.split import SealedSplit
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Clock
 from ingest_common.model import TopicPartition
 

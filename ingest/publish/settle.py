@@ -16,10 +16,10 @@ from enum import StrEnum
 
 import structlog
 
-from ingest.build.builder import SegmentBuilder
-from ingest.build.split import SealedSplit
+from ingest.builder.job import SegmentBuilder
 from ingest.errors import BuildError, ParseFailure, PublishFailed, SplitKilled, WorkerFailed
 from ingest.publish.publisher import Publisher
+from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, FailureStage, KillReason
 from metastore.errors import PublishConflict
 

@@ -9,5 +9,5 @@ Invariant: every published segment is appended to its table exactly once, never 
 never skipped (the table's properties and the metastore record which commit holds which
 segments; the committer reconciles the two before choosing a batch), and its files are
 registered where Spark wrote them, never rewritten. It reads published segments only: it
-imports :mod:`ingest.build.segment_store` and the shared modules, never the worker's runtime.
+imports :mod:`ingest.segments.store` and the shared modules, never the worker's runtime.
 """

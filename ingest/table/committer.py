@@ -58,7 +58,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table, Transaction
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
-from ingest.build.segment_store import filesystem
+from ingest.segments.store import filesystem
 from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode

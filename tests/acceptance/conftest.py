@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ingest.build.builder import BuilderFactory, SparkSegmentBuilder
+from ingest.builder.job import BuilderFactory, SparkSegmentBuilder
 from ingest.config import Settings
 from ingest_dev.ingest_process import kill_leftovers
 from tests.acceptance.harness import NewSource, Produced, StartWorker, ThreadWorker, apply_spec, write_spec

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.config import Settings
 from ingest.evolution import evolution_guard
 from ingest.spec import load_spec_file, resolve_registry_schema

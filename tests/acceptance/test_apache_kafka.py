@@ -15,7 +15,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.consume.kafka import ConfluentConsumer
 from ingest.ops.status import source_status
 from ingest_common.model import TopicPartition

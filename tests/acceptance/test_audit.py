@@ -15,7 +15,7 @@ import psycopg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest_dev.testkit import wait_until
 from metastore import Metastore

@@ -19,7 +19,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.errors import ConfigError
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import TableCommitter

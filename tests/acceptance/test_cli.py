@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (

@@ -19,11 +19,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.build import segment_store
-from ingest.build.builder import BuilderFactory
-from ingest.build.spark import FixedSession
+from ingest.builder.job import BuilderFactory
 from ingest.compact.job import Compactor
 from ingest.ops.gc import collect_garbage
+from ingest.segments import store as segment_store
+from ingest.spark.session import FixedSession
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest_common.model import TopicPartition
 from ingest_dev.testkit import free_port, wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.consume import heartbeats as registry_module
 from ingest_dev.testkit import wait_until
 from ingest_dev.verify import Verification, verify_epochs, verify_exactly_once

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.build.builder import BuilderFactory, BuildResult, SegmentBuilder
-from ingest.build.registration import BuildRegistrar
-from ingest.build.split import SealedSplit
+from ingest.builder.job import BuilderFactory, BuildResult, SegmentBuilder
+from ingest.builder.registration import BuildRegistrar
 from ingest.errors import ParseFailure
 from ingest.spec import SourceSpec
+from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment
 from ingest_dev.testkit import wait_until
 from metastore import Metastore

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.ops.status import source_status
 from ingest_common.model import PARSE_ERRORS, WorkerState
 from ingest_dev.testkit import free_port, wait_until

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.testkit import wait_until
 from metastore import Metastore, apply_migrations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from tests.acceptance.harness import Produced, StartWorker, apply_spec, assert_exactly_once
 from tests.acceptance.test_registry_formats import (
     NEVER_REGISTERED_ID,

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build import segment_store
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
+from ingest.segments import store as segment_store
 from ingest_dev.registry import client as registry_client
 from ingest_dev.testkit import wait_until
 from metastore import Metastore

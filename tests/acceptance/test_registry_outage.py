@@ -14,7 +14,7 @@ from typing import Any
 
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.ops.status import source_status
 from ingest.ops.status_text import render
 from ingest_dev.registry import LocalSchemaRegistry

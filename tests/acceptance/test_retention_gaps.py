@@ -18,7 +18,7 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.config import Settings
 from ingest.ops.status import source_status

@@ -81,7 +81,7 @@ def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_co
     the tagged job (the builder tags each split's jobs and interrupts that tag on revoke)."""
     script = textwrap.dedent(f"""
         import threading, time
-        from ingest.build.spark import create_session
+        from ingest.spark.session import create_session
 
         spark = create_session({spark_connect!r}, "interrupt-test")
         outcome = []
@@ -133,10 +133,10 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
     script = textwrap.dedent(f"""
         import os, threading, time, uuid
         from pathlib import Path
-        from ingest.build.builder import SparkSegmentBuilder
-        from ingest.build.spark import create_session, start_abandoned
-        from ingest.build.chunks import chunks_of
-        from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+        from ingest.builder.job import SparkSegmentBuilder
+        from ingest.spark.session import create_session, start_abandoned
+        from ingest.splits.chunks import chunks_of
+        from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
         from ingest.errors import SplitKilled
         from ingest.spec import load_spec_file
         from ingest_common.model import TopicPartition

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.build.builder import BuilderFactory
+from ingest.builder.job import BuilderFactory
 from ingest.cli import main as cli_main
 from ingest.ops.status import source_status
 from ingest_dev.testkit import wait_until

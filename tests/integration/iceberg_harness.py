@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.build.segment_store import build_dirs, ensure_parent, filesystem
+from ingest.segments.store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import TableCommitter

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from ingest.build.segment_store import filesystem
 from ingest.cli import main
+from ingest.segments.store import filesystem
 from ingest_common.model import TopicPartition
 from metastore import Metastore
 from tests.fixtures.servers import S3Server

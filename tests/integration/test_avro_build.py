@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build.builder import SparkSegmentBuilder
-from ingest.build.writer_schemas import RegistryUnavailable
+from ingest.builder.job import SparkSegmentBuilder
+from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.spec import spec_from_dict
 from ingest_common.model import BuiltSegment
 from ingest_dev.registry import LocalSchemaRegistry

@@ -14,11 +14,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.build.builder import SparkSegmentBuilder, warm_up_value
-from ingest.build.chunks import chunks_of
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.builder.job import SparkSegmentBuilder, warm_up_value
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.spec import SourceSpec, spec_from_dict
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import TopicPartition
 from ingest_dev.testkit import wait_until
 from tests.fakes import RecordingRegistrar

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.build.builder import SparkSegmentBuilder
+from ingest.builder.job import SparkSegmentBuilder
 from ingest.spec import load_spec_file
 from tests.acceptance.harness import write_spec
 from tests.chaos_avro import AVRO_VERSIONS, avro_values, version_of

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.build.spark_jars import spark_jars_dir
 from ingest.compact.metrics import CompactionMetrics
 from ingest.ops.metrics import Metrics
+from ingest.spark.jars import spark_jars_dir
 from ingest.table.metrics import TableMetrics
 from ingest_dev.testkit import free_port, port_open, wait_until
 
@@ -182,7 +182,7 @@ def test_dockerfile_installs_what_setup_installs() -> None:
     assert re.search(r"^FROM python:3\.11\.\d+-slim-bookworm$", dockerfile, re.MULTILINE)
     assert "openjdk-17-jre-headless" in dockerfile and "pip install" in dockerfile
     assert 'ENTRYPOINT ["ingest"]' in dockerfile
-    # The S3 connector from the same pom setup.sh fetches, where ingest.build.spark_jars looks for it.
+    # The S3 connector from the same pom setup.sh fetches, where ingest.spark.jars looks for it.
     assert "scripts/spark-jars/pom.xml" in dockerfile
     assert "ENV INGEST_SPARK_JARS_DIR=/opt/ingest/spark-jars" in dockerfile
     assert not re.search(r"pip install .*-e ", dockerfile)  # not editable

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pyarrow.fs import FileType
 
-from ingest.build.segment_store import build_dirs, ensure_parent, filesystem
 from ingest.ops.gc import collect_garbage
+from ingest.segments.store import build_dirs, ensure_parent, filesystem
 from ingest_common.model import (
     BuildRegistration,
     BuiltSegment,

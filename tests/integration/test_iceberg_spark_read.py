@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ingest.build.segment_store import filesystem
+from ingest.segments.store import filesystem
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest.table.enable import enable_table

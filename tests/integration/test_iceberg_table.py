@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from ingest.build.segment_store import build_dirs
+from ingest.segments.store import build_dirs
 from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build.builder import SparkSegmentBuilder
-from ingest.build.chunks import chunks_of
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.builder.job import SparkSegmentBuilder
 from ingest.errors import BuildError
 from ingest.spec import SourceSpec, spec_from_dict
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.registry import LocalSchemaRegistry
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID, V1, order, serializer

@@ -17,15 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ingest.build import segment_store
-from ingest.build.builder import BuildResult, SparkSegmentBuilder
-from ingest.build.plan import stage_records
-from ingest.build.registration import BuildRegistrar, Registrar
-from ingest.build.split import SealedSplit
+from ingest.builder.job import BuildResult, SparkSegmentBuilder
+from ingest.builder.plan import stage_records
+from ingest.builder.registration import BuildRegistrar, Registrar
 from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Outcome, Published
+from ingest.segments import store as segment_store
 from ingest.spec import SourceSpec, SpecHolder
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy

@@ -16,12 +16,12 @@ import pytest
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer
 
-from ingest.build.chunks import CHUNK_BYTES, Chunk, chunks_of
-from ingest.build.split import PartitionBuffer, SealedSplit, SyntheticRecord
 from ingest.config import PROTOCOL_PROPERTIES
 from ingest.consume.kafka import ConfluentConsumer
 from ingest.consume.loop import partition_runs
 from ingest.spec import SplitLimits
+from ingest.splits.chunks import CHUNK_BYTES, Chunk, chunks_of
+from ingest.splits.split import PartitionBuffer, SealedSplit, SyntheticRecord
 from ingest_common.model import TopicPartition
 
 RECORDS = 5000

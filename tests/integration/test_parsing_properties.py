@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ingest.build.builder import SparkSegmentBuilder
-from ingest.build.chunks import chunks_of
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.builder.job import SparkSegmentBuilder
 from ingest.spec import spec_from_dict
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import TopicPartition
 from tests.fakes import RecordingRegistrar
 

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.build.builder import SparkSegmentBuilder
+from ingest.builder.job import SparkSegmentBuilder
 from ingest.spec import spec_from_dict
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID
 from tests.fakes import RecordingRegistrar

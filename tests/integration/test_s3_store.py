@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.build import segment_store
-from ingest.build.builder import SparkSegmentBuilder
+from ingest.builder.job import SparkSegmentBuilder
+from ingest.segments import store as segment_store
 from ingest.spec import SourceSpec, spec_from_dict
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.verify import read_coordinates

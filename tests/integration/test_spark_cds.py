@@ -12,7 +12,9 @@ from pathlib import Path
 
 from ingest_dev import spark_cds
 
-SESSION = "from ingest.build.spark import create_session; s = create_session('local[1]'); s.range(3).count(); s.stop()"
+SESSION = (
+    "from ingest.spark.session import create_session; s = create_session('local[1]'); s.range(3).count(); s.stop()"
+)
 
 
 def test_a_local_spark_driver_loads_its_classes_from_the_archive(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import NoSuchTableError
 
-from ingest.build.segment_store import filesystem
 from ingest.ops.endpoints import Endpoints
+from ingest.segments.store import filesystem
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode

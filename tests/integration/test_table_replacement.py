@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
-from ingest.build.segment_store import build_dirs, filesystem
 from ingest.ops.audit import audit_source
 from ingest.ops.gc import collect_garbage
+from ingest.segments.store import build_dirs, filesystem
 from ingest.table.audit import table_findings
 from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import PartitionBy, RejectsMode

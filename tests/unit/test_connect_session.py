@@ -11,9 +11,9 @@ from pyspark.errors import PySparkAssertionError
 from pyspark.errors.exceptions.connect import SparkConnectException, SparkConnectGrpcException
 from pyspark.sql.connect.client.retries import Retrying
 
-from ingest.build import connect
-from ingest.build.connect import BoundedPolicy, ConnectSessions, loss_of
 from ingest.errors import BuildError, first_line
+from ingest.spark import connect
+from ingest.spark.connect import BoundedPolicy, ConnectSessions, loss_of
 from ingest_common.backoff import Backoff
 from ingest_common.model import SparkConnectEvent
 from tests.fakes import FakeClock

@@ -1,4 +1,4 @@
-"""A local or standalone driver's session (ingest.build.spark.FixedSession) after a failed
+"""A local or standalone driver's session (ingest.spark.session.FixedSession) after a failed
 build: kept while its JVM runs; once the JVM this process launched has exited, every later
 build raises SparkDriverExited (the role exits and is restarted) and stop() leaves the dead JVM
 alone. Fakes stand in for pyspark's session; tests/acceptance/test_driver_exit.py kills a real
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from py4j.protocol import Py4JNetworkError
 
-from ingest.build.spark import FixedSession, driver_exit_status, session_source
 from ingest.errors import SparkDriverExited, WorkerFailed
+from ingest.spark.session import FixedSession, driver_exit_status, session_source
 
 
 class Process:

@@ -26,12 +26,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ingest_common",),
     ("metastore",),
     ("ingest",),
-    # Sealed splits and their Spark build: knows neither the consumer nor published offsets.
-    ("ingest.build",),
-    # publish: the pipeline and the publish transaction (builds through ingest.build);
-    # ops: what operators see and run, never the worker's runtime (gc reads the store's
-    # layout from ingest.build); table: the Iceberg committer over published segments;
-    # compact: published segments rewritten and replaced (builds through ingest.build).
+    # The hand-off types of a split's journey (a split, its kill switch): below every stage.
+    ("ingest.splits",),
+    # The Spark session (local, standalone, Connect) and its jars; the segment files' layout.
+    ("ingest.spark", "ingest.segments"),
+    # Spark turns splits into segment files nobody sees yet: knows neither the consumer nor
+    # published offsets.
+    ("ingest.builder",),
+    # publish: built splits published in offset order (the futures the build stage returns);
+    # ops: what operators see and run, never the worker's runtime; table: the Iceberg
+    # committer over published segments; compact: published segments rewritten and replaced.
     ("ingest.publish", "ingest.ops", "ingest.table", "ingest.compact"),
     # The polling thread: hands splits to ingest.publish, counts into ingest.ops.metrics.
     ("ingest.consume",),

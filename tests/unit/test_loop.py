@@ -307,8 +307,8 @@ def test_a_new_spec_version_applies_from_the_next_split_on_and_is_reported(h: Ha
 def test_a_polls_records_are_gathered_per_partition_in_their_order() -> None:
     """librdkafka hands out a partition's records together, but a batch may hold a partition in
     several runs (two fetches): each partition's records become one run, in the order consumed."""
-    from ingest.build.split import SyntheticRecord
     from ingest.consume.loop import partition_runs
+    from ingest.splits.split import SyntheticRecord
 
     def rec(topic: str, partition: int, offset: int) -> SyntheticRecord:
         return SyntheticRecord(offset, topic=topic, partition=partition)

@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ingest.build.split import SealedSplit
 from ingest.publish.pipeline import BUILD_RETRY, Pipeline
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec, SpecHolder
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, SegmentToPublish, TopicPartition
 from ingest_dev.testkit import wait_until

@@ -15,8 +15,8 @@ from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaRefe
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
-from ingest.build.protobuf_decode import Decoder
-from ingest.build.protobuf_writers import schema_files
+from ingest.builder.protobuf_decode import Decoder
+from ingest.builder.protobuf_writers import schema_files
 from tests.protobuf_orders import OrderVersion, customer_file, frame, order_file, when
 
 REFS = [SchemaReference("acme/customer.proto", "acme/customer.proto", 1)]

@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from ingest.build.registration import Registrar
+from ingest.builder.registration import Registrar
 from ingest.errors import SplitKilled
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, TopicPartition

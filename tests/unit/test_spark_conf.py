@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.build.segment_store import arrow_uri
-from ingest.build.spark import BASE_CONF, SERVER_ONLY_CONF, session_conf
+from ingest.segments.store import arrow_uri
+from ingest.spark.session import BASE_CONF, SERVER_ONLY_CONF, session_conf
 
 
 def test_local_binds_the_driver_to_loopback_and_sizes_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:

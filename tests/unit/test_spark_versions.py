@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyspark
 
-from ingest.build.spark_jars import SPARK_JARS_POM
+from ingest.spark.jars import SPARK_JARS_POM
 
 REPO = Path(__file__).resolve().parents[2]
 NS = {"m": "http://maven.apache.org/POM/4.0.0"}

@@ -7,10 +7,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from ingest.build.chunks import CHUNK_BYTES, MERGE_SMALL, RECORD_BYTES, Chunk, Record, chunks_of
-from ingest.build.split import KillSwitch, PartitionBuffer, SealedSplit, SyntheticRecord
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
+from ingest.splits.chunks import CHUNK_BYTES, MERGE_SMALL, RECORD_BYTES, Chunk, Record, chunks_of
+from ingest.splits.split import KillSwitch, PartitionBuffer, SealedSplit, SyntheticRecord
 from ingest_common.model import TopicPartition
 
 TP = TopicPartition("t", 0)

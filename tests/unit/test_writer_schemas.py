@@ -11,10 +11,10 @@ import uuid
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from ingest.build.chunks import chunks_of
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
-from ingest.build.writer_schemas import RegistryUnavailable, WriterSchemas
+from ingest.builder.writer_schemas import RegistryUnavailable, WriterSchemas
 from ingest.formats import RegistrySettings
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import TopicPartition
 
 REGISTRY = RegistrySettings("http://127.0.0.1:1/apis/ccompat/v7")

@@ -92,7 +92,7 @@ def jars_conf() -> dict[str, str]:
     scripts/setup.sh) on a driver's classpath: the S3 connector, Spark's Kafka source,
     spark-avro, Iceberg's runtime and PostgreSQL's JDBC driver. Loaded whole or not at all, so
     every session that has any of them has the same classpath."""
-    from ingest.build.spark_jars import spark_jars
+    from ingest.spark.jars import spark_jars
 
     return {"spark.jars": ",".join(str(j) for j in spark_jars())}
 
@@ -110,11 +110,11 @@ def create_session(
     loads the pinned jar set (:func:`jars_conf`) when a store is s3a:// or ``connectors`` asks
     for it (Spark's Kafka source, Avro, reading the Iceberg tables); a Connect server has its
     own classpath. A Connect session's calls retry an unreachable server for at most
-    ``connect_retry_s`` (ingest.build.connect; default CONNECT_RETRY_S), its first call (the
+    ``connect_retry_s`` (ingest.spark.connect; default CONNECT_RETRY_S), its first call (the
     settings) for ``connect_wait_s`` (default: the same)."""
     conf = session_conf(master, extra_conf)
     if is_connect(master):
-        from ingest.build.connect import CONNECT_RETRY_S, connect_session
+        from ingest.spark.connect import CONNECT_RETRY_S, connect_session
 
         # Everything in session_conf is a runtime SQL setting, applied to this client's own
         # server-side session (several workers share one server without interfering).
@@ -320,11 +320,11 @@ def session_source(
 ) -> SessionSource:
     """The one owner of a role's Spark session (a worker's builds, a compactor's jobs), given
     the session ``first`` made for ``master``: under Spark Connect one that replaces a session
-    the server lost (ingest.build.connect.ConnectSessions, its calls bounded by ``retry_s``);
+    the server lost (ingest.spark.connect.ConnectSessions, its calls bounded by ``retry_s``);
     otherwise the driver's own, kept for the process's life (:class:`FixedSession`)."""
     if not is_connect(master):
         return FixedSession(first)
-    from ingest.build.connect import ConnectSessions  # the Connect client and grpc: for sc:// only
+    from ingest.spark.connect import ConnectSessions  # the Connect client and grpc: for sc:// only
 
     return ConnectSessions(master, app_name, retry_s=retry_s, first=first, on_event=on_event)
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import pyarrow.parquet as pq
 
-from ingest.build import segment_store
 from ingest.errors import BuildError
+from ingest.segments import store as segment_store
 from ingest_common.model import TopicPartition
 
 

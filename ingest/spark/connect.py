@@ -30,8 +30,8 @@ from typing import Any
 import structlog
 from pyspark.sql.connect.client.retries import DefaultPolicy, RetryPolicyState
 
-from ingest.build.spark import SessionSource, abandon, session_conf
 from ingest.errors import BuildError, first_line
+from ingest.spark.session import SessionSource, abandon, session_conf
 from ingest_common.backoff import Backoff
 from ingest_common.model import SparkConnectEvent
 
@@ -134,7 +134,7 @@ def close_session(session: Any, *, release: bool, wait_s: float) -> bool:
     """Stop ``session`` on a thread of its own, releasing it on the server first when
     ``release`` (one call, within the session's retry bound); wait for that at most
     ``wait_s``. True when it finished within the wait; otherwise the thread is abandoned
-    (ingest.build.spark.start_abandoned: the process exits without waiting for it)."""
+    (ingest.spark.session.start_abandoned: the process exits without waiting for it)."""
 
     def stop() -> None:
         try:
@@ -168,7 +168,7 @@ class ConnectSessions(SessionSource):
         on_event: Callable[[SparkConnectEvent], None] = lambda _event: None,
     ) -> None:
         self._url = url
-        # What create_session sets on a Connect session (ingest.build.spark).
+        # What create_session sets on a Connect session (ingest.spark.session).
         self._conf = {"spark.app.name": app_name, **session_conf(url)}
         self.retry_s = retry_s
         self._on_event = on_event

@@ -30,12 +30,12 @@ import pyarrow.compute as pc
 import structlog
 
 from ingest.avro_resolution import resolution_problem
-from ingest.build.protobuf_decode import ProtoFiles
-from ingest.build.protobuf_writers import schema_files
-from ingest.build.split import SealedSplit
+from ingest.builder.protobuf_decode import ProtoFiles
+from ingest.builder.protobuf_writers import schema_files
 from ingest.errors import BuildError, first_line
 from ingest.formats import HEADER_BYTES, RegistrySettings, reader_for_writer, registry_client, schema_id
 from ingest.spec import SourceSpec
+from ingest.splits.split import SealedSplit
 
 log = structlog.get_logger(__name__)
 

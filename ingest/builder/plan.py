@@ -2,7 +2,7 @@
 (one per split: Kafka coordinates plus the raw key and value bytes) and the column expressions
 that parse the values against the source's schema (and the keys against its key schema),
 classify each bad record's error and name the file partition of each good one. Format protobuf
-decodes in a Python step first (``mapInArrow``, ingest.build.protobuf_decode) and the
+decodes in a Python step first (``mapInArrow``, ingest.builder.protobuf_decode) and the
 expressions read its columns.
 
 A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
@@ -21,9 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.build.chunks import CHUNK_SCHEMA
-from ingest.build.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
-from ingest.build.split import SealedSplit
+from ingest.builder.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.formats import (
     DECODED_FIELD,
     HEADER_BYTES,
@@ -33,6 +31,8 @@ from ingest.formats import (
     reader_for_writer,
 )
 from ingest.spec import SourceSpec
+from ingest.splits.chunks import CHUNK_SCHEMA
+from ingest.splits.split import SealedSplit
 from ingest_common.model import PartitionBy
 
 CORRUPT = "_corrupt"
@@ -113,7 +113,7 @@ _FILE_PARTITION_FORMATS = {
 
 def file_partition_value(event_time: Any, partition_by: PartitionBy) -> Any | None:
     """The directory value a row's file lies under, from its event-time column (None: files are
-    not cut). The session's time zone is UTC (ingest.build.spark), as are Iceberg's transforms."""
+    not cut). The session's time zone is UTC (ingest.spark.session), as are Iceberg's transforms."""
     from pyspark.sql import functions as F
 
     if partition_by is PartitionBy.NONE:

@@ -5,13 +5,13 @@ Splits are built in batches: every split of a batch is staged as its own Parquet
 the values against the source's schema and writes the good rows as zstd Parquet, one task
 per staged file. A job has a fixed cost (planning, and on a young JVM compiling the
 planner's code) that would otherwise be paid per split. The output files are then told
-apart by their footers (``ingest.build.output_files``) and stay where Spark wrote them: each
+apart by their footers (``ingest.segments.output_files``) and stay where Spark wrote them: each
 split's segment lists its own files. Records that failed to parse go through a second job
 only when there are any. What a job computes (the staged layout, the parse expressions) is
-:mod:`ingest.build.plan`; this module runs it and accounts for every record.
+:mod:`ingest.builder.plan`; this module runs it and accounts for every record.
 
 Invariants, per build: its directories and splits are registered in the metastore before
-anything is written (``ingest.build.registration``); per split: ``row_count + rejects_count +
+anything is written (``ingest.builder.registration``); per split: ``row_count + rejects_count +
 skipped_count == len(split)``, anything else is a BuildError. Every failure deletes what
 the build wrote. One split's failure (killed, bad input under ``fail``) does not fail the
 others of its batch.
@@ -34,15 +34,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest.build import output_files, segment_store
-from ingest.build.chunks import chunks_of
-from ingest.build.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, Writers, stage_records
-from ingest.build.registration import BuildRegistrar
-from ingest.build.spark import FixedSession, JobInterrupts, SessionSource
-from ingest.build.split import KillSwitch, SealedSplit, SyntheticRecord
-from ingest.build.writer_schemas import BatchSchemas, WriterSchemas, resolvable
+from ingest.builder.plan import FILE_PARTITION_COLUMN, META_COLUMNS, STAGED_DDL, Plan, PlanCache, Writers, stage_records
+from ingest.builder.registration import BuildRegistrar
+from ingest.builder.writer_schemas import BatchSchemas, WriterSchemas, resolvable
 from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed, first_line
+from ingest.segments import output_files
+from ingest.segments import store as segment_store
+from ingest.spark.session import FixedSession, JobInterrupts, SessionSource
 from ingest.spec import SourceSpec
+from ingest.splits.chunks import chunks_of
+from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment, TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -168,7 +169,7 @@ class SparkSegmentBuilder:
         fetched = BatchSchemas({}, {})
         if live and (spec.format in ("avro", "protobuf") or spec.key_format == "avro"):
             # Fetched before the build registers or writes anything: a split holding an id the
-            # registry did not answer for is not built now, and waits (ingest.build.writer_schemas).
+            # registry did not answer for is not built now, and waits (ingest.builder.writer_schemas).
             assert spec.registry is not None  # validated with the spec
             fetched = self._writer_schemas.for_batch(
                 live,
@@ -329,7 +330,7 @@ class SparkSegmentBuilder:
 
     def _plan(self, spec: SourceSpec, fetched: BatchSchemas) -> Plan:
         """The writer schemas were fetched before (a registry that does not answer makes the
-        splits wait, ingest.build.writer_schemas); each Avro value writer is checked against
+        splits wait, ingest.builder.writer_schemas); each Avro value writer is checked against
         the reader schema here: a writer it cannot resolve is left out of the job, its records
         rejects (a from_avro it cannot resolve would fail the job or decode nothing)."""
         avro, unresolvable = resolvable(spec, fetched.schemas) if spec.format == "avro" else ({}, frozenset())
@@ -351,7 +352,7 @@ class SparkSegmentBuilder:
         rows = df.observe(observation, plan.total).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:
             # One file per (task, value): a task still reads one staged file, so a file stays
-            # within one split (ingest.build.output_files), and now within one partition value too.
+            # within one split (ingest.segments.output_files), and now within one partition value too.
             rows = rows.select(*columns, plan.file_partition.alias(FILE_PARTITION_COLUMN))
             writer = rows.write.partitionBy(FILE_PARTITION_COLUMN)
         else:

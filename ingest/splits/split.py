@@ -1,6 +1,6 @@
 """Per-partition buffers, sealed splits and their kill switches; records made in memory.
 
-Buffers and splits hold records as Arrow chunks (ingest.build.chunks), never the consumer's
+Buffers and splits hold records as Arrow chunks (ingest.splits.chunks), never the consumer's
 messages.
 
 Invariants:
@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from ingest.build.chunks import MERGE_SMALL, SMALL_CHUNK, Chunk, merged
 from ingest.errors import SplitKilled
 from ingest.spec import SplitLimits
+from ingest.splits.chunks import MERGE_SMALL, SMALL_CHUNK, Chunk, merged
 from ingest_common.model import OffsetRange, TopicPartition
 
 

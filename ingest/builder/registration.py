@@ -14,8 +14,8 @@ from typing import Protocol
 
 import structlog
 
-from ingest.build.split import SealedSplit
 from ingest.errors import SplitKilled
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import METASTORE_BACKOFF, Backoff
 from ingest_common.model import BuildRegistration
 from metastore.errors import MetastoreUnavailable
