@@ -45,10 +45,6 @@ PROTOCOL_PROPERTIES = {
     # A stored offset that fell out of the log must surface as an error, never be silently
     # replaced by earliest/latest (that would skip or re-read records unnoticed).
     "auto.offset.reset": "error",
-    # The end of a partition is reported in order with its records: how a split learns that
-    # the offsets after its last record carry none (transaction markers, aborted records),
-    # so the stored offset can reach the log end of a transactional topic.
-    "enable.partition.eof": "true",
 }
 
 
@@ -85,6 +81,17 @@ class Settings:
     # Under Spark Connect, one call (a build's, an interrupt, the stop) retries an unreachable
     # server for at most this long (ingest.spark.connect), instead of the client's 10 minutes.
     spark_connect_retry_s: float = 30.0
+    # A batch's build running this long is interrupted and fails (it is retried): a Spark job
+    # that never finishes (ingest.builder.job).
+    build_deadline_s: float = 600.0
+    # How long one poll of Spark's Kafka reader may wait for a range's records
+    # (ingest.builder.kafka_read): what a range that cannot be read to its end costs.
+    spark_kafka_poll_timeout_s: float = 30.0
+    # How long a schema id the registry answers 404 for is waited for before its records are
+    # rejects (ingest.builder.writer_schemas).
+    schema_id_wait_s: float = 60.0
+    # How often the owned partitions' log ends are asked of the brokers (ingest.consume.log_ends).
+    log_end_interval_s: float = 0.2
     # The values of SECRET_ENV_VARS that are set (for redaction only; never shown).
     environment_secrets: tuple[str, ...] = field(default=(), repr=False)
 
@@ -141,6 +148,14 @@ class Settings:
             ),
             spark_connect_retry_s=non_negative_seconds(
                 "INGEST_SPARK_CONNECT_RETRY_S", env.get("INGEST_SPARK_CONNECT_RETRY_S", "30")
+            ),
+            build_deadline_s=positive_seconds("INGEST_BUILD_DEADLINE_S", env.get("INGEST_BUILD_DEADLINE_S", "600")),
+            spark_kafka_poll_timeout_s=positive_seconds(
+                "INGEST_SPARK_KAFKA_POLL_TIMEOUT_S", env.get("INGEST_SPARK_KAFKA_POLL_TIMEOUT_S", "30")
+            ),
+            schema_id_wait_s=non_negative_seconds("INGEST_SCHEMA_ID_WAIT_S", env.get("INGEST_SCHEMA_ID_WAIT_S", "60")),
+            log_end_interval_s=positive_seconds(
+                "INGEST_LOG_END_INTERVAL_S", env.get("INGEST_LOG_END_INTERVAL_S", "0.2")
             ),
             environment_secrets=tuple(env[name] for name in SECRET_ENV_VARS if env.get(name)),
         )
@@ -258,12 +273,9 @@ def incremental_assignment(conf: Mapping[str, object]) -> bool:
 
 
 def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
-    """The consumer's librdkafka config: user pass-through first, the protocol's settings last.
-
-    ``isolation.level`` stays librdkafka's ``read_committed``: records of aborted and open
-    transactions are never delivered, and the splits still tile their offsets (a split
-    ends where the next record's offset starts, so control records fall inside a range).
-    """
+    """The group member's librdkafka config: user pass-through first, the protocol's settings
+    last. The member reads no record (its partitions stay paused: Spark reads them), so its
+    fetch settings do not matter."""
     conf: dict[str, str | int | float | bool] = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
@@ -275,6 +287,14 @@ def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | 
     conf.update(settings.kafka_properties)
     conf.update(PROTOCOL_PROPERTIES)
     return conf
+
+
+def spark_kafka_properties(settings: Settings) -> dict[str, str]:
+    """The Kafka (Java) client properties of Spark's reader, from the worker's librdkafka ones:
+    the reader reaches the brokers the way the worker's group member does. Properties both
+    clients name alike pass through (``security.protocol``, ``client.id``, ...)."""
+    shared = ("security.protocol", "client.id", "sasl.mechanism", "sasl.kerberos.service.name")
+    return {k: v for k, v in settings.kafka_properties.items() if k in shared}
 
 
 def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:

@@ -1,4 +1,5 @@
-"""One worker process: wires settings, metastore, Spark, pipeline, consumer and loop."""
+"""One worker process: wires settings, metastore, Spark, the build and publish stages, the
+group member and the loop."""
 
 from __future__ import annotations
 
@@ -12,24 +13,36 @@ import structlog
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ingest.builder.job import BuilderFactory, SparkSegmentBuilder
+from ingest.builder.job import BuilderFactory, SegmentBuilder, SparkSegmentBuilder
+from ingest.builder.kafka_read import KafkaReader
+from ingest.builder.queue import BuildQueue
 from ingest.builder.registration import Registrar
-from ingest.config import Settings, admin_config, consumer_config, incremental_assignment, kafka_client
+from ingest.builder.warm_up import warm_up, warm_up_splits
+from ingest.builder.writer_schemas import WriterSchemas
+from ingest.config import (
+    Settings,
+    admin_config,
+    consumer_config,
+    incremental_assignment,
+    kafka_client,
+    spark_kafka_properties,
+)
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
 from ingest.consume.context import LoopContext
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import ConfluentConsumer, ConfluentWatermarks, commit_callback
+from ingest.consume.kafka import ConfluentConsumer, commit_callback
+from ingest.consume.log_offsets import AdminLogOffsets, LogOffsets
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
 from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
+from ingest.publish.queue import PublishQueue
 from ingest.spec import SourceSpec, SpecHolder
-from ingest_common.model import WorkerState
+from ingest_common.model import TopicPartition, WorkerState
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
 from metastore.listener import ControlListener
@@ -41,6 +54,8 @@ log = structlog.get_logger(__name__)
 # and a stopping one for its last heartbeat to be written.
 _STARTUP_CONTROLS_WAIT_S = 10.0
 _SHUTDOWN_WAIT_S = 5.0
+# How long the warm-up waits for its source's log ends.
+_WARM_UP_QUERY_S = 10.0
 
 
 def load_source(store: Metastore, name: str) -> tuple[int, SourceSpec]:
@@ -114,17 +129,39 @@ class Worker:
         return (waited > 15.0), "no partition assigned" + (" (idle by design)" if waited > 15.0 else " yet")
 
     @staticmethod
-    def _warm_up(builder: SparkSegmentBuilder, spec: SourceSpec, records: int) -> None:
+    def _warm_up(
+        builder: SegmentBuilder, spec: SourceSpec, offsets: LogOffsets, tps: list[TopicPartition], records: int
+    ) -> None:
         """Before joining the group: a cold JVM makes the first splits slow, and a failure
         here (e.g. an unwritable store) is reported by the real builds, with retries."""
         if records == 0:
             return
         try:
-            seconds = builder.warm_up(spec, records)
+            query = offsets.query(tps)
+            query.wait(_WARM_UP_QUERY_S)
+            ends, _errors = query.result()
+            splits = warm_up_splits({tp: (e.earliest, e.stable) for tp, e in ends.items()}, records)
+            if not splits:
+                log.info("spark_warm_up_skipped", source=spec.name, reason="no records in the source's topics")
+                return
+            seconds = warm_up(builder, spec, splits)
         except Exception as exc:
             log.warning("spark_warm_up_failed", source=spec.name, error=str(exc))
         else:
             log.info("spark_warmed_up", source=spec.name, records=records, seconds=round(seconds, 2))
+
+    @staticmethod
+    def _prefetch_schemas(schemas: WriterSchemas, spec: SourceSpec) -> None:
+        """The writer schemas of the topics' subjects, so that the first builds decode with them."""
+        if spec.registry is None:
+            return
+        subjects = [f"{t}-value" for t in spec.topics] if spec.format in ("avro", "protobuf") else []
+        if spec.registry.subject_strategy == "record" and spec.registry.record_name:
+            subjects = [spec.registry.record_name]
+        learned = schemas.prefetch(spec.registry, subjects, protobuf=spec.format == "protobuf")
+        if spec.key_format == "avro":
+            learned += schemas.prefetch(spec.registry, [f"{t}-key" for t in spec.topics])
+        log.info("writer_schemas_prefetched", source=spec.name, schemas=learned)
 
     @staticmethod
     def _last_words(
@@ -184,11 +221,10 @@ class Worker:
                 incremental=incremental_assignment(conf),
             )
             first_out.callback(consumer.close)
-            # Never subscribes: the background thread's client for offset gaps' watermarks.
-            watermarks = ConfluentWatermarks(
-                kafka_client(Consumer, consumer_config(settings, f"{spec.group_id}-watermarks"))
-            )
-            first_out.callback(watermarks.close)
+            # Where each partition's log ends: the loop's queries, the callbacks' and the
+            # background thread's watermarks (one admin client, safe from every thread).
+            offsets = AdminLogOffsets(kafka_client(AdminClient, admin_config(settings)))
+            first_out.callback(offsets.close)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -203,6 +239,7 @@ class Worker:
                 worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
+            builder: SegmentBuilder
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar)
             else:
@@ -220,16 +257,29 @@ class Worker:
                         settings,
                         f"ingest-{spec.name}",
                         [spec.segment_store],
-                        # from_avro is spark-avro's, in the pinned jar set (not in pyspark's jars).
-                        connectors="avro" in (spec.format, spec.key_format),
+                        # Spark's Kafka source and spark-avro are in the pinned jar set.
+                        connectors=True,
                         on_event=lambda event: events.labels(spec.name, event.value).inc(),
                     )
                 except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
                     raise SparkUnavailable(settings.spark_master, exc) from exc
                 stack.callback(sessions.stop)
-                spark_builder = SparkSegmentBuilder(sessions, registrar)
-                self._warm_up(spark_builder, spec, settings.warm_up_records)
-                builder = spark_builder
+                schemas = WriterSchemas(wait_s=settings.schema_id_wait_s)
+                self._prefetch_schemas(schemas, spec)
+                builder = SparkSegmentBuilder(
+                    sessions,
+                    registrar,
+                    KafkaReader.of(
+                        settings.kafka_bootstrap,
+                        f"{spec.group_id}-spark",
+                        spark_kafka_properties(settings),
+                        poll_timeout_ms=int(settings.spark_kafka_poll_timeout_s * 1000),
+                    ),
+                    writer_schemas=schemas,
+                    deadline_s=settings.build_deadline_s,
+                )
+                tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+                self._warm_up(builder, spec, offsets, tps, settings.warm_up_records)
             # Connect now, not in the first publish (whose latency would then include it); a
             # failure is the publisher's to retry.
             with contextlib.suppress(MetastoreUnavailable):
@@ -241,18 +291,20 @@ class Worker:
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
             specs = SpecHolder(spec, version)
-            pipeline = Pipeline(
+            builds = BuildQueue(
                 builder,
-                publisher,
-                specs,
-                build_threads=settings.build_threads,
+                threads=settings.build_threads,
                 max_batch_splits=settings.build_batch_splits,
-                batch_linger_s=settings.build_linger_s,
-                publish_delay_s=settings.fault_publish_delay_s,
+                linger_s=settings.build_linger_s,
             )
-            stack.callback(pipeline.close)
+            publishes = PublishQueue(publisher, publish_delay_s=settings.fault_publish_delay_s)
+            # Last opened, first closed: kill what is in flight, resolve what was not built,
+            # then let the publish thread settle the rest.
+            stack.callback(publishes.stop)
+            stack.callback(builds.close)
+            stack.callback(publishes.close)
             # Leaving the group (the consumer's revoke callback) kills what is in flight before
-            # the pipeline closes.
+            # the stages close.
             stack.enter_context(first_out.pop_all())
             background = Background(f"ingest-{self.source}-background")
             stack.callback(background.close)
@@ -261,13 +313,15 @@ class Worker:
                 specs=specs,
                 consumer=consumer,
                 assignment=self.assignment,
-                killer=pipeline,
+                killer=publishes,
                 store=task_store,
                 claims=store,
                 background=background,
                 metrics=self.metrics,
             )
-            handler = RebalanceHandler(ctx, deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4))
+            handler = RebalanceHandler(
+                ctx, watermarks=offsets, deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4)
+            )
             consumer.subscribe(spec.topics, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
@@ -280,14 +334,17 @@ class Worker:
             background.wait(_STARTUP_CONTROLS_WAIT_S)
             self.loop = ConsumeLoop(
                 ctx,
-                pipeline=pipeline,
+                builds=builds,
+                publishes=publishes,
                 handler=handler,
                 registry=registry,
-                watermarks=watermarks,
+                offsets=offsets,
                 group_offsets=group_offsets,
                 options=LoopOptions(
+                    log_end_interval_s=settings.log_end_interval_s,
                     unhealthy_after_failed_splits=settings.unhealthy_after_failed_splits,
                     unhealthy_after_publish_stall_s=settings.unhealthy_after_publish_stall_s,
+                    unhealthy_after_build_s=settings.build_deadline_s * 1.5,
                 ),
             )
             log.info(

@@ -238,6 +238,15 @@ class BuiltSegment:
     build_seconds: float = 0.0
     # (reason, count) for the records counted in rejects_count or skipped_count; reasons from PARSE_ERRORS.
     parse_errors: tuple[tuple[str, int], ...] = ()
+    # The bytes of the records' keys and values as read from Kafka (the partition's bytes per
+    # offset: ingest.consume.cutter), and the newest record's Kafka timestamp (ms; None: none).
+    record_bytes: int = 0
+    last_timestamp_ms: int | None = None
+
+    @property
+    def records(self) -> int:
+        """Every record of the split: published, rejected or skipped."""
+        return self.row_count + self.rejects_count + self.skipped_count
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,14 +53,16 @@ def archive_path() -> Path:
 
 
 def train() -> None:
-    """The workload the archive records: a local session and the builder's warm-up build."""
-    from ingest.builder.job import SparkSegmentBuilder
+    """The workload the archive records: a local session and a build's parse and write (of
+    records made in memory: the class path it records has no Kafka source)."""
+    import json
+    from datetime import UTC, datetime
+
+    from pyspark.sql import Observation
+
+    from ingest.builder.plan import READ_DDL, make_plan
     from ingest.spark.session import create_session
     from ingest.spec import spec_from_dict
-
-    class _NoRegistry:
-        def register(self, *_args: object) -> None:
-            return None
 
     with tempfile.TemporaryDirectory(prefix="ingest-cds-") as work:
         spec = spec_from_dict(
@@ -74,7 +76,16 @@ def train() -> None:
         )
         spark = create_session("local[1]")
         try:
-            SparkSegmentBuilder(spark, _NoRegistry()).warm_up(spec, records=200, splits=2)
+            at = datetime(2026, 11, 23, tzinfo=UTC)
+            rows = [
+                ("cds", i % 2, i, at, b"k", json.dumps({"id": i, "user": "u", "ts": "2026-11-23T10:00:00Z"}).encode())
+                for i in range(200)
+            ]
+            plan = make_plan(spec)
+            for good in (True, False):
+                df = spark.createDataFrame(rows, READ_DDL).select(*plan.read_columns).withColumn("_error", plan.error)
+                df = df.observe(Observation("cds"), plan.total).filter(plan.good if good else ~plan.good)
+                df.select(*plan.output_columns).write.option("compression", "zstd").parquet(f"{work}/out-{good}")
         finally:
             spark.stop()
 

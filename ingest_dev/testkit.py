@@ -6,8 +6,7 @@ The kit:
 - :func:`wait_until`: the one bounded wait for something that must happen;
 - :func:`free_port` for a port to listen on, :func:`port_open` to see something listen;
 - :class:`ingest_dev.ingest_process.IngestProcess`: an ``ingest`` command (a worker, a table
-  committer) as a child process, its JSON log in a file;
-- :class:`ingest.splits.split.SyntheticRecord`: the one record made in memory.
+  committer) as a child process, its JSON log in a file.
 
 ingest_dev is not in the wheel; tests may import it, production code never does.
 """

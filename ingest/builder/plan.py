@@ -1,13 +1,14 @@
-"""What a build's Spark job does to a batch of splits, as data: the layout of the staged files
-(one per split: Kafka coordinates plus the raw key and value bytes) and the column expressions
-that parse the values against the source's schema (and the keys against its key schema),
-classify each bad record's error and name the file partition of each good one. Format protobuf
-decodes in a Python step first (``mapInArrow``, ingest.builder.protobuf_decode) and the
-expressions read its columns.
+"""What a build's Spark job does to a batch of splits, as data: the column expressions that
+parse the values read from Kafka (ingest.builder.kafka_read: Kafka coordinates plus the raw key
+and value bytes) against the source's schema (and the keys against its key schema), classify
+each bad record's error, name the file partition of each good one and, for the registry's
+formats, name the schema ids the batch's writers did not cover. Format protobuf decodes in a
+Python step first (``mapInArrow``, ingest.builder.protobuf_decode) and the expressions read its
+columns.
 
 A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
 time, file partition): making it costs hundreds of Py4J round trips (the builder caches it).
-Every parse error a plan can give is one of ``PARSE_ERRORS``; the good rows keep the staged
+Every parse error a plan can give is one of ``PARSE_ERRORS``; the good rows keep the Kafka
 coordinates (``META_COLUMNS``), then the decoded key's columns (``SourceSpec.key_columns``),
 then the schema's columns.
 """
@@ -19,8 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from ingest.builder.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.formats import (
     DECODED_FIELD,
@@ -31,37 +30,12 @@ from ingest.formats import (
     reader_for_writer,
 )
 from ingest.spec import SourceSpec
-from ingest.splits.chunks import CHUNK_SCHEMA
-from ingest.splits.split import SealedSplit
 from ingest_common.model import PartitionBy
 
 CORRUPT = "_corrupt"
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
-STAGED_SCHEMA = pa.schema(
-    [
-        ("_topic", pa.string()),
-        ("_partition", pa.int32()),
-        ("_offset", pa.int64()),
-        ("_timestamp", pa.timestamp("ms", tz="UTC")),
-        ("_key", pa.binary()),
-        ("_value", pa.binary()),
-    ]
-)
-STAGED_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
-
-
-def stage_records(split: SealedSplit) -> pa.Table:
-    """The split's staged table: its chunks' columns (not copied) after the topic and partition."""
-    records = pa.Table.from_batches([chunk.batch for chunk in split.chunks], schema=CHUNK_SCHEMA)
-    n = records.num_rows
-    return pa.Table.from_arrays(
-        [
-            pa.repeat(pa.scalar(split.tp.topic, pa.string()), n),
-            pa.repeat(pa.scalar(split.tp.partition, pa.int32()), n),
-            *records.columns,
-        ],
-        schema=STAGED_SCHEMA,
-    )
+# The read's columns as Spark types (the protobuf decode step's input schema).
+READ_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
 
 
 def spark_type(name: str) -> Any:
@@ -86,7 +60,7 @@ def spark_type(name: str) -> Any:
 class Plan:
     """Spark column expressions of one build (unresolved, so reusable by every batch)."""
 
-    staged_columns: tuple[Any, ...]
+    read_columns: tuple[Any, ...]
     error: Any
     # Observing the row count also fences the optimizer: without it, the filter on
     # ``_error`` is pushed below the projection and from_json is inlined, parsing each
@@ -96,8 +70,12 @@ class Plan:
     output_columns: tuple[Any, ...]
     # The spec's file_partition as a string column (None: files are not cut by event time).
     file_partition: Any | None
-    # Applied to the staged rows before the expressions (format protobuf: the decode step).
+    # Applied to the read rows before the expressions (format protobuf: the decode step).
     decode: Callable[[Any], Any] | None = None
+    # The registry's formats: the schema id of a value (key) whose id none of the batch's
+    # writers has, else null; evaluated once ``_error`` is set (ingest.builder.accounting).
+    unknown_ids: Any | None = None
+    unknown_key_ids: Any | None = None
 
 
 # A name no schema column can have (columns are letters, digits and "_"): the column exists only
@@ -181,14 +159,24 @@ class PlanCache:
 
 
 def make_plan(spec: SourceSpec, writers: Writers | None = None) -> Plan:
+    from dataclasses import replace
+
+    from pyspark.sql import functions as F
+
     writers = writers or Writers()
-    keys = _key_parse(spec, writers.keys)
+    parsed_key, key_error, unknown_key = _key_parse(spec, writers.keys)
     if spec.format == "protobuf":
-        return _protobuf_plan(spec, writers.protobuf, keys)
-    parsed, error = (
-        _avro_parse(spec, writers.avro, writers.unresolvable) if spec.format == "avro" else _json_parse(spec)
-    )
-    return _plan(spec, parsed, error, *keys)
+        plan = _protobuf_plan(spec, writers.protobuf, (parsed_key, key_error))
+    else:
+        parsed, error = (
+            _avro_parse(spec, writers.avro, writers.unresolvable) if spec.format == "avro" else _json_parse(spec)
+        )
+        plan = _plan(spec, parsed, error, parsed_key, key_error)
+    unknown = None
+    if spec.format in ("avro", "protobuf"):
+        _, schema_id, _ = _framing()
+        unknown = F.when(F.col("_error") == F.lit("unknown_schema_id"), schema_id)
+    return replace(plan, unknown_ids=unknown, unknown_key_ids=unknown_key)
 
 
 def _protobuf_plan(spec: SourceSpec, files: Mapping[int, ProtoFiles], keys: tuple[Any | None, Any | None]) -> Plan:
@@ -198,12 +186,12 @@ def _protobuf_plan(spec: SourceSpec, files: Mapping[int, ProtoFiles], keys: tupl
     from pyspark.sql import functions as F
 
     columns = ", ".join(f"`{name}` {ctype}" for name, ctype in spec.schema)
-    output = f"{STAGED_DDL}, {columns}, {REASON_COLUMN} string"
+    output = f"{READ_DDL}, {columns}, {REASON_COLUMN} string"
     decode = ArrowDecode(tuple(sorted(files.items())), spec.schema, spec.event_time)
     parsed = F.struct(*(F.col(f"`{name}`") for name, _ in spec.schema))
     plan = _plan(spec, parsed, F.col(REASON_COLUMN), *keys)
     return Plan(
-        staged_columns=(*plan.staged_columns, F.col(REASON_COLUMN)),
+        read_columns=(*plan.read_columns, F.col(REASON_COLUMN)),
         error=plan.error,
         total=plan.total,
         good=plan.good,
@@ -300,18 +288,21 @@ EVENT_TIME_MIN_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
 EVENT_TIME_END_US = 253_402_300_800_000_000  # 10000-01-01T00:00:00Z
 
 
-def _key_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any | None, Any | None]:
-    """The decoded key struct (key_format avro and json_schema) and the key's error column (None
-    for binary keys). A null key is no error: its decoded columns are null."""
+def _key_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any | None, Any | None, Any | None]:
+    """The decoded key struct (key_format avro and json_schema), the key's error column (None
+    for binary keys) and, for key_format avro, the key's schema id when no writer has it (else
+    null). A null key is no error: its decoded columns are null."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     key = F.col("_key")
+    unknown = None
     if spec.key_format == "string":
-        return None, F.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("key_undecodable"))
+        return None, F.when(key.isNotNull() & ~F.is_valid_utf8(key), F.lit("key_undecodable")), None
     if spec.key_format == "avro":
         reader = avro_reader_schema(spec.key_schema)
-        parsed, framed, _, known = _avro_decode("_key", spec.key_schema, reader, writers)
+        parsed, framed, key_id, known = _avro_decode("_key", spec.key_schema, reader, writers)
+        unknown = F.when(key.isNotNull() & framed & ~known, key_id)
         decoded = F.col("_k").isNotNull() & F.col("_k").getField(DECODED_FIELD).isNotNull()
     elif spec.key_format == "json_schema":
         # As json_schema values: the JSON path on the body, the schema id not looked up.
@@ -324,14 +315,14 @@ def _key_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any | None
         known = F.lit(True)
         decoded = F.is_valid_utf8(body) & F.col("_k").isNotNull() & F.col("_k").getField(CORRUPT).isNull()
     else:
-        return None, None
+        return None, None, None
     error = (
         F.when(key.isNull(), F.lit(None).cast("string"))
         .when(~framed, F.lit("key_not_confluent_framed"))
         .when(~known, F.lit("key_unknown_schema_id"))
         .when(~decoded, F.lit("key_undecodable"))
     )
-    return parsed, error
+    return parsed, error, unknown
 
 
 def _key_columns(spec: SourceSpec) -> tuple[Any, ...]:
@@ -352,7 +343,7 @@ def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key
     out_of_range = (event_us < F.lit(EVENT_TIME_MIN_US)) | (event_us >= F.lit(EVENT_TIME_END_US))
     error = F.coalesce(error, F.when(out_of_range, F.lit("event_time_out_of_range")))
     return Plan(
-        staged_columns=(
+        read_columns=(
             *(F.col(c) for c in META_COLUMNS),
             value,
             parsed.alias("_p"),

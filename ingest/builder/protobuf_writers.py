@@ -68,6 +68,11 @@ class Unreadable(Exception):
     """A writer schema this decoder cannot read (why: its message)."""
 
 
+class ReferenceNotFound(Exception):
+    """A Protobuf import's subject version answered 404: not known *yet* (a registry follower
+    may not have it), so the id is waited for like an unknown one, never kept as unreadable."""
+
+
 class _Resolver:
     """One schema id's files. ``plain`` and ``serialized`` are two registry clients (each
     caches what it fetched by id and by subject version, whatever the format asked)."""
@@ -114,8 +119,8 @@ class _Resolver:
         try:
             registered = self._plain.get_version(subject, version)
         except SchemaRegistryError as exc:
-            if exc.http_status_code == _NOT_FOUND:  # the id is known, one of its imports is gone
-                raise Unreadable(f"reference {name!r}: subject {subject!r} has no version {version}") from exc
+            if exc.http_status_code == _NOT_FOUND:  # the id is known, one of its imports is not (yet)
+                raise ReferenceNotFound(f"reference {name!r}: subject {subject!r} has no version {version}") from exc
             raise
         proto = _from_base64(registered.schema.schema_str)
         if proto is None:
@@ -131,7 +136,7 @@ class _Resolver:
 def schema_files(plain: Any, serialized: Any, sid: int, registry: str) -> ProtoFiles | None:
     """The files of writer schema ``sid``: None when it is not a Protobuf schema, ``()`` when
     it cannot be read here (both logged). The registry client's errors (a 404 for an unknown
-    id, no answer) go to the caller."""
+    id, no answer) and :class:`ReferenceNotFound` go to the caller."""
     try:
         return _Resolver(plain, serialized).files(sid)
     except Unreadable as exc:

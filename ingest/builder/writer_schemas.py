@@ -1,196 +1,239 @@
-"""The writer schemas of a batch of framed splits (Avro, Protobuf), fetched from the schema
-registry on the worker before the Spark job (which then needs no registry): every distinct
-schema id among the batch's framed records, each fetched once per registry and kept for the
-worker's life, so a schema fetched once keeps decoding through a registry outage.
+"""The writer schemas a build decodes with (Avro, Protobuf), fetched from the schema registry
+on the worker: Spark needs no registry. Each schema the registry served is kept for the
+worker's life (schemas are immutable once registered), so a schema fetched once keeps
+decoding through a registry outage. Nothing else is kept: a failure is never cached.
 
-Each writer schema is checked against the reader schema before the job (Avro's resolution
+Which ids a batch holds is not known before Spark reads it (the worker never sees a record):
+a build decodes with every writer this worker knows, its job names the ids it met that none
+of them has (ingest.builder.plan), and those are fetched here (:meth:`WriterSchemas.fetch`):
+- served: kept; the build runs again with it;
+- 404 (the id, or a Protobuf import it references): not known *yet*. A registry follower may
+  not have replicated a fresh id, or a producer registered it a moment ago: the splits that
+  hold it wait, as for an outage, until the id appears or ``wait_s`` has passed since its
+  first 404; only then are its records rejects (``unknown_schema_id``). A registry that
+  answered 404 for every id it was asked and never served one is misconfigured (a base URL
+  without its API path): :class:`RegistryMisconfigured` stops the worker with one line
+  instead of rejecting a whole stream;
+- no answer, a 5xx, a timeout (:class:`RegistryUnavailable`): the splits that hold the id wait,
+  retried by the build queue for as long as the registry stays down; nothing is rejected.
+
+Each Avro writer is checked against the reader schema before the job (Avro's resolution
 rules, ingest.avro_resolution): a writer the reader cannot resolve is never given to from_avro,
-and its records are rejects (``unresolvable_writer_schema``); the check runs once per (reader,
-writer) for the worker's life.
-
-An id the registry answers 404 for is unknown: its records are rejects (``unknown_schema_id``),
-and the id is asked again in a later batch (it may be registered by then). Any other failure
-(no answer, a 5xx, a timeout) is not bad input: the splits that hold an id not fetched yet
-are not built (:class:`RegistryUnavailable`, their result), and wait, retried by the pipeline
-(ingest.publish.pipeline) for as long as the registry stays down; no record is rejected or
-skipped for it. The batch's other splits, whose ids are all cached, build as usual.
+its records are rejects (``unresolvable_writer_schema``); a served id of another type than the
+format's is kept as such (its records are rejects too, never waited for).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 
 from ingest.avro_resolution import resolution_problem
 from ingest.builder.protobuf_decode import ProtoFiles
-from ingest.builder.protobuf_writers import schema_files
-from ingest.errors import BuildError, first_line
-from ingest.formats import HEADER_BYTES, RegistrySettings, reader_for_writer, registry_client, schema_id
+from ingest.builder.protobuf_writers import ReferenceNotFound, schema_files
+from ingest.errors import BuildError, ConfigError, WorkerFailed, first_line
+from ingest.formats import RegistrySettings, reader_for_writer, registry_client
 from ingest.spec import SourceSpec
-from ingest.splits.split import SealedSplit
+from ingest_common.backoff import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)
 
 _NOT_FOUND = 404
-_T = TypeVar("_T")
+#: How long an id the registry answers 404 for is waited for before its records are rejects.
+SCHEMA_ID_WAIT_S = 60.0
+# A served id whose schema is of another type than the format's: its records are rejects.
+NOT_OF_FORMAT = ""
 
 
 class RegistryUnavailable(BuildError):
     """The schema registry did not answer (or answered with an error other than 404)."""
 
 
-@dataclass(frozen=True, slots=True)
-class BatchSchemas:
-    """What a batch of splits gets from the registry: the writer schema of every id the
-    splits that can build hold (ids the registry does not know are left out), and the splits
-    that cannot build yet, each with the error of the registry that did not answer."""
+class SchemaIdsPending(RegistryUnavailable):
+    """Ids the registry answered 404 for, within their wait: the splits holding them wait."""
 
-    schemas: dict[int, str]
-    waiting: dict[uuid.UUID, RegistryUnavailable]
-    # The same as ``schemas`` for the keys' ids (key_format avro), and for values of format
-    # protobuf (their files; ``()`` for one the registry holds in a form this worker cannot read).
-    key_schemas: dict[int, str] = field(default_factory=dict)
+
+class RegistryMisconfigured(WorkerFailed):
+    """Every id asked answered 404 and none was ever served: the URL is not the registry's."""
+
+    exit_code = ConfigError.exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What one :meth:`WriterSchemas.fetch` learned."""
+
+    # Ids served now (kept from now on).
+    learned: frozenset[int] = frozenset()
+    # Ids answered 404 whose wait has not passed, and those whose wait has.
+    pending: frozenset[int] = frozenset()
+    expired: frozenset[int] = frozenset()
+    # The registry did not answer for these (its error in ``failure``).
+    unanswered: frozenset[int] = frozenset()
+    failure: RegistryUnavailable | None = None
+
+
+@dataclass(slots=True)
+class _Registry:
+    clients: tuple[Any, Any]
+    avro: dict[int, str] = field(default_factory=dict)
     protobuf: dict[int, ProtoFiles] = field(default_factory=dict)
+    # First 404 of each id not served yet (forgotten once served).
+    first_404: dict[int, float] = field(default_factory=dict)
+    served: bool = False
 
 
 class WriterSchemas:
-    """Writer schemas by (registry URL, id); safe from several build threads."""
+    """Writer schemas by (registry, id); safe from several build threads."""
 
-    def __init__(self, client: Callable[[RegistrySettings], Any] = registry_client) -> None:
+    def __init__(
+        self,
+        client: Callable[[RegistrySettings], Any] = registry_client,
+        *,
+        wait_s: float = SCHEMA_ID_WAIT_S,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         # Makes a registry's client (confluent-kafka's SchemaRegistryClient; tests pass a fake).
-        # Per registry: the client of the plain form, and one for ?format=serialized (a
-        # client caches by id whatever the format asked, so the two forms need two).
+        # Per registry: the client of the plain form, and one for ?format=serialized (a client
+        # caches by id whatever the format asked, so the two forms need two).
         self._client = client
-        self._clients: dict[RegistrySettings, tuple[Any, Any]] = {}
-        self._schemas: dict[tuple[str, int], str] = {}
-        self._protobuf: dict[tuple[str, int], ProtoFiles] = {}
+        self._wait_s = wait_s
+        self._clock = clock
+        self._registries: dict[RegistrySettings, _Registry] = {}
         self._lock = threading.Lock()
 
-    def for_batch(
-        self,
-        splits: Sequence[SealedSplit],
-        registry: RegistrySettings,
-        *,
-        values: bool = True,
-        keys: bool = False,
-        protobuf: bool = False,
-    ) -> BatchSchemas:
-        """The writer schemas of the splits' framed values (``protobuf``: as Protobuf files)
-        and (``keys``) keys (Avro). Once the registry failed to answer for one id, ids not
-        cached are not asked for again in this batch (each could take the client's timeout):
-        the splits holding any of them wait."""
-        value_ids = {split.id: _ids(split, keys=False) if values else set() for split in splits}
-        key_ids = {split.id: _ids(split, keys=True) if keys else set() for split in splits}
-        wanted = sorted(
-            {(sid, protobuf) for ids in value_ids.values() for sid in ids}
-            | {(sid, False) for ids in key_ids.values() for sid in ids}
-        )
-        found: dict[tuple[int, bool], Any] = {}
-        missing: set[int] = set()
+    def _registry(self, registry: RegistrySettings) -> _Registry:
+        with self._lock:
+            return self._registry_unlocked(registry)
+
+    def avro(self, registry: RegistrySettings) -> dict[int, str]:
+        """Every Avro writer served so far (an id of another type maps to ``NOT_OF_FORMAT``)."""
+        with self._lock:
+            return dict(self._registry_unlocked(registry).avro)
+
+    def protobuf(self, registry: RegistrySettings) -> dict[int, ProtoFiles]:
+        """Every Protobuf writer served so far (``()``: one of another type, or unreadable here)."""
+        with self._lock:
+            return dict(self._registry_unlocked(registry).protobuf)
+
+    def _registry_unlocked(self, registry: RegistrySettings) -> _Registry:
+        found = self._registries.get(registry)
+        if found is None:
+            found = self._registries[registry] = _Registry((self._client(registry), self._client(registry)))
+        return found
+
+    def fetch(self, registry: RegistrySettings, ids: Iterable[int], *, protobuf: bool = False) -> Fetched:
+        """Ask the registry for the ids not served yet. Once it failed to answer for one, the
+        rest are not asked in this call (each could take the client's timeout)."""
+        state = self._registry(registry)
+        learned: set[int] = set()
+        pending: set[int] = set()
+        expired: set[int] = set()
+        unanswered: set[int] = set()
         failure: RegistryUnavailable | None = None
-        for sid, as_protobuf in wanted:
-            if failure is not None and not self.cached(registry, sid, protobuf=as_protobuf):
-                missing.add(sid)
+        for sid in sorted(set(ids)):
+            with self._lock:
+                if sid in (state.protobuf if protobuf else state.avro):
+                    continue
+            if failure is not None:
+                unanswered.add(sid)
                 continue
             try:
-                schema = self.get_protobuf(registry, sid) if as_protobuf else self.get(registry, sid)
+                schema = self._ask(registry, state, sid, protobuf)
             except RegistryUnavailable as exc:
                 failure = exc
-                missing.add(sid)
+                unanswered.add(sid)
                 continue
-            if schema is not None:
-                found[(sid, as_protobuf)] = schema
-        needs = {split.id: value_ids[split.id] | key_ids[split.id] for split in splits}
-        waiting = {} if failure is None else {split.id: failure for split in splits if needs[split.id] & missing}
+            now = self._clock.monotonic()
+            with self._lock:
+                if schema is None:
+                    first = state.first_404.setdefault(sid, now)
+                    (expired if now - first >= self._wait_s else pending).add(sid)
+                    continue
+                if protobuf:
+                    state.protobuf[sid] = schema
+                else:
+                    state.avro[sid] = schema
+                state.first_404.pop(sid, None)
+                state.served = True
+            learned.add(sid)
+        if pending or expired:
+            log.warning(
+                "schema_ids_not_found",
+                registry=registry.url,
+                pending=sorted(pending),
+                expired=sorted(expired),
+                wait_s=self._wait_s,
+            )
+        if expired and not self.served_any(registry):
+            raise RegistryMisconfigured(
+                f"schema registry {registry.url} answered 404 for every schema id it was asked "
+                f"({', '.join(map(str, sorted(expired | pending)))}, for {self._wait_s:g} s) and never served one: "
+                "is [registry] url the registry's Confluent-compatible base URL (Apicurio's ends in /apis/ccompat/v7)?"
+            )
+        return Fetched(frozenset(learned), frozenset(pending), frozenset(expired), frozenset(unanswered), failure)
 
-        def building(ids: dict[uuid.UUID, set[int]], as_protobuf: bool) -> dict[int, Any]:
-            held = set().union(*(i for split_id, i in ids.items() if split_id not in waiting))
-            return {sid: schema for (sid, pb), schema in found.items() if pb is as_protobuf and sid in held}
-
-        return BatchSchemas(
-            {} if protobuf else building(value_ids, False),
-            waiting,
-            building(key_ids, False),
-            building(value_ids, True) if protobuf else {},
-        )
-
-    def cached(self, registry: RegistrySettings, sid: int, *, protobuf: bool = False) -> bool:
+    def served_any(self, registry: RegistrySettings) -> bool:
         with self._lock:
-            return (registry.url, sid) in (self._protobuf if protobuf else self._schemas)
+            return self._registry_unlocked(registry).served
 
-    def get(self, registry: RegistrySettings, sid: int) -> str | None:
-        def fetch(plain: Any, _serialized: Any) -> str | None:
-            schema = plain.get_schema(sid)
-            if schema.schema_type not in (None, "AVRO"):
-                # Not an Avro schema: its records cannot decode as Avro.
-                log.warning("schema_id_not_avro", registry=registry.url, schema_id=sid, type=schema.schema_type)
-                return None
-            return str(schema.schema_str)
+    def prefetch(self, registry: RegistrySettings, subjects: Iterable[str], *, protobuf: bool = False) -> int:
+        """Every version of ``subjects`` (best effort, at the worker's start): the common ids are
+        known before the first build, which then runs once. Returns how many ids it learned."""
+        state = self._registry(registry)
+        plain = state.clients[0]
+        ids: set[int] = set()
+        for subject in subjects:
+            try:
+                for version in plain.get_versions(subject):
+                    ids.add(int(plain.get_version(subject, version).schema_id))
+            except Exception as exc:  # a subject that does not exist yet, a registry down: the builds ask later
+                log.info("schema_prefetch_skipped", registry=registry.url, subject=subject, error=first_line(exc))
+        if not ids:
+            return 0
+        try:
+            return len(self.fetch(registry, ids, protobuf=protobuf).learned)
+        except RegistryMisconfigured:
+            return 0
 
-        return self._cached(self._schemas, registry, sid, fetch)
-
-    def get_protobuf(self, registry: RegistrySettings, sid: int) -> ProtoFiles | None:
-        return self._cached(
-            self._protobuf, registry, sid, lambda plain, ser: schema_files(plain, ser, sid, registry.url)
-        )
-
-    def _cached(
-        self,
-        cache: dict[tuple[str, int], _T],
-        registry: RegistrySettings,
-        sid: int,
-        fetch: Callable[[Any, Any], _T | None],
-    ) -> _T | None:
-        key = (registry.url, sid)
-        with self._lock:
-            cached = cache.get(key)
-            clients = self._clients.get(registry)
-            if clients is None:
-                clients = self._clients[registry] = (self._client(registry), self._client(registry))
-        if cached is not None:
-            return cached
+    def _ask(self, registry: RegistrySettings, state: _Registry, sid: int, protobuf: bool) -> Any:
+        """The id's schema (``NOT_OF_FORMAT`` / ``()`` for one of another type), or None on a 404."""
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+        plain, serialized = state.clients
         try:
-            found = fetch(*clients)
+            if protobuf:
+                files = schema_files(plain, serialized, sid, registry.url)
+                return () if files is None else files
+            schema = plain.get_schema(sid)
+            if schema.schema_type not in (None, "AVRO"):
+                log.warning("schema_id_not_avro", registry=registry.url, schema_id=sid, type=schema.schema_type)
+                return NOT_OF_FORMAT
+            return str(schema.schema_str)
+        except ReferenceNotFound:
+            return None
         except SchemaRegistryError as exc:
             if exc.http_status_code == _NOT_FOUND:
-                log.warning("unknown_schema_id", registry=registry.url, schema_id=sid)
                 return None
             raise RegistryUnavailable(f"schema registry {registry.url}, schema id {sid}: {first_line(exc)}") from exc
         except Exception as exc:  # transport errors (httpx) are not part of the client's API
             raise RegistryUnavailable(
                 f"schema registry {registry.url} did not answer for schema id {sid}: {first_line(exc)}"
             ) from exc
-        if found is not None:
-            with self._lock:
-                cache[key] = found
-        return found
-
-
-def _ids(split: SealedSplit, *, keys: bool) -> set[int]:
-    """The schema ids the split's framed values (or keys) name: from their distinct headers."""
-    if not split.chunks:
-        return set()
-    column = pa.chunked_array([chunk.keys if keys else chunk.values for chunk in split.chunks], pa.binary())
-    headers = pc.unique(pc.binary_slice(column, 0, HEADER_BYTES)).to_pylist()
-    return {sid for header in headers if (sid := schema_id(header)) is not None}
 
 
 def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, str], frozenset[int]]:
-    """The writers the spec's reader schema resolves, and the ids of those it cannot."""
+    """The writers the spec's reader schema resolves, and the ids of those it cannot (ids of
+    another type than Avro among them)."""
     ok: dict[int, str] = {}
     refused: set[int] = set()
     for sid, writer in writers.items():
-        if _problem(spec.name, spec.reader_schema, sid, writer) is None:
+        if writer != NOT_OF_FORMAT and _problem(spec.name, spec.reader_schema, sid, writer) is None:
             ok[sid] = writer
         else:
             refused.add(sid)

@@ -1,4 +1,4 @@
-"""The partitions this worker owns right now: each one's claim, open buffer and lifecycle.
+"""The partitions this worker owns right now: each one's claim, cutter and lifecycle.
 
 A partition's lifecycle is one state machine. Its methods are the only writers of its state,
 and each refuses a transition the protocol does not have (IllegalTransition: a bug)::
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ingest.consume.cutter import OffsetSize, PartitionCutter
 from ingest.consume.kafka import Truncation
-from ingest.splits.split import PartitionBuffer
 from ingest_common.backoff import Backoff
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
@@ -48,7 +48,10 @@ class PartitionState(enum.Enum):
 @dataclass(slots=True)
 class OwnedPartition:
     claim: PartitionClaim
-    buffer: PartitionBuffer
+    cutter: PartitionCutter
+    # Bytes per offset of the partition's records, learned from its built splits (kept across
+    # cutters: the data does not change with a rewind).
+    size: OffsetSize = field(default_factory=OffsetSize)
     state: PartitionState = PartitionState.ACTIVE
     # End of the last split published in this assignment (None: nothing published yet).
     published_end: int | None = None
@@ -70,16 +73,16 @@ class OwnedPartition:
 
     @property
     def epoch(self) -> int:
-        return self.buffer.epoch
+        return self.cutter.epoch
 
     @property
     def active(self) -> bool:
         return self.state is PartitionState.ACTIVE
 
-    def _drop_buffer(self, position: int | None) -> None:
-        """Drop buffered records and start a new epoch at ``position`` (splits of older
-        epochs are never acted on again)."""
-        self.buffer = PartitionBuffer(self.tp, self.claim.serial, position, epoch=self.buffer.epoch + 1)
+    def _new_cutter(self, position: int | None) -> None:
+        """Cut from ``position`` on, in a new generation (splits of older generations are
+        never acted on again)."""
+        self.cutter = PartitionCutter(self.tp, self.claim.serial, position, epoch=self.cutter.epoch + 1)
 
     def _require(self, *states: PartitionState) -> None:
         if self.state not in states:
@@ -88,32 +91,32 @@ class OwnedPartition:
     # -- transitions ---------------------------------------------------------------
 
     def rewind(self, now: float) -> float:
-        """Stop taking records; re-read the stored offset after a backoff. Returns the backoff."""
+        """Stop cutting; re-read the stored offset after a backoff. Returns the backoff."""
         self._require(PartitionState.ACTIVE, PartitionState.OUT_OF_RANGE, PartitionState.REWINDING)
         backoff = REWIND_BACKOFF.delay(self.failures)
         self.failures += 1
         self.state = PartitionState.REWINDING
         self.retry_at = now + backoff
         self.gap_pending = False
-        self._drop_buffer(None)
+        self._new_cutter(None)
         return backoff
 
     def fence(self) -> None:
-        """Another worker owns the partition: take nothing more until it is revoked."""
+        """Another worker owns the partition: cut nothing more until it is revoked."""
         self.state = PartitionState.FENCED
         self.gap_pending = False
-        self._drop_buffer(None)
+        self._new_cutter(None)
 
     def refuse(self, offset: int | None, truncation: Truncation | None = None) -> None:
-        """Kafka refused the fetch offset (or found the log truncated below a validated
-        position): stop until the gap is measured (at once)."""
+        """The offsets from ``offset`` on are no longer in the log (or the log was found
+        truncated below a validated position): stop until the gap is measured (at once)."""
         self._require(PartitionState.ACTIVE)
         self.state = PartitionState.OUT_OF_RANGE
         self.refused_offset = offset
         self.truncation = truncation
         self.gap_pending = True
         self.retry_at = 0.0
-        self._drop_buffer(None)
+        self._new_cutter(None)
 
     def gap_settled(self) -> None:
         """The gap was recorded and the partition stays stopped (policy ``fail``, or past the log end)."""
@@ -121,11 +124,11 @@ class OwnedPartition:
         self.gap_pending = False
 
     def repositioned(self, offset: int | None) -> None:
-        """The consumer now fetches from ``offset``: records are taken again from there."""
+        """Splits are cut from ``offset`` again."""
         self._require(PartitionState.ACTIVE, PartitionState.REWINDING, PartitionState.OUT_OF_RANGE)
         self.state = PartitionState.ACTIVE
         self.gap_pending = False
-        self._drop_buffer(offset)
+        self._new_cutter(offset)
 
     def reclaimed(self, claim: PartitionClaim) -> None:
         """``ingest reset`` moved the serial: a new claim, whatever the state (the caller repositions)."""
@@ -134,7 +137,7 @@ class OwnedPartition:
         self.published_end = None
         self.state = PartitionState.ACTIVE
         self.gap_pending = False
-        self._drop_buffer(claim.next_offset)
+        self._new_cutter(claim.next_offset)
 
     def published(self, end: int) -> None:
         self.published_end = end
@@ -170,12 +173,10 @@ class OwnedPartition:
 
 class Assignment:
     def __init__(self) -> None:
-        # Keyed by (topic, partition): the routing of every record looks partitions up by the
-        # message's topic and partition, without making a TopicPartition per record.
         self._owned: dict[tuple[str, int], OwnedPartition] = {}
 
     def add(self, claim: PartitionClaim) -> OwnedPartition:
-        owned = OwnedPartition(claim, PartitionBuffer(claim.tp, claim.serial, claim.next_offset))
+        owned = OwnedPartition(claim, PartitionCutter(claim.tp, claim.serial, claim.next_offset))
         self._owned[(claim.tp.topic, claim.tp.partition)] = owned
         return owned
 
@@ -201,9 +202,3 @@ class Assignment:
 
     def tps(self) -> list[TopicPartition]:
         return [owned.tp for owned in self._owned.values()]
-
-    def buffered_bytes(self) -> int:
-        return sum(owned.buffer.size_bytes for owned in self._owned.values())
-
-    def buffered_records(self) -> int:
-        return sum(len(owned.buffer) for owned in self._owned.values())

@@ -5,7 +5,7 @@ handed to each of them (positioning, gaps, controls, outcomes, rebalance, heartb
 
 The metastore calls they make are named here, one narrow Protocol per part; the loop's
 background connection is all of them (``LoopStore``), the rebalance callbacks' connection
-the claims (``ClaimStore``). What they need of the pipeline is as narrow: kill the splits of
+the claims (``ClaimStore``). What they need of the splits in flight is as narrow: kill the splits of
 some partitions (``Killer``), read what is in flight (``InFlight``).
 """
 
@@ -98,7 +98,7 @@ class ClaimStore(Protocol):
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None: ...
 
 
-# -- what the parts need of the pipeline -----------------------------------------------------
+# -- what the parts need of the splits in flight -----------------------------------------------------
 
 
 class Killer(Protocol):
@@ -113,7 +113,7 @@ class InFlight(Protocol):
     def inflight_count(self) -> int: ...
     @property
     def inflight_bytes(self) -> int: ...
-    def oldest_pending_ms(self, tp: TopicPartition) -> int | None: ...
+    def oldest_available_at(self, tp: TopicPartition) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,8 @@ class LoopContext:
     specs: SpecHolder
     consumer: Consumer
     assignment: Assignment
-    # The pipeline, as far as repositioning, gaps, controls and rebalances need it.
+    # The splits in flight (ingest.publish.queue), as far as repositioning, gaps, controls and
+    # rebalances need them.
     killer: Killer
     store: LoopStore
     claims: ClaimStore

@@ -1,5 +1,5 @@
 """What operators ask of a running source, applied by each worker: suspend and drain
-(hold: publish what is held, take nothing new), resume, ``ingest reset`` (re-claim the reset
+(hold: publish what is in flight, cut nothing new), resume, ``ingest reset`` (re-claim the reset
 partitions) and a new spec version. The controls come with the registry's heartbeat (or a
 NOTIFY that triggered one); the metastore calls they need run in the background.
 """
@@ -45,22 +45,17 @@ class Controls:
 
     @property
     def holding(self) -> bool:
-        """Suspended or draining: publish what is held, take nothing new."""
+        """Suspended or draining: publish what is in flight, cut nothing new."""
         return self._registry.desired_state.holding
 
     def hold_changed(self) -> bool | None:
-        """True when a hold began, False when it ended (every partition is then repositioned
-        right after its last sealed split), None when nothing changed."""
+        """True when a hold began, False when it ended (each partition's cuts go on from where
+        they stopped), None when nothing changed."""
         holding = self.holding
         if holding == self._was_holding:
             return None
         self._was_holding = holding
-        if not holding:
-            for owned in self._assignment:
-                if owned.active:
-                    # The buffer is empty (sealed while holding) and starts at that position.
-                    self._positioner.reposition(owned, owned.buffer.position, Reason.RESUME)
-            log.info("consumption_resumed", source=self._source, worker=self._worker_id)
+        log.info("consumption_held" if holding else "consumption_resumed", source=self._source, worker=self._worker_id)
         return holding
 
     def apply(self, now: float) -> None:
@@ -87,8 +82,8 @@ class Controls:
         self._retry_at = self._ctx.clock.monotonic() + CONTROL_RETRY.delay(0)
 
     def _reclaimed(self, generation: int, claims: dict[TopicPartition, PartitionClaim]) -> None:
-        """An ``ingest reset`` bumped the serials of some partitions: everything held for them
-        (buffers, in-flight splits) belongs to the old epoch and could only be refused. They
+        """An ``ingest reset`` bumped the serials of some partitions: everything in flight for
+        them belongs to the old epoch and could only be refused. They
         were claimed again (their serial moved once more, fencing anything of ours still in
         flight): drop what is held and reposition at the offset the reset stored. Partitions
         whose serial moved because another worker claimed them are not touched (the metastore
@@ -116,8 +111,8 @@ class Controls:
         )
 
     def _spec_loaded(self, latest: tuple[int, dict[str, Any]]) -> None:
-        """A new spec version: splits sealed from now on are built and published with it (split
-        limits apply to the open buffers at once). Consumption does not stop. Topics and the
+        """A new spec version: splits cut from now on are built and published with it (its
+        split limits apply to the next cuts). Consumption does not stop. Topics and the
         consumer group are fixed for the life of a worker: changing them needs a restart."""
         self._busy = False
         version, doc = latest

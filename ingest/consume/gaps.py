@@ -33,7 +33,8 @@ import structlog
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import GapStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import KafkaCallFailed, Truncation, Watermarks
+from ingest.consume.kafka import KafkaCallFailed, Truncation
+from ingest.consume.log_offsets import Watermarks
 from ingest.consume.positioning import Positioner, Reason
 from ingest_common.backoff import Backoff
 from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
@@ -88,9 +89,10 @@ class GapResolver:
         self._registry = registry
 
     def refused(self, tp: TopicPartition, offset: int | None, error: str, truncation: Truncation | None = None) -> None:
-        """Kafka refused ``tp``'s fetch offset, or found its log truncated below a validated
-        position: stop the partition first (nothing of it is buffered or published until the
-        gap is measured and recorded), then measure it."""
+        """``tp``'s offsets from ``offset`` on are gone from the log (retention, a truncated or
+        re-created log), or Kafka found its log truncated below a validated position: stop the
+        partition first (nothing of it is cut or published until the gap is measured and
+        recorded), then measure it."""
         owned = self._assignment.get(tp)
         if owned is None or not owned.active:
             return
@@ -189,8 +191,8 @@ class GapResolver:
             owned.fence()
             log.warning("partition_fenced", serial=owned.claim.serial, stored_serial=result.stored_serial, **fields)
         elif verdict is Verdict.IN_RANGE:
-            # Only the position the consumer had reached was refused (e.g. records buffered
-            # past a split that was then killed): re-read from the stored offset.
+            # Only offsets past the stored one were gone (cut into splits that were then
+            # killed): cut again from the stored offset.
             log.info("offset_in_range_again", **marks, **fields)
             self._positioner.rewind(owned)
         elif verdict is Verdict.PAST_END:

@@ -1,13 +1,15 @@
-"""The consumer loop: poll, route records into per-partition buffers, seal, hand sealed
-splits to the pipeline, and pause partitions for backpressure. Everything else it drives
-lives in a module of its own: outcomes (ingest.consume.outcomes), repositioning and rewinds
-(ingest.consume.positioning), offset gaps (ingest.consume.gaps), operators' controls (ingest.consume.controls),
-gauges (ingest.consume.loop_metrics) and the metastore calls, which run in the background
-(ingest.consume.background).
+"""The consumer loop: serve the group's callbacks, learn where each owned partition's log
+ends, cut splits from offsets and hand each to the build stage and the publish stage, and hold
+back for backpressure. Everything else it drives lives in a module of its own: log ends
+(ingest.consume.log_ends), cuts (ingest.consume.cutter), outcomes (ingest.consume.outcomes),
+repositioning and rewinds (ingest.consume.positioning), offset gaps (ingest.consume.gaps),
+operators' controls (ingest.consume.controls), gauges (ingest.consume.loop_metrics) and the
+metastore calls, which run in the background (ingest.consume.background).
 
-Every consumer call happens on this thread. ``poll()`` is never blocked for long: when the
-pipeline is full the partitions are paused instead, so the group session and
-max.poll.interval.ms stay healthy however slow Spark or PostgreSQL are; and the metastore is
+No record passes through this process: Spark reads each split's offsets from Kafka
+(ingest.builder.kafka_read). Every consumer call happens on this thread, and ``poll()`` is never
+blocked for long: when too much is in flight the loop cuts nothing more, so the group session
+and max.poll.interval.ms stay healthy however slow Spark or PostgreSQL are; and the metastore is
 only ever waited for inside a rebalance callback (bounded by its deadline).
 """
 
@@ -15,20 +17,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
 import structlog
 
+from ingest.builder.queue import BuildQueue
 from ingest.consume.assignment import OwnedPartition
+from ingest.consume.build_watch import BuildWatch
 from ingest.consume.context import LoopContext
 from ingest.consume.controls import Controls
 from ingest.consume.gaps import GapResolver
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import Batch, Message, Watermarks
+from ingest.consume.kafka import Batch
+from ingest.consume.log_ends import LOG_END_INTERVAL_S, LogEnds
+from ingest.consume.log_offsets import LogOffsets
 from ingest.consume.loop_metrics import LoopGauges
 from ingest.consume.outcomes import UNHEALTHY_AFTER_FAILED_SPLITS, OutcomeHandler
 from ingest.consume.positioning import Positioner
@@ -36,20 +39,22 @@ from ingest.consume.publish_watch import UNHEALTHY_AFTER_PUBLISH_STALL_S, Publis
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.consume.registry_watch import RegistryWatch
 from ingest.errors import WorkerFailed
-from ingest.publish.pipeline import Pipeline
-from ingest.splits.chunks import Chunk, chunks_of
-from ingest_common.model import DesiredState, WorkerState
+from ingest.publish.queue import PublishQueue
+from ingest_common.model import DesiredState, TopicPartition, WorkerState
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class LoopOptions:
-    batch_size: int = 2000
     poll_timeout_s: float = 0.1
+    log_end_interval_s: float = LOG_END_INTERVAL_S
     drain_timeout_s: float = 60.0
     unhealthy_after_failed_splits: int = UNHEALTHY_AFTER_FAILED_SPLITS
     unhealthy_after_publish_stall_s: float = UNHEALTHY_AFTER_PUBLISH_STALL_S
+    # A batch still building this long past its start makes the worker unhealthy (the build's
+    # own deadline interrupts it first: ingest.builder.job).
+    unhealthy_after_build_s: float = 900.0
 
 
 class ConsumeLoop:
@@ -57,10 +62,11 @@ class ConsumeLoop:
         self,
         ctx: LoopContext,
         *,
-        pipeline: Pipeline,
+        builds: BuildQueue,
+        publishes: PublishQueue,
         handler: RebalanceHandler,
         registry: WorkerRegistry,
-        watermarks: Watermarks,
+        offsets: LogOffsets,
         group_offsets: GroupOffsets | None = None,
         options: LoopOptions = LoopOptions(),
     ) -> None:
@@ -72,13 +78,15 @@ class ConsumeLoop:
         self._assignment = ctx.assignment
         self._background = ctx.background
         self._clock = ctx.clock
-        self._pipeline = pipeline
+        self._builds = builds
+        self._publishes = publishes
         self._handler = handler
         self._registry = registry
         self._group_offsets = group_offsets
         self._options = options
         self._positioner = Positioner(ctx)
-        self._gaps = GapResolver(ctx, watermarks=watermarks, positioner=self._positioner, registry=registry)
+        self._gaps = GapResolver(ctx, watermarks=offsets, positioner=self._positioner, registry=registry)
+        self._log_ends = LogEnds(ctx, offsets, self._gaps, interval_s=options.log_end_interval_s)
         self._outcomes = OutcomeHandler(
             ctx,
             positioner=self._positioner,
@@ -87,14 +95,16 @@ class ConsumeLoop:
             unhealthy_after=options.unhealthy_after_failed_splits,
         )
         self._controls = Controls(ctx, positioner=self._positioner, registry=registry)
-        self._gauges = LoopGauges(ctx, pipeline)
-        self._registry_watch = RegistryWatch(ctx, pipeline, registry)
+        self._gauges = LoopGauges(ctx, publishes, self._log_ends)
+        self._registry_watch = RegistryWatch(ctx, builds, registry)
         self._publish_watch = PublishWatch(
-            pipeline, source=ctx.source, worker_id=ctx.worker_id, bound_s=options.unhealthy_after_publish_stall_s
+            publishes, source=ctx.source, worker_id=ctx.worker_id, bound_s=options.unhealthy_after_publish_stall_s
+        )
+        self._build_watch = BuildWatch(
+            builds, source=ctx.source, worker_id=ctx.worker_id, bound_s=options.unhealthy_after_build_s
         )
         metrics = ctx.metrics
-        self._m_consumed = metrics.records_consumed.labels(self._source)
-        self._m_bytes = metrics.bytes_consumed.labels(self._source)
+        self._m_dropped = metrics.records_fetched_by_worker.labels(self._source)
         self._m_kafka_errors = metrics.kafka_errors.labels(self._source)
         # Only a worker that was consuming when a drain began exits after it; one started
         # while the drain is pending waits, idle, for `ingest resume` (a new release's pods).
@@ -120,31 +130,28 @@ class ConsumeLoop:
 
     def step(self) -> None:
         self.last_step_at = time.monotonic()
-        # Everything that may reposition a partition runs before the poll, never between a
-        # poll and the routing of its records: records fetched before a seek would otherwise
-        # land in the buffer that starts at the new position.
+        # Everything that may reposition a partition runs before the cuts of this step.
         self._background.apply_done()
         self._controls.hold_changed()
         holding = self._controls.holding
-        batch = self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
+        batch = self._consumer.poll(self._options.poll_timeout_s)
         self._raise_callback_error()
         now = self._clock.monotonic()
+        self._events(batch)
+        self._log_ends.step(now)
         if not holding:
-            # While holding, deliveries (fetched before the pause took effect) are not buffered:
-            # the buffers were sealed at their positions, and resuming seeks back to them.
-            self._take(batch, now)
+            self._cut_due(now)
             self._ran = True
-        self._seal_due(now, holding)
-        self._outcomes.handle(self._pipeline.poll(), draining=False)
+        self._outcomes.handle(self._publishes.poll(), draining=False)
         self._publish_watch.check()
+        self._build_watch.check()
         self._registry_watch.check()
         if self._group_offsets is not None:
             self._group_offsets.commit_due(self._consumer, set(self._assignment.tps()), now)
         self._positioner.rewinds_due(now)
         self._gaps.due(now)
-        self._apply_backpressure(holding)
         state = self.state
-        self._gauges.update(state, now)
+        self._gauges.update(state, now, cutting=self._cutting(holding))
         self._registry.beat(
             state,
             [str(tp) for tp in self._assignment.tps()],
@@ -154,31 +161,26 @@ class ConsumeLoop:
         self._controls.apply(now)
 
     def drain(self) -> bool:
-        """Seal every buffer and wait (still polling, partitions paused) until the pipeline
-        is empty. Returns False if the drain timeout ran out first."""
-        now = self._clock.monotonic()
-        for owned in self._assignment:
-            if owned.active and len(owned.buffer):
-                self._seal(owned, "shutdown", now)
-        self._consumer.set_paused(self._assignment.tps())
+        """Cut nothing more and wait (still polling) until every split in flight is resolved.
+        Returns False if the drain timeout ran out first."""
         self._registry.beat(WorkerState.DRAINING, [str(tp) for tp in self._assignment.tps()], force=True)
         # A bound on real work (builds, publishes): real time, whatever the clock.
         deadline = time.monotonic() + self._options.drain_timeout_s
-        while self._pipeline.inflight_count and time.monotonic() < deadline:
-            # Paused: this returns nothing new but keeps the group session alive.
-            self._consumer.poll(self._options.batch_size, self._options.poll_timeout_s)
+        while self._publishes.inflight_count and time.monotonic() < deadline:
+            # Keeps the group session alive.
+            self._consumer.poll(self._options.poll_timeout_s)
             self._raise_callback_error()
             self._background.apply_done()
-            self._outcomes.handle(self._pipeline.poll(), draining=True)
-        self._outcomes.handle(self._pipeline.poll(), draining=True)
+            self._outcomes.handle(self._publishes.poll(), draining=True)
+        self._outcomes.handle(self._publishes.poll(), draining=True)
         if self._group_offsets is not None:
             self._group_offsets.commit_due(self._consumer, set(self._assignment.tps()), float("inf"))
-        drained = self._pipeline.inflight_count == 0
+        drained = self._publishes.inflight_count == 0
         log.info(
             "worker_drained" if drained else "worker_drain_timeout",
             source=self._source,
             worker=self._worker_id,
-            inflight=self._pipeline.inflight_count,
+            inflight=self._publishes.inflight_count,
         )
         return drained
 
@@ -191,8 +193,9 @@ class ConsumeLoop:
 
     @property
     def publish_stall(self) -> str | None:
-        """A publish unfinished past its bound (ingest.consume.publish_watch): /healthz only."""
-        return self._publish_watch.stalled_reason
+        """A publish unfinished past its bound (ingest.consume.publish_watch), or a build
+        running past its (ingest.consume.build_watch): /healthz only."""
+        return self._publish_watch.stalled_reason or self._build_watch.stalled_reason
 
     @property
     def registry_wait(self) -> str | None:
@@ -205,14 +208,14 @@ class ConsumeLoop:
         desired = self._registry.desired_state
         if desired is DesiredState.RUNNING:
             return WorkerState.UNHEALTHY if self.unhealthy_reason is not None else WorkerState.RUNNING
-        empty = self._pipeline.inflight_count == 0 and self._assignment.buffered_records() == 0
+        empty = self._publishes.inflight_count == 0
         if desired.ends_workers:
             return WorkerState.DRAINED if empty else WorkerState.DRAINING
         return WorkerState.SUSPENDED if empty else WorkerState.SUSPENDING
 
-    # -- records -------------------------------------------------------------------
+    # -- splits --------------------------------------------------------------------
 
-    def _take(self, batch: Batch, now: float) -> None:
+    def _events(self, batch: Batch) -> None:
         for name, text in batch.errors:
             self._m_kafka_errors.inc()
             log.warning("kafka_error", source=self._source, worker=self._worker_id, code=name, error=text)
@@ -222,51 +225,44 @@ class ConsumeLoop:
         for tp, truncation, text in batch.truncated:
             self._m_kafka_errors.inc()
             self._gaps.refused(tp, truncation.offset, text, truncation)
-        if batch.records:
-            self._route(batch.records, now)
-        # After the records: an end of partition says every offset before it was delivered, and
-        # records of the same poll may precede it. Applied first, it would stretch a split sealed
-        # mid-batch over records that then fall before the next buffer's start and are dropped.
-        for tp, offset in batch.ends:
-            # The current split may cover the offsets past its last record that carry none
-            # (transaction markers, aborted records).
-            owned = self._assignment.get(tp)
-            if owned is not None and owned.active:
-                owned.buffer.delivered_to(offset)
+        if batch.records_dropped:
+            self._m_dropped.inc(batch.records_dropped)
 
-    def _route(self, records: Sequence[Message], now: float) -> None:
-        """Each partition's records of the poll become chunks at once (the messages are not
-        kept past this step), taken by the partition's buffer, sealed where it fills."""
+    def _cut_due(self, now: float) -> None:
+        """Cut every split that is due, one per partition per round (so that a backlog on one
+        partition does not take every place in flight), until nothing is due or too much is
+        in flight. A partition whose split waits for the schema registry cuts nothing meanwhile."""
         limits = self._specs.spec.split
-        lookup = self._assignment.lookup
-        consumed = 0
-        consumed_bytes = 0
-        for topic, partition, run in partition_runs(records):
-            owned = lookup(topic, partition)
-            if owned is None or not owned.active:
-                continue  # fetched before a revoke, fence or rewind: never buffered
-            for chunk in chunks_of(run):
-                rest: Chunk | None = chunk
-                while rest is not None:
-                    rest, added, added_bytes = owned.buffer.take(rest, now, limits)
-                    consumed += added
-                    consumed_bytes += added_bytes
-                    if reason := owned.buffer.full(limits):
-                        self._seal(owned, reason, now)
-        self._m_consumed.inc(consumed)
-        self._m_bytes.inc(consumed_bytes)
+        waiting = self._registry_watch.partitions
+        candidates = [o for o in self._assignment if o.active and o.tp not in waiting]
+        while candidates and not self._full():
+            cut_any = []
+            for owned in candidates:
+                if self._full():
+                    return
+                reason = owned.cutter.due(limits, owned.size, now)
+                if reason is not None:
+                    self._cut(owned, reason, now)
+                    cut_any.append(owned)
+            candidates = cut_any
 
-    def _seal_due(self, now: float, holding: bool) -> None:
-        for owned in self._assignment:
-            if not owned.active:
-                continue
-            if reason := owned.buffer.should_seal(self._specs.spec.split, now):
-                self._seal(owned, reason, now)
-            elif holding and len(owned.buffer):
-                self._seal(owned, self._registry.desired_state, now)
+    def _cutting(self, holding: bool) -> frozenset[TopicPartition]:
+        """The partitions a split may be cut from now."""
+        if holding or self._full():
+            return frozenset()
+        waiting = self._registry_watch.partitions
+        return frozenset(o.tp for o in self._assignment if o.active and o.tp not in waiting)
 
-    def _seal(self, owned: OwnedPartition, reason: str, now: float) -> None:
-        split = owned.buffer.seal(reason, now)
+    def _full(self) -> bool:
+        limits = self._specs.spec.split
+        publishes = self._publishes
+        return (
+            publishes.inflight_count >= limits.max_in_flight or publishes.inflight_bytes >= limits.max_in_flight_bytes
+        )
+
+    def _cut(self, owned: OwnedPartition, reason: str, now: float) -> None:
+        spec, version = self._specs.current()
+        split = owned.cutter.cut(reason, spec.split, owned.size, now)
         log.info(
             "split_sealed",
             source=self._source,
@@ -274,53 +270,11 @@ class ConsumeLoop:
             partition=split.tp.partition,
             start=split.start,
             end=split.end,
-            records=len(split),
-            bytes=split.size_bytes,
+            estimated_bytes=split.estimated_bytes,
             reason=reason,
         )
-        self._pipeline.submit(split)
+        self._publishes.submit(split, self._builds.submit(split, spec), version)
 
     def _raise_callback_error(self) -> None:
         if self._handler.error is not None:
             raise WorkerFailed(f"rebalance failed: {self._handler.error}") from self._handler.error
-
-    def _apply_backpressure(self, holding: bool) -> None:
-        limits = self._specs.spec.split
-        held = self._pipeline.inflight_bytes + self._assignment.buffered_bytes()
-        full = self._pipeline.inflight_count >= limits.max_in_flight or held >= limits.max_in_flight_bytes or holding
-        # A partition whose split waits for the schema registry reads nothing more meanwhile.
-        waiting = self._registry_watch.partitions
-        self._consumer.set_paused(o.tp for o in self._assignment if full or not o.active or o.tp in waiting)
-
-
-def partition_runs(records: Sequence[Message]) -> list[tuple[str, int, Sequence[Message]]]:
-    """A poll's records as (topic, partition, its records in the order delivered), one entry
-    per partition. librdkafka hands out each fetched partition's records together, so a
-    partition's records are usually one run of the batch; one found in several runs is
-    gathered (a stable sort: its records stay in order)."""
-    n = len(records)
-    if not n:
-        return []
-    topics = [r.topic() for r in records]
-    partitions = [r.partition() for r in records]
-    if topics.count(topics[0]) == n:
-        keys = np.array(partitions, dtype=np.int64)
-    else:
-        numbers: dict[tuple[str, int], int] = {}
-        keys = np.array(
-            [numbers.setdefault(tp, len(numbers)) for tp in zip(topics, partitions, strict=True)], dtype=np.int64
-        )
-    starts = _starts(keys)
-    if len(set(keys[starts].tolist())) < len(starts):
-        order = np.argsort(keys, kind="stable").tolist()
-        records = [records[i] for i in order]
-        topics = [topics[i] for i in order]
-        partitions = [partitions[i] for i in order]
-        starts = _starts(keys[order])
-    ends = [*starts[1:], n]
-    return [(topics[lo], partitions[lo], records[lo:hi]) for lo, hi in zip(starts, ends, strict=True)]
-
-
-def _starts(keys: npt.NDArray[np.int64]) -> list[int]:
-    """Where each run of equal keys starts."""
-    return [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()]

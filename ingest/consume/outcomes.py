@@ -1,9 +1,9 @@
 """What the loop does with each finished split: count and log it, advance the partition's
-published offset, fence or rewind the partition after a refusal or a failure, and judge
-the worker's health from failures in a row.
+published offset and learn its bytes per offset, fence or rewind the partition after a refusal
+or a failure, and judge the worker's health from failures in a row.
 
 An outcome acts on a partition only if it is *current*: the partition is still owned, under
-the same claim (serial) and buffer epoch the split was sealed in. Anything older was already
+the same claim (serial) and cut generation the split was cut in. Anything older was already
 superseded by a rewind, a reset or a new assignment.
 """
 
@@ -133,19 +133,22 @@ class OutcomeHandler:
         source = self._source
         m = self._metrics
         m.segments_published.labels(source).inc()
+        m.records_consumed.labels(source).inc(seg.records)
+        m.bytes_consumed.labels(source).inc(seg.record_bytes)
         m.records_published.labels(source).inc(seg.row_count)
         m.count_parse_errors(seg)
         m.build_seconds.labels(source).observe(seg.build_seconds)
         m.publish_seconds.labels(source).observe(outcome.publish_seconds)
         m.segment_rows.labels(source).observe(seg.row_count)
         m.segment_bytes.labels(source).observe(seg.size_bytes)
-        newest_ms = outcome.split.last_timestamp_ms()
+        newest_ms = seg.last_timestamp_ms
         if newest_ms is not None and newest_ms > 0:
             m.visible_latency.labels(source).observe(max(0.0, time.time() - newest_ms / 1000))
         self._failed_streak = 0
         if owned is not None:
             tp = outcome.split.tp
             owned.published(outcome.split.end)
+            owned.size.update(seg.record_bytes, outcome.split.offsets)
             if self._group_offsets is not None:
                 self._group_offsets.published(tp, outcome.split.end)
             m.partition_next_offset.labels(source, tp.topic, str(tp.partition)).set(outcome.split.end)
@@ -153,6 +156,7 @@ class OutcomeHandler:
             "segment_published",
             segment_id=outcome.segment_id,
             rows=seg.row_count,
+            offsets=outcome.split.offsets,
             rejects=seg.rejects_count,
             skipped=seg.skipped_count,
             bytes=seg.size_bytes,

@@ -1,11 +1,16 @@
-"""The one repositioning path: every reason to move a partition's fetch position (a rewind
-after a failed or refused split, an ``ingest reset``, a skipped offset gap, resuming after a
-suspend or drain) ends in :meth:`Positioner.reposition`: seek, drop what is buffered, take
-records again from there; a seek that fails becomes a rewind, retried with backoff.
+"""The one repositioning path: every reason to move where a partition's splits are cut from
+(a rewind after a failed or refused split, an ``ingest reset``, a skipped offset gap) ends in
+:meth:`Positioner.reposition`: seek the group member there (with the stored leader epoch the
+broker validates the position: KIP-320) and cut from there in a new generation; a seek that
+fails becomes a rewind, retried with backoff.
 
-A rewind (kafka-delta-ingest's ``reset_state``) kills the partition's in-flight splits, drops
-its buffer and, after a backoff, reads the stored offset (in the background) to reposition
-there, unless the stored serial moved (another worker owns it: fenced).
+A rewind (kafka-delta-ingest's ``reset_state``) kills the partition's in-flight splits, stops
+cutting and, after a backoff, reads the stored offset (in the background) to reposition there,
+unless the stored serial moved (another worker owns it: fenced). The stored offset is read
+after the kill: a publish that held a split's switch past the kill's bound may still commit
+after the read, and then the splits cut from the older offset are refused (offset mismatch)
+and the partition rewinds again; the position it then reads carries that publish's leader
+epoch, so a truncation below it is still found.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import LoopContext, StateStore
 from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.backoff import Backoff
-from ingest_common.model import KillReason, StoredPosition, TopicPartition
+from ingest_common.model import KillReason, StoredPosition
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +38,6 @@ class Reason(enum.StrEnum):
     REWIND = "rewind"
     RESET = "reset"
     GAP_SKIPPED = "gap_skipped"
-    RESUME = "resume"
 
 
 class Positioner:
@@ -48,13 +52,12 @@ class Positioner:
     def reposition(
         self, owned: OwnedPartition, offset: int | None, reason: Reason, leader_epoch: int | None = None
     ) -> bool:
-        """Fetch ``owned`` from ``offset`` (None: the claim's start position) and take records
-        from there. ``leader_epoch``: that of the record before a stored ``offset``, where known
-        (the broker then validates the position). False if the consumer refused: the partition
-        is rewinding then."""
+        """Cut ``owned`` from ``offset`` (None: the claim's start position). ``leader_epoch``: the
+        one stored with ``offset``, where known (the broker then validates the position). False
+        if the consumer refused: the partition is rewinding then."""
         target = offset if offset is not None else start_offset(owned.claim)
         try:
-            self._consumer.seek(owned.tp, target, self._positions(), leader_epoch)
+            self._consumer.seek(owned.tp, target, leader_epoch)
         except KafkaCallFailed as exc:
             log.warning(
                 "reposition_failed", source=self._source, partition=str(owned.tp), reason=reason, error=str(exc)
@@ -66,8 +69,8 @@ class Positioner:
         return True
 
     def rewind(self, owned: OwnedPartition) -> None:
-        """Stop taking records for the partition, kill its in-flight splits (a later split can
-        never publish once an earlier one did not), and re-read the stored offset after a backoff."""
+        """Stop cutting the partition, kill its in-flight splits (a later split can never
+        publish once an earlier one did not), and re-read the stored offset after a backoff."""
         backoff = owned.rewind(self._clock.monotonic())
         self._ctx.killer.kill([owned.tp], KillReason.REWIND)
         log.warning("partition_rewind_scheduled", source=self._source, partition=str(owned.tp), in_s=backoff)
@@ -103,10 +106,3 @@ class Positioner:
 
     def _read_failed(self, owned: OwnedPartition) -> None:
         owned.call_ended(retry_at=self._clock.monotonic() + READ_RETRY.delay(0))
-
-    def _positions(self) -> dict[TopicPartition, int]:
-        """Where each owned partition's next record is expected (for an eager re-assignment)."""
-        return {
-            o.tp: o.buffer.position if o.buffer.position is not None else start_offset(o.claim)
-            for o in self._assignment
-        }

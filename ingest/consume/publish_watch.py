@@ -16,7 +16,7 @@ import time
 
 import structlog
 
-from ingest.publish.pipeline import Pipeline
+from ingest.publish.queue import PublishQueue
 from ingest.publish.settle import PublishInProgress
 
 log = structlog.get_logger(__name__)
@@ -28,9 +28,9 @@ UNHEALTHY_AFTER_PUBLISH_STALL_S = 120.0
 
 class PublishWatch:
     def __init__(
-        self, pipeline: Pipeline, *, source: str, worker_id: str, bound_s: float = UNHEALTHY_AFTER_PUBLISH_STALL_S
+        self, publishes: PublishQueue, *, source: str, worker_id: str, bound_s: float = UNHEALTHY_AFTER_PUBLISH_STALL_S
     ) -> None:
-        self._pipeline = pipeline
+        self._publishes = publishes
         self._source = source
         self._worker_id = worker_id
         self._bound_s = bound_s
@@ -40,7 +40,7 @@ class PublishWatch:
     @property
     def stalled_reason(self) -> str | None:
         """Why the worker is unhealthy, or None. Safe from any thread."""
-        return self._reason(self._pipeline.publishing)
+        return self._reason(self._publishes.publishing)
 
     def _reason(self, current: PublishInProgress | None) -> str | None:
         if current is None:
@@ -56,7 +56,7 @@ class PublishWatch:
 
     def check(self) -> None:
         """Log a stall when it passes the bound and when it ends (the loop calls this each step)."""
-        current = self._pipeline.publishing
+        current = self._publishes.publishing
         if self._logged is not None and current is not self._logged:
             log.info(
                 "publish_stall_ended",

@@ -3,12 +3,12 @@
 - assign: one metastore transaction bumps the serial of every newly assigned partition
   and reads its stored offset; the partition is then assigned at exactly that offset.
   A partition with nothing stored (never read from) first has its start position resolved
-  from the log (earliest: the low watermark, latest: the high watermark) and stored under the
-  claim: the start is resolved once per partition, never again, so repositioning before the
+  from the log (earliest: its earliest offset, latest: its last stable offset) and stored
+  under the claim: the start is resolved once per partition, never again, so repositioning before the
   first publish (a failed split, a re-assignment, a resume) can never skip what was produced
   since.
 - revoke / lost: trip the kill switch of every in-flight split of those partitions and
-  drop their buffers. Partitions that stay assigned keep everything. ``on_lost`` does
+  forget them. Partitions that stay assigned keep everything (their splits in flight too). ``on_lost`` does
   nothing else; ``on_revoke`` also clears the owner in the metastore (status only).
 - Everything inside one callback shares one deadline, well under max.poll.interval.ms.
 """
@@ -22,6 +22,7 @@ import structlog
 
 from ingest.consume.context import ClaimStore, LoopContext
 from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
+from ingest.consume.log_offsets import Watermarks
 from ingest_common.backoff import Backoff, Clock
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
@@ -52,7 +53,14 @@ class Deadline:
 
 
 class RebalanceHandler:
-    def __init__(self, ctx: LoopContext, *, deadline_s: float = 30.0, claim_retry: Backoff = CLAIM_RETRY) -> None:
+    def __init__(
+        self,
+        ctx: LoopContext,
+        *,
+        watermarks: Watermarks,
+        deadline_s: float = 30.0,
+        claim_retry: Backoff = CLAIM_RETRY,
+    ) -> None:
         self._source = ctx.source
         self._worker_id = ctx.worker_id
         self._store: ClaimStore = ctx.claims
@@ -60,6 +68,7 @@ class RebalanceHandler:
         self._killer = ctx.killer
         self._metrics = ctx.metrics
         self._clock = ctx.clock
+        self._watermarks = watermarks
         self._deadline_s = deadline_s
         # Waited for on the loop's clock, as the deadline is.
         self._claim_retry = claim_retry.on(ctx.clock)
@@ -78,7 +87,7 @@ class RebalanceHandler:
                 "claim", deadline, lambda: self._store.claim_partitions(self._source, self._worker_id, tps)
             )
         if claims is not None:
-            claims = self._pin_starts(consumer, claims, deadline)
+            claims = self._pin_starts(claims, deadline)
         if claims is None:
             # Without a claim the stored offset is unknown: consuming would risk re-reading or
             # skipping, so the worker stops (its partitions move to the others).
@@ -113,7 +122,7 @@ class RebalanceHandler:
     # -- internals -----------------------------------------------------------------
 
     def _pin_starts(
-        self, consumer: Consumer, claims: dict[TopicPartition, PartitionClaim], deadline: Deadline
+        self, claims: dict[TopicPartition, PartitionClaim], deadline: Deadline
     ) -> dict[TopicPartition, PartitionClaim] | None:
         """Resolve and store the start offset of every claim with nothing stored (None: it
         could not be done within the deadline)."""
@@ -125,7 +134,7 @@ class RebalanceHandler:
             pins = []
             for claim in unpinned:
                 timeout = max(0.1, min(deadline.left(), WATERMARK_TIMEOUT_S))
-                low, high = consumer.watermarks(claim.tp, timeout)
+                low, high = self._watermarks.watermarks(claim.tp, timeout)
                 pins.append((claim, low if claim.initial_position == "earliest" else high))
             return self._store.pin_start_offsets(self._source, pins)
 
@@ -161,13 +170,12 @@ class RebalanceHandler:
         raise AssertionError("unreachable: the backoff never ends")
 
     def _drop(self, consumer: Consumer, tps: list[TopicPartition], kind: RebalanceKind) -> None:
-        """Kill what is in flight for the partitions and drop what is buffered; ``on_lost``
-        does nothing else (the partitions may already be someone else's)."""
+        """Kill what is in flight for the partitions and forget them; ``on_lost`` does nothing
+        else (the partitions may already be someone else's)."""
         started = self._clock.monotonic()
         deadline = Deadline(self._deadline_s, self._clock)
         killed = self._killer.kill(tps, KillReason(kind.value), within_s=deadline.left())
         removed = self._assignment.remove(tps)
-        dropped_records = sum(len(owned.buffer) for owned in removed)
         for owned in removed:
             self._metrics.forget_partition(owned.tp)
         if kind == RebalanceKind.REVOKE:
@@ -189,7 +197,6 @@ class RebalanceHandler:
             worker=self._worker_id,
             partitions=[str(tp) for tp in sorted(tps)],
             splits_killed=killed,
-            buffered_records_dropped=dropped_records,
             assigned=len(self._assignment),
         )
 

@@ -1,6 +1,6 @@
-"""Partitions waiting for the schema registry (ingest.publish.registry_wait): a split whose
-writer schema the registry did not answer for waits in the pipeline, and its partition is
-paused in the consumer until it is built, so nothing more of it is read meanwhile; nothing is
+"""Partitions waiting for the schema registry (ingest.builder.registry_wait): a split whose
+writer schema the registry did not serve yet waits in the build queue, and no split of its
+partition is cut until it is built, so nothing more of it is read meanwhile; nothing is
 rejected, skipped or rewound, and the worker stays healthy (a registry outage is no reason to
 restart it). This says why: ``/readyz`` answers 503 with :attr:`RegistryWatch.reason`, the
 heartbeat carries the partitions and the error (``ingest status``), an error report marks the
@@ -15,9 +15,9 @@ from typing import Protocol
 
 import structlog
 
+from ingest.builder.registry_wait import RegistryWait
 from ingest.consume.context import LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.publish.registry_wait import RegistryWait
 from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -32,9 +32,9 @@ class RegistryWaiting(Protocol):
 
 
 class RegistryWatch:
-    def __init__(self, ctx: LoopContext, pipeline: RegistryWaiting, registry: WorkerRegistry) -> None:
+    def __init__(self, ctx: LoopContext, builds: RegistryWaiting, registry: WorkerRegistry) -> None:
         self._ctx = ctx
-        self._pipeline = pipeline
+        self._builds = builds
         self._registry = registry
         self._wait: RegistryWait | None = None
         # Read by the /readyz thread: a reference store is atomic.
@@ -42,7 +42,7 @@ class RegistryWatch:
 
     @property
     def partitions(self) -> frozenset[TopicPartition]:
-        """The partitions to keep paused (those still owned are the loop's concern)."""
+        """The partitions to cut nothing from (those still owned are the loop's concern)."""
         return frozenset(self._wait.partitions) if self._wait is not None else frozenset()
 
     def reported(self) -> list[str]:
@@ -54,8 +54,8 @@ class RegistryWatch:
         return self._wait.error if self._wait is not None else None
 
     def check(self) -> None:
-        """Read the pipeline's wait; log and report its start and end, set the gauges (each step)."""
-        wait = self._pipeline.registry_wait
+        """Read the build queue's wait; log and report its start and end, set the gauges (each step)."""
+        wait = self._builds.registry_wait
         source, fields = self._ctx.source, {"source": self._ctx.source, "worker": self._ctx.worker_id}
         if wait is not None and self._wait is None:
             partitions = ", ".join(str(tp) for tp in wait.partitions)

@@ -39,10 +39,21 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.source = source
-        self.records_consumed = Counter("ingest_records_consumed", "Records read from Kafka", ["source"], registry=r)
+        self.records_consumed = Counter(
+            "ingest_records_consumed",
+            "Records Spark read from Kafka for the published splits (counted at their publish)",
+            ["source"],
+            registry=r,
+        )
         self.bytes_consumed = Counter(
             "ingest_bytes_consumed",
-            "Bytes the records read from Kafka hold in memory as Arrow chunks (value, key, overheads)",
+            "Bytes of the keys and values Spark read from Kafka for the published splits",
+            ["source"],
+            registry=r,
+        )
+        self.records_fetched_by_worker = Counter(
+            "ingest_worker_records_fetched",
+            "Records the worker's own consumer received (never used: its partitions are paused, Spark reads)",
             ["source"],
             registry=r,
         )
@@ -98,29 +109,35 @@ class Metrics:
             "ingest_assigned_partitions", "Partitions assigned to this worker", ["source"], registry=r
         )
         self.paused_partitions = Gauge(
-            "ingest_paused_partitions", "Partitions paused (backpressure, fencing)", ["source"], registry=r
+            "ingest_paused_partitions",
+            "Owned partitions no split is cut from now (backpressure, a hold, fencing, a stop, a registry wait)",
+            ["source"],
+            registry=r,
         )
         self.inflight_splits = Gauge(
             "ingest_inflight_splits", "Sealed splits not yet published", ["source"], registry=r
         )
         self.inflight_bytes = Gauge(
-            "ingest_inflight_bytes", "Bytes of sealed splits not yet published", ["source"], registry=r
+            "ingest_inflight_bytes", "Estimated bytes of sealed splits not yet published", ["source"], registry=r
         )
         self.buffered_bytes = Gauge(
-            "ingest_buffered_bytes", "Bytes buffered in unsealed splits", ["source"], registry=r
+            "ingest_buffered_bytes",
+            "Estimated bytes of stable offsets in the log not cut into splits yet",
+            ["source"],
+            registry=r,
         )
         self.partition_next_offset = Gauge(
             "ingest_partition_next_offset", "Next offset to publish", ["source", "topic", "partition"], registry=r
         )
         self.partition_lag_records = Gauge(
             "ingest_partition_lag_records",
-            "High watermark minus the next offset to publish",
+            "Last stable offset minus the next offset to publish",
             ["source", "topic", "partition"],
             registry=r,
         )
         self.partition_lag_seconds = Gauge(
             "ingest_partition_lag_seconds",
-            "Age of the oldest consumed record not yet published (0: none)",
+            "How long the oldest offset not yet published has been in the log (0: none)",
             ["source", "topic", "partition"],
             registry=r,
         )

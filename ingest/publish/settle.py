@@ -10,15 +10,16 @@ then left to gc (``SplitFiles.LEFT_TO_GC``), which decides by the metastore's sp
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from enum import StrEnum
 
 import structlog
 
-from ingest.builder.job import SegmentBuilder
 from ingest.errors import BuildError, ParseFailure, PublishFailed, SplitKilled, WorkerFailed
 from ingest.publish.publisher import Publisher
+from ingest.segments import store as segment_store
 from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, FailureStage, KillReason
 from metastore.errors import PublishConflict
@@ -78,6 +79,10 @@ class Fatal:
 Outcome = Published | Killed | Conflicted | Failed | Fatal
 
 
+# Deletes a built split's files (segment_store.discard; tests record what it is given).
+Discard = Callable[[BuiltSegment], None]
+
+
 @dataclass(frozen=True, slots=True)
 class PublishInProgress:
     """The split the publishing thread is publishing, since when (``time.monotonic()``)."""
@@ -87,8 +92,8 @@ class PublishInProgress:
 
 
 class Settler:
-    def __init__(self, builder: SegmentBuilder, publisher: Publisher, publish_delay_s: float = 0.0) -> None:
-        self._builder = builder
+    def __init__(self, publisher: Publisher, *, discard: Discard | None = None, publish_delay_s: float = 0.0) -> None:
+        self._discard = discard or segment_store.discard
         self._publisher = publisher
         self._publish_delay_s = publish_delay_s
         # Read by other threads (ingest.consume.publish_watch): a reference store is atomic.
@@ -146,7 +151,7 @@ class Settler:
                 "split_files_left_to_gc", split=str(built.split_id), files=len(built.files) + len(built.rejects_files)
             )
             return SplitFiles.LEFT_TO_GC
-        self._builder.discard(built)
+        self._discard(built)
         return SplitFiles.DISCARDED
 
     @staticmethod

@@ -1,9 +1,8 @@
 """Which split each Parquet file of a batch build belongs to, read from the file footers.
 
-A batch job reads one staged file per split and writes its output files into one
-directory. Every Spark task reads one staged file (``spark.sql.files.openCostInBytes`` is
-set so that small files are never packed into one task), so every output file holds rows
-of exactly one split. The footers prove it: a file's ``_topic`` and ``_partition`` are
+A batch job reads each split's offsets from Kafka as one task of its own
+(ingest.builder.kafka_read) and writes its output files into one directory, so every output
+file holds rows of exactly one split. The footers prove it: a file's ``_topic`` and ``_partition`` are
 constant and its ``_offset`` range lies inside one split's ``[start, end)``. A file that
 does not is a BuildError, never a guess. A compaction (ingest.compact) checks its output the
 same way, against the one range its new segment covers.
@@ -76,8 +75,7 @@ def attribute(
         topic, partition, offsets = stats["_topic"], stats["_partition"], stats["_offset"]
         if topic[0] != topic[1] or partition[0] != partition[1]:
             raise BuildError(
-                f"output file {uri} mixes partitions ({topic}, {partition}): "
-                "was spark.sql.files.openCostInBytes lowered below maxPartitionBytes?"
+                f"output file {uri} mixes partitions ({topic}, {partition}): a task read more than one split"
             )
         owner = next(
             (

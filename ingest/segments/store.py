@@ -1,9 +1,12 @@
 """Layout of the segment store and the file operations on it (pyarrow.fs: ``file://`` here,
 ``s3a://``, ``gs://``, ``abfs[s]://`` elsewhere). Store URIs are canonical (ingest/store_uri.py).
 
-    <store>/<source>/_staging/<build-id>/<split-id>.parquet   the records handed to Spark
     <store>/<source>/segments/<build-id>/part-*.parquet        data files of the build's splits
     <store>/<source>/rejects/<build-id>/part-*.parquet         their rejected records
+    <store>/<source>/_staging/<build-id>/                      registered with each build and swept
+                                                               by gc, never written: Spark reads the
+                                                               records from Kafka (releases that
+                                                               staged records wrote there)
 
 A build (one Spark job over a batch of splits) writes into directories of its own, named
 by a fresh UUID and registered in the metastore before anything is written. Files stay
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 
 import structlog
 from pyarrow import fs as pafs
+
+from ingest_common.model import BuiltSegment
 
 log = structlog.get_logger(__name__)
 
@@ -47,10 +52,6 @@ def build_dirs(store_uri: str, source: str, build_id: uuid.UUID) -> BuildDirs:
         data=_join(store_uri, source, "segments", str(build_id)),
         rejects=_join(store_uri, source, "rejects", str(build_id)),
     )
-
-
-def staging_file(staging_dir: str, split_id: uuid.UUID) -> str:
-    return _join(staging_dir, f"{split_id}.parquet")
 
 
 def arrow_uri(uri: str) -> str:
@@ -113,6 +114,21 @@ def delete(uri: str) -> None:
     is fine. Local paths: symbolic links are never followed (a link is removed, not what
     it points to), and nothing is deleted through a link on the way (UnsafePath)."""
     delete_unlisted(uri, keep=frozenset())
+
+
+def delete_files(*uris: str) -> None:
+    """:func:`delete` each of ``uris`` (files or directories a build wrote); a failure is
+    logged and left to gc, which deletes by the metastore's registry whatever stays."""
+    for uri in uris:
+        try:
+            delete(uri)
+        except (OSError, UnsafePath) as exc:
+            log.warning("cleanup_failed", uri=uri, error=str(exc))
+
+
+def discard(segment: BuiltSegment) -> None:
+    """Delete a built segment's own files (its directories hold other splits' files too)."""
+    delete_files(*segment.files, *segment.rejects_files)
 
 
 def delete_unlisted(location: str, keep: frozenset[str], dry_run: bool = False) -> list[str]:

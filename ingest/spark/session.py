@@ -33,11 +33,10 @@ BASE_CONF = {
     "spark.hadoop.fs.file.impl.disable.cache": "true",
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.localRelationThreshold": "0",
-    # A batch build reads one staged file per split and tells output files apart by split:
-    # a file's open cost equal to the partition size keeps every staged file in a task of
-    # its own (Spark would otherwise pack small files together).
-    "spark.sql.files.maxPartitionBytes": "134217728",
-    "spark.sql.files.openCostInBytes": "134217728",
+    # Builds read Kafka through the DSv2 source (ingest.builder.kafka_read): its tasks stop
+    # within a fraction of a second of an interrupt (a kill switch), the V1 source's read their
+    # whole range first. Every other source keeps Spark's default (V1).
+    "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
 }
 # Static settings of the Spark application itself: under Spark Connect the driver is the
 # server, which owns them (they are set on its command line), and a client that tries to

@@ -1,5 +1,5 @@
 """Splits waiting for the schema registry: which partitions they hold back, since when, and
-the registry's last error. The pipeline's build threads write it (a split whose build found
+the registry's last error. The build queue's threads write it (a split whose build found
 the registry not answering waits, one that resolved in any way stops waiting); the polling
 thread reads it (ingest.consume.registry_watch) to pause those partitions and report why.
 

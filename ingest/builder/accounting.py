@@ -1,0 +1,88 @@
+"""Every record a build reads is accounted for, per split: the aggregates one Spark job
+observes while it writes (``Observation``), and what they say of each split.
+
+Per job: how many records it read in all. Per split: how many of them are bad (their reason
+is set), the bytes of their keys and values (the partition's bytes per offset, for the next
+cuts' estimates: ingest.consume.cutter), the newest Kafka timestamp (the visibility latency),
+the first bad record (``on_parse_error = "fail"``) and the schema ids no writer of the batch
+had (the registry's formats). A split's good rows are counted from its files' footers
+(ingest.segments.output_files); ``good + bad`` over every split must equal what the job read,
+or nothing of the batch is published.
+
+A split's condition is its topic, partition and offset range: the read gives each split its
+own task (ingest.builder.kafka_read), and the ranges of one partition never overlap.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.builder.plan import Plan
+from ingest.splits.split import SealedSplit
+
+
+@dataclass(frozen=True, slots=True)
+class SplitStats:
+    """What one job observed of one split's records."""
+
+    bad: int = 0
+    record_bytes: int = 0
+    last_timestamp_ms: int | None = None
+    # (offset, reason) of the first bad record, when asked for.
+    first_bad: tuple[int, str] | None = None
+    unknown_ids: frozenset[int] = frozenset()
+    unknown_key_ids: frozenset[int] = frozenset()
+
+
+class Observed:
+    """The aggregate expressions of one job over ``splits`` (``first_bad``: also find each
+    split's first bad record), and their reading."""
+
+    def __init__(self, splits: Sequence[SealedSplit], plan: Plan, *, first_bad: bool) -> None:
+        self._splits = tuple(splits)
+        self._plan = plan
+        self._first_bad = first_bad
+
+    def expressions(self) -> list[Any]:
+        from pyspark.sql import functions as F
+
+        bad = F.col("_error").isNotNull()
+        out = [F.count(F.lit(1)).alias("total")]
+        for i, split in enumerate(self._splits):
+            mine = (
+                (F.col("_partition") == F.lit(split.tp.partition))
+                & (F.col("_offset") >= F.lit(split.start))
+                & (F.col("_offset") < F.lit(split.end))
+                & (F.col("_topic") == F.lit(split.tp.topic))
+            )
+            size = F.coalesce(F.length("_key"), F.lit(0)) + F.coalesce(F.length("_value"), F.lit(0))
+            out += [
+                F.count_if(mine & bad).alias(f"bad{i}"),
+                F.sum(F.when(mine, size.cast("long"))).alias(f"bytes{i}"),
+                F.max(F.when(mine, F.unix_millis(F.col("_timestamp")))).alias(f"ts{i}"),
+            ]
+            if self._first_bad:
+                out.append(F.min(F.when(mine & bad, F.struct(F.col("_offset"), F.col("_error")))).alias(f"first{i}"))
+            if self._plan.unknown_ids is not None:
+                out.append(F.collect_set(F.when(mine, self._plan.unknown_ids)).alias(f"ids{i}"))
+            if self._plan.unknown_key_ids is not None:
+                out.append(F.collect_set(F.when(mine, self._plan.unknown_key_ids)).alias(f"keyids{i}"))
+        return out
+
+    def read(self, row: Mapping[str, Any]) -> tuple[int, dict[uuid.UUID, SplitStats]]:
+        """(records read in all, each split's stats) from the observation's row."""
+        stats = {}
+        for i, split in enumerate(self._splits):
+            first = row.get(f"first{i}")
+            stats[split.id] = SplitStats(
+                bad=int(row[f"bad{i}"]),
+                record_bytes=int(row[f"bytes{i}"] or 0),
+                last_timestamp_ms=None if row[f"ts{i}"] is None else int(row[f"ts{i}"]),
+                first_bad=None if first is None else (int(first[0]), str(first[1])),
+                unknown_ids=frozenset(int(x) for x in row.get(f"ids{i}") or ()),
+                unknown_key_ids=frozenset(int(x) for x in row.get(f"keyids{i}") or ()),
+            )
+        return int(row["total"]), stats

@@ -1,0 +1,120 @@
+"""Spark reads each split's exact offsets from Kafka: the build's input.
+
+One Spark Kafka batch read covers, per partition, one range ``[start, end)``; a batch may hold
+several consecutive splits of one partition, so its splits are laid out in **layers** (the
+n-th split of each partition in layer n) and the layers' reads are unioned. Spark makes one
+task per range, so every task reads one split and every file it writes lies in one split
+(ingest.segments.output_files proves it from the footers).
+
+How the reader is set, and why:
+- ``kafka.isolation.level=read_committed``: records of aborted transactions are never read;
+  splits end at most at the last stable offset (ingest.consume.cutter), so no read waits for
+  an open transaction.
+- ``failOnDataLoss=true``: offsets of a range that are gone from the log (retention,
+  ``delete_records``, a truncated log) fail the job instead of being skipped silently; the
+  worker then measures and records the gap against the stored offset, or stops the partition
+  (ingest.consume.gaps). Transaction markers, aborted records and compacted-away offsets inside
+  a range are no data loss for Spark's reader: they are read past without an error.
+- ``kafkaConsumer.pollTimeoutMs``: the longest one poll of an executor's consumer may wait for a
+  range's records (Spark's default is 120 s). A range that cannot be read to its end (the log
+  was truncated below it) then fails within it rather than two minutes later.
+- ``kafka.group.id`` fixed per source: Spark keeps its executors' consumers in a pool keyed by
+  it, so every job reuses them (without it each read makes a new group id, and new consumers
+  and connections per job). The reader only assigns partitions and never commits: the id
+  never joins a group.
+- The DSv2 source (``kafka`` not in ``spark.sql.sources.useV1SourceList``, set with the
+  session, ingest.spark.session): a job interrupted by a kill switch stops reading within a
+  fraction of a second; the V1 source's tasks read their whole range first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.splits.split import SealedSplit
+from ingest_common.model import TopicPartition
+
+# The Kafka source's columns, as the build's plan reads them (ingest.builder.plan): the meta
+# columns a segment keeps, and the value. A record without a timestamp (type -1) has none.
+READ_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_value")
+
+#: Spark's default (120 s) is what a range that cannot be read to its end waits, per partition.
+POLL_TIMEOUT_MS = 30_000
+
+
+@dataclass(frozen=True)
+class KafkaReader:
+    """The options of every read: ``kafka.*`` client properties and the source's own."""
+
+    options: tuple[tuple[str, str], ...]
+
+    @staticmethod
+    def of(
+        bootstrap: str,
+        group_id: str,
+        client: Mapping[str, str] | None = None,
+        poll_timeout_ms: int = POLL_TIMEOUT_MS,
+    ) -> KafkaReader:
+        """``client``: Kafka (Java) client properties, without the ``kafka.`` prefix."""
+        options = {
+            **{f"kafka.{k}": v for k, v in (client or {}).items()},
+            "kafka.bootstrap.servers": bootstrap,
+            "kafka.group.id": group_id,
+            "kafka.isolation.level": "read_committed",
+            "failOnDataLoss": "true",
+            "includeHeaders": "false",
+            "kafkaConsumer.pollTimeoutMs": str(poll_timeout_ms),
+        }
+        return KafkaReader(tuple(sorted(options.items())))
+
+    def frame(self, spark: Any, splits: Sequence[SealedSplit]) -> Any:
+        """The records of every split, as the build's columns (:data:`READ_COLUMNS`)."""
+        from functools import reduce
+
+        frames = [self._read(spark, layer) for layer in layers(splits)]
+        return reduce(lambda a, b: a.unionByName(b), frames)
+
+    def _read(self, spark: Any, layer: Sequence[SealedSplit]) -> Any:
+        from pyspark.sql import functions as F
+
+        assigned: dict[str, list[int]] = {}
+        starts: dict[str, dict[str, int]] = {}
+        ends: dict[str, dict[str, int]] = {}
+        for split in layer:
+            assigned.setdefault(split.tp.topic, []).append(split.tp.partition)
+            starts.setdefault(split.tp.topic, {})[str(split.tp.partition)] = split.start
+            ends.setdefault(split.tp.topic, {})[str(split.tp.partition)] = split.end
+        reader = spark.read.format("kafka")
+        for key, value in self.options:
+            reader = reader.option(key, value)
+        df = (
+            reader.option("assign", json.dumps(assigned, sort_keys=True))
+            .option("startingOffsets", json.dumps(starts, sort_keys=True))
+            .option("endingOffsets", json.dumps(ends, sort_keys=True))
+            .load()
+        )
+        return df.select(
+            F.col("topic").alias("_topic"),
+            F.col("partition").alias("_partition"),
+            F.col("offset").alias("_offset"),
+            F.when(F.col("timestampType") >= 0, F.col("timestamp")).alias("_timestamp"),
+            F.col("key").alias("_key"),
+            F.col("value").alias("_value"),
+        )
+
+
+def layers(splits: Sequence[SealedSplit]) -> list[list[SealedSplit]]:
+    """The splits in layers: each layer holds at most one split of a partition, the earliest
+    first (one Kafka read takes one range per partition)."""
+    out: list[list[SealedSplit]] = []
+    depth: dict[TopicPartition, int] = {}
+    for split in sorted(splits, key=lambda s: (s.tp, s.start)):
+        n = depth.get(split.tp, 0)
+        depth[split.tp] = n + 1
+        if n == len(out):
+            out.append([])
+        out[n].append(split)
+    return out

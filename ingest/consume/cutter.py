@@ -1,0 +1,148 @@
+"""Splits cut from offsets: where a partition is read up to, and when its next split is due.
+
+A partition's cutter knows its **position** (where the next split starts: the stored offset it
+was positioned at, then each split's end) and what the log-end queries said (ingest.consume.
+log_offsets): the last stable offset and since when each stretch of offsets past the position
+has been in the log. A split is due when the offsets past the position reach ``max_records``,
+when their estimated bytes reach ``max_bytes``, or when the oldest of them has waited
+``max_age``; it is cut as ``[position, min(position + max_records, last stable offset))``,
+shortened to the offsets whose estimate fits ``max_bytes``.
+
+Bytes are estimated, not read: the worker never sees a record. Every published split reports
+the bytes of its records' keys and values (ingest.builder.job), and :class:`OffsetSize` keeps
+an average of bytes per offset for the partition (each new split weighs half); until the
+first split of a partition is built, it assumes ``INITIAL_BYTES_PER_OFFSET``. Offsets without
+a record (transaction markers, aborted or compacted records) count as offsets of the average
+size: a split of a transactional or compacted topic is estimated larger than it is, never
+smaller.
+
+Invariants: the position only moves forward, by cuts; consecutive cuts tile the offsets;
+a cut never ends past the last stable offset the cutter was told.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+
+from ingest.consume.log_offsets import LogEnd
+from ingest.spec import SplitLimits
+from ingest.splits.kill_switch import KillSwitch
+from ingest.splits.split import SealedSplit
+from ingest_common.model import TopicPartition
+
+# Bytes per offset assumed for a partition none of whose splits was built yet: a typical
+# small event (JSON or Avro) with its key.
+INITIAL_BYTES_PER_OFFSET = 512
+
+
+class OffsetSize:
+    """The average bytes (keys and values) per offset of one partition."""
+
+    def __init__(self, initial: float = INITIAL_BYTES_PER_OFFSET) -> None:
+        self.per_offset = float(initial)
+        self.learned = False
+
+    def update(self, record_bytes: int, offsets: int) -> None:
+        """A built split of ``offsets`` offsets held ``record_bytes`` bytes of keys and values."""
+        if offsets <= 0:
+            return
+        observed = record_bytes / offsets
+        self.per_offset = observed if not self.learned else (self.per_offset + observed) / 2
+        self.learned = True
+
+    def of(self, offsets: int) -> int:
+        return int(offsets * self.per_offset)
+
+    def offsets_within(self, budget: int) -> int:
+        """The most offsets whose estimate stays within ``budget`` (at least one)."""
+        return max(1, int(budget / self.per_offset)) if self.per_offset > 0 else budget
+
+
+class PartitionCutter:
+    """One partition's cuts under one claim and generation (a rewind, reset or re-claim makes
+    a new cutter: ``epoch`` + 1). Only the polling thread uses it."""
+
+    __slots__ = ("_seen", "_stable", "epoch", "leader_epoch", "position", "serial", "tp")
+
+    def __init__(self, tp: TopicPartition, serial: int, position: int | None, epoch: int = 0) -> None:
+        self.tp = tp
+        self.serial = serial
+        self.epoch = epoch
+        # None: nowhere to read from (fenced, or not positioned yet).
+        self.position = position
+        self._stable: int | None = None
+        self.leader_epoch: int | None = None
+        # (last stable offset, when first seen) for each rise seen past the position: how long
+        # each stretch of offsets has been in the log.
+        self._seen: deque[tuple[int, float]] = deque()
+
+    @property
+    def stable(self) -> int | None:
+        """The last stable offset the latest query gave (None: none yet)."""
+        return self._stable
+
+    def log_end(self, end: LogEnd, now: float) -> None:
+        """A query's answer. A last stable offset below the position is not taken: the caller
+        checks :meth:`behind_position` first (the log was truncated or re-created)."""
+        if self.position is not None and end.stable < self.position:
+            return
+        if self._stable is None or end.stable > self._stable:
+            if self.position is not None and end.stable > self.position:
+                self._seen.append((end.stable, now))
+            self._stable = end.stable
+        self.leader_epoch = end.leader_epoch
+
+    def behind_position(self, end: LogEnd) -> bool:
+        """The log ends below where this partition was cut to: it lost offsets already cut."""
+        return self.position is not None and end.stable < self.position
+
+    def available(self) -> int:
+        """Offsets in the log, stable, not cut yet."""
+        if self.position is None or self._stable is None:
+            return 0
+        return max(0, self._stable - self.position)
+
+    def available_since(self) -> float | None:
+        """When the first offset not cut yet was first seen in the log (None: there is none)."""
+        return self._seen[0][1] if self.available() and self._seen else None
+
+    def due(self, limits: SplitLimits, size: OffsetSize, now: float) -> str | None:
+        """Why the next split is due now, or None."""
+        n = self.available()
+        if n <= 0:
+            return None
+        if n >= limits.max_records:
+            return "records"
+        if size.of(n) >= limits.max_bytes:
+            return "bytes"
+        since = self.available_since()
+        if since is not None and now - since >= limits.max_age_s:
+            return "age"
+        return None
+
+    def cut(self, reason: str, limits: SplitLimits, size: OffsetSize, now: float) -> SealedSplit:
+        """The next split: at most ``max_records`` offsets and what fits ``max_bytes``."""
+        n = min(self.available(), limits.max_records, size.offsets_within(limits.max_bytes))
+        assert n > 0 and self.position is not None
+        start, end = self.position, self.position + n
+        split = SealedSplit(
+            id=uuid.uuid4(),
+            tp=self.tp,
+            serial=self.serial,
+            start=start,
+            end=end,
+            leader_epoch=self.leader_epoch,
+            estimated_bytes=size.of(n),
+            available_at=self.available_since() or now,
+            sealed_at=now,
+            seal_reason=reason,
+            kill_switch=KillSwitch(),
+            epoch=self.epoch,
+        )
+        self.position = end
+        # Stretches wholly cut are forgotten. The offsets left of the first stretch partly cut,
+        # [end, its stable offset), appeared with it: its time stays theirs.
+        while self._seen and self._seen[0][0] <= end:
+            self._seen.popleft()
+        return split

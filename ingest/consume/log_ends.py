@@ -1,0 +1,93 @@
+"""The polling thread's view of where each owned partition's log ends: a query of every
+owned partition's last stable offset and earliest offset (ingest.consume.log_offsets) every
+``interval_s``, one at a time, never waited for; each answer is applied at a later step.
+
+What an answer does to an active partition:
+- the last stable offset moves the partition's cutter on (ingest.consume.cutter): splits are
+  cut from it;
+- an earliest offset past the lowest offset not yet published, or a last stable offset below
+  where the partition was cut to (the log was truncated or re-created), stops the partition:
+  the gap is measured against the stored offset and recorded, skipped or stopped on
+  (ingest.consume.gaps), before Spark is asked to read what is gone.
+A partition whose answer failed keeps what it had; the next query asks again.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from ingest.consume.assignment import OwnedPartition
+from ingest.consume.context import LoopContext
+from ingest.consume.gaps import GapResolver
+from ingest.consume.log_offsets import LogEnd, LogOffsets, OffsetsQuery
+from ingest_common.model import TopicPartition
+
+log = structlog.get_logger(__name__)
+
+# How often the owned partitions' log ends are asked for: what a split's age can exceed
+# max_age by, at most.
+LOG_END_INTERVAL_S = 0.2
+
+
+class LogEnds:
+    def __init__(
+        self, ctx: LoopContext, offsets: LogOffsets, gaps: GapResolver, *, interval_s: float = LOG_END_INTERVAL_S
+    ) -> None:
+        self._ctx = ctx
+        self._offsets = offsets
+        self._gaps = gaps
+        self._interval_s = interval_s
+        self._query: OffsetsQuery | None = None
+        self._due = 0.0
+        # The last answer for each owned partition (lag is measured against it).
+        self._latest: dict[TopicPartition, LogEnd] = {}
+        self._m_errors = ctx.metrics.kafka_errors.labels(ctx.source)
+
+    def latest(self, tp: TopicPartition) -> LogEnd | None:
+        return self._latest.get(tp)
+
+    def step(self, now: float) -> None:
+        """Apply an answer that arrived; ask again when due."""
+        if self._query is not None and self._query.done():
+            ends, errors = self._query.result()
+            self._query = None
+            self._apply(ends, errors, now)
+        if self._query is None and now >= self._due:
+            tps = [o.tp for o in self._ctx.assignment if o.active]
+            if tps:
+                self._query = self._offsets.query(tps)
+            self._due = now + self._interval_s
+
+    def _apply(self, ends: dict[TopicPartition, LogEnd], errors: dict[TopicPartition, str], now: float) -> None:
+        for tp, error in errors.items():
+            self._m_errors.inc()
+            log.warning("log_end_query_failed", source=self._ctx.source, partition=str(tp), error=error)
+        owned_tps = set(self._ctx.assignment.tps())
+        for tp in [t for t in self._latest if t not in owned_tps]:
+            del self._latest[tp]
+        for tp, end in ends.items():
+            owned = self._ctx.assignment.get(tp)
+            if owned is None:
+                continue
+            self._latest[tp] = end
+            if owned.active:
+                self._end(owned, end, now)
+
+    def _end(self, owned: OwnedPartition, end: LogEnd, now: float) -> None:
+        cutter = owned.cutter
+        if cutter.position is None:
+            return
+        unpublished = owned.published_end if owned.published_end is not None else owned.claim.next_offset
+        floor = cutter.position if unpublished is None else min(unpublished, cutter.position)
+        if end.earliest > floor:
+            self._gaps.refused(
+                owned.tp, floor, f"offsets [{floor}, {end.earliest}) are no longer in the log (earliest {end.earliest})"
+            )
+        elif cutter.behind_position(end):
+            self._gaps.refused(
+                owned.tp,
+                cutter.position,
+                f"the log's last stable offset {end.stable} is below {cutter.position}, where splits were cut to",
+            )
+        else:
+            cutter.log_end(end, now)
