@@ -1,5 +1,5 @@
 """Fakes for unit tests: a clock, sealed splits, the builder and a registrar that records its
-builds (the metastore in memory: tests/fake_metastore.py)."""
+builds (the metastore in memory: tests/fake_metastore.py; Kafka in memory: tests/memory_kafka.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ingest_common.model import (
     BuiltSegment,
     TopicPartition,
 )
+from tests.memory_kafka import DataLoss, MemoryBroker
 
 
 class FakeClock:
@@ -48,17 +49,18 @@ class FakeClock:
             self._now += seconds
 
 
-def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0) -> SealedSplit:
-    records = tuple(SyntheticRecord(o, topic=tp.topic, partition=tp.partition) for o in range(start, end))
+def make_split(
+    tp: TopicPartition, start: int, end: int, serial: int = 1, epoch: int = 0, leader_epoch: int | None = 0
+) -> SealedSplit:
     return SealedSplit(
         id=uuid.uuid4(),
         tp=tp,
         serial=serial,
         start=start,
         end=end,
-        chunks=chunks_of(records),
-        size_bytes=10 * len(records),
-        first_record_at=0.0,
+        leader_epoch=leader_epoch,
+        estimated_bytes=10 * (end - start),
+        available_at=0.0,
         sealed_at=0.0,
         seal_reason="test",
         kill_switch=KillSwitch(),
@@ -68,6 +70,10 @@ def make_split(tp: TopicPartition, start: int, end: int, serial: int = 1, epoch:
 
 class FakeBuilder:
     """Builds instantly unless a gate is set for a split's start offset; can fail N times.
+
+    With a ``broker`` (tests.memory_kafka), a build reads the split's records from it as Spark
+    reads them from Kafka: what a read_committed reader gets of the range, and a BuildError when
+    offsets of the range are gone (Spark's failOnDataLoss). Without one, every offset is a record.
 
     Like the real builder, a batch's live splits are registered before anything is built,
     through its registrar (a worker's, or the one :meth:`register_with` makes): the fake
@@ -81,7 +87,10 @@ class FakeBuilder:
     ``refused`` (start offset, ``clock`` time).
     """
 
-    def __init__(self, registrar: BuildRegistrar | None = None, clock: FakeClock | None = None) -> None:
+    def __init__(
+        self, registrar: BuildRegistrar | None = None, clock: FakeClock | None = None, broker: MemoryBroker | None = None
+    ) -> None:
+        self.broker = broker
         self.gates: dict[int, threading.Event] = {}
         self.failures: dict[int, int] = {}
         # Start offsets of the splits whose build began (reached its gate, if any), in order.
@@ -113,13 +122,23 @@ class FakeBuilder:
             if self.failures.get(split.start, 0) > 0:
                 self.failures[split.start] -= 1
                 raise BuildError("injected build failure")
+        rows, record_bytes = split.offsets, 0
+        if self.broker is not None:
+            try:
+                records = self.broker.read(split.tp, split.start, split.end)
+            except DataLoss as exc:
+                raise BuildError(f"Spark's reader: {exc}") from exc
+            rows = len(records)
+            record_bytes = sum(len(r.value or b"") + len(r.key or b"") for r in records)
+        with self.lock:
             self.built.append(split)
         return BuiltSegment(
             split_id=split.id,
             location=f"mem://{split.id}",
-            files=(f"mem://{split.id}/f",),
-            row_count=len(split),
-            size_bytes=len(split),
+            files=(f"mem://{split.id}/f",) if rows else (),
+            row_count=rows,
+            size_bytes=rows,
+            record_bytes=record_bytes,
         )
 
     def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuiltSegment | Exception]:
@@ -170,6 +189,7 @@ class FakeBuilder:
         return None
 
     def discard(self, segment: BuiltSegment) -> None:
+        """What the publish stage is given to delete a built split's files with."""
         with self.lock:
             self.discarded.append(segment.split_id)
 

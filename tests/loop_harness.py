@@ -1,6 +1,7 @@
-"""One worker's consumer loop wired to fakes: the in-memory broker and consumer, the
-in-memory metastore, the fake builder and the real pipeline, publisher, rebalance handler,
-registry and background thread. For unit tests of the loop and its helpers."""
+"""One worker's consumer loop wired to fakes: the in-memory broker, group member and log-end
+queries, the in-memory metastore, the fake builder (reading the in-memory broker) and the real
+build and publish queues, publisher, rebalance handler, registry and background thread. For
+unit tests of the loop and its helpers."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.ops.metrics import Metrics
-from ingest.publish.pipeline import REGISTRY_RETRY, Pipeline
+from ingest.builder.queue import REGISTRY_RETRY, BuildQueue
 from ingest.publish.publisher import Publisher
+from ingest.publish.queue import PublishQueue
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, TopicPartition
 from ingest_dev.testkit import wait_until
 from tests.fake_metastore import MemoryMetastore
 from tests.fakes import FakeBuilder, FakeClock
-from tests.memory_kafka import MemoryBroker, MemoryConsumer
+from tests.memory_kafka import MemoryBroker, MemoryConsumer, MemoryLogOffsets
 
 TOPIC = "t"
 P0 = TopicPartition(TOPIC, 0)
@@ -60,27 +62,24 @@ class Harness:
     def __post_init__(self) -> None:
         self.builder.register_with(self.store, self.worker_id)
         self.builder.clock = self.clock
+        self.builder.broker = self.broker
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
+        self.offsets = MemoryLogOffsets(self.broker)
         self.assignment = Assignment()
         self.background = Background("test-background")
         self.specs = SpecHolder(self.spec, 1)
         publisher = Publisher(self.store, "src", self.worker_id, backoff=Backoff(0.01, 0.02))
-        self.pipeline = Pipeline(
-            self.builder,
-            publisher,
-            self.specs,
-            build_threads=1,
-            build_attempts=1,
-            batch_linger_s=0.0,
-            registry_retry=REGISTRY_RETRY.on(self.clock),
+        self.builds = BuildQueue(
+            self.builder, threads=1, attempts=1, linger_s=0.0, registry_retry=REGISTRY_RETRY.on(self.clock)
         )
+        self.publishes = PublishQueue(publisher, discard=self.builder.discard)
         self.ctx = LoopContext(
             worker_id=self.worker_id,
             specs=self.specs,
             consumer=self.consumer,
             assignment=self.assignment,
-            killer=self.pipeline,
+            killer=self.publishes,
             store=self.store,
             claims=self.store,
             background=self.background,
@@ -88,17 +87,18 @@ class Harness:
             clock=self.clock,
         )
         self.registry = WorkerRegistry(self.ctx, interval_s=0.0)
-        self.handler = RebalanceHandler(self.ctx, deadline_s=2.0)
+        self.handler = RebalanceHandler(self.ctx, watermarks=self.offsets, deadline_s=2.0)
         self.consumer.subscribe(self.spec.topics, self.handler)
         self.loop = ConsumeLoop(
             self.ctx,
-            pipeline=self.pipeline,
+            builds=self.builds,
+            publishes=self.publishes,
             handler=self.handler,
             registry=self.registry,
-            watermarks=self.consumer,
+            offsets=self.offsets,
             options=LoopOptions(
-                batch_size=100,
                 poll_timeout_s=0.0,
+                log_end_interval_s=0.0,
                 drain_timeout_s=5.0,
                 unhealthy_after_publish_stall_s=self.publish_stall_s,
             ),
@@ -125,12 +125,14 @@ class Harness:
             ]
 
     def close(self) -> None:
-        self.pipeline.close(timeout=5)
+        self.publishes.close(timeout=5)
+        self.builds.close(timeout=5)
+        self.publishes.stop(timeout=5)
         self.background.close()
 
 
 class NothingInFlight:
-    """A pipeline with nothing in flight, for parts tested without one."""
+    """Nothing in flight, for parts tested without the stages."""
 
     def kill(self, tps: Iterable[TopicPartition], reason: KillReason, within_s: float | None = None) -> int:
         return 0

@@ -1,38 +1,74 @@
-"""An in-memory implementation of the worker's Kafka boundary (ingest.consume.kafka.Consumer), for
-unit tests: partitions are lists, the test decides when the group assigns, revokes or loses
-partitions (the callbacks run inside the next ``poll``, as librdkafka runs them), and
-retention can drop a partition's head (a position before it, or past the log end, is refused,
-as with ``auto.offset.reset=error``). Records carry the leader epoch they were written under; a
-partition's log can be truncated under a new leader epoch, and a position assigned or sought
-with a leader epoch is validated as librdkafka does it after a seek (KIP-320): a log of that
-epoch ending below the position is reported as a ``Batch.truncated`` with librdkafka's text
-(tests/contract/test_kafka_contract.py checks that text against a broker)."""
+"""An in-memory Kafka for unit tests: a broker whose partitions are lists, the worker's group
+member over it (ingest.consume.kafka.Consumer) and its log-end queries
+(ingest.consume.log_offsets.LogOffsets).
+
+The test decides when the group assigns, revokes or loses partitions (the callbacks run inside
+the next ``poll``, as librdkafka runs them). Retention can drop a partition's head; a
+transaction can stay open (the last stable offset stops at its first offset) or end aborted
+(its records are never read, its marker takes an offset). Records carry the leader epoch they
+were written under; a partition's log can be truncated under a new leader epoch, and a position
+sought with a leader epoch is validated as librdkafka does it (KIP-320): a log of that epoch
+ending below the position is reported as a ``Batch.truncated`` with librdkafka's text
+(tests/contract/test_kafka_truncation_contract.py checks that text against a broker). The
+member never fetches: as the worker's, its partitions are paused, and the fake builder reads
+the records (tests.fakes.FakeBuilder, as Spark reads them from a real broker)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 
 from ingest.consume.kafka import TRUNCATION_TEXT, Batch, KafkaCallFailed, RebalanceListener, Truncation
-from ingest.splits.split import SyntheticRecord
+from ingest.consume.log_offsets import LogEnd
 from ingest_common.model import TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    offset: int
+    value: bytes | None
+    key: bytes | None
+    leader_epoch: int
+    timestamp_ms: int = 1_700_000_000_000
+    # A record of an aborted transaction, or a transaction marker: never read.
+    invisible: bool = False
+
+
+class DataLoss(Exception):
+    """A read of offsets no longer in the log (Spark's failOnDataLoss)."""
 
 
 @dataclass
 class MemoryBroker:
-    logs: dict[TopicPartition, list[SyntheticRecord]] = field(default_factory=dict)
+    logs: dict[TopicPartition, list[MemoryRecord]] = field(default_factory=dict)
     # The first offset still in each partition's log (retention moved it past what was deleted).
     earliest: dict[TopicPartition, int] = field(default_factory=dict)
     # Each partition's current leader epoch (0 until a truncation).
     epochs: dict[TopicPartition, int] = field(default_factory=dict)
+    # The first offset of each partition's open transaction: its last stable offset.
+    open_transactions: dict[TopicPartition, int] = field(default_factory=dict)
 
-    def produce(self, tp: TopicPartition, *values: bytes) -> None:
+    def produce(self, tp: TopicPartition, *values: bytes | None, key: bytes | None = b"k") -> None:
         log = self.logs.setdefault(tp, [])
         epoch = self.epochs.get(tp, 0)
         for value in values:
-            log.append(SyntheticRecord(len(log), value, topic=tp.topic, partition=tp.partition, leader_epoch=epoch))
+            log.append(MemoryRecord(len(log), value, key, epoch))
+
+    def begin_transaction(self, tp: TopicPartition, *values: bytes) -> None:
+        """Records of a transaction left open: the last stable offset stops before them."""
+        self.open_transactions.setdefault(tp, self.high(tp))
+        self.produce(tp, *values)
+
+    def end_transaction(self, tp: TopicPartition, *, commit: bool) -> None:
+        """Commit or abort the open transaction: its marker takes an offset; aborted records
+        are never read."""
+        first = self.open_transactions.pop(tp)
+        log = self.logs[tp]
+        if not commit:
+            log[first:] = [MemoryRecord(r.offset, r.value, r.key, r.leader_epoch, invisible=True) for r in log[first:]]
+        log.append(MemoryRecord(len(log), None, None, self.epochs.get(tp, 0), invisible=True))
 
     def truncate(self, tp: TopicPartition, offset: int) -> None:
         """An unclean leader election: the new leader's log ends at ``offset``, its epoch is higher."""
@@ -42,7 +78,7 @@ class MemoryBroker:
     def end_offset_for(self, tp: TopicPartition, epoch: int) -> int:
         """OffsetForLeaderEpoch: where the log of ``epoch`` ends (the first offset of a later epoch)."""
         log = self.logs.get(tp, [])
-        later = [r.offset() for r in log if (r.leader_epoch() or 0) > epoch]
+        later = [r.offset for r in log if r.leader_epoch > epoch]
         return min(later) if later else len(log)
 
     def delete_before(self, tp: TopicPartition, offset: int) -> None:
@@ -54,15 +90,65 @@ class MemoryBroker:
     def low(self, tp: TopicPartition) -> int:
         return self.earliest.get(tp, 0)
 
+    def stable(self, tp: TopicPartition) -> int:
+        return self.open_transactions.get(tp, self.high(tp))
+
+    def log_end(self, tp: TopicPartition) -> LogEnd:
+        return LogEnd(self.stable(tp), self.epochs.get(tp, 0), self.low(tp))
+
+    def read(self, tp: TopicPartition, start: int, end: int) -> list[MemoryRecord]:
+        """What a read_committed reader gets of ``[start, end)``, or DataLoss when offsets of
+        it are gone (retention) or beyond the log's stable end."""
+        if start < self.low(tp) or end > self.stable(tp):
+            raise DataLoss(f"{tp} [{start}, {end}): log holds [{self.low(tp)}, {self.stable(tp)})")
+        return [r for r in self.logs.get(tp, [])[start:end] if not r.invisible]
+
+
+class MemoryLogOffsets:
+    """:class:`ingest.consume.log_offsets.LogOffsets` over a broker: every query is answered at
+    once, but partitions in ``failing`` (an answer with an error)."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+        self.failing: set[TopicPartition] = set()
+        self.queries = 0
+
+    def query(self, tps: Sequence[TopicPartition]) -> _Answered:
+        self.queries += 1
+        ends = {tp: self.broker.log_end(tp) for tp in tps if tp not in self.failing}
+        return _Answered(ends, {tp: "injected failure" for tp in tps if tp in self.failing})
+
+    def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+        if tp in self.failing:
+            raise KafkaCallFailed(f"watermarks of {tp}: injected failure")
+        return self.broker.low(tp), self.broker.stable(tp)
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class _Answered:
+    ends: dict[TopicPartition, LogEnd]
+    errors: dict[TopicPartition, str]
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout_s: float) -> bool:
+        return True
+
+    def result(self) -> tuple[dict[TopicPartition, LogEnd], dict[TopicPartition, str]]:
+        return self.ends, self.errors
+
 
 class MemoryConsumer:
     def __init__(self, broker: MemoryBroker, *, incremental: bool = True) -> None:
         self.broker = broker
         self._incremental = incremental
         self._listener: RebalanceListener | None = None
+        # Where each assigned partition is positioned (assigned or sought).
         self.positions: dict[TopicPartition, int] = {}
-        self._paused: set[TopicPartition] = set()
-        self._refused: set[TopicPartition] = set()
         self._events: list[tuple[str, list[TopicPartition]]] = []
         self.commits: list[dict[TopicPartition, int]] = []
         self.seeks: list[tuple[TopicPartition, int]] = []
@@ -104,7 +190,7 @@ class MemoryConsumer:
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         self._listener = listener
 
-    def poll(self, max_records: int, timeout_s: float) -> Batch:
+    def poll(self, timeout_s: float) -> Batch:
         while self._events and self._listener is not None:
             kind, tps = self._events.pop(0)
             callback = {
@@ -113,37 +199,16 @@ class MemoryConsumer:
                 "lost": self._listener.on_lost,
             }[kind]
             callback(self, tps)
-        batch = Batch(records=[])
-        records: list[SyntheticRecord] = []
-        for tp, position in sorted(self.positions.items()):
-            if tp in self._paused or tp in self._refused:
-                continue
-            if tp in self._validate:
-                offset, epoch = self._validate.pop(tp)
-                end = self.broker.end_offset_for(tp, epoch)
-                if end < offset:
-                    self._refused.add(tp)
-                    text = (
-                        f"Partition log truncation detected at offset {offset} (leader epoch {epoch}): broker end"
-                        f" offset is {end} (offset leader epoch {epoch}). Reset to INVALID.: {TRUNCATION_TEXT}"
-                    )
-                    batch.truncated.append((tp, Truncation(offset, epoch, end), text))
-                    continue
-            # Before the log start (retention) or past its end (an unclean leader election
-            # truncated it, the topic was re-created): refused, as librdkafka reports
-            # OFFSET_OUT_OF_RANGE under auto.offset.reset=error.
-            if not self.broker.low(tp) <= position <= self.broker.high(tp):
-                self._refused.add(tp)
-                batch.refused.append((tp, position, "Broker: Offset out of range"))
-                continue
-            log = self.broker.logs.get(tp, [])
-            take = log[position : position + max_records - len(records)]
-            records.extend(take)
-            self.positions[tp] = position + len(take)
-            if take and self.positions[tp] == len(log):
-                # enable.partition.eof: reported in the same poll, after the records it follows.
-                batch.ends.append((tp, len(log)))
-        batch.records = records
+        batch = Batch()
+        for tp, (offset, epoch) in sorted(self._validate.items()):
+            del self._validate[tp]
+            end = self.broker.end_offset_for(tp, epoch)
+            if end < offset:
+                text = (
+                    f"Partition log truncation detected at offset {offset} (leader epoch {epoch}): broker end"
+                    f" offset is {end} (offset leader epoch {epoch}). Reset to INVALID.: {TRUNCATION_TEXT}"
+                )
+                batch.truncated.append((tp, Truncation(offset, epoch, end), text))
         return batch
 
     def _resolve(self, tp: TopicPartition, offset: int) -> int:
@@ -158,12 +223,9 @@ class MemoryConsumer:
     ) -> None:
         if not self._incremental:
             self.positions.clear()
-            self._paused.clear()
             self._validate.clear()
         for tp, offset in offsets.items():
             self.positions[tp] = self._resolve(tp, offset)
-            self._paused.discard(tp)
-            self._refused.discard(tp)
             self._validate.pop(tp, None)
             epoch = (leader_epochs or {}).get(tp)
             if epoch is not None:
@@ -173,12 +235,8 @@ class MemoryConsumer:
         for tp in list(self.positions) if not self._incremental else tps:
             self.positions.pop(tp, None)
             self._validate.pop(tp, None)
-            self._paused.discard(tp)
-            self._refused.discard(tp)
 
-    def seek(
-        self, tp: TopicPartition, offset: int, others: Mapping[TopicPartition, int], leader_epoch: int | None = None
-    ) -> None:
+    def seek(self, tp: TopicPartition, offset: int, leader_epoch: int | None = None) -> None:
         if self.fail_seeks > 0:
             self.fail_seeks -= 1
             raise KafkaCallFailed(f"seek {tp}: injected")
@@ -186,22 +244,9 @@ class MemoryConsumer:
             raise KafkaCallFailed(f"seek {tp}: not assigned")
         self.seeks.append((tp, offset))
         self.positions[tp] = self._resolve(tp, offset)
-        self._refused.discard(tp)
         self._validate.pop(tp, None)
         if leader_epoch is not None:
             self._validate[tp] = (offset, leader_epoch)
-
-    def set_paused(self, wanted: Iterable[TopicPartition]) -> None:
-        self._paused = set(wanted) & set(self.positions)
-
-    def paused(self) -> frozenset[TopicPartition]:
-        return frozenset(self._paused)
-
-    def high_watermark(self, tp: TopicPartition) -> int | None:
-        return self.broker.high(tp) if tp in self.broker.logs else None
-
-    def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-        return self.broker.low(tp), self.broker.high(tp)
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         self.commits.append(dict(offsets))

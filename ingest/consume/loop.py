@@ -29,7 +29,7 @@ from ingest.consume.controls import Controls
 from ingest.consume.gaps import GapResolver
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import Batch
+from ingest.consume.kafka import Batch, KafkaCallFailed
 from ingest.consume.log_ends import LOG_END_INTERVAL_S, LogEnds
 from ingest.consume.log_offsets import LogOffsets
 from ingest.consume.loop_metrics import LoopGauges
@@ -274,6 +274,15 @@ class ConsumeLoop:
             reason=reason,
         )
         self._publishes.submit(split, self._builds.submit(split, spec), version)
+        if split.leader_epoch is not None:
+            # The member's position follows the cuts, with the epoch each was cut under: the
+            # broker validates it now and again at every leader change (KIP-320), so a log
+            # truncated below offsets already cut is found while the worker runs, as a
+            # fetching consumer finds it below what it read.
+            try:
+                self._consumer.seek(split.tp, split.end, split.leader_epoch)
+            except KafkaCallFailed as exc:
+                log.info("position_validation_skipped", source=self._source, partition=str(split.tp), error=str(exc))
 
     def _raise_callback_error(self) -> None:
         if self._handler.error is not None:

@@ -33,6 +33,10 @@ from ingest_common.model import BuiltSegment, KillReason, TopicPartition
 
 log = structlog.get_logger(__name__)
 
+# How long tripping one split's switch waits for a commit of it in progress, unless the caller
+# gives all of them a bound (a rebalance callback's deadline).
+KILL_WAIT_S = 5.0
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -174,13 +178,13 @@ class PublishQueue:
 
 
 def trip(splits: list[SealedSplit], reason: KillReason, within_s: float | None) -> int:
-    """Trip the switches of ``splits``, all within ``within_s`` (None: 5 s each)."""
+    """Trip the switches of ``splits``, all within ``within_s`` (None: KILL_WAIT_S each)."""
     deadline = None if within_s is None else time.monotonic() + within_s
     tripped = 0
     for split in splits:
         if split.kill_switch.tripped:
             continue
-        timeout = 5.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        timeout = KILL_WAIT_S if deadline is None else max(0.0, deadline - time.monotonic())
         if not split.kill_switch.trip(reason, timeout=timeout):
             log.warning(
                 "kill_switch_commit_in_progress",

@@ -12,7 +12,7 @@ import pytest
 
 from ingest.consume.assignment import PartitionState
 from ingest.spec import SplitLimits
-from ingest_common.model import DesiredState, TopicPartition, WorkerState
+from ingest_common.model import DesiredState, WorkerState
 from tests.loop_harness import P0, P1, Harness, spec
 
 
@@ -33,14 +33,19 @@ def tiles(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
     return at == end
 
 
-def test_records_are_published_in_order_exactly_once_and_drain_seals_the_rest(h: Harness) -> None:
+def test_offsets_are_published_in_order_exactly_once_and_the_rest_by_age(h: Harness) -> None:
     h.produce(P0, 25)
     h.consumer.group_assigns(P0)
     h.step_until(lambda: len(h.published(P0)) == 2, what="two full splits")
     assert h.published(P0) == [(0, 10), (10, 20)]
+    assert h.assignment.get(P0).cutter.available() == 5  # type: ignore[union-attr]
+    h.clock.advance(60)  # max_age
+    h.step_until(lambda: len(h.published(P0)) == 3, what="the rest, by age")
     assert h.loop.drain()
     assert tiles(h.published(P0), 0, 25)
     assert h.store.next_offsets[P0] == 25
+    with h.store.lock:
+        assert [item.segment.row_count for item in h.store.segments.values()] == [10, 10, 5]
 
 
 def test_a_revoke_kills_the_partitions_splits_and_a_kept_partition_loses_nothing(h: Harness) -> None:
@@ -49,43 +54,37 @@ def test_a_revoke_kills_the_partitions_splits_and_a_kept_partition_loses_nothing
     h.produce(P0, 10)
     h.produce(P1, 10)
     h.consumer.group_assigns(P0, P1)
-    h.step_until(lambda: h.pipeline.inflight_count == 2, what="both splits in flight")
+    h.step_until(lambda: h.publishes.inflight_count == 2, what="both splits in flight")
     h.consumer.group_revokes(P0)
     h.loop.step()
     gate.set()
     h.step_until(lambda: h.published(P1) == [(0, 10)], what="P1's split")
-    h.step_until(lambda: h.pipeline.inflight_count == 0, what="P0's split to end")
+    h.step_until(lambda: h.publishes.inflight_count == 0, what="P0's split to end")
     assert h.published(P0) == []
     assert h.store.next_offsets[P0] == 0  # the start pinned at the claim, nothing published
     assert h.assignment.get(P0) is None and h.assignment.get(P1) is not None
 
 
-def test_a_revoke_with_chunks_held_loses_nothing_after_the_partition_comes_back(h: Harness) -> None:
-    """One poll's 25 records of a partition are one chunk: two splits are cut from it (held
-    by the gated builds) and its last 5 records stay in the buffer as a slice of it. A revoke
-    kills the splits and drops the buffer; assigned again, the partition is read from its
-    stored offset and published exactly once, and the other partition's chunk is untouched."""
+def test_a_revoke_with_splits_in_flight_loses_nothing_after_the_partition_comes_back(h: Harness) -> None:
+    """Two splits of each partition are in flight (held by the gated builds) and 5 offsets are
+    not cut yet. A revoke kills P0's splits; assigned again, P0 is cut from its stored offset
+    and published exactly once, and the other partition's splits are untouched."""
     gate = threading.Event()
     h.builder.gates[0] = gate
     h.produce(P0, 25)
     h.produce(P1, 25)
     h.consumer.group_assigns(P0, P1)
-
-    def held(tp: TopicPartition) -> int:
-        owned = h.assignment.get(tp)
-        return 0 if owned is None else len(owned.buffer)
-
-    h.step_until(lambda: held(P0) == 5, what="two splits cut from one chunk")
-    assert h.pipeline.inflight_count == 4  # [0, 10) and [10, 20) of each partition
+    h.step_until(lambda: h.publishes.inflight_count == 4, what="[0, 10) and [10, 20) of each partition")
     h.consumer.group_revokes(P0)
     h.loop.step()
     assert h.assignment.get(P0) is None
     gate.set()
-    h.step_until(lambda: h.pipeline.inflight_count == 0, what="P0's splits to end, P1's published")
+    h.step_until(lambda: h.publishes.inflight_count == 0, what="P0's splits to end, P1's published")
     assert h.published(P0) == [] and h.store.next_offsets[P0] == 0
     h.consumer.group_assigns(P0)
-    h.step_until(lambda: len(h.published(P0)) == 2, what="P0 read again from its stored offset")
-    assert h.loop.drain()
+    h.step_until(lambda: len(h.published(P0)) == 2, what="P0 cut again from its stored offset")
+    h.clock.advance(60)
+    h.step_until(lambda: len(h.published(P0)) == 3 and len(h.published(P1)) == 3, what="the rest by age")
     assert h.published(P0) == [(0, 10), (10, 20), (20, 25)]
     assert h.published(P1) == [(0, 10), (10, 20), (20, 25)]
 
@@ -95,7 +94,7 @@ def test_an_offset_conflict_rewinds_to_the_stored_offset(h: Harness) -> None:
     h.builder.gates[0] = gate
     h.produce(P0, 20)
     h.consumer.group_assigns(P0)
-    h.loop.step()  # assigned at the claim (nothing stored); the split [0, 10) waits at the gate
+    h.step_until(lambda: h.publishes.inflight_count == 2, what="[0, 10) at the gate")
     with h.store.lock:
         h.store.next_offsets[P0] = 5  # the stored offset moved meanwhile
     gate.set()
@@ -105,7 +104,7 @@ def test_an_offset_conflict_rewinds_to_the_stored_offset(h: Harness) -> None:
     assert h.metrics.publish_conflicts.labels("src", "offset")._value.get() == 1
 
 
-def test_a_serial_conflict_fences_the_partition_and_it_takes_nothing_more(h: Harness) -> None:
+def test_a_serial_conflict_fences_the_partition_and_it_cuts_nothing_more(h: Harness) -> None:
     h.produce(P0, 10)
     h.consumer.group_assigns(P0)
     h.loop.step()
@@ -114,12 +113,14 @@ def test_a_serial_conflict_fences_the_partition_and_it_takes_nothing_more(h: Har
     h.produce(P0, 30)
     for _ in range(20):
         h.loop.step()
-    assert h.published(P0) == [] and h.pipeline.inflight_count == 0
-    assert P0 in h.consumer.paused()
+    assert h.published(P0) == [] and h.publishes.inflight_count == 0
+    assert h.metrics.paused_partitions.labels("src")._value.get() == 1
 
 
 @pytest.mark.parametrize("policy", ["earliest", "fail"])
 def test_offsets_gone_from_the_log_are_recorded_then_skipped_or_stopped(policy: str) -> None:
+    """Found from the log-end query (its earliest offset is past the stored one) before any
+    split is cut from the gone offsets."""
     h = Harness(spec=spec(on_offset_out_of_range=policy))
     try:
         h.produce(P0, 100)
@@ -128,6 +129,7 @@ def test_offsets_gone_from_the_log_are_recorded_then_skipped_or_stopped(policy: 
             h.store.next_offsets[P0] = 0
         h.consumer.group_assigns(P0)
         h.step_until(lambda: bool(h.store.gaps), what="the gap recorded")
+        assert h.builder.started == []  # no split of the gone offsets was built
         if policy == "earliest":
             h.step_until(lambda: len(h.published(P0)) == 5, what="the rest published")
             assert h.store.gaps == [(P0, 0, 50, True)]
@@ -144,9 +146,28 @@ def test_offsets_gone_from_the_log_are_recorded_then_skipped_or_stopped(policy: 
         h.close()
 
 
+def test_offsets_gone_under_a_split_in_flight_fail_its_build_and_the_gap_is_recorded() -> None:
+    """Retention between the cut and Spark's read: the read fails (failOnDataLoss), never a
+    split published with fewer records; the next log-end answer stops the partition and the
+    gap is measured against the stored offset."""
+    h = Harness(spec=spec(on_offset_out_of_range="fail"))
+    gate = threading.Event()
+    h.builder.gates[0] = gate
+    try:
+        h.produce(P0, 10)
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: h.publishes.inflight_count == 1, what="[0, 10) at the gate")
+        h.broker.delete_before(P0, 5)
+        gate.set()
+        h.step_until(lambda: bool(h.store.gaps), what="the gap recorded")
+        assert h.published(P0) == [] and h.store.gaps == [(P0, 0, 5, False)]
+    finally:
+        h.close()
+
+
 @pytest.mark.parametrize("policy", ["earliest", "fail"])
 def test_a_stored_offset_past_the_log_end_stops_the_partition_under_either_policy(policy: str) -> None:
-    """An unclean leader election truncated the log below the stored offset: nothing is read
+    """An unclean leader election truncated the log below the stored offset: nothing is cut
     from the log end or anywhere else, nothing is skipped or recorded as skipped, and the
     error says so (``ingest status`` shows the partition OFFSET_OUT_OF_RANGE)."""
     h = Harness(spec=spec(on_offset_out_of_range=policy))
@@ -163,7 +184,7 @@ def test_a_stored_offset_past_the_log_end_stops_the_partition_under_either_polic
         for _ in range(20):
             h.loop.step()
         assert h.published(P0) == [] and h.store.gaps == [] and h.store.next_offsets[P0] == 50
-        assert len(h.assignment.get(P0).buffer) == 0  # type: ignore[union-attr]
+        assert h.builder.started == []
     finally:
         h.close()
 
@@ -171,15 +192,15 @@ def test_a_stored_offset_past_the_log_end_stops_the_partition_under_either_polic
 @pytest.mark.parametrize("policy", ["earliest", "fail"])
 def test_a_log_truncated_below_the_stored_offset_is_detected_recorded_and_stops_the_partition(policy: str) -> None:
     """KIP-320: the log was truncated below the stored offset under a new leader epoch and grew
-    past it again. The claim carries the stored leader epoch, the consumer validates it, and
-    the partition stops under either policy: nothing read from 20 (which would skip the new
+    past it again. The claim carries the stored leader epoch, the member validates it, and
+    the partition stops under either policy: nothing cut from 20 (which would skip the new
     records at [12, 20)), the lost range recorded with its reason, one error report."""
     h = Harness(spec=spec(on_offset_out_of_range=policy))
     try:
         h.produce(P0, 20)
         h.consumer.group_assigns(P0)
         h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="20 published")
-        assert h.store.leader_epochs[P0] == 0  # the epoch of the record at 19, stored with 20
+        assert h.store.leader_epochs[P0] == 0  # the epoch 20 was known stable under, stored with it
         h.consumer.group_revokes(P0)
         h.step_until(lambda: h.assignment.get(P0) is None, what="revoked")
         h.broker.truncate(P0, 12)
@@ -193,8 +214,68 @@ def test_a_log_truncated_below_the_stored_offset_is_detected_recorded_and_stops_
             h.loop.step()
         assert h.published(P0) == [(0, 10), (10, 20)] and h.store.next_offsets[P0] == 20
         assert h.assignment.get(P0).state is PartitionState.OUT_OF_RANGE  # type: ignore[union-attr]
-        assert len(h.assignment.get(P0).buffer) == 0  # type: ignore[union-attr]
     finally:
+        h.close()
+
+
+def test_a_log_truncated_below_what_was_cut_is_found_while_the_worker_runs() -> None:
+    """The member's position follows the cuts with their leader epochs: a truncation below
+    offsets already published is found without a rebalance, and the partition stops."""
+    h = Harness(spec=spec(on_offset_out_of_range="earliest"))
+    try:
+        h.produce(P0, 20)
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="20 published")
+        h.broker.truncate(P0, 12)
+        h.produce(P0, 30)
+        h.consumer.seek(P0, 20, 0)  # what librdkafka does at the leader change: validate the position
+        h.step_until(lambda: bool(h.store.truncations), what="the truncation recorded")
+        assert h.store.truncations == [(P0, 12, 20)]
+        for _ in range(20):
+            h.loop.step()
+        assert h.published(P0) == [(0, 10), (10, 20)]
+    finally:
+        h.close()
+
+
+def test_a_truncation_found_while_a_publish_holds_a_split_ending_on_a_marker_never_resumes_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kill switch gives up while a publish holds it (the metastore hangs), the log is
+    truncated, and the split being published ends on a transaction marker (no record at its
+    last offset). The late publish commits after the gap was measured against the older stored
+    offset; the stored position it leaves carries the leader epoch of its cut, so the rewind to
+    it is validated and the truncation below it is found: the partition stops, the published
+    offsets the new log no longer holds are recorded, nothing past them is published."""
+    import ingest.publish.queue as publish_queue
+
+    monkeypatch.setattr(publish_queue, "KILL_WAIT_S", 0.2)
+    h = Harness(spec=spec(on_offset_out_of_range="earliest", split=SplitLimits(max_records=14, max_age_s=60.0)))
+    try:
+        h.produce(P0, 10)
+        h.broker.begin_transaction(P0, b'{"ts": 1}', b'{"ts": 1}', b'{"ts": 1}')
+        h.broker.end_transaction(P0, commit=False)  # [10, 13) aborted, the marker at 13
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: h.registry.control is not None, what="the first heartbeat")
+        h.store.released.clear()
+        h.store.hang.set()  # the publish of [0, 14) will hang, holding the switch
+        h.step_until(lambda: h.publishes.publishing is not None, what="the publish under way")
+        h.broker.truncate(P0, 12)  # below the split's end: [12, 14) gone, epoch 1
+        h.produce(P0, 20)
+        h.consumer.seek(P0, 14, 0)  # the validation a leader change triggers
+        h.loop.step()  # the truncation: the kill gives up after KILL_WAIT_S
+        assert h.assignment.get(P0).state is not PartitionState.ACTIVE  # type: ignore[union-attr]
+        h.store.hang.clear()
+        h.store.released.set()  # the late publish commits: next_offset 14
+        h.step_until(lambda: bool(h.store.truncations), timeout_s=10, what="the truncation recorded")
+        for _ in range(30):
+            h.loop.step()
+        assert h.store.truncations == [(P0, 12, 14)]
+        assert h.published(P0) == [(0, 14)] and h.store.next_offsets[P0] == 14
+        assert h.assignment.get(P0).state is PartitionState.OUT_OF_RANGE  # type: ignore[union-attr]
+    finally:
+        h.store.hang.clear()
+        h.store.released.set()
         h.close()
 
 
@@ -237,25 +318,26 @@ def test_the_loop_keeps_polling_while_the_metastore_hangs(h: Harness) -> None:
             steps += 1
         # Heartbeats are due at every step (interval 0), yet none blocks: the loop polled on.
         assert steps > 20
-        assert len(h.assignment.get(P0).buffer) == 5  # type: ignore[union-attr]
+        assert h.assignment.get(P0).cutter.available() == 5  # type: ignore[union-attr]
     finally:
         h.store.hang.clear()
         h.store.released.set()
 
 
-def test_suspend_seals_and_pauses_then_resume_continues_exactly_once(h: Harness) -> None:
+def test_suspend_publishes_what_is_in_flight_cuts_nothing_then_resume_continues_exactly_once(h: Harness) -> None:
     h.produce(P0, 14)
     h.consumer.group_assigns(P0)
     h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
     h.store.set_control("src", DesiredState.SUSPENDED)
     h.step_until(lambda: h.loop.state is WorkerState.SUSPENDED, what="suspended")
-    assert h.published(P0) == [(0, 10), (10, 14)] and P0 in h.consumer.paused()
     h.produce(P0, 6)
+    h.clock.advance(60)  # even past max_age: nothing is cut while suspended
     for _ in range(10):
         h.loop.step()
-    assert h.published(P0) == [(0, 10), (10, 14)]
+    assert h.published(P0) == [(0, 10)]
+    assert h.metrics.paused_partitions.labels("src")._value.get() == 1
     h.store.set_control("src", DesiredState.RUNNING)
-    h.step_until(lambda: len(h.assignment.get(P0).buffer) == 6, what="the rest taken")  # type: ignore[union-attr]
+    h.step_until(lambda: len(h.published(P0)) == 2, what="the rest cut")
     assert h.loop.state is WorkerState.RUNNING and h.loop.drain()
     assert tiles(h.published(P0), 0, 20)
 
@@ -272,18 +354,76 @@ def test_failing_splits_make_the_worker_unhealthy_and_a_publish_heals_it(h: Harn
     assert h.metrics.split_failures.labels("src", "build")._value.get() == 5
 
 
-def test_an_end_of_partition_in_the_same_poll_never_stretches_a_split_over_records_it_lacks(h: Harness) -> None:
-    h.produce(P0, 5)
+def test_transactions_decided_are_cut_over_and_an_open_one_is_waited_for(h: Harness) -> None:
+    """Splits end at the last stable offset: an aborted transaction's records and every
+    marker lie inside ranges (their records are never read), and nothing is cut past the
+    first offset of a transaction still open until it is decided."""
+    h.produce(P0, 4)
+    h.broker.begin_transaction(P0, b'{"ts": 1}', b'{"ts": 1}')
+    h.broker.end_transaction(P0, commit=False)  # [4, 6) aborted, marker at 6
+    h.broker.begin_transaction(P0, b'{"ts": 1}', b'{"ts": 1}', b'{"ts": 1}')  # open from 7
     h.consumer.group_assigns(P0)
-    h.step_until(lambda: h.assignment.buffered_records() == 5, what="five records")
-    h.produce(P0, 10)  # one poll: records 5..14, then the end of the partition at 15; splits of 10
-    h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
-    assert len(h.assignment.get(P0).buffer) == 5  # type: ignore[union-attr]
-    assert h.loop.drain()
-    assert h.published(P0) == [(0, 10), (10, 15)]
+    h.clock.advance(60)
+    h.step_until(lambda: h.published(P0) == [(0, 7)], what="up to the open transaction")
+    for _ in range(10):
+        h.loop.step()
+    assert h.published(P0) == [(0, 7)]
+    h.broker.end_transaction(P0, commit=True)  # [7, 10) committed, marker at 10
+    h.clock.advance(60)
+    h.step_until(lambda: h.published(P0) == [(0, 7), (7, 11)], what="the decided transaction")
+    assert h.store.next_offsets[P0] == 11
     with h.store.lock:
-        rows = [item.segment.row_count for item in h.store.segments.values()]
-    assert rows == [10, 5]
+        assert [item.segment.row_count for item in h.store.segments.values()] == [4, 3]
+
+
+def test_a_backlog_is_cut_in_full_splits_within_the_in_flight_bound_one_partition_after_another() -> None:
+    h = Harness(spec=spec(split=SplitLimits(max_records=10, max_age_s=60.0, max_in_flight=3)))
+    gate = threading.Event()
+    for start in (0, 10, 20, 30):
+        h.builder.gates[start] = gate
+    try:
+        h.produce(P0, 100)
+        h.produce(P1, 100)
+        h.consumer.group_assigns(P0, P1)
+        h.step_until(lambda: h.publishes.inflight_count == 3, what="three splits in flight")
+        for _ in range(10):
+            h.loop.step()
+        assert h.publishes.inflight_count == 3
+        assert {s.tp for s in h.publishes_inflight()} == {P0, P1}  # both partitions got a place
+        gate.set()
+        h.step_until(lambda: len(h.published(P0)) == 10 and len(h.published(P1)) == 10, what="every split")
+        assert tiles(h.published(P0), 0, 100) and tiles(h.published(P1), 0, 100)
+    finally:
+        gate.set()
+        h.close()
+
+
+def test_a_failed_log_end_answer_keeps_what_the_partition_had(h: Harness) -> None:
+    h.produce(P0, 10)
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
+    h.offsets.failing.add(P0)
+    h.produce(P0, 10)
+    for _ in range(10):
+        h.loop.step()
+    assert h.published(P0) == [(0, 10)] and h.metrics.kafka_errors.labels("src")._value.get() > 0
+    h.offsets.failing.clear()
+    h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="the next split")
+
+
+def test_bytes_per_offset_are_learned_from_built_splits_and_cut_by_max_bytes() -> None:
+    """The first split of a partition is cut by records; its build says how many bytes its
+    offsets held; from then on a split is cut where the estimate reaches max_bytes."""
+    h = Harness(spec=spec(split=SplitLimits(max_records=10, max_bytes=400, max_age_s=60.0)))
+    try:
+        h.broker.produce(P0, *(b"x" * 99 for _ in range(10)), key=b"k")  # 100 bytes an offset
+        h.consumer.group_assigns(P0)
+        h.step_until(lambda: h.published(P0) == [(0, 4)], what="the first split: 400 bytes at the initial guess")
+        assert h.assignment.get(P0).size.per_offset == 100  # type: ignore[union-attr]
+        h.step_until(lambda: len(h.published(P0)) == 2, what="the next split, cut by the learned size")
+        assert h.published(P0) == [(0, 4), (4, 8)]
+    finally:
+        h.close()
 
 
 def test_a_new_spec_version_applies_from_the_next_split_on_and_is_reported(h: Harness) -> None:
@@ -302,20 +442,3 @@ def test_a_new_spec_version_applies_from_the_next_split_on_and_is_reported(h: Ha
     with h.store.lock:
         versions = [item.spec_version for item in h.store.segments.values()]
     assert versions == [1, 2, 2]
-
-
-def test_a_polls_records_are_gathered_per_partition_in_their_order() -> None:
-    """librdkafka hands out a partition's records together, but a batch may hold a partition in
-    several runs (two fetches): each partition's records become one run, in the order consumed."""
-    from ingest.consume.loop import partition_runs
-    from ingest.splits.split import SyntheticRecord
-
-    def rec(topic: str, partition: int, offset: int) -> SyntheticRecord:
-        return SyntheticRecord(offset, topic=topic, partition=partition)
-
-    batch = [rec("a", 0, 1), rec("a", 0, 2), rec("a", 1, 7), rec("a", 0, 3), rec("b", 0, 9), rec("a", 1, 8)]
-    runs = [(t, p, [r.offset() for r in run]) for t, p, run in partition_runs(batch)]
-    assert runs == [("a", 0, [1, 2, 3]), ("a", 1, [7, 8]), ("b", 0, [9])]
-    one_topic = [rec("a", 2, 5), rec("a", 2, 6), rec("a", 0, 4)]
-    assert [(t, p, len(run)) for t, p, run in partition_runs(one_topic)] == [("a", 2, 2), ("a", 0, 1)]
-    assert partition_runs([]) == []
