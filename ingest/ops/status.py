@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.config import Settings, admin_config, kafka_client
+from ingest.config import Settings, kafka_client, reader_config
 from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
@@ -23,8 +23,7 @@ def watermarks(
     """Kafka's (low, high) watermarks per partition; empty when Kafka does not answer."""
     if not tps or not settings.kafka_bootstrap:
         return {}
-    conf: dict[str, Any] = {**admin_config(settings), "group.id": "ingest-status", "enable.auto.commit": False}
-    consumer = kafka_client(Consumer, conf)
+    consumer = kafka_client(Consumer, reader_config(settings, "ingest-status"))
     marks: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         for topic, partition in tps:
