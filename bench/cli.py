@@ -40,6 +40,7 @@ from bench.stats import median_run, percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import popen
 from ingest_dev.registry import LocalSchemaRegistry
 from metastore import apply_migrations
 
@@ -76,7 +77,7 @@ class BusyLoops:
 
     def __enter__(self) -> BusyLoops:
         code = f"import time\nend = time.monotonic() + {self.limit_s}\nwhile time.monotonic() < end: pass"
-        self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
+        self.procs = [popen([sys.executable, "-c", code]) for _ in range(self.n)]
         return self
 
     def __exit__(self, *exc: object) -> None:

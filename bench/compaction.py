@@ -51,6 +51,7 @@ from ingest.spec import parse_size
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import popen, run_process
 from ingest_dev.verify import store_shape as verify_store_shape
 from metastore import Metastore, apply_migrations
 
@@ -164,7 +165,7 @@ def run_compact(ctx: Context, source: str, target_size: str | None) -> dict[str,
     sampler = TreeSampler(interval=0.1)
     with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
         started = time.monotonic()
-        proc = subprocess.Popen(
+        proc = popen(
             _ingest_command(*args), env=_ingest_env(ctx), cwd=REPO, stdout=out, stderr=err, start_new_session=True
         )
         with _group_stopped(proc):
@@ -236,7 +237,7 @@ def _log_events(path: Path) -> list[dict[str, Any]]:
 
 def run_audit(ctx: Context, source: str) -> dict[str, Any]:
     """``ingest audit SOURCE --files --json``: its exit code and findings."""
-    proc = subprocess.run(
+    proc = run_process(
         _ingest_command("audit", source, "--files", "--json"),
         env=_ingest_env(ctx),
         cwd=REPO,

@@ -27,6 +27,7 @@ from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, apply_source, v
 from bench.procs import TreeSampler
 from bench.streaming_peer import SparkPeer
 from bench.visibility import Unit
+from ingest_dev.process import popen
 from metastore import Metastore
 
 QUIX_SCRIPT = REPO / "bench" / "peer_quix.py"
@@ -66,7 +67,7 @@ class _ScriptFollower(Follower):
         self.stop_path = self.work / "stop"
         self.log_path = self.work / "follower.log"
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = popen(cmd, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.sampler.add_root(self.proc.pid)
 
     def check_alive(self) -> None:

@@ -18,6 +18,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ingest_dev.process import run_process
+
 QUIX_VERSION = "3.28.1"
 PYARROW_VERSION = "26.0.1"  # same as the project, so both write Parquet with the same library
 DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ingest-bench" / "quix-venv"
@@ -111,7 +113,7 @@ def run(
     env["PYTHONWARNINGS"] = "ignore"
     started = time.time()
     with log_path.open("wb") as log:
-        proc = subprocess.run(
+        proc = run_process(
             cmd, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout + 60, check=False
         )
     if not result_path.exists():

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.data import TOPIC
 from bench.ingest_runs import REPO, Context
+from ingest_dev.process import run_process
 
 
 def run_raw(
@@ -21,7 +22,7 @@ def run_raw(
     result_path = ctx.work / f"raw-result-{run}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     with (ctx.work / "logs" / f"raw-{run}.log").open("wb") as out:
-        proc = subprocess.run(
+        proc = run_process(
             [
                 sys.executable,
                 "-m",

@@ -24,6 +24,7 @@ from bench.stats import percentiles
 from ingest.builder.job import DICTIONARY_PAGE_BYTES
 from ingest.spark.jars import spark_jars
 from ingest_dev.maven import fetch_spark_jars
+from ingest_dev.process import popen
 
 SCRIPT = Path(__file__).resolve().parent / "peer_spark.py"
 CONNECTOR_PREFIX = "spark-sql-kafka-0-10_2.13-"
@@ -119,7 +120,7 @@ class SparkPeer:
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON")}
         self._log = self.log_path.open("wb")
         self.sampler = TreeSampler()
-        self.proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = popen(cmd, cwd=work, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.sampler.add_root(self.proc.pid)
         if not follow:
             # A follow run is sampled by hand, around each probe, like the freshness run's other systems.

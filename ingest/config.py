@@ -38,14 +38,38 @@ WARM_UP_RECORDS = 2000
 # INGEST_SCHEMA_REGISTRY_USER_INFO is "user:password" (the registry client's basic auth); its
 # password is also registered alone (secret_values).
 SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD", "INGEST_SCHEMA_REGISTRY_USER_INFO")
-# Properties the protocol depends on: a user may not override them.
-PROTOCOL_PROPERTIES = {
-    "enable.auto.commit": "false",
-    "enable.auto.offset.store": "false",
+# Properties the protocol depends on, with why: every consumer the worker makes carries these
+# values (consumer_config applies them last), and Settings.from_env refuses any other value.
+_PINNED: dict[str, tuple[str, str]] = {
+    "enable.auto.commit": (
+        "false",
+        "the metastore's next_offset is the only position; Kafka's committed offsets are advice",
+    ),
+    "enable.auto.offset.store": (
+        "false",
+        "the metastore's next_offset is the only position; Kafka's committed offsets are advice",
+    ),
     # A stored offset that fell out of the log must surface as an error, never be silently
     # replaced by earliest/latest (that would skip or re-read records unnoticed).
-    "auto.offset.reset": "error",
+    "auto.offset.reset": (
+        "error",
+        "an offset no longer in the log must stop the partition or be recorded in the gap ledger,"
+        " never be replaced unnoticed",
+    ),
+    # A validated position is confirmed by the first fetch after it: a record, or the end of
+    # the partition when the position is the log end (ingest.consume.validator).
+    "enable.partition.eof": (
+        "true",
+        "a position at the log end is confirmed valid by the end of the partition",
+    ),
+    # Spark's reader reads committed records only, and splits end at the last stable offset
+    # (ingest.builder.kafka_read, ingest.consume.cutter); every client of the worker agrees.
+    "isolation.level": (
+        "read_committed",
+        "records of aborted and open transactions would be published, and splits would stretch over open transactions",
+    ),
 }
+PROTOCOL_PROPERTIES = {name: value for name, (value, _why) in _PINNED.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +136,17 @@ class Settings:
         if require_kafka and not bootstrap:
             raise ConfigError("INGEST_KAFKA_BOOTSTRAP: not set (e.g. broker1:9092,broker2:9092)")
         props: dict[str, str] = {}
+        # Where each property came from, for a refusal that names it.
+        origins: dict[str, str] = {}
         config_file = env.get("INGEST_KAFKA_CONFIG_FILE")
         if config_file:
             props.update(read_properties(Path(config_file)))
+            origins.update(dict.fromkeys(props, "INGEST_KAFKA_CONFIG_FILE"))
         for key, value in env.items():
             if key.startswith(KAFKA_PROP_PREFIX) and len(key) > len(KAFKA_PROP_PREFIX):
-                props[key[len(KAFKA_PROP_PREFIX) :].lower().replace("_", ".")] = value
+                name = key[len(KAFKA_PROP_PREFIX) :].lower().replace("_", ".")
+                props[name], origins[name] = value, key
+        _refuse_protocol_overrides(props, origins)
         return cls(
             database_url=database_url,
             kafka_bootstrap=bootstrap,
@@ -172,6 +201,18 @@ class Settings:
             values.append(str(conninfo_to_dict(self.database_url).get("password", "")))
         values.extend(m.group(1) for m in _SPARK_CONNECT_TOKEN.finditer(self.spark_master))
         return [v for v in values if v]
+
+
+def _refuse_protocol_overrides(props: Mapping[str, str], origins: Mapping[str, str]) -> None:
+    """A pinned property (``_PINNED``) may be restated with its value, in any case; any other
+    value is a ConfigError naming where it was set, the value the worker keeps and why."""
+    for name, (pinned, why) in _PINNED.items():
+        value = props.get(name)
+        if value is not None and value.strip().lower() != pinned:
+            raise ConfigError(
+                f"{origins[name]}: {name}={value} is refused: the worker always runs with {name}={pinned}"
+                f" ({why}); remove it"
+            )
 
 
 def default_worker_id() -> str:
@@ -274,8 +315,8 @@ def incremental_assignment(conf: Mapping[str, object]) -> bool:
 
 def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
     """The group member's librdkafka config: user pass-through first, the protocol's settings
-    last. The member reads no record (its partitions stay paused: Spark reads them), so its
-    fetch settings do not matter."""
+    last (PROTOCOL_PROPERTIES). The member reads no record (its partitions stay paused: Spark
+    reads them), so its fetch settings do not matter."""
     conf: dict[str, str | int | float | bool] = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
@@ -304,6 +345,13 @@ def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:
         if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.")):
             conf[key] = value
     return conf
+
+
+def reader_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
+    """For a consumer that only reads watermarks and never joins its group (``ingest status``):
+    admin_config's properties and the protocol's (PROTOCOL_PROPERTIES), so the high watermark
+    it reads is the last stable offset, as the worker's consumers see it."""
+    return {**admin_config(settings), "group.id": group_id, **PROTOCOL_PROPERTIES}
 
 
 _Client = TypeVar("_Client")

@@ -35,6 +35,7 @@ from ingest_dev.ingest_process import IngestProcess, stop_all
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.process import run_process
 from ingest_dev.registry import LocalSchemaRegistry
 from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import published_positions, store_shape, verify_exactly_once
@@ -182,7 +183,7 @@ QUERY = (
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [sys.executable, "-m", "ingest", *args], env=env, capture_output=True, text=True, check=False, timeout=timeout
     )
 
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             owners = sorted({r["owner"] for r in store.partitions("clicks") if r["owner"]})
             print(f"partition owners: {', '.join(owners)}")
 
-        subprocess.run([sys.executable, "-m", "ingest", "status", "clicks"], env=env, check=False)
+        run_process([sys.executable, "-m", "ingest", "status", "clicks"], env=env, check=False)
         table_ok = table_caught_up(url, time.monotonic() + 120)
         print(cli(env, "table", "clicks").stdout.rstrip())
         print(f"ingest query clicks '{QUERY}'")

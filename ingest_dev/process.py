@@ -10,25 +10,140 @@ process took the port between :func:`ingest_dev.testkit.free_port` and the serve
 Subclasses say how to prepare and launch (:meth:`ManagedProcess._launch`, calling
 :meth:`ManagedProcess._spawn`) and how to tell that the server is ready
 (:meth:`ManagedProcess._ready_probe`).
+
+Every server and worker dies with the process that started it, however that process ends
+(SIGKILL, an OOM kill, a crash of pytest): :func:`popen` starts each one with the kernel's
+parent-death signal set to SIGKILL (``prctl(PR_SET_PDEATHSIG)``, in the child after its user
+changed, since a change of user clears it). The kernel sends that signal when the *thread*
+that forked the child ends, not the process, so every child is forked by one thread that lives
+as long as the process (:class:`_Forker`). What a server starts itself goes with it: a
+PostgreSQL backend exits when its postmaster dies, a worker's Spark JVM when its stdin (the
+worker's pipe) closes; a JVM is exec'd by its launch scripts (``spark-submit`` execs
+``java``), so it is the child itself. ``tests/integration/test_process_lifeline.py`` SIGKILLs a
+process that started each kind and checks that nothing of them is left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, ClassVar, Self
+from typing import IO, Any, ClassVar, Self, TypeVar
 
 from ingest_dev.testkit import wait_until
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when ``parent``'s forking thread ends. Runs in
+    the child between fork and exec, after Popen set its user and group."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+class _Forker:
+    """The one thread every child is forked on: it lives as long as the process (a daemon
+    thread blocked on its queue), so a child's parent-death signal comes with the process's
+    death, never with the end of a thread that happened to start it (the chaos run starts and
+    stops workers from threads of its own). Started again in a forked copy of this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def run(self, job: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid():
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(
+                    target=self._serve, args=(self._jobs,), name="ingest-forker", daemon=True
+                )
+                self._thread.start()
+                self._pid = os.getpid()
+            jobs, thread = self._jobs, self._thread
+        if threading.current_thread() is thread:
+            return job()
+        done: Future[T] = Future()
+        jobs.put((job, done))
+        return done.result()
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+        while True:
+            job, done = jobs.get()
+            try:
+                done.set_result(job())
+            except BaseException as exc:  # the caller's to handle, in the caller's thread
+                done.set_exception(exc)
+
+
+_FORKER = _Forker()
+
+
+def popen(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(cmd, **popen_kwargs)`` whose child is SIGKILLed by the kernel when this
+    process dies, however (see the module docstring): how every server, worker and other
+    long-running child of the tests, the demo and the benchmark is started."""
+    preexec = _die_with_parent(os.getpid())
+    return _FORKER.run(lambda: subprocess.Popen(cmd, preexec_fn=preexec, **popen_kwargs))
+
+
+def run_process(
+    cmd: Sequence[str],
+    *,
+    input: Any = None,
+    capture_output: bool = False,
+    timeout: float | None = None,
+    check: bool = False,
+    **popen_kwargs: Any,
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` over :func:`popen`: the command dies with this process too. For the
+    commands that run long or start servers and JVMs (a benchmark, a Spark session); a tool
+    that answers at once needs no lifeline."""
+    if capture_output:
+        popen_kwargs["stdout"] = popen_kwargs["stderr"] = subprocess.PIPE
+    if input is not None:
+        popen_kwargs["stdin"] = subprocess.PIPE
+    with popen(cmd, **popen_kwargs) as proc:
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            exc.stdout, exc.stderr = proc.communicate()
+            raise
+        except BaseException:
+            proc.kill()
+            raise
+    code = proc.poll()
+    assert code is not None
+    if check and code:
+        raise subprocess.CalledProcessError(code, cmd, stdout, stderr)
+    return subprocess.CompletedProcess(cmd, code, stdout, stderr)
 
 
 def log_tail(path: Path, max_bytes: int = 4000) -> str:
@@ -176,7 +291,7 @@ class ManagedProcess:
         log, then wait until ready; a server that is not ready by then is killed with its group."""
         self._close_log()
         self._log_fh = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
+        self._proc = popen(
             cmd,
             cwd=cwd or self.base_dir,
             stdin=subprocess.DEVNULL,

@@ -1,8 +1,10 @@
 """A local Spark Connect server: the one the pyspark wheel ships (the ``spark-connect`` jar is
-in ``pyspark/jars``), started on a free loopback port through ``sbin/spark-daemon.sh submit``
-as Spark's ``start-connect-server.sh`` does (the pyspark 4.1 wheel ships spark-daemon.sh, not
-that script). It needs no network beyond loopback. Its pid file and log live in a temp dir,
-so :meth:`LocalConnectServer.stop` stops exactly the server it started.
+in ``pyspark/jars``), started on a free loopback port by ``bin/spark-submit`` in the foreground,
+with the arguments Spark's ``start-connect-server.sh`` passes (the pyspark 4.1 wheel does not
+ship it), as the compose file's ``spark-connect`` service does. Not through ``spark-daemon.sh``,
+which would detach the JVM from this process: ``spark-submit`` execs ``spark-class``, which
+execs ``java``, so the server's JVM is the child this process started and dies with it
+(:func:`ingest_dev.process.popen`). Its log and local directory live in a temp dir.
 
 Used by the tests' ``spark_connect`` fixture, the chaos run (``--spark connect``) and
 ``python -m bench.fleet``. The server runs on this machine, so the workers' staging and
@@ -12,17 +14,14 @@ would be in production.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
-from ingest_dev.testkit import free_port, port_open, wait_until
+from ingest_dev.process import ManagedProcess, log_tail
+from ingest_dev.testkit import free_port, port_open
 
 # Under load (2 shared cores) the server has taken ~40 s to start; it is usually ~5-10 s.
 START_TIMEOUT_S = 240.0
@@ -30,99 +29,45 @@ STOP_TIMEOUT_S = 30.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-class LocalConnectServer:
+class LocalConnectServer(ManagedProcess):
     """The pyspark wheel's Connect server, on 127.0.0.1: ``master`` is its own Spark master
-    (``local[N]``: the executors are threads of the server's JVM)."""
+    (``local[N]``: the executors are threads of the server's JVM). :meth:`kill` and
+    :meth:`start` again keep the port (a new server that knows none of the old sessions)."""
+
+    kind = "spark-connect"
+    log_name = "connect.log"
+    dir_prefix = "ingest-spark-connect-"
+    probe_interval_s = 0.2
 
     def __init__(self, driver_memory: str = "768m", master: str = "local[1]") -> None:
         import pyspark
 
+        super().__init__()
         self.spark_home = Path(pyspark.__file__).resolve().parent
-        self.dir = Path(tempfile.mkdtemp(prefix="ingest-spark-connect-"))
         self.port = free_port()
         self.driver_memory = driver_memory
         self.master = master
-        self.pid: int | None = None
         self.start_seconds = 0.0
-
-    def __enter__(self) -> LocalConnectServer:
-        return self.start()
-
-    def __exit__(
-        self, _type: type[BaseException] | None, _exc: BaseException | None, _tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
         return f"sc://127.0.0.1:{self.port}"
 
-    def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
-        env.update(
-            {
-                "SPARK_HOME": str(self.spark_home),
-                "SPARK_IDENT_STRING": f"ingest-test-{self.port}",
-                "SPARK_PID_DIR": str(self.dir),
-                "SPARK_LOG_DIR": str(self.dir),
-                "SPARK_LOCAL_IP": "127.0.0.1",
-            }
-        )
-        return env
-
     def log_tail(self, lines: int = 40) -> str:
-        text = "".join(p.read_text(errors="replace") for p in sorted(self.dir.glob("*.out")))
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(log_tail(self.log_path).splitlines()[-lines:])
 
-    def start(self) -> LocalConnectServer:
-        script = self.spark_home / "sbin" / "spark-daemon.sh"
-        conf = {
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(self.port),
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.local.dir": str(self.dir / "local"),
-        }
-        args = ["bash", str(script), "submit", SERVER_CLASS, "1", "--name", "Spark Connect server"]
-        args += ["--master", self.master, "--driver-memory", self.driver_memory]
-        for key, value in conf.items():
-            args += ["--conf", f"{key}={value}"]
+    def start(self) -> Self:
+        if self.is_running():
+            raise RuntimeError(f"the Spark Connect server already runs at {self.url}")
         started = time.monotonic()
-        # spark-daemon.sh daemonizes the JVM (nohup) and returns once it runs; the pid file names it.
-        subprocess.run(args, env=self._env(), check=True, timeout=60, capture_output=True)
-        pid_files = list(self.dir.glob("*.pid"))
-        if not pid_files:
-            raise RuntimeError(f"spark-daemon.sh wrote no pid file in {self.dir}")
-        self.pid = int(pid_files[0].read_text().strip())
-        pid = self.pid
-
-        def listening() -> bool:
-            if not pid_alive(pid):
-                raise RuntimeError(f"the Spark Connect server exited during start:\n{self.log_tail()}")
-            return port_open(self.port)
-
-        try:
-            wait_until(listening, START_TIMEOUT_S - (time.monotonic() - started), "the Spark Connect server to listen")
-        except TimeoutError:
-            tail = self.log_tail()
-            self.stop()
-            raise RuntimeError(f"the Spark Connect server did not listen within {START_TIMEOUT_S}s:\n{tail}") from None
+        self._run_start(lambda: self._spawn(self._command(), START_TIMEOUT_S, env=self._env()))
         self.start_seconds = time.monotonic() - started
         return self
 
     def kill(self) -> None:
         """SIGKILL the server and wait until it is gone; :meth:`start` starts a new one on the
         same port, which knows none of the old one's sessions."""
-        self._end(signal.SIGKILL)
+        self._halt(crash=True, timeout=0.0)
 
     def crash_and_restart(self) -> float:
         """SIGKILL the server, then start a new one on the same port (the chaos run's ``spark``
@@ -134,18 +79,35 @@ class LocalConnectServer:
         return time.monotonic() - started
 
     def stop(self) -> None:
-        self._end(signal.SIGTERM)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._halt(crash=False, timeout=STOP_TIMEOUT_S)
+        self._cleanup()
 
-    def _end(self, sig: int) -> None:
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        # Not our child: init reaps it.
-        with contextlib.suppress(TimeoutError):
-            wait_until(lambda: not pid_alive(pid), STOP_TIMEOUT_S, "the Spark Connect server to exit", interval=0.2)
-        if pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    # -- ManagedProcess
+
+    def _ready_probe(self) -> Callable[[], bool]:
+        return lambda: port_open(self.port)
+
+    def _not_ready(self) -> str:
+        return f"listen on port {self.port}"
+
+    # -- internals
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+        env.update({"SPARK_HOME": str(self.spark_home), "SPARK_LOCAL_IP": "127.0.0.1"})
+        return env
+
+    def _command(self) -> list[str]:
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.local.dir": str(self.base_dir / "local"),
+        }
+        cmd = [str(self.spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "Spark Connect server"]
+        cmd += ["--master", self.master, "--driver-memory", self.driver_memory]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        return cmd

@@ -140,7 +140,7 @@ LIMIT %(limit)s
 
 -- name: list_partitions
 SELECT p.topic, p.partition, p.next_offset, p.initial_position, p.serial, p.owner, p.assigned_at,
-       p.last_publish_at, p.last_segment_id, p.leader_epoch
+       p.last_publish_at, p.last_segment_id, p.leader_epoch, p.epoch
 FROM ingest_partitions p
 WHERE p.source = %(source)s
 ORDER BY p.topic, p.partition;
@@ -275,11 +275,13 @@ RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.l
 LISTEN ingest_control;
 
 -- name: record_gap
--- The partition stopped at from_offset. Seen again (a restart, retention moving on): the
--- lost range only grows; a skipped gap is never reopened.
+-- The partition stopped at from_offset in its current epoch (the row's epoch is filled by
+-- the ingest_offset_gaps_epoch trigger, before the conflict is looked for). Seen again in
+-- that epoch (a restart, retention moving on): the lost range only grows; a skipped gap is
+-- never reopened. Another epoch's row at the same offset is never touched (migration 0022).
 INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker)
 VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s)
-ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
+ON CONFLICT (source, topic, partition, epoch, from_offset) DO UPDATE
 SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), worker = EXCLUDED.worker
 WHERE NOT ingest_offset_gaps.skipped
 RETURNING id;
@@ -287,22 +289,23 @@ RETURNING id;
 -- name: record_truncation
 -- The log was truncated below the stored offset (migrations/0020): the records published at
 -- [from_offset, to_offset) are no longer the log's. Recorded, never skipped (the partition
--- stays stopped); seen again, the same row is updated.
+-- stays stopped); seen again in the same epoch, the same row is updated.
 INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, reason)
 VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s, 'log_truncated')
-ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
+ON CONFLICT (source, topic, partition, epoch, from_offset) DO UPDATE
 SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), worker = EXCLUDED.worker,
     reason = 'log_truncated'
 WHERE NOT ingest_offset_gaps.skipped
 RETURNING id;
 
 -- name: insert_skipped_gap
--- Runs inside the transaction that moves next_offset past the gap (skip_offsets).
+-- Runs inside the transaction that moves next_offset past the gap (skip_offsets), with the
+-- partition's row locked, so the epoch the trigger fills is the partition's. A stop recorded
+-- at that offset in the same epoch becomes this skip; another epoch's row stays its own.
 INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, skipped, skipped_at)
 VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s, true, now())
-ON CONFLICT (source, topic, partition, from_offset) DO UPDATE
-SET to_offset = EXCLUDED.to_offset, worker = EXCLUDED.worker, skipped = true, skipped_at = now(),
-    epoch = EXCLUDED.epoch
+ON CONFLICT (source, topic, partition, epoch, from_offset) DO UPDATE
+SET to_offset = EXCLUDED.to_offset, worker = EXCLUDED.worker, skipped = true, skipped_at = now()
 RETURNING id;
 
 -- name: skip_offsets

@@ -104,7 +104,8 @@ class ResetsMixin(StoreBase):
         return self._fetch("recent_resets", source=source, limit=limit)
 
     def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None:
-        """The partition stopped at ``from_offset``: ``[from_offset, to_offset)`` is no longer in the log."""
+        """The partition stopped at ``from_offset`` in its current epoch: ``[from_offset, to_offset)``
+        is no longer in the log. One row per epoch and offset (migration 0022)."""
         self._fetch(
             "record_gap",
             source=source,
@@ -134,7 +135,9 @@ class ResetsMixin(StoreBase):
     ) -> int:
         """Move ``next_offset`` from ``from_offset`` to ``to_offset`` and write the gap to the
         ledger, in one transaction guarded like a publish: the row is locked, the serial must
-        be the caller's and ``next_offset`` must still be ``from_offset`` (or unset).
+        be the caller's and ``next_offset`` must still be ``from_offset`` (or unset). The gap
+        is the partition's current epoch's: a stop recorded at that offset in this epoch becomes
+        this skip, another epoch's row is left alone.
 
         Returns the gap's id; raises PublishConflict (rolled back) when the check fails."""
         with wrap_exceptions(self.url):

@@ -888,18 +888,18 @@ ALTER TABLE ONLY public.ingest_errors
     ADD CONSTRAINT ingest_errors_pkey PRIMARY KEY (id);
 
 --
+-- Name: ingest_offset_gaps ingest_offset_gaps_epoch_from_offset_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_offset_gaps
+    ADD CONSTRAINT ingest_offset_gaps_epoch_from_offset_key UNIQUE (source, topic, partition, epoch, from_offset);
+
+--
 -- Name: ingest_offset_gaps ingest_offset_gaps_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
 ALTER TABLE ONLY public.ingest_offset_gaps
     ADD CONSTRAINT ingest_offset_gaps_pkey PRIMARY KEY (id);
-
---
--- Name: ingest_offset_gaps ingest_offset_gaps_source_topic_partition_from_offset_key; Type: CONSTRAINT; Schema: public; Owner: -
---
-
-ALTER TABLE ONLY public.ingest_offset_gaps
-    ADD CONSTRAINT ingest_offset_gaps_source_topic_partition_from_offset_key UNIQUE (source, topic, partition, from_offset);
 
 --
 -- Name: ingest_partitions ingest_partitions_pkey; Type: CONSTRAINT; Schema: public; Owner: -

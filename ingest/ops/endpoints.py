@@ -9,9 +9,13 @@ in the cluster that can reach the port, trickling bytes):
   arrive, and its response leave, within ``request_timeout_s``; then it is closed however the
   bytes trickle in (a per-read timeout would start again with every byte).
 - At most ``max_connections`` are open. A connection past the bound closes the oldest one
-  still reading its request rather than being refused, so no number of slow or silent
-  clients keeps a new one out: a probe's request comes in one packet and is answered in the
-  loop turn that reads it, long before ``max_connections`` newer connections could evict it.
+  whose request has not fully arrived rather than being refused, so no number of slow or
+  silent clients keeps a new one out. A request that has fully arrived is never the one
+  closed: before a connection is given up, what it has received is read, and a complete
+  request is answered instead. So a probe (its request comes in one packet right after its
+  connect) is answered however many connections arrive with it or after it, even when the
+  thread was held up while they queued; it is closed unanswered only if ``max_connections``
+  newer connections arrive before its request does.
 - A request head is at most ``MAX_HEAD_BYTES``; the routes only read in-memory state.
 - No thread per connection: the number of clients never changes the number of threads.
 """
@@ -104,18 +108,25 @@ class _Server:
             except OSError as exc:  # e.g. out of file descriptors: the loop itself goes on
                 log.warning("http_accept_failed", error=str(exc))
                 return
-            if len(self._connections) >= self._max_connections:
-                self._close(self._oldest())
+            self._make_room()
             sock.setblocking(False)
             conn = _Connection(sock, time.monotonic() + self._request_timeout_s)
             self._connections[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _oldest(self) -> _Connection:
-        """The connection to give up for a new one: the oldest still reading its request
-        (answered ones are about to leave), else the oldest of all."""
-        first = next(iter(self._connections.values()))
-        return next((c for c in self._connections.values() if c.response is None), first)
+    def _make_room(self) -> None:
+        """Below ``max_connections`` for one more: the oldest connection still reading is read
+        once more (a complete request is answered, and leaves or stops reading) and closed only
+        if its request is still incomplete; answered ones are about to leave, so the oldest of
+        all goes only when every connection is answered."""
+        while len(self._connections) >= self._max_connections:
+            oldest = next((c for c in self._connections.values() if c.response is None), None)
+            if oldest is None:
+                self._close(next(iter(self._connections.values())))
+            else:
+                self._serve(oldest)
+                if oldest.response is None:
+                    self._close(oldest)
 
     def _serve(self, conn: _Connection) -> None:
         try:
@@ -127,17 +138,19 @@ class _Server:
             self._close(conn)
 
     def _read(self, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        if not data:
-            self._close(conn)
-            return
-        conn.received += data
-        end = _head_end(conn.received)
-        if end is None and len(conn.received) <= MAX_HEAD_BYTES:
-            return
+        """Everything received so far, until the request head ends (then it is answered)."""
+        while True:
+            try:
+                data = conn.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not data:
+                self._close(conn)
+                return
+            conn.received += data
+            end = _head_end(conn.received)
+            if end is not None or len(conn.received) > MAX_HEAD_BYTES:
+                break
         if end is None or end > MAX_HEAD_BYTES:
             response = _response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "text/plain", b"request too large\n")
         else:

@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.config import Settings, admin_config, kafka_client
+from ingest.config import Settings, kafka_client, reader_config
 from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
@@ -23,8 +23,7 @@ def watermarks(
     """Kafka's (low, high) watermarks per partition; empty when Kafka does not answer."""
     if not tps or not settings.kafka_bootstrap:
         return {}
-    conf: dict[str, Any] = {**admin_config(settings), "group.id": "ingest-status", "enable.auto.commit": False}
-    consumer = kafka_client(Consumer, conf)
+    consumer = kafka_client(Consumer, reader_config(settings, "ingest-status"))
     marks: dict[tuple[str, int], tuple[int, int]] = {}
     try:
         for topic, partition in tps:
@@ -89,15 +88,16 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     marks = watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
     last_event = {(r["topic"], r["partition"]): r["last_event_time"] for r in store.partition_status(source)}
     offset_gaps = source_gaps(store, source)
-    # A partition is stopped at a gap while an unskipped gap starts at its stored offset.
+    # A partition is stopped at a gap while an unskipped gap of its current epoch starts at its
+    # stored offset (a stop of an earlier epoch was left behind by a reset).
     stopped_at = {
-        (g["topic"], g["partition"], g["from_offset"]): g
+        (g["topic"], g["partition"], g["epoch"], g["from_offset"]): g
         for g in offset_gaps
         if not g["skipped"] and g["reason"] != "log_truncated"
     }
     # ... or stopped by a truncation below its stored offset, where such a gap ends.
     truncated_at = {
-        (g["topic"], g["partition"], g["to_offset"]): g
+        (g["topic"], g["partition"], g["epoch"], g["to_offset"]): g
         for g in offset_gaps
         if not g["skipped"] and g["reason"] == "log_truncated"
     }
@@ -115,8 +115,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         next_offset = r["next_offset"]
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
-        gap = stopped_at.get((r["topic"], r["partition"], next_offset))
-        truncated = truncated_at.get((r["topic"], r["partition"], next_offset))
+        gap = stopped_at.get((r["topic"], r["partition"], r["epoch"], next_offset))
+        truncated = truncated_at.get((r["topic"], r["partition"], r["epoch"], next_offset))
         past_log_end = high is not None and next_offset is not None and next_offset > high
         registry_error = registry_waits.get((r["owner"], f"{r['topic']}[{r['partition']}]"))
         partitions.append(
@@ -255,6 +255,8 @@ def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
             "id": g["id"],
             "topic": g["topic"],
             "partition": g["partition"],
+            # A gap belongs to the epoch its partition was in (a reset starts the next one).
+            "epoch": g["epoch"],
             "from_offset": g["from_offset"],
             "to_offset": g["to_offset"],
             "lost_records": g["to_offset"] - g["from_offset"],

@@ -166,8 +166,9 @@ def gap_line(g: dict[str, Any]) -> str:
         if g["acknowledged_at"]
         else "unacknowledged"
     )
+    epoch = f" epoch {g['epoch']}" if g.get("epoch") else ""
     return (
-        f"gap {g['id']}: {g['topic']}[{g['partition']}] [{g['from_offset']}, {g['to_offset']}) "
+        f"gap {g['id']}: {g['topic']}[{g['partition']}]{epoch} [{g['from_offset']}, {g['to_offset']}) "
         f"{g['lost_records']} record(s) lost{' (log truncated)' if g.get('reason') == 'log_truncated' else ''},"
         f" detected {g['detected_at']}, {action}, {ack}"
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 
 from ingest.builder.job import BuilderFactory
+from ingest_dev.process import popen, run_process
 from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -30,7 +31,7 @@ from tests.acceptance.harness import (
 
 
 def ingest(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [sys.executable, "-m", "ingest", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
@@ -286,7 +287,7 @@ def test_drain_and_terminate_wait_visibly_and_nothing_undoes_a_terminate(
     assert "waiting for 1 worker(s): w-busy (running)" in result.stdout, result.stdout
     assert_one_line_error(result, 1, "timed out after 7 s", "w-busy")
 
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, "-m", "ingest", "terminate", name, "--timeout", "60"],
         env=env,
         cwd=REPO,

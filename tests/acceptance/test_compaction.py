@@ -26,6 +26,7 @@ from ingest.segments import store as segment_store
 from ingest.spark.session import FixedSession
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest_common.model import TopicPartition
+from ingest_dev.process import popen
 from ingest_dev.testkit import free_port, wait_until
 from ingest_dev.verify import verify_epochs
 from metastore import Metastore, ReplaceRefused
@@ -258,7 +259,7 @@ def test_a_table_fed_source_follows_compaction_once_through_a_killed_committer(
 
     # A committer killed right after its first Iceberg commit (a replacement), before its record.
     fault = {**env, "INGEST_FAULT_TABLE_PAUSE_AT": "iceberg_committed"}
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, "-m", "ingest", "table-commit", source, "--interval", "0"],
         env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -319,7 +320,7 @@ def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_
     # SIGKILL after the build is registered and its files written, before the replacement.
     role = [sys.executable, "-m", "ingest", "compact", source, "--every", "600", "--target-size", "64MiB"]
     fault = {**env, "INGEST_FAULT_COMPACT_PAUSE_AT": "rewritten", "INGEST_METRICS_PORT": "0"}
-    proc = subprocess.Popen(role, env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = popen(role, env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = killed_at_pause(proc, "compaction_fault_pause")
     assert any("compaction_fault_pause" in line for line in seen), "".join(seen[-20:])
     with Metastore(database_url) as store:
@@ -332,7 +333,7 @@ def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_
 
     # The role again, without the fault: it compacts and serves its metrics and health.
     port = free_port()
-    proc = subprocess.Popen(
+    proc = popen(
         role, env={**env, "INGEST_METRICS_PORT": str(port)}, cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.builder.job import BuilderFactory
 from ingest.ops.status import source_status
 from ingest_common.model import PARSE_ERRORS, WorkerState
+from ingest_dev.process import popen
 from ingest_dev.testkit import free_port, wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -154,7 +155,7 @@ def test_a_real_prometheus_scrapes_two_workers(
     )
     port = free_port()
     log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
+    proc = popen(
         [
             binary,
             f"--config.file={config}",

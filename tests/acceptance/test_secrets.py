@@ -4,7 +4,6 @@ a stored spec) never reach logs, errors, tracebacks, ``status`` or ``source hist
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,6 +13,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 from ingest_dev.postgres import PostgresServer
+from ingest_dev.process import run_process
 from ingest_dev.testkit import free_port
 from metastore import Metastore, redact_url
 from tests.acceptance.harness import REPO, apply_spec, process_env, write_spec
@@ -28,7 +28,7 @@ SECRETS = (PASSWORD, "h1dden-tail", SASL_PASSWORD, TOKEN)
 
 
 def run_cli(argv: list[str], env: dict[str, str], timeout: float = 120) -> tuple[int, str]:
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-m", "ingest", *argv],
         env=env,
         cwd=Path(REPO),

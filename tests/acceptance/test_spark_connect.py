@@ -7,7 +7,6 @@ Workers run as processes: a Connect session puts PySpark into remote mode proces
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from bench.procs import process_tree, tree_rss_bytes
 from ingest_dev.ingest_process import IngestProcess
+from ingest_dev.process import run_process
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from tests.acceptance.harness import (
@@ -109,7 +109,7 @@ def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_co
         print("INTERRUPTED", len(interrupted), "ALIVE", job.is_alive(), "OUTCOME", outcome)
         spark.stop()
     """)
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-c", script],
         cwd=REPO,
         capture_output=True,
@@ -177,7 +177,7 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         print("INTERRUPT_PENDING", start_abandoned(), flush=True)
         os._exit(0)
     """)
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-c", script],
         cwd=REPO,
         capture_output=True,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ingest_dev.process import popen
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -16,7 +18,7 @@ def run_bench(args: list[str], timeout_s: float, grace_s: float = 90) -> str:
 
     Past ``timeout_s`` it gets SIGTERM, not SIGKILL: a bench then stops its workers, broker and
     PostgreSQL (and a compaction's process group) before the test fails."""
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, "-m", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,

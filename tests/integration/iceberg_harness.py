@@ -30,6 +30,7 @@ from ingest_common.model import (
     SegmentToPublish,
     TopicPartition,
 )
+from ingest_dev.process import popen
 from metastore import Metastore
 from metastore.tables import TableKind, TableStore
 
@@ -187,7 +188,7 @@ def committer(database_url: str, source: str, batch: int = 100) -> TableCommitte
 
 
 def run_cli(database_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [sys.executable, "-m", "ingest", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), "INGEST_DATABASE_URL": database_url, **(env or {})},

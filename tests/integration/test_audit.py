@@ -110,6 +110,34 @@ def test_epochs_gaps_and_pinned_starts_tile_and_a_hole_in_one_epoch_is_found(
     src.store.close()
 
 
+def test_gaps_skipped_at_the_same_offset_in_two_epochs_each_tile_their_own(
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Retention took [10, 20) in epoch 0; a reset replays from 0 and, in epoch 1, finds
+    [10, 22) gone: two ledger rows, each in its epoch's tiling."""
+    src = Source(database_url, f"file://{tmp_path}/store")
+    src.publish(10)
+    src.store.skip_gap(src.name, "w", T0, src.serials[T0], 10, 20)
+    src.next[T0] = 20
+    src.publish(5)
+    src.store.reset_offsets(src.name, {T0: 0}, actor="t", reason="replay", target="0", confirmed=True)
+    reclaim(src, T0, 0)
+    src.publish(10)
+    src.store.skip_gap(src.name, "w", T0, src.serials[T0], 10, 22)
+    src.next[T0] = 22
+    src.publish(3)
+    assert [(g["epoch"], g["from_offset"], g["to_offset"]) for g in src.store.gaps(src.name)] == [
+        (0, 10, 20),
+        (1, 10, 22),
+    ]
+    code, doc = audit(database_url, src.name, monkeypatch, capsys)
+    assert (code, lines(doc)) == (0, [])
+    src.store.close()
+
+
 def test_overlaps_and_strays_are_found(
     database_url: str,
     tmp_path: Path,

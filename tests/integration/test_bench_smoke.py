@@ -10,12 +10,12 @@ the jar set scripts/setup.sh fetches and the bench fetches on first use, see ben
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ingest_dev.process import run_process
 from tests.integration.bench_run import REPO, run_bench
 
 # --quick took ~2.5 min on an idle 2-core machine and ~3.5 min while other tests loaded it with
@@ -126,7 +126,7 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
 
 def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
     out = tmp_path / "publish.json"
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-m", "bench.publish", "--publishes", "20", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
@@ -145,7 +145,7 @@ def test_bench_publish_measures_round_trips_and_latency(tmp_path: Path) -> None:
 
 def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "floor.json"
-    proc = subprocess.run(
+    proc = run_process(
         [
             *(sys.executable, "-m", "bench.floor", "--records", "6000", "--rounds", "2", "--out", str(out)),
             *("--dictionary-page-bytes", "32768,1048576"),
@@ -173,7 +173,7 @@ def test_bench_floor_builds_every_way_and_reports(tmp_path: Path) -> None:
 
 def test_bench_store_compares_the_file_and_s3_stores(tmp_path: Path) -> None:
     out = tmp_path / "store.json"
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-m", "bench.store", "--records", "300", "--splits", "2", "--rounds", "1", "--out", str(out)],
         cwd=REPO,
         capture_output=True,

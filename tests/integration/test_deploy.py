@@ -22,6 +22,7 @@ from ingest.compact.metrics import CompactionMetrics
 from ingest.ops.metrics import Metrics
 from ingest.spark.jars import spark_jars_dir
 from ingest.table.metrics import TableMetrics
+from ingest_dev.process import popen
 from ingest_dev.testkit import free_port, port_open, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,7 +153,7 @@ def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> No
             "INGEST_SPARK_JARS_DIR": str(spark_jars_dir()),
         }
     )
-    proc = subprocess.Popen(
+    proc = popen(
         ["bash", "-c", script],
         cwd=tmp_path,
         env=env,

@@ -11,8 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-from ingest.ops.endpoints import Endpoints
+from ingest.ops.endpoints import MAX_CONNECTIONS, Endpoints
+from ingest_dev.testkit import wait_until
 
 
 @pytest.fixture
@@ -202,3 +205,82 @@ def test_requests_it_does_not_serve_get_a_status_and_a_close(port: int) -> None:
     assert raw_request(port, too_large).startswith(b"HTTP/1.1 431 ")
     head = raw_request(port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and head.endswith(b"\r\n\r\n")  # no body
+
+
+# -- a flood of new connections: a probe whose request is in is never the one closed ---------
+
+PROBE = b"GET /healthz HTTP/1.1\r\nHost: worker\r\n\r\n"
+
+
+class Gate(Collector):
+    """A collector that holds the server's one thread in ``/metrics`` until released, as when
+    the thread does not get the CPU: meanwhile new connections wait in the listen backlog."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        self.entered.set()
+        self.release.wait(10)
+        return iter(())
+
+
+def read_response(sock: socket.socket, timeout: float) -> bytes:
+    """Everything the server sends until it closes (b"" when it closed without a word)."""
+    sock.settimeout(timeout)
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("probe", ["accepted_with_the_flood", "accepted_before_the_flood"])
+def test_a_flood_of_new_connections_does_not_close_a_probe_whose_request_is_in(probe: str) -> None:
+    """64 connections (twice the bound) arrive in one loop turn. ``accepted_with_the_flood``: the
+    probe connected and sent its request just before them; ``accepted_before_the_flood``: the
+    probe was accepted a turn earlier and its request arrives right after them. Either way its
+    request is in when the flood is accepted, so the probe is answered, not closed."""
+    gate = Gate()
+    registry = CollectorRegistry()
+    registry.register(gate)
+    endpoints = Endpoints(registry, lambda: (True, "alive"), lambda: (True, "ready"))
+    port = endpoints.serve("127.0.0.1", 0)
+    socks: list[socket.socket] = []
+
+    def connect() -> socket.socket:
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        return socks[-1]
+
+    try:
+        early = connect() if probe == "accepted_before_the_flood" else None
+        scrape = connect()
+        scrape.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert gate.entered.wait(5)  # the server's thread is held; the early probe was accepted before
+        late = None
+        if early is None:
+            late = connect()
+            late.sendall(PROBE)
+        flood = [connect() for _ in range(64)]
+        if early is not None:
+            early.sendall(PROBE)
+        gate.release.set()
+        started = time.monotonic()
+        answer = read_response(early or late or scrape, 3.0)
+        took = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"alive\n"), answer
+        assert took < 1.0, took
+        assert read_response(scrape, 3.0).startswith(b"HTTP/1.1 200 ")
+        # The flood was held to the bound: the oldest of its silent connections were closed.
+        wait_until(lambda: sum(closed_by_server(sock, 0.0) for sock in flood) >= 64 - MAX_CONNECTIONS, 2.0, "evictions")
+    finally:
+        gate.release.set()
+        for sock in socks:
+            sock.close()
+        endpoints.close()

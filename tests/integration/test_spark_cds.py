@@ -6,11 +6,11 @@ suite slower, silently: this is what notices."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from ingest_dev import spark_cds
+from ingest_dev.process import run_process
 
 SESSION = (
     "from ingest.spark.session import create_session; s = create_session('local[1]'); s.range(3).count(); s.stop()"
@@ -22,7 +22,7 @@ def test_a_local_spark_driver_loads_its_classes_from_the_archive(tmp_path: Path)
     assert archive is not None and archive.is_file()
     loads = tmp_path / "classes.log"
     options = f"-XX:TieredStopAtLevel=1 {spark_cds.java_options(archive)} -Xlog:class+load=info:file={loads}"
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-c", SESSION],
         env={**os.environ, "SPARK_SUBMIT_OPTS": options},
         capture_output=True,

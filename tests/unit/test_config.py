@@ -1,29 +1,84 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ingest.config import WARM_UP_RECORDS, Settings, consumer_config
+from ingest.cli import main
+from ingest.config import PROTOCOL_PROPERTIES, WARM_UP_RECORDS, Settings, consumer_config
 from ingest.errors import ConfigError
 
+BASE = {"INGEST_DATABASE_URL": "postgresql://x@127.0.0.1:1/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092"}
 
-def test_kafka_properties_pass_through_but_protocol_settings_win(tmp_path: Path) -> None:
+
+def test_kafka_properties_pass_through_and_the_protocol_settings_are_pinned(tmp_path: Path) -> None:
     props = tmp_path / "client.properties"
-    props.write_text("# SASL\nsasl.mechanism=PLAIN\nenable.auto.commit=true\n")
+    # A pinned property restated with its pinned value (any case) is no override.
+    props.write_text("# SASL\nsasl.mechanism=PLAIN\nenable.auto.commit=false\n")
     settings = Settings.from_env(
         {
-            "INGEST_DATABASE_URL": "postgresql://x@h/db",
-            "INGEST_KAFKA_BOOTSTRAP": "k:9092",
+            **BASE,
             "INGEST_KAFKA_CONFIG_FILE": str(props),
             "INGEST_KAFKA_PROP_SECURITY_PROTOCOL": "SASL_SSL",
             "INGEST_KAFKA_PROP_PARTITION_ASSIGNMENT_STRATEGY": "range",
-            "INGEST_KAFKA_PROP_ENABLE_AUTO_OFFSET_STORE": "true",
+            "INGEST_KAFKA_PROP_ISOLATION_LEVEL": "READ_COMMITTED",
         }
     )
     conf = consumer_config(settings, "ingest-s")
     assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "PLAIN"
     assert conf["partition.assignment.strategy"] == "range"
-    assert conf["enable.auto.commit"] == "false" and conf["enable.auto.offset.store"] == "false"
     assert conf["group.id"] == "ingest-s" and conf["bootstrap.servers"] == "k:9092"
+    assert {name: conf[name] for name in PROTOCOL_PROPERTIES} == {
+        "enable.auto.commit": "false",
+        "enable.auto.offset.store": "false",
+        "auto.offset.reset": "error",
+        "enable.partition.eof": "true",
+        "isolation.level": "read_committed",
+    }
+    # Settings made in code (tests, embedding) get the pinned values whatever they carry.
+    made = Settings("postgresql://x@h/db", "k:9092", kafka_properties={"isolation.level": "read_uncommitted"})
+    assert consumer_config(made, "ingest-s")["isolation.level"] == "read_committed"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "because"),
+    [
+        ("isolation.level", "read_uncommitted", "records of aborted and open transactions would be published"),
+        ("enable.auto.commit", "true", "the metastore's next_offset"),
+        ("enable.auto.offset.store", "true", "the metastore's next_offset"),
+        ("auto.offset.reset", "earliest", "gap ledger"),
+        ("enable.partition.eof", "false", "transactional"),
+    ],
+)
+@pytest.mark.parametrize("where", ["env", "file"])
+def test_an_override_of_a_protocol_property_is_refused_in_one_line_naming_it(
+    tmp_path: Path, name: str, value: str, because: str, where: str
+) -> None:
+    if where == "env":
+        variable = "INGEST_KAFKA_PROP_" + name.upper().replace(".", "_")
+        env = {**BASE, variable: value}
+    else:
+        variable = "INGEST_KAFKA_CONFIG_FILE"
+        props = tmp_path / "client.properties"
+        props.write_text(f"{name}={value}\n")
+        env = {**BASE, variable: str(props)}
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(env)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"{variable}: {name}={value} is refused")
+    assert f"{name}={PROTOCOL_PROPERTIES[name]}" in message and because in message, message
+
+
+def test_a_worker_given_read_uncommitted_exits_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for key, value in {**BASE, "INGEST_KAFKA_PROP_ISOLATION_LEVEL": "read_uncommitted"}.items():
+        monkeypatch.setenv(key, value)
+    assert main(["worker", "clicks"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "ingest: error: INGEST_KAFKA_PROP_ISOLATION_LEVEL: isolation.level=read_uncommitted is refused"
+    ), err
 
 
 @pytest.mark.parametrize(
@@ -76,3 +131,27 @@ def test_a_kafka_config_file_that_is_not_text_is_named(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigError, match=r"INGEST_KAFKA_CONFIG_FILE.*not UTF-8"):
         Settings.from_env(env)
+
+
+def test_every_consumer_the_worker_and_status_make_reads_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's consumers are made from consumer_config (above); ``ingest status`` reads
+    the watermarks with one of its own, whose high watermark must be the last stable offset too."""
+    from ingest.ops import status
+
+    made: list[dict[str, Any]] = []
+
+    class Reader:
+        def get_watermark_offsets(self, _tp: object, timeout: float) -> tuple[int, int]:
+            return 0, 10
+
+        def close(self) -> None:
+            pass
+
+    def client(_factory: object, conf: dict[str, Any]) -> Reader:
+        made.append(dict(conf))
+        return Reader()
+
+    monkeypatch.setattr(status, "kafka_client", client)
+    assert status.watermarks(Settings.from_env(BASE), [("events", 0)]) == {("events", 0): (0, 10)}
+    [conf] = made
+    assert conf["isolation.level"] == "read_committed" and conf["enable.auto.commit"] in ("false", False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
@@ -99,3 +101,20 @@ def test_an_ingest_command_runs_in_its_own_group_logs_to_its_file_and_reports_it
     # A second process of the same name would write into this one's log: refused.
     with pytest.raises(FileExistsError):
         IngestProcess(["--version"], dict(os.environ), tmp_path, "version").start()
+
+
+def test_a_server_outlives_the_thread_that_started_it() -> None:
+    """The kernel sends a child's parent-death signal when the *thread* that forked it ends:
+    every child is forked on one thread that lives as long as the process, so a server started
+    from a thread that ends (the chaos run's) keeps running. Its death with the process:
+    tests/integration/test_process_lifeline.py."""
+    started: list[Script] = []
+    thread = threading.Thread(target=lambda: started.append(Script(SERVE).start()))
+    thread.start()
+    thread.join(10)
+    [proc] = started
+    try:
+        time.sleep(0.2)  # a parent-death signal sent at the thread's end would have landed
+        assert proc.is_running()
+    finally:
+        proc.stop()
