@@ -15,8 +15,7 @@ the equal-freshness phase (``bench/freshness.py``; alone: ``python -m bench.fres
 ``--format avro`` the records are Avro in the Confluent wire format (``bench/avro_wire.py``).
 ``python -m bench.worker_profile`` profiles one worker per thread and function (``bench/profile_agent.py``).
 
-Beside it, modules run on their own (``python -m bench.NAME``): ``publish``, ``floor``,
-``formats``, ``store``, ``pycost``, ``fleet`` (N thin workers on one Spark Connect server beside N
-workers with local Spark), and ``compaction`` (small segments, then one ``ingest compact``: files,
-sizes and CPU seconds per GB).
+Beside it, modules run on their own (``python -m bench.NAME``): ``publish``, ``fleet`` (N thin
+workers on one Spark Connect server beside N workers with local Spark), and ``compaction``
+(small segments, then one ``ingest compact``: files, sizes and CPU seconds per GB).
 """

@@ -1,7 +1,7 @@
 """Where a Spark JVM's CPU goes: the hottest frames of a Java Flight Recorder recording.
 
     SPARK_SUBMIT_OPTS="-XX:StartFlightRecording=filename=run.jfr,settings=profile,dumponexit=true" \\
-        python -m bench.floor --records 100000 --rounds 20
+        python -m bench.worker_profile --records 1000000
     python -m bench.jfr_top run.jfr [--top 30] [--match parquet,Json,UTF8String]
 
 Reads the recording's execution samples with the JDK's own ``jfr`` tool (``jfr print --json

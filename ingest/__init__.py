@@ -1,12 +1,16 @@
 """Exactly-once Kafka ingestion workers.
 
-The subpackages follow the protocol: a worker consumes a source's partitions (``consume``),
-builds sealed splits into Parquet files nobody sees yet (``build``) and publishes each split
-with its offsets in one serial-guarded metastore transaction (``publish``); operators look
-and act through ``ops`` and ``cli``; ``table`` appends published segments to Iceberg tables.
+The subpackages follow a split's journey, consume -> build -> publish, and never back: a
+worker's group member owns a source's partitions and cuts splits from their offsets
+(``consume``); Spark reads each split's records from Kafka and writes Parquet files nobody sees
+yet (``builder``); each split is published with its offsets in one serial-guarded metastore
+transaction (``publish``). What they hand on is below them all (``splits``), beside Spark
+(``spark``) and the segment files' layout (``segments``); operators look and act through
+``ops`` and ``cli``; ``table`` appends published segments to Iceberg tables, ``compact``
+replaces small ones.
 
 Layers, lowest first; a module imports only from its own layer and the ones below it, and
-the three in one row not from each other (tests/unit/test_layers.py checks this)::
+the layers of one row not from each other (tests/unit/test_layers.py checks this)::
 
     ingest_common < metastore < ingest (shared) < splits < spark | segments < builder
         < publish | ops | table | compact < consume < ingest.worker < cli
@@ -24,14 +28,18 @@ ingest (top level: the shared base, and the worker process that wires the layers
     worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop
     __main__       ``python -m ingest``: the command line
 
-ingest.consume (one polling thread: the consumer group's member)
-    kafka          the one boundary to confluent-kafka: typed consumer, error codes, quirks, KIP-320 validation
-    loop           poll, route records into buffers, seal, pause for backpressure
-    context        what the loop's parts share (LoopContext), the metastore calls and pipeline they need
+ingest.consume (one polling thread: the consumer group's member; it reads no record)
+    kafka          the one boundary to the group member (confluent-kafka): typed consumer, error codes, quirks
+    log_offsets    each partition's last stable and earliest offsets, asked of the brokers (ListOffsets)
+    validator      KIP-320 for a member that reads nothing: a position confirmed under its leader epoch
+    loop           serve the callbacks, learn the log ends, cut due splits, hand them on, hold back for backpressure
+    log_ends       the log-end answers and validations applied: cuts go on, or the partition stops (gaps)
+    cutter         splits cut from offsets: records, estimated bytes, age; bytes per offset learned
+    context        what the loop's parts share (LoopContext), the metastore calls and stages they need
     rebalance      assign / revoke / lost callbacks: claim (new serials), kill switches
     assignment     the partitions owned now, each one's lifecycle as a state machine
-    positioning    the one repositioning path (rewind, reset, skipped gap, resume)
-    outcomes       what a finished split does: offsets, fence or rewind, health
+    positioning    the one repositioning path (rewind, reset, skipped gap)
+    outcomes       what a finished split does: offsets, bytes per offset, fence or rewind, health
     gaps           offsets gone from the log (retention, truncation): measured, recorded, skipped or stopped
     controls       suspend, drain, resume, resets and spec versions, as a worker applies them
     heartbeats     the worker's registry entry: heartbeats, controls read, error reports
@@ -39,14 +47,15 @@ ingest.consume (one polling thread: the consumer group's member)
     group_offsets  published offsets committed to the group as advice for Kafka's tools
     loop_metrics   lag and the loop's gauges
     publish_watch  a publish unfinished past its bound makes the worker unhealthy
-    registry_watch partitions waiting for the schema registry: paused, reported (readyz, status, metrics)
+    build_watch    a build running past its deadline's interrupt makes the worker unhealthy
+    registry_watch partitions waiting for the schema registry: held, reported (readyz, status, metrics)
 
-ingest.splits (the hand-off types of a split's journey: consume -> build -> publish)
-    split          per-partition buffers, sealed splits, kill switches, records made in memory
-    chunks         consumed records as Arrow chunks: what buffers and splits hold, sliced at split boundaries
+ingest.splits (what a split's journey hands on: below every stage)
+    split          a sealed split: a range of one partition's offsets, its leader epoch, its estimate
+    kill_switch    a split's kill switch: tripped once; a publish holds it across its commit
 
 ingest.spark (a role's Spark session and what it runs on)
-    session        the worker's one SparkSession (local, standalone or Spark Connect)
+    session        the worker's one SparkSession (local, standalone or Spark Connect), job interrupts
     connect        the Spark Connect session: bounded client retries, re-created when the server lost it
     jars           where the pinned Spark jars are (S3, Kafka source, Avro, Iceberg, JDBC)
 
@@ -54,19 +63,23 @@ ingest.segments (segment files: where they live, which split each belongs to)
     store          the store's layout and file operations (file://, s3a://, ...)
     output_files   which split each output file belongs to, from its footers
 
-ingest.builder (sealed splits into Parquet files, invisible until published)
-    job            the Spark job over a batch of splits: stage, parse, write, account
+ingest.builder (the build stage: splits into Parquet files, invisible until published)
+    queue          the build queue: a future per split; batches, linger, retries, registry waits
+    job            the Spark job over a batch of splits: read, parse, write, account
+    kafka_read     Spark's Kafka batch read of each split's exact offsets (layers, read_committed)
+    accounting     what a job observes per split: bad records, bytes, newest timestamp, unknown ids
+    plan           the expressions that parse the records read, classify errors, name unknown ids
     registration   every build registered in the metastore before it writes
-    plan           the staged files' layout and the expressions that parse them
-    writer_schemas a batch's Avro and Protobuf writer schemas, fetched from the registry once and cached
+    warm_up        the first build before joining the group: the source's newest records, thrown away
+    writer_schemas writer schemas from the registry: kept once served, a 404 waited for, never a failure kept
+    registry_wait  splits waiting for the schema registry: their partitions, since when, its last error
     protobuf_writers a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
     protobuf_decode the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
 
 ingest.publish (built splits made visible, in offset order per partition)
-    pipeline       concurrent batched builds, in-order publishes, outcomes for the loop
+    queue          every split in flight with its build's future; one thread publishes in order, outcomes
     settle         one built split published or not, the outcome types, who may delete its files
     publisher      the serial-guarded publish transaction, retried, never twice
-    registry_wait  splits waiting for the schema registry: their partitions, since when, its last error
 
 ingest.ops (what operators see and run; reads the metastore, never the worker's runtime)
     metrics        every metric the worker exports

@@ -338,6 +338,16 @@ def spark_kafka_properties(settings: Settings) -> dict[str, str]:
     return {k: v for k, v in settings.kafka_properties.items() if k in shared}
 
 
+def validator_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
+    """The position validator's consumer (ingest.consume.validator): in no group (``group_id``
+    only names it), fetching at most one record batch per answer, answering soon at a log end."""
+    conf = consumer_config(settings, group_id)
+    for key in CLASSIC_GROUP_DEFAULTS:
+        conf.pop(key, None)
+    conf.update({"max.partition.fetch.bytes": 1, "fetch.wait.max.ms": 100})
+    return conf
+
+
 def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:
     """For admin/metadata clients: pass-through properties that are not consumer-only."""
     conf: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.kafka_bootstrap}

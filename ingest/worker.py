@@ -26,6 +26,7 @@ from ingest.config import (
     incremental_assignment,
     kafka_client,
     spark_kafka_properties,
+    validator_config,
 )
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
@@ -36,6 +37,7 @@ from ingest.consume.kafka import ConfluentConsumer, commit_callback
 from ingest.consume.log_offsets import AdminLogOffsets, LogOffsets
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
+from ingest.consume.validator import ConfluentValidator
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
 from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
@@ -225,6 +227,11 @@ class Worker:
             # background thread's watermarks (one admin client, safe from every thread).
             offsets = AdminLogOffsets(kafka_client(AdminClient, admin_config(settings)))
             first_out.callback(offsets.close)
+            # KIP-320 for a member that reads nothing: positions confirmed by the broker.
+            validator = ConfluentValidator(
+                kafka_client(Consumer, validator_config(settings, f"{spec.group_id}-validator"))
+            )
+            first_out.callback(validator.close)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -312,6 +319,7 @@ class Worker:
                 worker_id=worker_id,
                 specs=specs,
                 consumer=consumer,
+                validator=validator,
                 assignment=self.assignment,
                 killer=publishes,
                 store=task_store,

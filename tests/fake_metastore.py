@@ -28,6 +28,12 @@ from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, Publish
 from tests.fake_compaction import CompactionFake
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class FakeStore:
     """An in-memory metastore with the same publish checks as the real one, idempotent by
@@ -50,6 +56,9 @@ class FakeStore:
     publish_error: Exception | None = None
     # Called with the split id after each ``segment_for_split`` answered.
     on_lookup: Callable[[uuid.UUID], None] | None = None
+    # While clear, a publish waits before it takes the store (its transaction holds the
+    # partition's rows; reads go on): a publish that hangs on the server.
+    publish_open: threading.Event = field(default_factory=lambda: _set_event())
     # Splits a build registered, each 'building' until published (migration 0008).
     splits: dict[uuid.UUID, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -60,6 +69,7 @@ class FakeStore:
                 self.splits.setdefault(split_id, "building")
 
     def publish(self, item: SegmentToPublish) -> int:
+        self.publish_open.wait(60)
         with self.lock:
             if self.unavailable_for > 0:
                 self.unavailable_for -= 1

@@ -12,8 +12,8 @@ from ingest.builder.registration import BuildRegistrar, Registrar, RegistrationS
 from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
 from ingest.spec import SourceSpec
-from ingest.splits.chunks import chunks_of
-from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
+from ingest.splits.kill_switch import KillSwitch
+from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import (
     BuildRegistration,
@@ -88,7 +88,10 @@ class FakeBuilder:
     """
 
     def __init__(
-        self, registrar: BuildRegistrar | None = None, clock: FakeClock | None = None, broker: MemoryBroker | None = None
+        self,
+        registrar: BuildRegistrar | None = None,
+        clock: FakeClock | None = None,
+        broker: MemoryBroker | None = None,
     ) -> None:
         self.broker = broker
         self.gates: dict[int, threading.Event] = {}

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.builder.queue import REGISTRY_RETRY, BuildQueue
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
 from ingest.consume.context import LoopContext
@@ -16,7 +17,6 @@ from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.ops.metrics import Metrics
-from ingest.builder.queue import REGISTRY_RETRY, BuildQueue
 from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
 from ingest.spec import SourceSpec, SpecHolder, SplitLimits
@@ -25,7 +25,7 @@ from ingest_common.model import KillReason, TopicPartition
 from ingest_dev.testkit import wait_until
 from tests.fake_metastore import MemoryMetastore
 from tests.fakes import FakeBuilder, FakeClock
-from tests.memory_kafka import MemoryBroker, MemoryConsumer, MemoryLogOffsets
+from tests.memory_kafka import MemoryBroker, MemoryConsumer, MemoryLogOffsets, MemoryValidator
 
 TOPIC = "t"
 P0 = TopicPartition(TOPIC, 0)
@@ -66,6 +66,7 @@ class Harness:
         self.store.register_partitions("src", TOPIC, [0, 1], self.spec.start_from)
         self.consumer = MemoryConsumer(self.broker, incremental=self.incremental)
         self.offsets = MemoryLogOffsets(self.broker)
+        self.validator = MemoryValidator(self.broker)
         self.assignment = Assignment()
         self.background = Background("test-background")
         self.specs = SpecHolder(self.spec, 1)
@@ -78,6 +79,7 @@ class Harness:
             worker_id=self.worker_id,
             specs=self.specs,
             consumer=self.consumer,
+            validator=self.validator,
             assignment=self.assignment,
             killer=self.publishes,
             store=self.store,
@@ -145,6 +147,7 @@ def context(store: MemoryMetastore, background: Background, *, worker_id: str = 
         "worker_id": worker_id,
         "specs": SpecHolder(spec(), 1),
         "consumer": MemoryConsumer(MemoryBroker()),
+        "validator": MemoryValidator(MemoryBroker()),
         "assignment": Assignment(),
         "killer": NothingInFlight(),
         "store": store,

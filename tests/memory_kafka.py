@@ -8,9 +8,9 @@ transaction can stay open (the last stable offset stops at its first offset) or 
 (its records are never read, its marker takes an offset). Records carry the leader epoch they
 were written under; a partition's log can be truncated under a new leader epoch, and a position
 sought with a leader epoch is validated as librdkafka does it (KIP-320): a log of that epoch
-ending below the position is reported as a ``Batch.truncated`` with librdkafka's text
-(tests/contract/test_kafka_truncation_contract.py checks that text against a broker). The
-member never fetches: as the worker's, its partitions are paused, and the fake builder reads
+ending below the position is answered as truncated, with librdkafka's text (the validator's:
+tests/contract/test_kafka_truncation_contract.py checks both against a broker). The member
+never fetches: as the worker's, its partitions are paused, and the fake builder reads
 the records (tests.fakes.FakeBuilder, as Spark reads them from a real broker)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END
 
 from ingest.consume.kafka import TRUNCATION_TEXT, Batch, KafkaCallFailed, RebalanceListener, Truncation
 from ingest.consume.log_offsets import LogEnd
+from ingest.consume.validator import Validation, Verdict
 from ingest_common.model import TopicPartition
 
 
@@ -142,6 +143,48 @@ class _Answered:
         return self.ends, self.errors
 
 
+class MemoryValidator:
+    """:class:`ingest.consume.validator.PositionValidator` over a broker: each validation is
+    answered at the next poll, as librdkafka answers it after its OffsetForLeaderEpoch and first
+    fetch. ``held``: partitions whose answers wait (a broker that does not answer yet)."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+        self.asked: list[tuple[TopicPartition, int, int]] = []
+        self.held: set[TopicPartition] = set()
+        self._pending: dict[TopicPartition, tuple[int, int]] = {}
+
+    def validate(self, tp: TopicPartition, offset: int, leader_epoch: int) -> None:
+        self.asked.append((tp, offset, leader_epoch))
+        self._pending[tp] = (offset, leader_epoch)
+
+    def forget(self, tps: Sequence[TopicPartition] | set[TopicPartition] | list[TopicPartition]) -> None:
+        for tp in tps:
+            self._pending.pop(tp, None)
+
+    def poll(self) -> list[Validation]:
+        answers = []
+        for tp, (offset, epoch) in sorted(self._pending.items()):
+            if tp in self.held:
+                continue
+            del self._pending[tp]
+            end = self.broker.end_offset_for(tp, epoch)
+            if end < offset:
+                text = (
+                    f"Partition log truncation detected at offset {offset} (leader epoch {epoch}): broker end"
+                    f" offset is {end} (offset leader epoch {epoch}). Reset to INVALID.: {TRUNCATION_TEXT}"
+                )
+                answers.append(Validation(tp, offset, epoch, Verdict.TRUNCATED, Truncation(offset, epoch, end), text))
+            elif offset < self.broker.low(tp):
+                answers.append(Validation(tp, offset, epoch, Verdict.GONE, text="Broker: Offset out of range"))
+            else:
+                answers.append(Validation(tp, offset, epoch, Verdict.VALID))
+        return answers
+
+    def close(self) -> None:
+        return None
+
+
 class MemoryConsumer:
     def __init__(self, broker: MemoryBroker, *, incremental: bool = True) -> None:
         self.broker = broker
@@ -151,11 +194,7 @@ class MemoryConsumer:
         self.positions: dict[TopicPartition, int] = {}
         self._events: list[tuple[str, list[TopicPartition]]] = []
         self.commits: list[dict[TopicPartition, int]] = []
-        self.seeks: list[tuple[TopicPartition, int]] = []
-        self.fail_seeks = 0
         self.closed = False
-        # Validations asked for by a seek with a leader epoch (librdkafka's): (offset, epoch).
-        self._validate: dict[TopicPartition, tuple[int, int]] = {}
 
     # -- what the test drives --------------------------------------------------------
 
@@ -200,15 +239,6 @@ class MemoryConsumer:
             }[kind]
             callback(self, tps)
         batch = Batch()
-        for tp, (offset, epoch) in sorted(self._validate.items()):
-            del self._validate[tp]
-            end = self.broker.end_offset_for(tp, epoch)
-            if end < offset:
-                text = (
-                    f"Partition log truncation detected at offset {offset} (leader epoch {epoch}): broker end"
-                    f" offset is {end} (offset leader epoch {epoch}). Reset to INVALID.: {TRUNCATION_TEXT}"
-                )
-                batch.truncated.append((tp, Truncation(offset, epoch, end), text))
         return batch
 
     def _resolve(self, tp: TopicPartition, offset: int) -> int:
@@ -218,35 +248,15 @@ class MemoryConsumer:
             return self.broker.high(tp)
         return offset
 
-    def assign(
-        self, offsets: Mapping[TopicPartition, int], leader_epochs: Mapping[TopicPartition, int] | None = None
-    ) -> None:
+    def assign(self, offsets: Mapping[TopicPartition, int]) -> None:
         if not self._incremental:
             self.positions.clear()
-            self._validate.clear()
         for tp, offset in offsets.items():
             self.positions[tp] = self._resolve(tp, offset)
-            self._validate.pop(tp, None)
-            epoch = (leader_epochs or {}).get(tp)
-            if epoch is not None:
-                self._validate[tp] = (offset, epoch)  # ConfluentConsumer seeks with it
 
     def unassign(self, tps: Sequence[TopicPartition]) -> None:
         for tp in list(self.positions) if not self._incremental else tps:
             self.positions.pop(tp, None)
-            self._validate.pop(tp, None)
-
-    def seek(self, tp: TopicPartition, offset: int, leader_epoch: int | None = None) -> None:
-        if self.fail_seeks > 0:
-            self.fail_seeks -= 1
-            raise KafkaCallFailed(f"seek {tp}: injected")
-        if tp not in self.positions:
-            raise KafkaCallFailed(f"seek {tp}: not assigned")
-        self.seeks.append((tp, offset))
-        self.positions[tp] = self._resolve(tp, offset)
-        self._validate.pop(tp, None)
-        if leader_epoch is not None:
-            self._validate[tp] = (offset, leader_epoch)
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         self.commits.append(dict(offsets))

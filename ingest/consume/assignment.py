@@ -53,7 +53,8 @@ class OwnedPartition:
     # cutters: the data does not change with a rewind).
     size: OffsetSize = field(default_factory=OffsetSize)
     state: PartitionState = PartitionState.ACTIVE
-    # End of the last split published in this assignment (None: nothing published yet).
+    # Where the stored offset stands as far as this worker knows: the end of the last split it
+    # published, or the stored offset it was last repositioned to (None: the claim's).
     published_end: int | None = None
     # REWINDING / OUT_OF_RANGE: when to try again, and failures in a row (the rewind's backoff).
     retry_at: float = 0.0
@@ -79,10 +80,12 @@ class OwnedPartition:
     def active(self) -> bool:
         return self.state is PartitionState.ACTIVE
 
-    def _new_cutter(self, position: int | None) -> None:
-        """Cut from ``position`` on, in a new generation (splits of older generations are
-        never acted on again)."""
-        self.cutter = PartitionCutter(self.tp, self.claim.serial, position, epoch=self.cutter.epoch + 1)
+    def _new_cutter(self, position: int | None, leader_epoch: int | None = None) -> None:
+        """Cut from ``position`` (known under ``leader_epoch``: validated first) on, in a new
+        generation (splits of older generations are never acted on again)."""
+        self.cutter = PartitionCutter(
+            self.tp, self.claim.serial, position, epoch=self.cutter.epoch + 1, position_epoch=leader_epoch
+        )
 
     def _require(self, *states: PartitionState) -> None:
         if self.state not in states:
@@ -123,12 +126,14 @@ class OwnedPartition:
         self._require(PartitionState.OUT_OF_RANGE)
         self.gap_pending = False
 
-    def repositioned(self, offset: int | None) -> None:
-        """Splits are cut from ``offset`` again."""
+    def repositioned(self, offset: int | None, leader_epoch: int | None = None) -> None:
+        """Splits are cut from ``offset`` again (validated first under ``leader_epoch``, if known)."""
         self._require(PartitionState.ACTIVE, PartitionState.REWINDING, PartitionState.OUT_OF_RANGE)
         self.state = PartitionState.ACTIVE
         self.gap_pending = False
-        self._new_cutter(offset)
+        if offset is not None:
+            self.published_end = offset
+        self._new_cutter(offset, leader_epoch)
 
     def reclaimed(self, claim: PartitionClaim) -> None:
         """``ingest reset`` moved the serial: a new claim, whatever the state (the caller repositions)."""
@@ -137,7 +142,7 @@ class OwnedPartition:
         self.published_end = None
         self.state = PartitionState.ACTIVE
         self.gap_pending = False
-        self._new_cutter(claim.next_offset)
+        self._new_cutter(claim.next_offset, claim.leader_epoch)
 
     def published(self, end: int) -> None:
         self.published_end = end
@@ -176,7 +181,8 @@ class Assignment:
         self._owned: dict[tuple[str, int], OwnedPartition] = {}
 
     def add(self, claim: PartitionClaim) -> OwnedPartition:
-        owned = OwnedPartition(claim, PartitionCutter(claim.tp, claim.serial, claim.next_offset))
+        cutter = PartitionCutter(claim.tp, claim.serial, claim.next_offset, position_epoch=claim.leader_epoch)
+        owned = OwnedPartition(claim, cutter)
         self._owned[(claim.tp.topic, claim.tp.partition)] = owned
         return owned
 

@@ -21,6 +21,7 @@ import structlog
 from ingest.consume.assignment import Assignment
 from ingest.consume.background import Background
 from ingest.consume.kafka import Consumer
+from ingest.consume.validator import PositionValidator
 from ingest.ops.metrics import Metrics
 from ingest.spec import SpecHolder
 from ingest_common.backoff import SYSTEM_CLOCK, Clock
@@ -121,6 +122,8 @@ class LoopContext:
     worker_id: str
     specs: SpecHolder
     consumer: Consumer
+    # Confirms a position under its leader epoch before splits are cut from it (KIP-320).
+    validator: PositionValidator
     assignment: Assignment
     # The splits in flight (ingest.publish.queue), as far as repositioning, gaps, controls and
     # rebalances need them.

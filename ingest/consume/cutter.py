@@ -16,8 +16,14 @@ a record (transaction markers, aborted or compacted records) count as offsets of
 size: a split of a transactional or compacted topic is estimated larger than it is, never
 smaller.
 
+A position known under a leader epoch (a stored offset with its epoch, the end of a cut) is
+validated by the broker before anything is cut from it (ingest.consume.validator), and again
+whenever a log-end answer names another leader epoch: a new leader may hold a log truncated
+below the position (KIP-320).
+
 Invariants: the position only moves forward, by cuts; consecutive cuts tile the offsets;
-a cut never ends past the last stable offset the cutter was told.
+a cut never ends past the last stable offset the cutter was told; nothing is cut from a
+position whose leader epoch changed since it was last validated.
 """
 
 from __future__ import annotations
@@ -63,15 +69,40 @@ class PartitionCutter:
     """One partition's cuts under one claim and generation (a rewind, reset or re-claim makes
     a new cutter: ``epoch`` + 1). Only the polling thread uses it."""
 
-    __slots__ = ("_seen", "_stable", "epoch", "leader_epoch", "position", "serial", "tp")
+    __slots__ = (
+        "_seen",
+        "_stable",
+        "epoch",
+        "leader_epoch",
+        "position",
+        "position_epoch",
+        "serial",
+        "tp",
+        "validated",
+        "validating",
+    )
 
-    def __init__(self, tp: TopicPartition, serial: int, position: int | None, epoch: int = 0) -> None:
+    def __init__(
+        self,
+        tp: TopicPartition,
+        serial: int,
+        position: int | None,
+        epoch: int = 0,
+        *,
+        position_epoch: int | None = None,
+    ) -> None:
         self.tp = tp
         self.serial = serial
         self.epoch = epoch
         # None: nowhere to read from (fenced, or not positioned yet).
         self.position = position
+        # The leader epoch the position is known under (stored with it, or the last cut's),
+        # and whether the broker confirmed it since it last changed (None: nothing to confirm).
+        self.position_epoch = position_epoch
+        self.validated = position_epoch is None or position is None
+        self.validating = False
         self._stable: int | None = None
+        # The leader epoch of the latest log-end answer.
         self.leader_epoch: int | None = None
         # (last stable offset, when first seen) for each rise seen past the position: how long
         # each stretch of offsets has been in the log.
@@ -92,6 +123,29 @@ class PartitionCutter:
                 self._seen.append((end.stable, now))
             self._stable = end.stable
         self.leader_epoch = end.leader_epoch
+        if self.validated and self._moved(end.leader_epoch):
+            self.validated = False
+
+    def _moved(self, leader_epoch: int | None) -> bool:
+        """The partition's leader epoch is not the one the position is known under."""
+        return leader_epoch is not None and self.position_epoch is not None and leader_epoch != self.position_epoch
+
+    def needs_validation(self) -> bool:
+        """The position must be confirmed by the broker, and no validation is under way."""
+        return not self.validated and not self.validating and self.position is not None
+
+    def validation_asked(self) -> tuple[int, int]:
+        """The (position, its leader epoch) to validate; the cutter waits for the answer."""
+        assert self.position is not None and self.position_epoch is not None
+        self.validating = True
+        return self.position, self.position_epoch
+
+    def validation_passed(self) -> None:
+        """The broker confirmed the position: it is known under the current leader epoch."""
+        self.validating = False
+        self.validated = True
+        if self.leader_epoch is not None:
+            self.position_epoch = self.leader_epoch
 
     def behind_position(self, end: LogEnd) -> bool:
         """The log ends below where this partition was cut to: it lost offsets already cut."""
@@ -108,9 +162,9 @@ class PartitionCutter:
         return self._seen[0][1] if self.available() and self._seen else None
 
     def due(self, limits: SplitLimits, size: OffsetSize, now: float) -> str | None:
-        """Why the next split is due now, or None."""
+        """Why the next split is due now, or None (never before the position is validated)."""
         n = self.available()
-        if n <= 0:
+        if n <= 0 or not self.validated:
             return None
         if n >= limits.max_records:
             return "records"
@@ -141,6 +195,8 @@ class PartitionCutter:
             epoch=self.epoch,
         )
         self.position = end
+        if self.leader_epoch is not None:
+            self.position_epoch = self.leader_epoch
         # Stretches wholly cut are forgotten. The offsets left of the first stretch partly cut,
         # [end, its stable offset), appeared with it: its time stays theirs.
         while self._seen and self._seen[0][0] <= end:

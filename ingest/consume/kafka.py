@@ -12,18 +12,14 @@ Everything librdkafka-specific lives here and nowhere else:
 - error codes become the project's values and exceptions: a detected log truncation
   (``auto.offset.reset=error``) is an event of a :class:`Batch`, a fatal error raises
   :class:`KafkaFatal`, a failing call raises :class:`KafkaCallFailed`;
-- KIP-320: a position stored with the leader epoch of the split that ended there is validated
-  by the broker (OffsetForLeaderEpoch). librdkafka validates on ``seek()`` with an epoch, on a
-  paused partition too, and not on ``assign()`` (tests/contract/test_kafka_contract.py shows
-  both), so every partition assigned or sought at such a position is sought there with its
-  epoch; a seek the fetcher is not ready for yet (_STATE) is tried again at a later poll. A
-  truncation comes back as _AUTO_OFFSET_RESET whose text ends with librdkafka's own text for
-  _LOG_TRUNCATION and names the validated position and where the broker's log of that epoch
-  ends (:class:`Truncation`);
-- its quirks: a partition's pause flag survives an eager unassign/assign, and a partition
-  librdkafka started fetching before the pause took effect delivers a few records, which are
-  dropped here (counted in :attr:`Batch.records_dropped`);
-- eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign``.
+- KIP-320's answers: a truncation comes back as _AUTO_OFFSET_RESET whose text ends with
+  librdkafka's own text for _LOG_TRUNCATION and names the validated position and where the
+  broker's log of that epoch ends (:class:`Truncation`); the validations themselves are asked
+  on a consumer of their own (ingest.consume.validator), since this one never fetches;
+- its quirks: a partition librdkafka started fetching before the pause took effect delivers a
+  few records, which are dropped here (counted in :attr:`Batch.records_dropped`);
+- eager and incremental (cooperative) assignment behind one ``assign`` / ``unassign`` (a
+  partition's pause flag survives an eager unassign/assign: every assignment pauses anew).
 """
 
 from __future__ import annotations
@@ -125,22 +121,13 @@ class Consumer(Protocol):
         """Serve the group's callbacks and librdkafka's events; raises KafkaFatal on a fatal error."""
         ...
 
-    def assign(
-        self, offsets: Mapping[TopicPartition, int], leader_epochs: Mapping[TopicPartition, int] | None = None
-    ) -> None:
+    def assign(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Add (incremental) or set (eager) the assignment, each partition at its offset and
-        paused. ``leader_epochs``: the leader epoch stored with a partition's offset, where
-        known; the broker validates that position (a truncated log becomes a ``Batch.truncated``)."""
+        paused (nothing is ever fetched)."""
         ...
 
     def unassign(self, tps: Sequence[TopicPartition]) -> None:
         """Remove these partitions (incremental) or the whole assignment (eager)."""
-        ...
-
-    def seek(self, tp: TopicPartition, offset: int, leader_epoch: int | None = None) -> None:
-        """Move ``tp``'s position to ``offset`` (nothing is fetched: the partition stays
-        paused). ``leader_epoch``: as for :meth:`assign`: the broker validates the position.
-        Raises KafkaCallFailed."""
         ...
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
@@ -167,21 +154,12 @@ def kafka_error_text(exc: KafkaException) -> str:
     return error.str() if isinstance(error, KafkaError) else str(exc)
 
 
-def _code(exc: KafkaException) -> int | None:
-    error = exc.args[0] if exc.args else None
-    return error.code() if isinstance(error, KafkaError) else None
-
-
 class ConfluentConsumer:
     """:class:`Consumer` over confluent-kafka's ``Consumer`` (made by ``config.kafka_client``)."""
 
     def __init__(self, consumer: Any, *, incremental: bool) -> None:
         self._consumer = consumer
         self._incremental = incremental
-        self._assigned: set[TopicPartition] = set()
-        # (offset, leader epoch) of each partition assigned or sought at a stored position whose
-        # epoch is known, until its validating seek went through.
-        self._validating: dict[TopicPartition, tuple[int, int]] = {}
 
     @property
     def incremental(self) -> bool:
@@ -200,8 +178,6 @@ class ConfluentConsumer:
         self._consumer.subscribe(list(topics), on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
 
     def poll(self, timeout_s: float) -> Batch:
-        if self._validating:
-            self._validate()
         messages = self._consumer.consume(100, timeout_s)
         batch = Batch()
         for msg in messages:
@@ -224,69 +200,23 @@ class ConfluentConsumer:
                 batch.errors.append((err.name(), err.str()))
         return batch
 
-    def assign(
-        self, offsets: Mapping[TopicPartition, int], leader_epochs: Mapping[TopicPartition, int] | None = None
-    ) -> None:
-        if not self._incremental:
-            self._validating.clear()
+    def assign(self, offsets: Mapping[TopicPartition, int]) -> None:
         partitions = [_ktp(tp, offset) for tp, offset in offsets.items()]
         if self._incremental:
             self._consumer.incremental_assign(partitions)
-            self._assigned.update(offsets)
         else:
             self._consumer.assign(partitions)
-            self._assigned = set(offsets)
         if partitions:
             # Nothing is ever fetched: Spark reads the records. Paused before the callback
             # returns, so librdkafka has no turn to start a fetch in between (at most a fetch
             # already decided is delivered, and dropped).
             self._consumer.pause([_ktp(tp) for tp in offsets])
-        for tp, offset in offsets.items():
-            self._validating.pop(tp, None)
-            epoch = (leader_epochs or {}).get(tp)
-            if epoch is not None:
-                self._validating[tp] = (offset, epoch)
-        self._validate()
-
-    def _validate(self) -> None:
-        """Seek each partition waiting for validation to its stored position with its leader
-        epoch: librdkafka asks the broker whether that epoch's log still reaches the position
-        (an ``assign`` alone is not validated). A partition whose fetcher has not started yet
-        (an earlier unassign still stopping, a commit in flight) refuses the seek with _STATE:
-        it is tried again at the next poll."""
-        for tp, (offset, epoch) in sorted(self._validating.items()):
-            if tp not in self._assigned:
-                del self._validating[tp]
-                continue
-            try:
-                self._consumer.seek(_ktp(tp, offset, epoch))
-            except KafkaException as exc:
-                log.debug("position_validation_deferred", partition=str(tp), offset=offset, error=kafka_error_text(exc))
-                continue
-            del self._validating[tp]
 
     def unassign(self, tps: Sequence[TopicPartition]) -> None:
         if self._incremental:
             self._consumer.incremental_unassign([_ktp(tp) for tp in tps])
-            self._assigned.difference_update(tps)
-            for tp in tps:
-                self._validating.pop(tp, None)
         else:
             self._consumer.unassign()
-            self._assigned.clear()
-            self._validating.clear()
-
-    def seek(self, tp: TopicPartition, offset: int, leader_epoch: int | None = None) -> None:
-        if tp not in self._assigned:
-            raise KafkaCallFailed(f"seek {tp} to {offset}: not assigned")
-        self._validating.pop(tp, None)
-        try:
-            self._consumer.seek(_ktp(tp, offset, leader_epoch))
-        except KafkaException as exc:
-            if _code(exc) != KafkaError._STATE or leader_epoch is None:
-                raise KafkaCallFailed(f"seek {tp} to {offset}: {kafka_error_text(exc)}") from exc
-            # The fetcher is not ready for the seek yet: validated at a later poll.
-            self._validating[tp] = (offset, leader_epoch)
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         try:

@@ -1,6 +1,8 @@
-"""The polling thread's view of where each owned partition's log ends: a query of every
-owned partition's last stable offset and earliest offset (ingest.consume.log_offsets) every
-``interval_s``, one at a time, never waited for; each answer is applied at a later step.
+"""The polling thread's view of each owned partition's log: a query of every owned
+partition's last stable offset and earliest offset (ingest.consume.log_offsets) every
+``interval_s``, one at a time, never waited for; each answer is applied at a later step. And
+the validations of positions known under a leader epoch (ingest.consume.validator): asked for
+each partition whose cutter needs one, their answers applied as they arrive.
 
 What an answer does to an active partition:
 - the last stable offset moves the partition's cutter on (ingest.consume.cutter): splits are
@@ -10,6 +12,9 @@ What an answer does to an active partition:
   the gap is measured against the stored offset and recorded, skipped or stopped on
   (ingest.consume.gaps), before Spark is asked to read what is gone.
 A partition whose answer failed keeps what it had; the next query asks again.
+
+What a validation does: valid, the partition's cuts go on; truncated below the position, or
+the position gone from the log, stops the partition as above.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ingest.consume.assignment import OwnedPartition
 from ingest.consume.context import LoopContext
 from ingest.consume.gaps import GapResolver
 from ingest.consume.log_offsets import LogEnd, LogOffsets, OffsetsQuery
+from ingest.consume.validator import Validation, Verdict
 from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -47,7 +53,8 @@ class LogEnds:
         return self._latest.get(tp)
 
     def step(self, now: float) -> None:
-        """Apply an answer that arrived; ask again when due."""
+        """Apply the answers that arrived; ask again when due."""
+        self._validations()
         if self._query is not None and self._query.done():
             ends, errors = self._query.result()
             self._query = None
@@ -57,6 +64,27 @@ class LogEnds:
             if tps:
                 self._query = self._offsets.query(tps)
             self._due = now + self._interval_s
+
+    def _validations(self) -> None:
+        validator = self._ctx.validator
+        for answer in validator.poll():
+            self._validated(answer)
+        for owned in self._ctx.assignment:
+            if owned.active and owned.cutter.needs_validation():
+                offset, epoch = owned.cutter.validation_asked()
+                validator.validate(owned.tp, offset, epoch)
+
+    def _validated(self, answer: Validation) -> None:
+        owned = self._ctx.assignment.get(answer.tp)
+        cutter = owned.cutter if owned is not None else None
+        if owned is None or cutter is None or not owned.active or not cutter.validating:
+            return  # revoked, repositioned or stopped meanwhile
+        if (cutter.position, cutter.position_epoch) != (answer.offset, answer.leader_epoch):
+            return  # an answer for a position since left
+        if answer.verdict is Verdict.VALID:
+            cutter.validation_passed()
+        else:
+            self._gaps.refused(answer.tp, answer.offset, answer.text, answer.truncation)
 
     def _apply(self, ends: dict[TopicPartition, LogEnd], errors: dict[TopicPartition, str], now: float) -> None:
         for tp, error in errors.items():

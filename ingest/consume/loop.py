@@ -29,7 +29,7 @@ from ingest.consume.controls import Controls
 from ingest.consume.gaps import GapResolver
 from ingest.consume.group_offsets import GroupOffsets
 from ingest.consume.heartbeats import WorkerRegistry
-from ingest.consume.kafka import Batch, KafkaCallFailed
+from ingest.consume.kafka import Batch
 from ingest.consume.log_ends import LOG_END_INTERVAL_S, LogEnds
 from ingest.consume.log_offsets import LogOffsets
 from ingest.consume.loop_metrics import LoopGauges
@@ -139,10 +139,12 @@ class ConsumeLoop:
         now = self._clock.monotonic()
         self._events(batch)
         self._log_ends.step(now)
+        # Outcomes before cuts: a refusal or failure repositions first, a publish teaches the
+        # partition's bytes per offset.
+        self._outcomes.handle(self._publishes.poll(), draining=False)
         if not holding:
             self._cut_due(now)
             self._ran = True
-        self._outcomes.handle(self._publishes.poll(), draining=False)
         self._publish_watch.check()
         self._build_watch.check()
         self._registry_watch.check()
@@ -231,7 +233,8 @@ class ConsumeLoop:
     def _cut_due(self, now: float) -> None:
         """Cut every split that is due, one per partition per round (so that a backlog on one
         partition does not take every place in flight), until nothing is due or too much is
-        in flight. A partition whose split waits for the schema registry cuts nothing meanwhile."""
+        in flight. A partition whose split waits for the schema registry cuts nothing meanwhile,
+        nor one whose first split is still in flight (its size estimate is a guess till then)."""
         limits = self._specs.spec.split
         waiting = self._registry_watch.partitions
         candidates = [o for o in self._assignment if o.active and o.tp not in waiting]
@@ -240,6 +243,10 @@ class ConsumeLoop:
             for owned in candidates:
                 if self._full():
                     return
+                if not owned.size.learned and owned.tp in self._publishes.inflight_partitions():
+                    # Its bytes per offset are a guess until its first split is built: one
+                    # split is cut on it, no more.
+                    continue
                 reason = owned.cutter.due(limits, owned.size, now)
                 if reason is not None:
                     self._cut(owned, reason, now)
@@ -274,15 +281,6 @@ class ConsumeLoop:
             reason=reason,
         )
         self._publishes.submit(split, self._builds.submit(split, spec), version)
-        if split.leader_epoch is not None:
-            # The member's position follows the cuts, with the epoch each was cut under: the
-            # broker validates it now and again at every leader change (KIP-320), so a log
-            # truncated below offsets already cut is found while the worker runs, as a
-            # fetching consumer finds it below what it read.
-            try:
-                self._consumer.seek(split.tp, split.end, split.leader_epoch)
-            except KafkaCallFailed as exc:
-                log.info("position_validation_skipped", source=self._source, partition=str(split.tp), error=str(exc))
 
     def _raise_callback_error(self) -> None:
         if self._handler.error is not None:

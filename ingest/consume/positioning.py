@@ -1,8 +1,8 @@
 """The one repositioning path: every reason to move where a partition's splits are cut from
 (a rewind after a failed or refused split, an ``ingest reset``, a skipped offset gap) ends in
-:meth:`Positioner.reposition`: seek the group member there (with the stored leader epoch the
-broker validates the position: KIP-320) and cut from there in a new generation; a seek that
-fails becomes a rewind, retried with backoff.
+:meth:`Positioner.reposition`: cut from there in a new generation, once the broker validated
+the position under its stored leader epoch (KIP-320, ingest.consume.validator). The group
+member's own position is never moved: it reads nothing.
 
 A rewind (kafka-delta-ingest's ``reset_state``) kills the partition's in-flight splits, stops
 cutting and, after a backoff, reads the stored offset (in the background) to reposition there,
@@ -22,7 +22,6 @@ import structlog
 
 from ingest.consume.assignment import OwnedPartition, PartitionState
 from ingest.consume.context import LoopContext, StateStore
-from ingest.consume.kafka import KafkaCallFailed, start_offset
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, StoredPosition
 
@@ -44,29 +43,27 @@ class Positioner:
     def __init__(self, ctx: LoopContext) -> None:
         self._ctx = ctx
         self._source = ctx.source
-        self._consumer = ctx.consumer
+        self._validator = ctx.validator
         self._assignment = ctx.assignment
         self._store: StateStore = ctx.store
         self._clock = ctx.clock
 
     def reposition(
         self, owned: OwnedPartition, offset: int | None, reason: Reason, leader_epoch: int | None = None
-    ) -> bool:
-        """Cut ``owned`` from ``offset`` (None: the claim's start position). ``leader_epoch``: the
-        one stored with ``offset``, where known (the broker then validates the position). False
-        if the consumer refused: the partition is rewinding then."""
-        target = offset if offset is not None else start_offset(owned.claim)
-        try:
-            self._consumer.seek(owned.tp, target, leader_epoch)
-        except KafkaCallFailed as exc:
-            log.warning(
-                "reposition_failed", source=self._source, partition=str(owned.tp), reason=reason, error=str(exc)
-            )
-            self.rewind(owned)
-            return False
-        owned.repositioned(offset)
-        log.info("partition_repositioned", source=self._source, partition=str(owned.tp), offset=offset, reason=reason)
-        return True
+    ) -> None:
+        """Cut ``owned`` from ``offset`` (None: nowhere: the claim could not pin a start).
+        ``leader_epoch``: the one stored with ``offset``, where known: the broker validates the
+        position before anything is cut (ingest.consume.validator)."""
+        self._validator.forget([owned.tp])
+        owned.repositioned(offset, leader_epoch)
+        log.info(
+            "partition_repositioned",
+            source=self._source,
+            partition=str(owned.tp),
+            offset=offset,
+            leader_epoch=leader_epoch,
+            reason=reason,
+        )
 
     def rewind(self, owned: OwnedPartition) -> None:
         """Stop cutting the partition, kill its in-flight splits (a later split can never

@@ -1,7 +1,8 @@
 """Rebalance callbacks: claim on assign, kill on revoke and lost.
 
 - assign: one metastore transaction bumps the serial of every newly assigned partition
-  and reads its stored offset; the partition is then assigned at exactly that offset.
+  and reads its stored offset (with its leader epoch); splits are then cut from exactly that
+  offset, once the broker validated it under that epoch.
   A partition with nothing stored (never read from) first has its start position resolved
   from the log (earliest: its earliest offset, latest: its last stable offset) and stored
   under the claim: the start is resolved once per partition, never again, so repositioning before the
@@ -66,6 +67,7 @@ class RebalanceHandler:
         self._store: ClaimStore = ctx.claims
         self._assignment = ctx.assignment
         self._killer = ctx.killer
+        self._validator = ctx.validator
         self._metrics = ctx.metrics
         self._clock = ctx.clock
         self._watermarks = watermarks
@@ -93,11 +95,9 @@ class RebalanceHandler:
             # skipping, so the worker stops (its partitions move to the others).
             consumer.assign({})
             return
-        # A stored position with its leader epoch is validated by the broker (KIP-320).
-        epochs = {
-            tp: c.leader_epoch for tp, c in claims.items() if c.leader_epoch is not None and c.next_offset is not None
-        }
-        consumer.assign({tp: start_offset(claims[tp]) for tp in tps}, epochs)
+        # A stored position with its leader epoch is validated by the broker before anything is
+        # cut from it (KIP-320: ingest.consume.validator, driven by the loop).
+        consumer.assign({tp: start_offset(claims[tp]) for tp in tps})
         for claim in claims.values():
             owned = self._assignment.add(claim)
             if claim.next_offset is None:
@@ -175,6 +175,7 @@ class RebalanceHandler:
         started = self._clock.monotonic()
         deadline = Deadline(self._deadline_s, self._clock)
         killed = self._killer.kill(tps, KillReason(kind.value), within_s=deadline.left())
+        self._validator.forget(tps)
         removed = self._assignment.remove(tps)
         for owned in removed:
             self._metrics.forget_partition(owned.tp)

@@ -18,10 +18,19 @@ def owned_at(offset: int | None = 7) -> Assignment:
 
 def test_a_claimed_partition_is_active_at_the_stored_offset() -> None:
     owned = owned_at(7).get(TP)
-    assert owned is not None and owned.active and owned.buffer.position == 7 and owned.buffer.serial == 3
+    assert owned is not None and owned.active and owned.cutter.position == 7 and owned.cutter.serial == 3
+    assert owned.cutter.validated  # no leader epoch stored: nothing to validate
 
 
-def test_every_way_back_to_active_drops_the_buffer_and_starts_a_new_epoch() -> None:
+def test_a_claim_with_a_stored_leader_epoch_is_validated_before_its_cuts() -> None:
+    a = Assignment()
+    owned = a.add(PartitionClaim(TP, 3, 7, "earliest", leader_epoch=4))
+    assert owned.cutter.needs_validation() and owned.cutter.validation_asked() == (7, 4)
+    owned.repositioned(9, leader_epoch=5)
+    assert owned.cutter.needs_validation() and owned.cutter.validation_asked() == (9, 5)
+
+
+def test_every_way_back_to_active_starts_a_new_cut_generation() -> None:
     owned = owned_at().get(TP)
     assert owned is not None
     epochs = [owned.epoch]
@@ -29,7 +38,8 @@ def test_every_way_back_to_active_drops_the_buffer_and_starts_a_new_epoch() -> N
     epochs.append(owned.epoch)
     owned.repositioned(12)
     epochs.append(owned.epoch)
-    assert owned.active and owned.buffer.position == 12 and len(owned.buffer) == 0
+    assert owned.active and owned.cutter.position == 12 and owned.cutter.available() == 0
+    assert owned.published_end == 12  # the stored offset it was repositioned to
     assert epochs == sorted(set(epochs))  # strictly increasing: older splits are never acted on
 
 
@@ -53,7 +63,7 @@ def test_a_fenced_partition_never_becomes_active_again_without_a_new_claim() -> 
             move()
     assert owned.state is PartitionState.FENCED
     owned.reclaimed(PartitionClaim(TP, 5, 30, "earliest"))
-    assert owned.active and owned.claim.serial == 5 and owned.buffer.position == 30
+    assert owned.active and owned.claim.serial == 5 and owned.cutter.position == 30
 
 
 def test_a_refused_offset_stops_the_partition_until_the_gap_is_settled() -> None:

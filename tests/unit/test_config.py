@@ -46,7 +46,7 @@ def test_kafka_properties_pass_through_and_the_protocol_settings_are_pinned(tmp_
         ("enable.auto.commit", "true", "the metastore's next_offset"),
         ("enable.auto.offset.store", "true", "the metastore's next_offset"),
         ("auto.offset.reset", "earliest", "gap ledger"),
-        ("enable.partition.eof", "false", "transactional"),
+        ("enable.partition.eof", "false", "confirmed valid by the end of the partition"),
     ],
 )
 @pytest.mark.parametrize("where", ["env", "file"])

@@ -66,27 +66,29 @@ def test_a_revoke_kills_the_partitions_splits_and_a_kept_partition_loses_nothing
 
 
 def test_a_revoke_with_splits_in_flight_loses_nothing_after_the_partition_comes_back(h: Harness) -> None:
-    """Two splits of each partition are in flight (held by the gated builds) and 5 offsets are
-    not cut yet. A revoke kills P0's splits; assigned again, P0 is cut from its stored offset
-    and published exactly once, and the other partition's splits are untouched."""
+    """After each partition's first split, two more of each are in flight (held by the gated
+    builds) and 5 offsets are not cut yet. A revoke kills P0's splits; assigned again, P0 is
+    cut from its stored offset and published exactly once, and the other partition's splits
+    are untouched."""
     gate = threading.Event()
-    h.builder.gates[0] = gate
-    h.produce(P0, 25)
-    h.produce(P1, 25)
+    h.builder.gates[10] = gate
+    h.produce(P0, 35)
+    h.produce(P1, 35)
     h.consumer.group_assigns(P0, P1)
-    h.step_until(lambda: h.publishes.inflight_count == 4, what="[0, 10) and [10, 20) of each partition")
+    h.step_until(lambda: h.publishes.inflight_count == 4, what="[10, 20) and [20, 30) of each partition")
+    assert h.published(P0) == h.published(P1) == [(0, 10)]
     h.consumer.group_revokes(P0)
     h.loop.step()
     assert h.assignment.get(P0) is None
     gate.set()
     h.step_until(lambda: h.publishes.inflight_count == 0, what="P0's splits to end, P1's published")
-    assert h.published(P0) == [] and h.store.next_offsets[P0] == 0
+    assert h.published(P0) == [(0, 10)] and h.store.next_offsets[P0] == 10
     h.consumer.group_assigns(P0)
-    h.step_until(lambda: len(h.published(P0)) == 2, what="P0 cut again from its stored offset")
+    h.step_until(lambda: len(h.published(P0)) == 3, what="P0 cut again from its stored offset")
     h.clock.advance(60)
-    h.step_until(lambda: len(h.published(P0)) == 3 and len(h.published(P1)) == 3, what="the rest by age")
-    assert h.published(P0) == [(0, 10), (10, 20), (20, 25)]
-    assert h.published(P1) == [(0, 10), (10, 20), (20, 25)]
+    h.step_until(lambda: len(h.published(P0)) == 4 and len(h.published(P1)) == 4, what="the rest by age")
+    assert h.published(P0) == [(0, 10), (10, 20), (20, 30), (30, 35)]
+    assert h.published(P1) == [(0, 10), (10, 20), (20, 30), (30, 35)]
 
 
 def test_an_offset_conflict_rewinds_to_the_stored_offset(h: Harness) -> None:
@@ -94,13 +96,12 @@ def test_an_offset_conflict_rewinds_to_the_stored_offset(h: Harness) -> None:
     h.builder.gates[0] = gate
     h.produce(P0, 20)
     h.consumer.group_assigns(P0)
-    h.step_until(lambda: h.publishes.inflight_count == 2, what="[0, 10) at the gate")
+    h.step_until(lambda: h.publishes.inflight_count == 1, what="[0, 10) at the gate")
     with h.store.lock:
         h.store.next_offsets[P0] = 5  # the stored offset moved meanwhile
     gate.set()
     h.step_until(lambda: bool(h.published(P0)), timeout_s=8, what="a publish after the rewind")
     assert h.published(P0)[0][0] == 5
-    assert (P0, 5) in h.consumer.seeks
     assert h.metrics.publish_conflicts.labels("src", "offset")._value.get() == 1
 
 
@@ -219,23 +220,41 @@ def test_a_log_truncated_below_the_stored_offset_is_detected_recorded_and_stops_
 
 
 def test_a_log_truncated_below_what_was_cut_is_found_while_the_worker_runs() -> None:
-    """The member's position follows the cuts with their leader epochs: a truncation below
-    offsets already published is found without a rebalance, and the partition stops."""
+    """A log-end answer under a new leader epoch makes the partition validate its position
+    under the epoch it was cut under before anything more is cut: a truncation below offsets
+    already published is found without a rebalance, even once the new leader's log grew past
+    the position, and the partition stops."""
     h = Harness(spec=spec(on_offset_out_of_range="earliest"))
     try:
         h.produce(P0, 20)
         h.consumer.group_assigns(P0)
         h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="20 published")
         h.broker.truncate(P0, 12)
-        h.produce(P0, 30)
-        h.consumer.seek(P0, 20, 0)  # what librdkafka does at the leader change: validate the position
+        h.produce(P0, 30)  # epoch 1: the log ends at 42, past the position
         h.step_until(lambda: bool(h.store.truncations), what="the truncation recorded")
         assert h.store.truncations == [(P0, 12, 20)]
+        assert (P0, 20, 0) in h.validator.asked
         for _ in range(20):
             h.loop.step()
         assert h.published(P0) == [(0, 10), (10, 20)]
     finally:
         h.close()
+
+
+def test_a_new_leader_epoch_without_truncation_is_validated_and_cutting_goes_on(h: Harness) -> None:
+    h.produce(P0, 10)
+    h.consumer.group_assigns(P0)
+    h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
+    h.validator.held.add(P0)  # the broker has not answered the validation yet
+    h.broker.epochs[P0] = 2  # a clean leader change: the log is kept
+    h.produce(P0, 10)
+    for _ in range(20):
+        h.loop.step()
+    assert h.published(P0) == [(0, 10)]  # nothing cut before the answer
+    assert h.validator.asked[-1] == (P0, 10, 0)
+    h.validator.held.clear()
+    h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="cut again once valid")
+    assert h.store.leader_epochs[P0] == 2 and h.store.truncations == []
 
 
 def test_a_truncation_found_while_a_publish_holds_a_split_ending_on_a_marker_never_resumes_past_it(
@@ -256,17 +275,21 @@ def test_a_truncation_found_while_a_publish_holds_a_split_ending_on_a_marker_nev
         h.broker.begin_transaction(P0, b'{"ts": 1}', b'{"ts": 1}', b'{"ts": 1}')
         h.broker.end_transaction(P0, commit=False)  # [10, 13) aborted, the marker at 13
         h.consumer.group_assigns(P0)
-        h.step_until(lambda: h.registry.control is not None, what="the first heartbeat")
-        h.store.released.clear()
-        h.store.hang.set()  # the publish of [0, 14) will hang, holding the switch
+        h.store.publish_open.clear()  # the publish of [0, 14) will hang, holding the switch
         h.step_until(lambda: h.publishes.publishing is not None, what="the publish under way")
         h.broker.truncate(P0, 12)  # below the split's end: [12, 14) gone, epoch 1
         h.produce(P0, 20)
-        h.consumer.seek(P0, 14, 0)  # the validation a leader change triggers
-        h.loop.step()  # the truncation: the kill gives up after KILL_WAIT_S
-        assert h.assignment.get(P0).state is not PartitionState.ACTIVE  # type: ignore[union-attr]
-        h.store.hang.clear()
-        h.store.released.set()  # the late publish commits: next_offset 14
+        # The new leader epoch: the position 14 is validated under epoch 0 and found truncated;
+        # the kill of the split being published gives up after KILL_WAIT_S.
+        h.step_until(lambda: h.assignment.get(P0).state is not PartitionState.ACTIVE, what="stopped")  # type: ignore[union-attr]
+        # Measured against the stored offset before the late publish commits: the truncation is
+        # above it, only splits in flight seemed touched: a rewind, no record.
+        h.step_until(
+            lambda: h.assignment.get(P0).state is PartitionState.REWINDING,  # type: ignore[union-attr]
+            what="the rewind after the measurement",
+        )
+        assert h.store.truncations == [] and h.store.next_offsets[P0] == 0
+        h.store.publish_open.set()  # the late publish commits: next_offset 14
         h.step_until(lambda: bool(h.store.truncations), timeout_s=10, what="the truncation recorded")
         for _ in range(30):
             h.loop.step()
@@ -274,8 +297,7 @@ def test_a_truncation_found_while_a_publish_holds_a_split_ending_on_a_marker_nev
         assert h.published(P0) == [(0, 14)] and h.store.next_offsets[P0] == 14
         assert h.assignment.get(P0).state is PartitionState.OUT_OF_RANGE  # type: ignore[union-attr]
     finally:
-        h.store.hang.clear()
-        h.store.released.set()
+        h.store.publish_open.set()
         h.close()
 
 
@@ -301,7 +323,6 @@ def test_a_reset_reclaims_and_repositions_at_the_reset_offset(h: Harness) -> Non
     h.produce(P0, 7)
     h.step_until(lambda: len(h.published(P0)) >= 3, what="the replay from 3")
     assert h.published(P0)[2] == (3, 13)
-    assert (P0, 3) in h.consumer.seeks
 
 
 def test_the_loop_keeps_polling_while_the_metastore_hangs(h: Harness) -> None:
@@ -379,7 +400,7 @@ def test_transactions_decided_are_cut_over_and_an_open_one_is_waited_for(h: Harn
 def test_a_backlog_is_cut_in_full_splits_within_the_in_flight_bound_one_partition_after_another() -> None:
     h = Harness(spec=spec(split=SplitLimits(max_records=10, max_age_s=60.0, max_in_flight=3)))
     gate = threading.Event()
-    for start in (0, 10, 20, 30):
+    for start in (10, 20, 30):  # after each partition's first split, which teaches its size
         h.builder.gates[start] = gate
     try:
         h.produce(P0, 100)
@@ -389,7 +410,7 @@ def test_a_backlog_is_cut_in_full_splits_within_the_in_flight_bound_one_partitio
         for _ in range(10):
             h.loop.step()
         assert h.publishes.inflight_count == 3
-        assert {s.tp for s in h.publishes_inflight()} == {P0, P1}  # both partitions got a place
+        assert h.publishes.inflight_partitions() == {P0, P1}  # both partitions got a place
         gate.set()
         h.step_until(lambda: len(h.published(P0)) == 10 and len(h.published(P1)) == 10, what="every split")
         assert tiles(h.published(P0), 0, 100) and tiles(h.published(P1), 0, 100)
@@ -411,18 +432,27 @@ def test_a_failed_log_end_answer_keeps_what_the_partition_had(h: Harness) -> Non
     h.step_until(lambda: h.published(P0) == [(0, 10), (10, 20)], what="the next split")
 
 
-def test_bytes_per_offset_are_learned_from_built_splits_and_cut_by_max_bytes() -> None:
-    """The first split of a partition is cut by records; its build says how many bytes its
-    offsets held; from then on a split is cut where the estimate reaches max_bytes."""
-    h = Harness(spec=spec(split=SplitLimits(max_records=10, max_bytes=400, max_age_s=60.0)))
+def test_bytes_per_offset_are_learned_from_the_first_split_and_then_cut_by_max_bytes() -> None:
+    """Until a partition's first split is built, its bytes per offset are a guess
+    (INITIAL_BYTES_PER_OFFSET, 512): one split is cut on it and nothing more of the partition
+    until its build said how many bytes its offsets held; from then on a split is cut where
+    the estimate reaches max_bytes."""
+    h = Harness(spec=spec(split=SplitLimits(max_records=100, max_bytes=1000, max_age_s=60.0)))
+    gate = threading.Event()
+    h.builder.gates[0] = gate
     try:
-        h.broker.produce(P0, *(b"x" * 99 for _ in range(10)), key=b"k")  # 100 bytes an offset
+        h.broker.produce(P0, *(b"x" * 99 for _ in range(30)), key=b"k")  # 100 bytes an offset
         h.consumer.group_assigns(P0)
-        h.step_until(lambda: h.published(P0) == [(0, 4)], what="the first split: 400 bytes at the initial guess")
+        h.step_until(lambda: h.publishes.inflight_count == 1, what="the first split")
+        for _ in range(10):
+            h.loop.step()
+        assert h.publishes.inflight_count == 1  # the guess is not trusted for more
+        gate.set()
+        h.step_until(lambda: len(h.published(P0)) == 3, what="the splits cut by the learned size")
+        assert h.published(P0)[:3] == [(0, 1), (1, 11), (11, 21)]  # 1000 bytes: 1 offset at 512, 10 at 100
         assert h.assignment.get(P0).size.per_offset == 100  # type: ignore[union-attr]
-        h.step_until(lambda: len(h.published(P0)) == 2, what="the next split, cut by the learned size")
-        assert h.published(P0) == [(0, 4), (4, 8)]
     finally:
+        gate.set()
         h.close()
 
 

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaReference
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
 from ingest.builder.protobuf_decode import Decoder
-from ingest.builder.protobuf_writers import schema_files
+from ingest.builder.protobuf_writers import ReferenceNotFound, schema_files
 from tests.protobuf_orders import OrderVersion, customer_file, frame, order_file, when
 
 REFS = [SchemaReference("acme/customer.proto", "acme/customer.proto", 1)]
@@ -90,12 +91,18 @@ def test_confluent_gives_text_and_the_serialized_form_on_request() -> None:
     assert ("version", "acme/customer.proto", 1, "serialized") in serialized.calls
 
 
+def test_a_reference_the_registry_does_not_have_is_not_known_yet_never_unreadable() -> None:
+    """A follower registry may not have replicated the import yet: the id is waited for like an
+    unknown one (ingest.builder.writer_schemas), never kept as unreadable."""
+    gone = FakeClient({1: Schema(b64(order_file(1)), "PROTOBUF", REFS)})
+    with pytest.raises(ReferenceNotFound, match=r"acme/customer\.proto"):
+        schema_files(gone, gone, 1, "http://r")
+
+
 def test_unreadable_schemas_are_empty_and_other_types_none() -> None:
     text_only = FakeClient({1: Schema(TEXT, "PROTOBUF")})
     assert schema_files(text_only, text_only, 1, "http://r") == ()
-    # A reference the registry no longer has, an import nobody references.
-    gone = FakeClient({1: Schema(b64(order_file(1)), "PROTOBUF", REFS)})
-    assert schema_files(gone, gone, 1, "http://r") == ()
+    # An import nobody references.
     no_refs = FakeClient({1: Schema(b64(order_file(1)), "PROTOBUF")})
     assert schema_files(no_refs, no_refs, 1, "http://r") == ()
     avro = FakeClient({1: Schema('{"type": "string"}', "AVRO")})

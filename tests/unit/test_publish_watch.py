@@ -35,7 +35,7 @@ def test_a_publish_stuck_past_the_bound_makes_the_worker_unhealthy_until_it_fini
         with capture_logs() as logs:
             h.produce(P0, 10)
             h.consumer.group_assigns(P0)
-            h.step_until(lambda: h.pipeline.publishing is not None, what="the publish to start")
+            h.step_until(lambda: h.publishes.publishing is not None, what="the publish to start")
             assert worker.healthy()[0]  # within the bound
             h.step_until(lambda: not worker.healthy()[0], what="the worker to turn unhealthy")
             ok, reason = worker.healthy()

@@ -24,7 +24,7 @@ def test_assign_claims_in_one_call_and_positions_at_the_stored_offsets(h: Harnes
     h.handler.on_assign(h.consumer, [P0, P1])
     assert h.store.serials == {P0: 1, P1: 1} and h.store.owners == {P0: "w1", P1: "w1"}
     assert h.consumer.positions == {P0: 0, P1: 40}  # P0: nothing stored, the source starts at earliest
-    assert {o.tp: o.buffer.position for o in h.assignment} == {P0: 0, P1: 40}
+    assert {o.tp: o.cutter.position for o in h.assignment} == {P0: 0, P1: 40}
     assert h.store.next_offsets == {P0: 0, P1: 40}  # P0's start is stored under the claim
 
 

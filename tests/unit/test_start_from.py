@@ -29,15 +29,16 @@ def h() -> Iterator[Harness]:
 
 @pytest.fixture
 def big() -> Iterator[Harness]:
-    """Splits that only a drain or a suspend seals."""
+    """Splits that only their age cuts (max_age: 60 s on the harness's clock)."""
     harness_ = harness(max_records=1000)
     yield harness_
     harness_.close()
 
 
-def buffered(h: Harness) -> int:
+def available(h: Harness) -> int:
+    """Offsets of P0 in the log, not cut yet (-1: not owned)."""
     owned = h.assignment.get(P0)
-    return len(owned.buffer) if owned is not None else -1
+    return owned.cutter.available() if owned is not None else -1
 
 
 def assign_at_latest(h: Harness) -> None:
@@ -58,12 +59,14 @@ def test_a_failed_first_split_is_read_again_from_the_stored_start(h: Harness) ->
 def test_a_revoke_and_reassign_before_the_first_publish_keeps_the_start(big: Harness) -> None:
     assign_at_latest(big)
     big.produce(P0, 20)
-    big.step_until(lambda: buffered(big) == 20, what="20 buffered")
+    big.step_until(lambda: available(big) == 20, what="20 in the log")
     big.consumer.group_revokes(P0)
     big.loop.step()
     big.produce(P0, 10)
     big.consumer.group_assigns(P0)
-    big.step_until(lambda: buffered(big) == 30, what="30 buffered")
+    big.step_until(lambda: available(big) == 30, what="30 in the log, from the stored start")
+    big.clock.advance(60)
+    big.step_until(lambda: bool(big.published(P0)), what="the split, by age")
     assert big.loop.drain()
     assert tiles(big.published(P0), 5, 35)
 
@@ -75,7 +78,9 @@ def test_suspend_then_resume_before_the_first_publish_keeps_the_start(big: Harne
     big.produce(P0, 10)
     big.store.set_control("src", DesiredState.RUNNING)
     big.step_until(lambda: big.loop.state is WorkerState.RUNNING, what="resumed")
-    big.step_until(lambda: buffered(big) == 10, what="10 buffered")
+    big.step_until(lambda: available(big) == 10, what="10 in the log")
+    big.clock.advance(60)
+    big.step_until(lambda: bool(big.published(P0)), what="the split, by age")
     assert big.loop.drain()
     assert tiles(big.published(P0), 5, 15)
 
@@ -97,7 +102,7 @@ def test_a_claim_superseded_before_its_start_is_stored_is_fenced(h: Harness) -> 
     h.produce(P0, 20)
     for _ in range(20):
         h.loop.step()
-    assert h.published(P0) == [] and len(owned.buffer) == 0
+    assert h.published(P0) == [] and owned.cutter.available() == 0 and h.builder.started == []
 
 
 def test_the_start_is_asked_of_the_log_once_even_when_the_claim_is_retried(h: Harness) -> None:

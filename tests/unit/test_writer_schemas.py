@@ -1,83 +1,107 @@
-"""A batch's writer schemas against a fake registry client: ids fetched once are cached and
-keep serving through an outage; during one, only the splits holding an id not fetched yet
-wait (RegistryUnavailable), the rest of the batch builds; an id the registry does not know is
-left out (its records become rejects), never a wait."""
+"""Writer schemas against a fake registry client: an id served once is kept and serves through
+an outage; during one, the ids not served yet are unanswered (their splits wait); an id the
+registry answers 404 for is waited for, asked again each time (a failure is never kept), and
+only past its wait do its records become rejects; a registry that answers 404 for every id and
+never served one is misconfigured. The same against the real registry:
+tests/integration/test_schema_registry.py and the builder's tests."""
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
-
+import pytest
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from ingest.builder.writer_schemas import RegistryUnavailable, WriterSchemas
+from ingest.builder.writer_schemas import NOT_OF_FORMAT, RegistryMisconfigured, WriterSchemas, resolvable
 from ingest.formats import RegistrySettings
-from ingest.splits.chunks import chunks_of
-from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
-from ingest_common.model import TopicPartition
+from ingest.spec import spec_from_dict
+from tests.fakes import FakeClock
 
 REGISTRY = RegistrySettings("http://127.0.0.1:1/apis/ccompat/v7")
-SCHEMAS = {1: '"long"', 2: '"string"', 3: '"double"'}
 
 
 class FakeRegistryClient:
     def __init__(self) -> None:
         self.down = False
         self.asked: list[int] = []
+        self.schemas: dict[int, Schema] = {1: Schema('"long"', "AVRO"), 2: Schema('"string"', "AVRO")}
 
     def get_schema(self, sid: int) -> Schema:
         self.asked.append(sid)
         if self.down:
             raise ConnectionRefusedError("[Errno 111] Connection refused")
-        if sid not in SCHEMAS:
+        if sid not in self.schemas:
             raise SchemaRegistryError(404, 40403, "Schema not found")
-        return Schema(SCHEMAS[sid], "AVRO")
+        return self.schemas[sid]
 
 
-def split_with(partition: int, *ids: int) -> SealedSplit:
-    """A split of records framed with these schema ids (one record each)."""
-    records = tuple(
-        SyntheticRecord(o, b"\x00" + sid.to_bytes(4, "big") + b"\x02", partition=partition) for o, sid in enumerate(ids)
-    )
-    return SealedSplit(
-        id=uuid.uuid4(),
-        tp=TopicPartition("t", partition),
-        serial=1,
-        start=0,
-        end=len(records),
-        chunks=chunks_of(records),
-        size_bytes=10,
-        first_record_at=0.0,
-        sealed_at=0.0,
-        seal_reason="test",
-        kill_switch=KillSwitch(),
-    )
+def make(wait_s: float = 60.0) -> tuple[FakeRegistryClient, WriterSchemas, FakeClock]:
+    client, clock = FakeRegistryClient(), FakeClock()
+    return client, WriterSchemas(lambda _settings: client, wait_s=wait_s, clock=clock), clock
 
 
-def test_cached_ids_serve_through_an_outage_and_only_splits_needing_new_ids_wait() -> None:
-    client = FakeRegistryClient()
-    schemas = WriterSchemas(lambda _settings: client)
-    first = schemas.for_batch([split_with(0, 1, 1, 99)], REGISTRY)
-    # 99 is unknown (404): left out, its record a reject; never a wait.
-    assert (first.schemas, first.waiting) == ({1: SCHEMAS[1]}, {})
-
+def test_an_id_served_once_is_kept_and_serves_through_an_outage() -> None:
+    client, schemas, _ = make()
+    assert schemas.fetch(REGISTRY, [1, 2]).learned == {1, 2}
     client.down = True
-    client.asked.clear()
-    cached, needs_2, needs_2_and_3 = split_with(0, 1), split_with(1, 1, 2), split_with(2, 3, 1)
-    batch = schemas.for_batch([cached, needs_2, needs_2_and_3], REGISTRY)
-    assert batch.schemas == {1: SCHEMAS[1]}  # the cached id serves the split that builds
-    assert set(batch.waiting) == {needs_2.id, needs_2_and_3.id}
-    assert all(isinstance(e, RegistryUnavailable) for e in batch.waiting.values())
-    assert "Connection refused" in str(batch.waiting[needs_2.id])
-    # Asked once for the first id not cached, not again for the next in the same batch.
-    assert client.asked == [2]
+    again = schemas.fetch(REGISTRY, [1, 2])
+    assert again.failure is None and again.learned == frozenset()
+    assert schemas.avro(REGISTRY) == {1: '"long"', 2: '"string"'}
+    assert client.asked == [1, 2]  # never asked again
 
-    client.down = False
-    again = schemas.for_batch([needs_2, needs_2_and_3], REGISTRY)
-    assert (again.schemas, again.waiting) == ({sid: SCHEMAS[sid] for sid in (1, 2, 3)}, {})
+
+def test_during_an_outage_the_ids_not_served_are_unanswered_and_asked_no_further() -> None:
+    client, schemas, _ = make()
+    schemas.fetch(REGISTRY, [1])
     client.down = True
-    client.asked.clear()
-    # Every id fetched once now: an outage changes nothing for them.
-    later = schemas.for_batch([dataclasses.replace(needs_2_and_3, id=uuid.uuid4())], REGISTRY)
-    assert (later.waiting, client.asked) == ({}, [])
+    fetched = schemas.fetch(REGISTRY, [1, 3, 4])
+    assert fetched.failure is not None and "did not answer" in str(fetched.failure)
+    assert fetched.unanswered == {3, 4}
+    assert client.asked == [1, 3]  # 4 not asked once the registry failed to answer for 3
+
+
+def test_an_unknown_id_is_waited_for_asked_again_and_learned_once_registered() -> None:
+    client, schemas, clock = make(wait_s=60.0)
+    schemas.fetch(REGISTRY, [1])  # the registry served an id: it is not misconfigured
+    assert schemas.fetch(REGISTRY, [7]).pending == {7}
+    clock.advance(30)
+    assert schemas.fetch(REGISTRY, [7]).pending == {7}
+    client.schemas[7] = Schema('"double"', "AVRO")  # a follower caught up
+    assert schemas.fetch(REGISTRY, [7]).learned == {7}
+    assert client.asked.count(7) == 3  # every 404 was asked again: none was kept
+
+
+def test_an_unknown_id_expires_after_its_wait_and_its_records_become_rejects() -> None:
+    _, schemas, clock = make(wait_s=60.0)
+    schemas.fetch(REGISTRY, [1])
+    schemas.fetch(REGISTRY, [7])
+    clock.advance(60)
+    fetched = schemas.fetch(REGISTRY, [7])
+    assert fetched.expired == {7} and fetched.pending == frozenset()
+
+
+def test_a_registry_that_answers_404_for_every_id_and_never_served_one_is_misconfigured() -> None:
+    client, schemas, clock = make(wait_s=60.0)
+    client.schemas.clear()  # e.g. a base URL without its API path
+    schemas.fetch(REGISTRY, [1, 2])
+    clock.advance(60)
+    with pytest.raises(RegistryMisconfigured, match="404 for every schema id"):
+        schemas.fetch(REGISTRY, [1, 2])
+
+
+def test_an_id_of_another_type_is_kept_as_such_and_never_resolved() -> None:
+    client, schemas, _ = make()
+    client.schemas[5] = Schema("syntax = 'proto3';", "PROTOBUF")
+    assert schemas.fetch(REGISTRY, [5]).learned == {5}
+    assert schemas.avro(REGISTRY)[5] == NOT_OF_FORMAT
+    spec = spec_from_dict(
+        {
+            "name": "s",
+            "topics": ["t"],
+            "event_time": "ts",
+            "segment_store": "file:///tmp/unused",
+            "format": "avro",
+            "registry": {"url": REGISTRY.url},
+            "schema": {"ts": "timestamp"},
+        }
+    )
+    assert resolvable(spec, schemas.avro(REGISTRY)) == ({}, frozenset({5}))
