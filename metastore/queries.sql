@@ -487,6 +487,26 @@ FROM ingest_table_segments t JOIN ingest_segments s ON s.id = t.segment_id
 WHERE t.source = %(source)s AND t.seq IS NOT NULL AND t.removed_seq IS NULL
 ORDER BY t.kind, t.segment_id;
 
+-- name: table_held_twice
+-- `ingest audit`: per table, each held segment that a segment the table also holds replaced,
+-- directly or through replacements (replacement: the held one nearest up the chain). Both hold
+-- the same records: the table has them twice. A committer that follows a replacement takes the
+-- replaced segments out in the same commit that puts their replacement in (migrations/0019).
+WITH RECURSIVE up (kind, segment_id, id) AS (
+    SELECT t.kind, t.segment_id, s.replaced_by
+    FROM ingest_table_segments t JOIN ingest_segments s ON s.id = t.segment_id
+    WHERE t.source = %(source)s AND t.seq IS NOT NULL AND t.removed_seq IS NULL AND s.replaced_by IS NOT NULL
+    UNION ALL
+    SELECT u.kind, u.segment_id, s.replaced_by FROM up u JOIN ingest_segments s ON s.id = u.id
+    WHERE s.replaced_by IS NOT NULL
+)
+SELECT DISTINCT ON (u.kind, u.segment_id) u.kind, u.segment_id, u.id AS replacement
+FROM up u
+JOIN ingest_table_segments t
+  ON t.source = %(source)s AND t.kind = u.kind AND t.segment_id = u.id
+ AND t.seq IS NOT NULL AND t.removed_seq IS NULL
+ORDER BY u.kind, u.segment_id, u.id;
+
 -- name: table_advance
 UPDATE ingest_tables
 SET committed_seq = %(seq)s, last_snapshot_id = %(snapshot_id)s, last_commit_at = %(committed_at)s
