@@ -472,6 +472,20 @@ JOIN ingest_table_segments t
  AND t.seq IS NOT NULL AND t.removed_seq IS NULL
 ORDER BY r.root, s.id;
 
+-- name: table_fence_segments
+-- The segments a table commit appends, read inside the catalog's swap (metastore/tables.py,
+-- fence_commit): whether each is current and whether a commit of the table holds it already.
+-- Locked until that transaction ends: a replacement of them (FOR UPDATE) waits for the commit
+-- and its record, then finds them held.
+SELECT s.id, s.replaced_by IS NULL AS current,
+       EXISTS (SELECT 1 FROM ingest_table_segments t
+               WHERE t.source = s.source AND t.kind = %(kind)s AND t.segment_id = s.id
+                 AND t.seq IS NOT NULL) AS held
+FROM ingest_segments s
+WHERE s.source = %(source)s AND s.id = ANY(%(segment_ids)s::bigint[])
+ORDER BY s.id
+FOR SHARE OF s;
+
 -- name: table_record_removed
 -- The segments a replacement commit took out of the table (migrations/0019).
 UPDATE ingest_table_segments SET removed_seq = %(seq)s, removed_at = now()
