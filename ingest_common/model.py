@@ -160,6 +160,12 @@ class PartitionBy(StrEnum):
         order = (PartitionBy.HOUR, PartitionBy.DAY, PartitionBy.MONTH, PartitionBy.YEAR)
         return order.index(self) <= order.index(table)
 
+    @staticmethod
+    def finest(first: PartitionBy, *others: PartitionBy) -> PartitionBy:
+        """The finest of the transforms: files it cuts lie in one partition of each one's."""
+        cuts = (first, *others)
+        return next(c for c in cuts if all(c.covers(o) for o in cuts))
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class TopicPartition:

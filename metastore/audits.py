@@ -23,6 +23,7 @@ class AuditSnapshot:
     gaps: list[Row]  # list_gaps
     tables: list[Row]  # table_rows: each Iceberg table's recorded commit
     held: list[Row]  # table_held: the segments each table holds
+    held_twice: list[Row]  # table_held_twice: held segments a held segment replaced
 
 
 class AuditsMixin(StoreBase):
@@ -52,7 +53,8 @@ class AuditsMixin(StoreBase):
                 gaps = conn.execute(query("list_gaps"), params).fetchall()
                 tables = conn.execute(query("table_rows"), params).fetchall()
                 held = conn.execute(query("table_held"), params).fetchall()
-        return AuditSnapshot(partitions, segments, gaps, tables, held)
+                twice = conn.execute(query("table_held_twice"), params).fetchall()
+        return AuditSnapshot(partitions, segments, gaps, tables, held, twice)
 
     def record_audit(
         self,

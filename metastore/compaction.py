@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from ingest_common.model import OffsetRange, TopicPartition
+from ingest_common.model import OffsetRange, PartitionBy, TopicPartition
 from metastore.base import Row, StoreBase
 from metastore.connection import BoundedConnection, connect, wrap_exceptions
 from metastore.errors import ReplaceRefused
@@ -83,6 +83,11 @@ class CompactionMixin(StoreBase):
         if row["segment_id"] is None:
             raise ReplaceRefused(row["reason"], row["detail"])
         return int(row["segment_id"])
+
+    def table_partition(self, source: str) -> PartitionBy | None:
+        """The partition transform of the source's Iceberg data table (None: no table)."""
+        rows = [r for r in self._fetch("table_rows", source=source) if r["kind"] == "data"]
+        return PartitionBy(rows[0]["partition_by"]) if rows else None
 
     def current_ranges(self, source: str) -> dict[int, tuple[OffsetRange, ...]]:
         """The ranges of every current segment of the source, by segment id."""

@@ -475,6 +475,20 @@ JOIN ingest_table_segments t
  AND t.seq IS NOT NULL AND t.removed_seq IS NULL
 ORDER BY r.root, s.id;
 
+-- name: table_fence_segments
+-- The segments a table commit appends, read inside the catalog's swap (metastore/tables.py,
+-- fence_commit): whether each is current and whether a commit of the table holds it already.
+-- Locked until that transaction ends: a replacement of them (FOR UPDATE) waits for the commit
+-- and its record, then finds them held.
+SELECT s.id, s.replaced_by IS NULL AS current,
+       EXISTS (SELECT 1 FROM ingest_table_segments t
+               WHERE t.source = s.source AND t.kind = %(kind)s AND t.segment_id = s.id
+                 AND t.seq IS NOT NULL) AS held
+FROM ingest_segments s
+WHERE s.source = %(source)s AND s.id = ANY(%(segment_ids)s::bigint[])
+ORDER BY s.id
+FOR SHARE OF s;
+
 -- name: table_record_removed
 -- The segments a replacement commit took out of the table (migrations/0019).
 UPDATE ingest_table_segments SET removed_seq = %(seq)s, removed_at = now()
@@ -489,6 +503,26 @@ SELECT t.kind, t.segment_id, s.replaced_by IS NULL AS current,
 FROM ingest_table_segments t JOIN ingest_segments s ON s.id = t.segment_id
 WHERE t.source = %(source)s AND t.seq IS NOT NULL AND t.removed_seq IS NULL
 ORDER BY t.kind, t.segment_id;
+
+-- name: table_held_twice
+-- `ingest audit`: per table, each held segment that a segment the table also holds replaced,
+-- directly or through replacements (replacement: the held one nearest up the chain). Both hold
+-- the same records: the table has them twice. A committer that follows a replacement takes the
+-- replaced segments out in the same commit that puts their replacement in (migrations/0019).
+WITH RECURSIVE up (kind, segment_id, id) AS (
+    SELECT t.kind, t.segment_id, s.replaced_by
+    FROM ingest_table_segments t JOIN ingest_segments s ON s.id = t.segment_id
+    WHERE t.source = %(source)s AND t.seq IS NOT NULL AND t.removed_seq IS NULL AND s.replaced_by IS NOT NULL
+    UNION ALL
+    SELECT u.kind, u.segment_id, s.replaced_by FROM up u JOIN ingest_segments s ON s.id = u.id
+    WHERE s.replaced_by IS NOT NULL
+)
+SELECT DISTINCT ON (u.kind, u.segment_id) u.kind, u.segment_id, u.id AS replacement
+FROM up u
+JOIN ingest_table_segments t
+  ON t.source = %(source)s AND t.kind = u.kind AND t.segment_id = u.id
+ AND t.seq IS NOT NULL AND t.removed_seq IS NULL
+ORDER BY u.kind, u.segment_id, u.id;
 
 -- name: table_advance
 UPDATE ingest_tables

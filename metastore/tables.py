@@ -5,6 +5,14 @@ Like :class:`metastore.store.Metastore`, one ``TableStore`` owns one connection,
 thread at a time; a broken connection is dropped and re-opened on the next call. The
 committer's advisory lock lives on a connection of its own (:meth:`TableStore.try_lock`):
 losing that connection loses the lock, which :meth:`TableStore.holds_lock` notices.
+
+A table commit is recorded by :func:`fence_commit`, inside the transaction in which the
+catalog swaps the table's metadata pointer (the catalog's tables are in this database): the
+swap and its record commit together or not at all, and only while every segment the commit
+appends is still current and the held segments it takes out are exactly those its segments
+replaced. So the metastore never lags the table, and gc (which deletes a replaced segment's
+files only once no table holds it, ``replaced_to_delete``) never deletes a file a commit may
+still put in a table, however long its committer was frozen before the swap.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from metastore.base import Row, StoreBase
 from metastore.connection import ConnectionLimits, connect, wrap_exceptions
@@ -28,6 +37,12 @@ class TableKind(StrEnum):
 
     DATA = "data"
     REJECTS = "rejects"
+
+
+class StaleTableCommit(MetastoreError):
+    """A table commit no longer matches the metastore (a segment it appends was replaced or
+    is held already, or the held segments its segments replaced changed since it was chosen):
+    nothing of it is recorded, and the catalog's swap is rolled back with it."""
 
 
 class TableNotEnabled(MetastoreError):
@@ -60,6 +75,64 @@ class PendingSegment:
     files: tuple[str, ...]
     supersedes: tuple[int, ...] = ()
     superseded_files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TableCommit:
+    """One Iceberg commit as the metastore records it: commit ``seq`` of the table appended
+    ``segment_ids`` and took out the files of the held segments ``removed_ids`` (a
+    replacement), as the Iceberg snapshot ``snapshot_id``."""
+
+    source: str
+    kind: TableKind
+    seq: int
+    segment_ids: tuple[int, ...]
+    snapshot_id: int | None
+    committed_at: datetime
+    removed_ids: tuple[int, ...] = ()
+
+
+def _recorded_seq(cur: psycopg.Cursor[Row], commit: TableCommit) -> int:
+    """The table's recorded commit, its row locked until the transaction ends (a commit and
+    its record are serialized against any other record of the table)."""
+    row = cur.execute(query("table_lock_row"), {"source": commit.source, "kind": commit.kind.value}).fetchone()
+    if row is None:
+        raise TableNotEnabled(commit.source)
+    return int(row["committed_seq"])
+
+
+def _write(cur: psycopg.Cursor[Row], commit: TableCommit) -> None:
+    params: dict[str, Any] = {"source": commit.source, "kind": commit.kind.value, "seq": commit.seq}
+    cur.execute(query("table_record_segments"), {**params, "segment_ids": list(commit.segment_ids)})
+    if commit.removed_ids:
+        cur.execute(query("table_record_removed"), {**params, "segment_ids": list(commit.removed_ids)})
+    cur.execute(
+        query("table_advance"), {**params, "snapshot_id": commit.snapshot_id, "committed_at": commit.committed_at}
+    )
+
+
+def fence_commit(conn: psycopg.Connection[Any], commit: TableCommit, url: str = "") -> None:
+    """Record ``commit`` in ``conn``'s open transaction: the one in which the catalog swaps the
+    table's metadata pointer, after the swap and before its COMMIT. Raises StaleTableCommit
+    (the caller rolls the swap back) unless the metastore is at commit ``seq - 1``, every
+    segment it appends is current and held by no commit of the table yet, and the held segments
+    its segments replaced are exactly ``removed_ids``. The appended segments stay locked
+    (FOR SHARE) until the transaction ends, so a replacement of them (FOR UPDATE) is ordered
+    after the commit and its record, and sees them held."""
+    ids = sorted(commit.segment_ids)
+    params = {"source": commit.source, "kind": commit.kind.value, "segment_ids": ids}
+    name = f"table {commit.source}/{commit.kind.value} commit {commit.seq}"
+    with wrap_exceptions(url), conn.cursor(row_factory=dict_row) as cur:
+        if (recorded := _recorded_seq(cur, commit)) != commit.seq - 1:
+            raise StaleTableCommit(f"{name}: the metastore recorded commit {recorded}")
+        segments = cur.execute(query("table_fence_segments"), params).fetchall()
+        if stale := sorted(set(ids) - {int(s["id"]) for s in segments if s["current"] and not s["held"]}):
+            raise StaleTableCommit(f"{name}: segments {stale} are no longer current, or held already")
+        taken = sorted({int(r["id"]) for r in cur.execute(query("table_superseded"), params).fetchall()})
+        if taken != sorted(commit.removed_ids):
+            removed = sorted(commit.removed_ids)
+            raise StaleTableCommit(f"{name}: its segments replaced held segments {taken}, not {removed}")
+        _write(cur, commit)
 
 
 class TableStore(StoreBase):
@@ -112,6 +185,35 @@ class TableStore(StoreBase):
         if not rows:
             raise SourceNotFound(source)
         return dict(rows[0]["spec"])
+
+    def next_batch(self, source: str, kind: TableKind, limit: int) -> list[PendingSegment]:
+        """The table committer's next batch: up to ``limit`` pending segments with files of this
+        kind to append, or one replacement of segments the table holds (committed alone),
+        whichever comes first. Segments without any file (offsets without records, or no
+        rejects) that replace nothing the table holds are recorded as held on the way: there is
+        nothing of them to append, so nothing to append twice. Every page is read in one
+        REPEATABLE READ snapshot: a replacement committed between two pages would put a segment
+        and the segments it replaced in one batch."""
+        batch: list[PendingSegment] = []
+        empty: list[int] = []
+        after = 0
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                while len(batch) < limit:
+                    pending = self.pending(source, kind, limit, after_id=after)
+                    empty += [s.id for s in pending if not s.files and not s.supersedes]
+                    if replacing := next((s for s in pending if s.supersedes), None):
+                        batch += [s for s in pending if s.files and s.id < replacing.id][: limit - len(batch)]
+                        batch = batch or [replacing]
+                        break
+                    batch += [s for s in pending if s.files][: limit - len(batch)]
+                    if len(pending) < limit:
+                        break
+                    after = pending[-1].id
+        self.record_empty(source, kind, empty)
+        return batch
 
     def pending(self, source: str, kind: TableKind, limit: int, after_id: int = 0) -> list[PendingSegment]:
         """Published segments the table does not hold yet, oldest first (ids above ``after_id``),
@@ -169,18 +271,17 @@ class TableStore(StoreBase):
         removed_ids: Sequence[int] = (),
     ) -> bool:
         """Record Iceberg commit ``seq`` (the segments it appended, and ``removed_ids``: the
-        replaced segments whose files it took out), in one transaction.
+        replaced segments whose files it took out), in one transaction of its own: the reconcile
+        of a commit the table holds and the metastore did not record (:func:`fence_commit`
+        records every commit the committer makes in the catalog's swap).
 
-        Idempotent: a commit recorded already (by a committer that reconciled first, or a
-        zombie's late write) changes nothing and returns False. A gap (``seq`` more than one
-        past the recorded one) is refused: every commit is recorded before the next is made."""
+        Idempotent: a commit recorded already changes nothing and returns False. A gap (``seq``
+        more than one past the recorded one) is refused."""
+        commit = TableCommit(source, kind, seq, tuple(segment_ids), snapshot_id, committed_at, tuple(removed_ids))
         with wrap_exceptions(self.url):
             conn = self._connection()
-            with conn.transaction():
-                row = conn.execute(query("table_lock_row"), {"source": source, "kind": kind.value}).fetchone()
-                if row is None:
-                    raise TableNotEnabled(source)
-                recorded = int(row["committed_seq"])
+            with conn.transaction(), conn.cursor() as cur:
+                recorded = _recorded_seq(cur, commit)
                 if seq <= recorded:
                     return False
                 if seq != recorded + 1:
@@ -188,25 +289,7 @@ class TableStore(StoreBase):
                         f"table {source}/{kind.value}: Iceberg commit {seq} follows recorded commit {recorded}: "
                         "commits in between were never recorded"
                     )
-                conn.execute(
-                    query("table_record_segments"),
-                    {"source": source, "kind": kind.value, "seq": seq, "segment_ids": list(segment_ids)},
-                )
-                if removed_ids:
-                    conn.execute(
-                        query("table_record_removed"),
-                        {"source": source, "kind": kind.value, "seq": seq, "segment_ids": list(removed_ids)},
-                    )
-                conn.execute(
-                    query("table_advance"),
-                    {
-                        "source": source,
-                        "kind": kind.value,
-                        "seq": seq,
-                        "snapshot_id": snapshot_id,
-                        "committed_at": committed_at,
-                    },
-                )
+                _write(cur, commit)
                 return True
 
     # -- the committer's lock -------------------------------------------------------

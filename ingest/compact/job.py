@@ -7,8 +7,10 @@ Per chunk, in this order, as a worker's build does:
    written (``ingest.builder.registration``'s rule): a compaction that dies from here on leaves
    files nobody lists, and gc abandons its split and sweeps them after the grace period.
 2. One Spark job reads the old segments' data files and writes them as zstd Parquet into the
-   build's data directory: one task, so one file per ``file_partition`` value (the chunk is at
-   most the target size), sorted by ``_partition, _offset`` within a file.
+   build's data directory: one task, so one file per value of the cut (the chunk is at most
+   the target size), sorted by ``_partition, _offset`` within a file; the cut: the finest of
+   the old files' spec version's ``file_partition``, the latest spec's and the Iceberg data
+   table's partition transform (``ingest.compact.plan.file_cut``).
 3. The job's row count and the new files' footers are checked like a build's
    (``ingest.segments.output_files``): every file of the chunk's partition, its offsets inside the
    chunk's range, the rows adding up to the old segments' rows.
@@ -32,14 +34,14 @@ import pyarrow.parquet as pq
 import structlog
 
 from ingest.builder.plan import FILE_PARTITION_COLUMN, file_partition_value
-from ingest.compact.plan import Chunk, choose
+from ingest.compact.plan import Chunk, choose, file_cut
 from ingest.errors import BuildError
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
 from ingest.spark.session import SessionSource
 from ingest.spec import SourceSpec
 from ingest_common.backoff import Backoff
-from ingest_common.model import BuildRegistration, TopicPartition
+from ingest_common.model import BuildRegistration, PartitionBy, TopicPartition
 from metastore.base import Row
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable, ReplaceRefused, Session
 
@@ -62,6 +64,8 @@ class CompactionStore(Protocol):
     def spec_versions(self, name: str) -> list[Row]: ...
 
     def segments(self, source: str) -> list[Row]: ...
+
+    def table_partition(self, source: str) -> PartitionBy | None: ...
 
     def register_build(self, worker: str, build: BuildRegistration) -> None: ...
 
@@ -161,6 +165,7 @@ class Compactor:
         (their event-time column and file cut). Raises ReplaceRefused when the metastore refused
         (the new files are deleted then)."""
         started = time.monotonic()
+        cut = file_cut(written_under.file_partition, spec.file_partition, self._store.table_partition(spec.name))
         split_id, build = uuid.uuid4(), uuid.uuid4()
         dirs = segment_store.build_dirs(spec.segment_store, spec.name, build)
         self._store.register_build(
@@ -169,7 +174,7 @@ class Compactor:
         log.info("compaction_registered", source=spec.name, build=str(build), segments=len(chunk.segments))
         unknown = False
         try:
-            new_files = self._rewrite(written_under, chunk, split_id, dirs.data) if chunk.files else []
+            new_files = self._rewrite(written_under, cut, chunk, split_id, dirs.data) if chunk.files else []
             size = sum(f.size_bytes for f in new_files) + _sizes(chunk)
             uris = [f.uri for f in new_files]
             if os.environ.get(FAULT_PAUSE_ENV) == "rewritten":
@@ -214,7 +219,7 @@ class Compactor:
         return done
 
     def _rewrite(
-        self, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str
+        self, spec: SourceSpec, cut: PartitionBy, chunk: Chunk, split_id: uuid.UUID, out_dir: str
     ) -> list[output_files.OutputFile]:
         if self._sessions is None:
             self._sessions = self._session_factory(spec)
@@ -223,7 +228,7 @@ class Compactor:
         fs, path = segment_store.filesystem(chunk.files[0])
         columns = pq.read_schema(path, filesystem=fs).names
         try:
-            return self._spark_rewrite(spark, spec, chunk, split_id, out_dir, columns)
+            return self._spark_rewrite(spark, spec, cut, chunk, split_id, out_dir, columns)
         except Exception as exc:
             self._sessions.failed(spark, exc)
             raise
@@ -234,7 +239,14 @@ class Compactor:
             self._sessions.stop()
 
     def _spark_rewrite(
-        self, spark: Any, spec: SourceSpec, chunk: Chunk, split_id: uuid.UUID, out_dir: str, columns: list[str]
+        self,
+        spark: Any,
+        spec: SourceSpec,
+        cut_by: PartitionBy,
+        chunk: Chunk,
+        split_id: uuid.UUID,
+        out_dir: str,
+        columns: list[str],
     ) -> list[output_files.OutputFile]:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -242,7 +254,7 @@ class Compactor:
         observation = Observation(f"compact-{split_id.hex}")
         df = spark.read.parquet(*chunk.files).select(*columns)
         df = df.observe(observation, F.count(F.lit(1)).alias("total")).coalesce(1)
-        cut = file_partition_value(F.col(spec.event_time), spec.file_partition)
+        cut = file_partition_value(F.col(spec.event_time), cut_by)
         if cut is None:
             writer = df.sortWithinPartitions("_partition", "_offset").write
         else:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ingest_common.model import TopicPartition
+from ingest_common.model import PartitionBy, TopicPartition
 
 # More old segments per replacement would make one transaction lock too many rows.
 MAX_SEGMENTS_PER_CHUNK = 2_000
@@ -120,6 +120,16 @@ def choose(rows: Iterable[Mapping[str, Any]], target_bytes: int) -> list[Chunk]:
         for run in _runs(group):
             chunks.extend(_pack(run, target_bytes))
     return chunks
+
+
+def file_cut(written: PartitionBy, latest: PartitionBy, table: PartitionBy | None) -> PartitionBy:
+    """How a chunk's new files are cut: by the finest of the ``file_partition`` its segments
+    were written under (``written``), the latest spec's, and the source's Iceberg data table's
+    partition transform. Old segments may be cut coarser than the table (written when the spec
+    cut no files; the table partitioned by day since), each within one partition of it while
+    their union is not, and the committer registers only files that lie in one partition. The
+    latest spec's cut covers every transform ``ingest table-enable`` accepts now."""
+    return PartitionBy.finest(written, latest, table or PartitionBy.NONE)
 
 
 def _runs(group: Sequence[Candidate]) -> list[list[Candidate]]:

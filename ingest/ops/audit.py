@@ -54,6 +54,8 @@ class FindingKind(StrEnum):
     TABLE_MISSING = "table_missing_file"
     TABLE_EXTRA = "table_extra_file"
     TABLE_DUPLICATE = "table_duplicate_file"
+    TABLE_DUPLICATE_ROWS = "table_duplicate_rows"  # a table holds a replaced segment and its replacement
+    TABLE_DELETE_FILE = "table_delete_file"  # a delete file hides rows of a table's files
 
 
 @dataclass(frozen=True, slots=True)

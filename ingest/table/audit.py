@@ -15,18 +15,29 @@ as of the Iceberg snapshot the metastore recorded with that commit. Per table:
 - a file the table lists that no held segment lists (of the table's kind):
   ``table_extra_file``; a file it lists more than once: ``table_duplicate_file``.
 
+- a held segment that a segment the table also holds replaced (directly or through
+  replacements): ``table_duplicate_rows`` (their records are in the table twice);
+- a delete file (position or equality deletes, which another engine may write; the committer
+  writes none) in the table: ``table_delete_file`` (it hides rows of the held files);
+- a file of a held replaced segment that is not in the store: ``missing_file`` (the current
+  segments' files are checked by ``ingest.ops.audit``; readers of the table read these too).
+
 A segment published but not committed yet is not a finding (the committer is behind).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
+from ingest.segments import store as segment_store
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ
+from ingest_common.errors import first_line
 from metastore.audits import AuditSnapshot
 from metastore.base import Row
 from metastore.tables import TableKind
@@ -46,21 +57,34 @@ def table_findings(database_url: str, source: str, snapshot: AuditSnapshot) -> t
             kind = TableKind(row["kind"])
             held = [h for h in snapshot.held if h["kind"] == kind.value]
             findings += _one_table(catalog, source, kind, row, held, snapshot.segments)
+            findings += _held_twice(source, kind, snapshot.held_twice)
+            findings += _replaced_files_missing(source, kind, held)
     finally:
         catalog.close()
     return [str(row["kind"]) for row in snapshot.tables], findings
 
 
-def _table_files(catalog: MetastoreCatalog, source: str, kind: TableKind, recorded: Row) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _TableState:
+    """What the table's snapshot lists: its data files, and its delete files (path, content)."""
+
+    data: list[str]
+    deletes: list[tuple[str, DataFileContent]]
+
+
+def _table_state(catalog: MetastoreCatalog, source: str, kind: TableKind, recorded: Row) -> _TableState:
     try:
         table = catalog.load_table(identifier(source, kind))
     except NoSuchTableError:
-        return []
+        return _TableState([], [])
     snapshot_id = _recorded_state(table, recorded)
     if snapshot_id is None:
-        return []
-    files = table.inspect.data_files(snapshot_id=snapshot_id).column("file_path").to_pylist()
-    return [str(path) for path in files]
+        return _TableState([], [])
+    data = table.inspect.data_files(snapshot_id=snapshot_id).column("file_path").to_pylist()
+    deletes = table.inspect.delete_files(snapshot_id=snapshot_id).select(["file_path", "content"]).to_pylist()
+    return _TableState(
+        [str(path) for path in data], [(str(d["file_path"]), DataFileContent(int(d["content"]))) for d in deletes]
+    )
 
 
 def _recorded_state(table: Table, recorded: Row) -> int | None:
@@ -83,8 +107,17 @@ def _one_table(
     column = "files" if kind is TableKind.DATA else "rejects_files"
     held = {uri: int(h["segment_id"]) for h in held_rows for uri in h["files"] or ()}
     current = {uri for s in segments for uri in s[column]}
-    in_table = Counter(_table_files(catalog, source, kind, recorded))
-    findings: list[TableFinding] = []
+    state = _table_state(catalog, source, kind, recorded)
+    in_table = Counter(state.data)
+    findings: list[TableFinding] = [
+        (
+            "table_delete_file",
+            f"table {name} file {uri}",
+            f"a {'position' if content is DataFileContent.POSITION_DELETES else 'equality'} delete file hides rows "
+            "of the table's data files (the committer writes none: another engine deleted rows)",
+        )
+        for uri, content in sorted(state.deletes)
+    ]
     for uri, segment in sorted(held.items()):
         if uri not in in_table:
             findings.append(
@@ -104,4 +137,43 @@ def _one_table(
             findings.append(("table_extra_file", f"table {name} file {uri}", detail))
         if count > 1:
             findings.append(("table_duplicate_file", f"table {name} file {uri}", f"listed {count} times by the table"))
+    return findings
+
+
+def _held_twice(source: str, kind: TableKind, twice: list[Row]) -> list[TableFinding]:
+    name = ".".join(identifier(source, kind))
+    return [
+        (
+            "table_duplicate_rows",
+            f"table {name} segment {r['segment_id']}",
+            f"replaced by segment {r['replacement']}, which the table holds too: the table holds their records twice",
+        )
+        for r in twice
+        if r["kind"] == kind.value
+    ]
+
+
+def _replaced_files_missing(source: str, kind: TableKind, held_rows: list[Row]) -> list[TableFinding]:
+    """The files of the replaced segments the table holds (until its committer follows the
+    replacement) that are not in the store."""
+    name = ".".join(identifier(source, kind))
+    findings: list[TableFinding] = []
+    for h in held_rows:
+        if h["current"]:
+            continue  # ingest.ops.audit checks the current segments' files
+        for uri in h["files"] or ():
+            try:
+                there = segment_store.exists(uri)
+            except OSError as exc:
+                findings.append(("unreadable_file", f"table {name} file {uri}", first_line(exc)))
+                continue
+            if not there:
+                findings.append(
+                    (
+                        "missing_file",
+                        f"table {name} file {uri}",
+                        f"listed by replaced segment {h['segment_id']}, which the table holds, not in the store: "
+                        "reading the table fails",
+                    )
+                )
     return findings

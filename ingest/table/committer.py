@@ -10,12 +10,24 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   expiring snapshots cannot remove them (snapshot summaries carry the same values for audits
   only).
 - The metastore records commit ``seq`` (its segment ids in ``ingest_table_segments``,
-  ``ingest_tables.committed_seq``) after the Iceberg commit. Before appending anything the
-  committer reconciles: table at ``seq + 1`` and metastore at ``seq`` is a crash between the
-  two writes, and the metastore is advanced from the table's properties; any other difference
-  stops the committer (:class:`TableDiverged`). So a segment is never appended twice (what the
-  table holds is recorded before the next batch is chosen) and never skipped (a batch is every
-  published segment the metastore does not list as held, whatever order ids became visible in).
+  ``ingest_tables.committed_seq``) in the PostgreSQL transaction in which the catalog swaps the
+  table's metadata pointer (``metastore.tables.fence_commit``): both happen, or neither. That
+  transaction also refuses the commit (a conflict, retried from the reconcile) unless every
+  segment it appends is still current and not held yet, and the held segments its segments
+  replaced are exactly those it takes out; the appended segments stay locked until it ends, so
+  a replacement of them is ordered after the commit and its record. So however long a committer
+  was frozen between choosing a batch and committing it, it never appends a segment replaced
+  meanwhile (whose files gc may have deleted one grace period after the replacement: gc keeps
+  only the files of segments a table is recorded as holding), nor one beside the segments it
+  replaced. A batch is read in one snapshot of the metastore (``TableStore.next_batch``), so
+  it never holds a segment and one it replaced.
+- Before appending anything the committer reconciles: a table at ``seq + 1`` and a metastore
+  at ``seq`` is a commit recorded outside the swap (by a committer that recorded after its
+  swap, and died between the two), and the metastore is advanced from the table's properties;
+  any other difference stops the committer (:class:`TableDiverged`). So a segment is never
+  appended twice (what the table holds is recorded before the next batch is chosen) and never
+  skipped (a batch is every published segment the metastore does not list as held, whatever
+  order ids became visible in).
 - A batch chosen for commit ``seq`` is appended only onto a table whose ``ingest.commit-seq``
   is ``seq - 1`` (the state it was chosen from), and the catalog swap is a compare-and-swap on
   the metadata location: of two committers that chose a batch from the same table state, one
@@ -31,9 +43,9 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   one overwrite snapshot: their files out, its files in, the same rows
   (``ingest.table.replacement``). It is numbered, guarded and recorded like an append; the
   record also marks the segments it took out (``removed_seq``, in the same transaction), and
-  ``ingest.commit-replaced`` names them in the table, so the reconcile after a crash records
-  them too. So a replacement is applied once: after its record the replaced segments are no
-  longer held, and no pending segment supersedes them again.
+  ``ingest.commit-replaced`` names them in the table, so a reconcile records them too. So a
+  replacement is applied once: after its record the replaced segments are no longer held, and
+  no pending segment supersedes them again.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -70,7 +83,7 @@ from ingest.table.replacement import stage_replacement
 from ingest.table.runner import MAX_RETRY_DELAY_S, STANDBY_POLL_S, run_committer
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
-from metastore.tables import PendingSegment, TableKind, TableRow, TableStore
+from metastore.tables import PendingSegment, TableCommit, TableKind, TableRow, TableStore, fence_commit
 
 log = structlog.get_logger(__name__)
 
@@ -185,8 +198,9 @@ class TableCommitter:
 
     def reconcile(self, kind: TableKind, table: Table | None) -> int:
         """Bring the metastore's record up to what the table holds; returns the commit seq both
-        agree on. A crash between an Iceberg commit and its record leaves the table one commit
-        ahead: that commit is recorded now, from the table's own properties."""
+        agree on. A commit recorded outside its swap (a committer that recorded after the swap
+        and died between the two) leaves the table one commit ahead: that commit is recorded
+        now, from the table's own properties."""
         row = self.store.table(self.source, kind)
         if table is None:
             if row.committed_seq:
@@ -230,7 +244,7 @@ class TableCommitter:
             started = time.monotonic()
             table = self.load(kind)
             seq = self.reconcile(kind, table) + 1
-            batch = self._next_batch(kind)
+            batch = self.store.next_batch(self.source, kind, self.settings.batch_segments)
             if not batch:
                 return None
             replacing = batch[0].supersedes
@@ -253,17 +267,7 @@ class TableCommitter:
                 CONFLICT_RETRY.sleep(CONFLICT_RETRY.delay(conflicts - 1))
                 continue
             self._pause_if(FaultPoint.ICEBERG_COMMITTED)
-            snapshot = committed.current_snapshot()
             ids = tuple(s.id for s in batch)
-            self.store.record_commit(
-                self.source,
-                kind,
-                seq,
-                ids,
-                snapshot.snapshot_id if snapshot else None,
-                datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
-                replacing,
-            )
             _expire_snapshots(self.source, self.settings.keep_snapshots, committed, kind)
             self.health.progressed()
             seconds = time.monotonic() - started
@@ -291,28 +295,6 @@ class TableCommitter:
             "another process keeps changing the table"
         )
 
-    def _next_batch(self, kind: TableKind) -> list[PendingSegment]:
-        """Up to ``batch_segments`` pending segments with files of this kind to append, or one
-        replacement of segments the table holds (committed alone), whichever comes first.
-        Segments without any file (offsets without records, or no rejects) that replace
-        nothing the table holds are recorded as held on the way: there is nothing of them to
-        append, so nothing to append twice."""
-        limit = self.settings.batch_segments
-        batch: list[PendingSegment] = []
-        after = 0
-        while len(batch) < limit:
-            pending = self.store.pending(self.source, kind, limit, after_id=after)
-            self.store.record_empty(self.source, kind, [s.id for s in pending if not s.files and not s.supersedes])
-            for segment in pending:
-                if segment.supersedes:
-                    return batch or [segment]
-                if segment.files and len(batch) < limit:
-                    batch.append(segment)
-            if len(pending) < limit:
-                break
-            after = pending[-1].id
-        return batch
-
     def _replace(self, table: Table, kind: TableKind, seq: int, segment: PendingSegment) -> Table:
         """Commit ``seq``: the segment's files replace those of the held segments it replaced,
         in one overwrite snapshot (``ingest.table.replacement``), onto a table at ``seq - 1``."""
@@ -323,7 +305,7 @@ class TableCommitter:
             _evolve(txn, name, kind, [segment], self._schema_checked)
         out, new = stage_replacement(txn, table, name, segment, seq)
         log.info("table_replacing", source=self.source, table=kind.value, seq=seq, files_out=out, files_in=new)
-        return txn.commit_transaction()
+        return self._commit(txn, kind, seq, [segment])
 
     def _append(self, table: Table, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
         """Append the batch as commit ``seq`` onto ``table``, which must hold commit ``seq - 1``
@@ -355,7 +337,28 @@ class TableCommitter:
                 ) from exc
             raise TableError(f"table {'.'.join(identifier(self.source, kind))}: {first_line(exc)}") from exc
         txn.set_properties({COMMIT_SEQ: str(seq), COMMIT_SEGMENTS: ",".join(map(str, ids)), COMMIT_REPLACED: ""})
-        return txn.commit_transaction()
+        return self._commit(txn, kind, seq, batch)
+
+    def _commit(self, txn: Transaction, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
+        """Commit ``txn`` as commit ``seq`` of the batch, recorded in the transaction of the
+        catalog's swap (``metastore.tables.fence_commit``): refused as a conflict, and nothing
+        swapped, if a segment of the batch was replaced (or the held segments it replaces
+        changed) since the batch was chosen, however long ago that was."""
+        snapshot = txn.table_metadata.current_snapshot()
+        commit = TableCommit(
+            self.source,
+            kind,
+            seq,
+            tuple(s.id for s in batch),
+            snapshot.snapshot_id if snapshot else None,
+            datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
+            tuple(i for s in batch for i in s.supersedes),
+        )
+        with self.catalog.fenced(partial(fence_commit, commit=commit, url=self.store.url)) as fence:
+            table = txn.commit_transaction()
+        if not fence.ran:
+            raise TableError(f"table {'.'.join(identifier(self.source, kind))}: commit {seq} swapped nothing")
+        return table
 
     def _pause_if(self, point: FaultPoint) -> None:
         if self._fault == point.value:

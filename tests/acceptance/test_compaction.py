@@ -257,7 +257,7 @@ def test_a_table_fed_source_follows_compaction_once_through_a_killed_committer(
     code, lines, _ = audit(env, source)
     assert code == 0, lines
 
-    # A committer killed right after its first Iceberg commit (a replacement), before its record.
+    # A committer killed right after its first Iceberg commit (a replacement), recorded in the swap.
     fault = {**env, "INGEST_FAULT_TABLE_PAUSE_AT": "iceberg_committed"}
     proc = popen(
         [sys.executable, "-m", "ingest", "table-commit", source, "--interval", "0"],
@@ -274,7 +274,7 @@ def test_a_table_fed_source_follows_compaction_once_through_a_killed_committer(
         summaries = [s.summary for s in table.snapshots() if s.summary is not None]
     finally:
         catalog.close()
-    # Every replacement is one overwrite snapshot, none made twice (the killed one reconciled).
+    # Every replacement is one overwrite snapshot, none made twice (the killed one's included).
     overwrites = [s for s in summaries if s.get("ingest.replacement") is not None]
     assert sorted(int(str(s.get("ingest.replacement"))) for s in overwrites) == sorted(
         r.segment_id for r in result.replaced

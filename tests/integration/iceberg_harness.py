@@ -17,8 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ingest.ops.audit import audit_source
 from ingest.segments.store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
+from ingest.table.audit import table_findings
 from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings
@@ -85,10 +87,11 @@ class Source:
         self.version, _ = self.store.apply_source(self.name, spec_from_dict(doc).to_json(), "")
 
     def publish(
-        self, records: int, rejects: int = 0, day_span: bool = False, holes: int = 0, partition: int = 0
+        self, records: int, rejects: int = 0, day_span: bool = False, holes: int = 0, partition: int = 0, day: int = 0
     ) -> int:
         """One segment of ``records`` rows (and ``rejects`` rejected records) at the partition's
-        next offsets; ``holes``: offsets after them with no record (aborted transactions, compaction)."""
+        next offsets; ``holes``: offsets after them with no record (aborted transactions, compaction).
+        Event times from ``day`` days after DAY0 on, a second apart (``day_span``: 20 hours apart)."""
         tp = TopicPartition(T0.topic, partition)
         build = uuid.uuid4()
         split = uuid.uuid4()
@@ -110,7 +113,7 @@ class Source:
             }
             for column, ctype in self.columns.items():
                 if column == "ts":
-                    data[column] = [DAY0 + step * (o - start) for o in offsets]
+                    data[column] = [DAY0 + timedelta(days=day) + step * (o - start) for o in offsets]
                 elif ctype == "long":
                     data[column] = offsets
                 else:
@@ -214,3 +217,36 @@ def assert_eventually(check: Any, runner: threading.Thread, attempts: int = 600)
 def gauge(metrics: Any, name: str, **labels: str) -> float | None:
     value = metrics.registry.get_sample_value(name, labels)
     return None if value is None else float(value)
+
+
+def compact(src: Source, old: list[int]) -> int:
+    """What ``ingest compact`` does, without Spark: a build registered, the old segments' rows
+    written as one file sorted by offset, then the replacement."""
+    segments = {s["id"]: s for s in src.store.segments(src.name)}
+    build, split = uuid.uuid4(), uuid.uuid4()
+    dirs = build_dirs(src.root, src.name, build)
+    src.store.register_build("c", BuildRegistration(build, src.name, dirs.staging, dirs.data, dirs.rejects, (split,)))
+    parts = []
+    for uri in (f for i in old for f in segments[i]["files"]):
+        fs, path = filesystem(uri)
+        parts.append(pq.read_table(path, filesystem=fs))
+    rows = sum(int(segments[i]["row_count"]) for i in old)
+    files = []
+    if parts:
+        merged = pa.concat_tables(parts).sort_by("_offset")
+        files.append(Source._write(f"{dirs.data}/part-00000-{split}.parquet", merged))
+    return src.store.replace_segments(src.name, split, "c", old, dirs.data, files, rows, 1)
+
+
+def table_files(c: TableCommitter, kind: TableKind = TableKind.DATA) -> set[str]:
+    table = c.load(kind)
+    assert table is not None
+    return {task.file.file_path for task in table.scan().plan_files()}
+
+
+def audit_findings(database_url: str, source: str) -> list[str]:
+    """Every line ``ingest audit --files`` prints for its findings."""
+    with Metastore(database_url) as store:
+        result, snapshot = audit_source(store, source, files=True)
+    _tables, found = table_findings(database_url, source, snapshot)
+    return [f.line() for f in result.findings] + [f"{kind}: {where}: {detail}" for kind, where, detail in found]

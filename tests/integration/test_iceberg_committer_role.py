@@ -18,7 +18,7 @@ from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest_dev.postgres import LocalPostgres
 from metastore import apply_migrations
-from metastore.tables import TableKind
+from metastore.tables import TableKind, TableStore
 from tests.integration.iceberg_harness import Source, assert_eventually, assert_exactly_once, gauge, run_cli
 
 
@@ -52,6 +52,9 @@ def test_a_committer_killed_during_a_commit_loses_and_duplicates_nothing(databas
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+    # Killed right after its catalog swap: the swap's own transaction recorded the commit.
+    with TableStore(database_url) as store:
+        assert store.table(src.name, TableKind.DATA).committed_seq == 1
     src.publish(4)
     once = run_cli(database_url, "table-commit", src.name, "--once", "--json")
     out, _ = once.communicate(timeout=120)

@@ -58,7 +58,7 @@ def test_a_wheel_in_a_fresh_virtualenv_migrates_an_empty_database(tmp_path: Path
     where = run(
         python,
         "-c",
-        # The subpackages (ingest.table, ingest.build, ...) are found by pyproject's package discovery.
+        # The subpackages (ingest.table, ingest.builder, ...) are found by pyproject's package discovery.
         "import ingest, ingest.table.committer, metastore.migrations as m; print(ingest.__file__); "
         "print(m.MIGRATIONS); print(sum(1 for f in m.MIGRATIONS.iterdir() if f.name.endswith('.sql')))",
         cwd=tmp_path,

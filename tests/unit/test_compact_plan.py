@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.compact.plan import choose
+from ingest.compact.plan import choose, file_cut
+from ingest_common.model import PartitionBy
 
 MB = 1024**2
 
@@ -80,3 +81,12 @@ def test_segments_without_files_join_runs_and_many_partitions_segments_are_left_
     # A segment of many small files is small; one big file is not.
     assert ids([seg(1, 0, 10, 400, files=8), seg(2, 10, 20, 10)]) == []
     assert ids([seg(1, 0, 10, 100, files=8), seg(2, 10, 20, 100, files=8)]) == [[1, 2]]
+
+
+def test_compacted_files_are_cut_for_the_table_and_for_any_table_the_spec_allows() -> None:
+    none, hour, day, month, year = (PartitionBy(v) for v in ("none", "hour", "day", "month", "year"))
+    assert file_cut(none, none, day) is day  # the table's partitions, though no spec cuts that fine now
+    assert file_cut(none, month, None) is month  # any table `ingest table-enable` accepts now
+    assert file_cut(hour, day, day) is hour  # the files' own finer cut is kept
+    assert file_cut(day, none, year) is day
+    assert file_cut(none, none, None) is none

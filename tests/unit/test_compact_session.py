@@ -21,7 +21,7 @@ from ingest.errors import SparkDriverExited
 from ingest.spark import connect
 from ingest.spark.session import SessionSource, session_source
 from ingest.spec import spec_from_dict
-from ingest_common.model import TopicPartition
+from ingest_common.model import PartitionBy, TopicPartition
 from ingest_dev.testkit import wait_until
 
 
@@ -69,7 +69,7 @@ def rewrite_twice(tmp_path: Path, master: str, monkeypatch: pytest.MonkeyPatch) 
     compactor = Compactor(store=None, sessions=sessions, worker_id="c")  # type: ignore[arg-type]
     for _ in range(2):
         with pytest.raises(PySparkRuntimeError):
-            compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+            compactor._rewrite(spec, PartitionBy.NONE, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
     return made
 
 
@@ -121,10 +121,10 @@ def test_a_compactor_whose_driver_jvm_exited_raises_driver_exited_on_its_next_jo
     from py4j.protocol import Py4JNetworkError
 
     with pytest.raises(Py4JNetworkError):  # a Spark failure: the role retries its pass
-        compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+        compactor._rewrite(spec, PartitionBy.NONE, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
     # Not one the role retries (ingest.compact.runner): it exits, and is restarted.
     with pytest.raises(SparkDriverExited):
-        compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+        compactor._rewrite(spec, PartitionBy.NONE, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
     compactor.stop()
     assert session.stopped_with_release is None  # a dead JVM is not asked to stop
 
@@ -152,7 +152,7 @@ def test_the_compactor_role_counts_what_its_connect_session_went_through(
     compactor = Compactor(store=None, sessions=compactor_sessions(settings, metrics), worker_id="c")  # type: ignore[arg-type]
     for _ in range(2):
         with pytest.raises(PySparkRuntimeError):
-            compactor._rewrite(spec, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
+            compactor._rewrite(spec, PartitionBy.NONE, Chunk((seg, seg)), uuid.uuid4(), str(tmp_path / "out"))
     compactor.stop()
 
     def count(event: str) -> float | None:
