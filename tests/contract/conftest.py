@@ -1,6 +1,7 @@
-"""The two Kafka backends the consumer contract runs against: the in-memory consumer the unit
-tests use (tests.memory_kafka) and confluent-kafka on a real Apache Kafka broker. Each has a
-topic of two partitions, ``tp`` and ``other``."""
+"""The two Kafka backends the contracts run against: the in-memory group member, log-end
+queries and validator the unit tests use (tests.memory_kafka) and confluent-kafka on a real
+Apache Kafka broker (ingest.consume.kafka, log_offsets, validator). Each has a topic of two
+partitions, ``tp`` and ``other``."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from confluent_kafka.admin import AdminClient
 
 from ingest.config import PROTOCOL_PROPERTIES
 from ingest.consume.kafka import ConfluentConsumer, Consumer
+from ingest.consume.log_offsets import AdminLogOffsets, LogOffsets
+from ingest.consume.validator import ConfluentValidator, PositionValidator
 from ingest_common.model import TopicPartition
-from tests.memory_kafka import MemoryBroker, MemoryConsumer
+from tests.memory_kafka import MemoryBroker, MemoryConsumer, MemoryLogOffsets, MemoryValidator
 
 # The shortest the broker allows (it must be at least the session timeout, 6 s).
 MAX_POLL_INTERVAL_S = 6.0
@@ -43,6 +46,12 @@ class Backend:
     second_member: Callable[[Consumer, bool], Joining]
     # The member does not poll for longer than max.poll.interval.ms: the group drops it.
     stall: Callable[[Consumer], None]
+    # Where the topic's logs end (ListOffsets), and a position validator (KIP-320).
+    offsets: LogOffsets
+    make_validator: Callable[[], PositionValidator]
+    # Records of ``tp`` in a transaction left open, then its end (committed or aborted).
+    begin_transaction: Callable[[int], None]
+    end_transaction: Callable[[bool], None]
     consumers: list[Consumer] = field(default_factory=list)
 
     def produce(self, n: int) -> None:
@@ -102,11 +111,17 @@ def _memory() -> Iterator[Backend]:
         committed,
         second_member,
         stall,
+        MemoryLogOffsets(broker),
+        lambda: MemoryValidator(broker),
+        lambda n: broker.begin_transaction(tp, *_values(n)),
+        lambda commit: broker.end_transaction(tp, commit=commit),
     )
     yield backend
 
 
 def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    from confluent_kafka import Producer
+
     from ingest_dev.kafka_clients import produce_records
 
     bootstrap: str = request.getfixturevalue("kafka_bootstrap")
@@ -114,6 +129,8 @@ def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
     tp, other = TopicPartition(topic, 0), TopicPartition(topic, 1)
     group = f"contract-{uuid.uuid4().hex[:8]}"
     members: list[Any] = []  # second members' plain clients
+    validators: list[PositionValidator] = []
+    transactional = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"contract-{uuid.uuid4().hex[:8]}"})
     backend: Backend
 
     def conf(incremental: bool) -> dict[str, Any]:
@@ -131,6 +148,31 @@ def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
         consumer = ConfluentConsumer(KafkaConsumer(conf(incremental)), incremental=incremental)
         backend.consumers.append(consumer)
         return consumer
+
+    def make_validator() -> PositionValidator:
+        validator = ConfluentValidator(
+            KafkaConsumer(
+                {
+                    **PROTOCOL_PROPERTIES,
+                    "bootstrap.servers": bootstrap,
+                    "group.id": f"{group}-validator",
+                    "max.partition.fetch.bytes": 1,
+                    "fetch.wait.max.ms": 100,
+                }
+            )
+        )
+        validators.append(validator)
+        return validator
+
+    def begin_transaction(n: int) -> None:
+        transactional.init_transactions(30)
+        transactional.begin_transaction()
+        for value in _values(n):
+            transactional.produce(topic, value, partition=0)
+        transactional.flush(30)
+
+    def end_transaction(commit: bool) -> None:
+        (transactional.commit_transaction if commit else transactional.abort_transaction)(30)
 
     def delete_before(offset: int) -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -177,12 +219,18 @@ def _kafka(request: pytest.FixtureRequest) -> Iterator[Backend]:
         committed,
         second_member,
         lambda _consumer: time.sleep(MAX_POLL_INTERVAL_S + 2),  # the fault: no poll, on purpose
+        AdminLogOffsets(AdminClient({"bootstrap.servers": bootstrap})),
+        make_validator,
+        begin_transaction,
+        end_transaction,
     )
     yield backend
     for consumer in backend.consumers:
         consumer.close()
     for client in members:
         client.close()
+    for validator in validators:
+        validator.close()
 
 
 @pytest.fixture(params=["memory", "kafka"])

@@ -1,10 +1,11 @@
-"""KIP-320 as the worker's Kafka boundary sees it, against the in-memory consumer the unit tests
-use (tests.memory_kafka) and confluent-kafka on a real Apache Kafka broker whose partition log
-was lost (ingest_dev.kafka.LocalKafka.lose_partition_log) and then grew past the position
-again: assigned with the leader epoch stored with the position, the consumer reports the
-truncation (librdkafka: _AUTO_OFFSET_RESET under auto.offset.reset=error, with its
-_LOG_TRUNCATION text) and delivers nothing; assigned without it, it reads on silently, which is
-the loss this detection closes."""
+"""KIP-320 as the worker's position validator sees it (ingest.consume.validator), against the
+in-memory validator the unit tests use (tests.memory_kafka) and confluent-kafka on a real
+Apache Kafka broker whose partition log was lost (ingest_dev.kafka.LocalKafka.lose_partition_log)
+and then grew past the position again: validated under the leader epoch stored with the
+position, the truncation is the answer (librdkafka: _AUTO_OFFSET_RESET under
+auto.offset.reset=error, with its _LOG_TRUNCATION text), with where the broker's log of that
+epoch ends; under the new leader's epoch the same position is valid, which is why a position is
+always validated under the epoch it was known under, never a newer one."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import pytest
 from confluent_kafka import Consumer as KafkaConsumer
 
 from ingest.config import PROTOCOL_PROPERTIES
-from ingest.consume.kafka import Batch, ConfluentConsumer, Consumer, Truncation
+from ingest.consume.kafka import Truncation
+from ingest.consume.validator import ConfluentValidator, PositionValidator, Validation, Verdict
 from ingest_common.model import TopicPartition
 from ingest_dev.testkit import wait_until
-from tests.memory_kafka import MemoryBroker, MemoryConsumer
+from tests.memory_kafka import MemoryBroker, MemoryValidator
 
 STORED = 15  # published up to here, from records of the first leader epoch
 BEFORE, AFTER = 20, 30  # records before the log was lost, and produced after
@@ -33,23 +35,7 @@ class Truncated:
     tp: TopicPartition
     epoch_before: int
     epoch_after: int
-    make_consumer: Callable[[], Consumer]
-
-
-class Assigner:
-    """Assigns every partition the group gives it at ``STORED``, with ``epoch`` if given."""
-
-    def __init__(self, epoch: int | None) -> None:
-        self.epoch = epoch
-
-    def on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        consumer.assign({tp: STORED for tp in tps}, {tp: self.epoch for tp in tps} if self.epoch is not None else None)
-
-    def on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        consumer.unassign(tps)
-
-    def on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        consumer.unassign(tps)
+    make_validator: Callable[[], PositionValidator]
 
 
 def _memory() -> Truncated:
@@ -58,12 +44,7 @@ def _memory() -> Truncated:
     broker.truncate(tp, 0)
     broker.produce(tp, *(b"%d" % i for i in range(AFTER)))
 
-    def make() -> Consumer:
-        consumer = MemoryConsumer(broker)
-        consumer.group_assigns(tp)  # at its first poll, as the group would
-        return consumer
-
-    return Truncated(tp, 0, broker.epochs[tp], make)
+    return Truncated(tp, 0, broker.epochs[tp], lambda: MemoryValidator(broker))
 
 
 @dataclass(frozen=True)
@@ -101,23 +82,23 @@ def truncated_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Truncate
 
 
 def _kafka(log: TruncatedLog) -> Iterator[Truncated]:
-    consumers: list[ConfluentConsumer] = []
+    validators: list[PositionValidator] = []
 
-    def make() -> Consumer:
+    def make() -> PositionValidator:
         conf: dict[str, Any] = {
             **PROTOCOL_PROPERTIES,
             "bootstrap.servers": log.bootstrap,
             "group.id": f"contract-{uuid.uuid4().hex[:8]}",
-            "session.timeout.ms": 6000,
-            "partition.assignment.strategy": "cooperative-sticky",
+            "max.partition.fetch.bytes": 1,
+            "fetch.wait.max.ms": 100,
         }
-        consumer = ConfluentConsumer(KafkaConsumer(conf), incremental=True)
-        consumers.append(consumer)
-        return consumer
+        validator = ConfluentValidator(KafkaConsumer(conf))
+        validators.append(validator)
+        return validator
 
     yield Truncated(log.tp, log.epoch_before, log.epoch_after, make)
-    for consumer in consumers:
-        consumer.close()
+    for validator in validators:
+        validator.close()
 
 
 @pytest.fixture(params=["memory", "kafka"])
@@ -128,38 +109,27 @@ def truncated(request: pytest.FixtureRequest) -> Iterator[Truncated]:
         yield from _kafka(request.getfixturevalue("truncated_log"))
 
 
-def _poll(consumer: Consumer, done: Callable[[list[Any], Batch], bool]) -> tuple[list[Any], list[Batch]]:
-    records: list[Any] = []
-    batches: list[Batch] = []
-
-    def polled() -> bool:
-        batch = consumer.poll(500, 0.2)
-        records.extend(batch.records)
-        batches.append(batch)
-        return done(records, batch)
-
-    wait_until(polled, 90, "the consumer's answer", interval=0, detail=lambda: f"{len(records)} records")
-    return records, batches
+def _answer(validator: PositionValidator) -> Validation:
+    answers: list[Validation] = []
+    wait_until(lambda: answers.extend(validator.poll()) or answers, 90, "the validation's answer", interval=0.05)
+    (only,) = answers
+    return only
 
 
-def test_a_position_assigned_with_its_leader_epoch_reports_the_truncation_and_delivers_nothing(
-    truncated: Truncated,
-) -> None:
+def test_a_position_validated_under_its_old_leader_epoch_is_found_truncated(truncated: Truncated) -> None:
     assert truncated.epoch_after > truncated.epoch_before  # the lost log came back under a new leader
-    consumer = truncated.make_consumer()
-    consumer.subscribe([truncated.tp.topic], Assigner(truncated.epoch_before))
-    records, batches = _poll(consumer, lambda _r, batch: bool(batch.truncated or batch.refused))
-    assert records == [] and [b.refused for b in batches if b.refused] == []
-    [(tp, truncation, text)] = [t for b in batches for t in b.truncated]
+    validator = truncated.make_validator()
+    validator.validate(truncated.tp, STORED, truncated.epoch_before)
+    answer = _answer(validator)
+    assert (answer.tp, answer.verdict) == (truncated.tp, Verdict.TRUNCATED)
     # The whole log of the first epoch is gone: the broker's log of it ends at 0.
-    assert (tp, truncation) == (truncated.tp, Truncation(STORED, truncated.epoch_before, 0))
-    assert Truncation.parse(text) == truncation
+    assert answer.truncation == Truncation(STORED, truncated.epoch_before, 0)
+    assert Truncation.parse(answer.text) == answer.truncation
 
 
-def test_a_position_assigned_without_a_leader_epoch_reads_the_new_records_silently(truncated: Truncated) -> None:
-    consumer = truncated.make_consumer()
-    consumer.subscribe([truncated.tp.topic], Assigner(None))
-    records, batches = _poll(consumer, lambda records, _b: len(records) >= AFTER - STORED)
-    assert [r.offset() for r in records] == list(range(STORED, AFTER))
-    assert {r.leader_epoch() for r in records} == {truncated.epoch_after}
-    assert not any(b.truncated or b.refused for b in batches)
+def test_the_same_position_under_the_new_leader_epoch_is_valid(truncated: Truncated) -> None:
+    """Why the cutter validates under the epoch the position was known under: asked under the
+    new leader's epoch, the broker confirms a position whose records are not the ones published."""
+    validator = truncated.make_validator()
+    validator.validate(truncated.tp, STORED, truncated.epoch_after)
+    assert _answer(validator).verdict is Verdict.VALID
