@@ -246,9 +246,15 @@ class Worker:
                 worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
+            reader = KafkaReader.of(
+                settings.kafka_bootstrap,
+                f"{spec.group_id}-spark",
+                spark_kafka_properties(settings),
+                poll_timeout_ms=int(settings.spark_kafka_poll_timeout_s * 1000),
+            )
             builder: SegmentBuilder
             if self._builder_factory is not None:
-                builder = self._builder_factory(registrar)
+                builder = self._builder_factory(registrar, reader)
             else:
                 from ingest.spark.session import open_session_source
 
@@ -274,16 +280,7 @@ class Worker:
                 schemas = WriterSchemas(wait_s=settings.schema_id_wait_s)
                 self._prefetch_schemas(schemas, spec)
                 builder = SparkSegmentBuilder(
-                    sessions,
-                    registrar,
-                    KafkaReader.of(
-                        settings.kafka_bootstrap,
-                        f"{spec.group_id}-spark",
-                        spark_kafka_properties(settings),
-                        poll_timeout_ms=int(settings.spark_kafka_poll_timeout_s * 1000),
-                    ),
-                    writer_schemas=schemas,
-                    deadline_s=settings.build_deadline_s,
+                    sessions, registrar, reader, writer_schemas=schemas, deadline_s=settings.build_deadline_s
                 )
                 tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
                 self._warm_up(builder, spec, offsets, tps, settings.warm_up_records)

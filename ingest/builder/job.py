@@ -82,8 +82,9 @@ class SegmentBuilder(Protocol):
         ...
 
 
-# How a worker makes its builder: given the registrar every build registers with first.
-BuilderFactory = Callable[[BuildRegistrar], SegmentBuilder]
+# How a worker makes its builder: given the registrar every build registers with first, and
+# the reader of its Kafka (the worker's brokers and client settings).
+BuilderFactory = Callable[[BuildRegistrar, KafkaReader], SegmentBuilder]
 
 
 def _utc(micros: int | None) -> datetime | None:

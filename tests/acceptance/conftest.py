@@ -15,7 +15,7 @@ from tests.fixtures.servers import MakeTopic
 
 @pytest.fixture
 def spark_builder(spark: Any) -> BuilderFactory:
-    return lambda registrar: SparkSegmentBuilder(spark, registrar)
+    return lambda registrar, reader: SparkSegmentBuilder(spark, registrar, reader)
 
 
 @pytest.fixture(autouse=True)

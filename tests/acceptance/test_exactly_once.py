@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest.builder.job import BuilderFactory, BuildResult, SegmentBuilder
+from ingest.builder.kafka_read import KafkaReader
 from ingest.builder.registration import BuildRegistrar
 from ingest.errors import ParseFailure
 from ingest.spec import SourceSpec
@@ -49,7 +50,7 @@ def test_one_worker_publishes_every_offset_exactly_once(
     assert worker.consumed() == 50_000  # one worker, no rebalance: nothing read twice
 
 
-def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
+def test_a_cooperative_rebalance_kills_only_the_splits_of_partitions_that_move(
     tmp_path: Path,
     database_url: str,
     kafka_bootstrap: str,
@@ -57,31 +58,35 @@ def test_cooperative_rebalance_keeps_buffered_records_of_partitions_that_stay(
     spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:
+    """A split of each partition is in flight (each waits 5 s between its build and its publish)
+    when a second worker joins: the splits of the partitions that move are killed and read again
+    by their new owner from the stored offset; those of the partitions that stay are published,
+    none read twice."""
     topic = make_topic(partitions=6)
-    # Nothing seals on its own: every record stays buffered until the workers stop.
-    source, spec_path = write_spec(tmp_path, topic, max_records=1_000_000, max_age="10m")
+    source, spec_path = write_spec(tmp_path, topic, max_records=100, max_age="10m")
     apply_spec(database_url, spec_path)
     produced = Produced(kafka_bootstrap, topic, 6)
     produced.produce(600)
-    first = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
-    wait_until(lambda: first.consumed() == 600, 60, "the first worker to buffer everything")
+    first = start_worker(settings(database_url, kafka_bootstrap, fault_publish_delay_s=5.0), source, spark_builder)
+    metrics = first.worker.metrics
+    wait_until(lambda: metrics.inflight_splits.labels(source)._value.get() == 6, 60, "a split of each partition")
     second = start_worker(settings(database_url, kafka_bootstrap), source, spark_builder)
     wait_until(
         lambda: 0 < len(first.worker.assignment) < 6 and len(second.worker.assignment) > 0,
         90,
         "a cooperative rebalance",
     )
-    kept = list(first.worker.assignment)
-    assert kept and all(len(owned.buffer) == 100 for owned in kept), [len(o.buffer) for o in kept]
-    assert first.consumed() == 600  # nothing the first worker kept was read again
-    # A stopping worker publishes what it holds: let the second read what it took first.
-    wait_until(lambda: second.consumed() == 100 * (6 - len(kept)), 60, "the second worker to read its partitions")
+    kept = len(first.worker.assignment)
+    with Metastore(database_url) as store:
+        wait_until(lambda: produced.caught_up(store, source), 120, "every offset published")
     second.stop()
     first.stop()
     assert first.error is None and second.error is None
     assert_exactly_once(database_url, source, produced)
-    # Only the partitions that moved were read again, by their new owner, from the stored offset.
-    assert second.consumed() == 100 * (6 - len(kept))
+    # The kept partitions' splits were published by the first worker, the others' killed.
+    assert first.consumed() == 100 * kept
+    assert metrics.splits_killed.labels(source, "revoke")._value.get() == 6 - kept
+    assert second.consumed() == 100 * (6 - kept)
 
 
 class ZombieBuilder:
@@ -102,9 +107,6 @@ class ZombieBuilder:
                 self.zombie_splits.append(built)
         return results
 
-    def discard(self, segment: BuiltSegment) -> None:
-        self.inner.discard(segment)
-
 
 def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
     tmp_path: Path,
@@ -118,8 +120,8 @@ def test_a_publish_after_the_serial_moved_on_is_rejected_and_invisible(
     produced.produce(400)
     zombies: list[ZombieBuilder] = []
 
-    def zombie_builder(registrar: BuildRegistrar) -> ZombieBuilder:
-        zombies.append(ZombieBuilder(spark_builder(registrar), database_url, source))
+    def zombie_builder(registrar: BuildRegistrar, reader: KafkaReader) -> ZombieBuilder:
+        zombies.append(ZombieBuilder(spark_builder(registrar, reader), database_url, source))
         return zombies[-1]
 
     worker = start_worker(settings(database_url, kafka_bootstrap), source, zombie_builder)
