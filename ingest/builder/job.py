@@ -44,7 +44,7 @@ from ingest.builder.writer_schemas import (
 from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed, first_line
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
-from ingest.spark.session import FixedSession, JobInterrupts, SessionSource
+from ingest.spark.session import FixedSession, JobInterrupts, SessionSource, job_tag
 from ingest.spec import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment
@@ -168,12 +168,9 @@ class SparkSegmentBuilder:
             registered = True
             if all(split.kill_switch.tripped for split in splits):
                 raise SplitKilled("killed")
-            spark.addTag(tag)
-            deadline.start()
-            try:
+            with job_tag(spark, tag):
+                deadline.start()
                 return self._run(spark, splits, spec, dirs.data, dirs.rejects)
-            finally:
-                spark.removeTag(tag)
         except Exception as exc:
             if spark is not None:
                 self._sessions.failed(spark, exc)
