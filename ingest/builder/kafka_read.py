@@ -27,6 +27,13 @@ How the reader is set, and why:
   source with a ``client.id`` each, or a worker restarted with new properties, would fail
   every build of the partitions the other had read. The reader only assigns partitions and
   never commits: the id never joins a group.
+- ``kafka.fetch.max.wait.ms``: :data:`FETCH_MAX_WAIT_MS`, not Kafka's 500. With Kafka's, every
+  task held one fetch for the whole wait (a fetch the broker answers only when it has records
+  or the wait is over), so every job's read of a range, however small and pooled consumer or
+  not, took over half a second: a batch with rejects (two jobs) a second. No range waits for
+  records (a split ends at most at the last stable offset), so the short wait costs nothing
+  but a fetch every few milliseconds from a consumer that waits for records that are not
+  there (a truncated log, until ``pollTimeoutMs``). The client's properties may set another.
 - The DSv2 source (``kafka`` not in ``spark.sql.sources.useV1SourceList``, set with the
   session, ingest.spark.session): a job interrupted by a kill switch stops reading within a
   fraction of a second; the V1 source's tasks read their whole range first.
@@ -49,6 +56,8 @@ READ_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_value
 
 #: Spark's default (120 s) is what a range that cannot be read to its end waits, per partition.
 POLL_TIMEOUT_MS = 30_000
+#: The longest the broker holds a fetch of the reader's consumers that finds nothing to read.
+FETCH_MAX_WAIT_MS = 20
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,11 @@ class KafkaReader:
     ) -> KafkaReader:
         """``client``: Kafka (Java) client properties, without the ``kafka.`` prefix (a
         ``group.id`` among them is ignored: the reader's is ``group_id`` and their digest)."""
-        kafka = {**{f"kafka.{k}": v for k, v in (client or {}).items()}, "kafka.bootstrap.servers": bootstrap}
+        kafka = {
+            "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+            **{f"kafka.{k}": v for k, v in (client or {}).items()},
+            "kafka.bootstrap.servers": bootstrap,
+        }
         kafka.pop("kafka.group.id", None)
         digest = hashlib.sha256(json.dumps(kafka, sort_keys=True).encode()).hexdigest()[:12]
         options = {
