@@ -256,7 +256,7 @@ class SparkSegmentBuilder:
         bad = sum(s.bad for s in stats.values())
         if written + bad != total:
             raise BuildError(f"Spark read {total} records of {len(splits)} splits, wrote {written} and {bad} bad")
-        waiting = self._waiting(spec, splits, stats)
+        waiting = _waiting(self.writer_schemas, spec, splits, stats)
         for split_id in waiting:
             segment_store.delete_files(*(f.uri for f in data[split_id]))
         ready = [s for s in splits if s.id not in waiting]
@@ -314,30 +314,6 @@ class SparkSegmentBuilder:
             learned = bool(self.writer_schemas.fetch(spec.registry, keys).learned) or learned
         return learned
 
-    def _waiting(
-        self, spec: SourceSpec, splits: list[SealedSplit], stats: dict[uuid.UUID, SplitStats]
-    ) -> dict[uuid.UUID, BuildResult]:
-        """The splits holding ids the registry has not served, whose wait has not passed (a
-        404 within its wait, or no answer): not built yet (the build queue builds them again)."""
-        if spec.registry is None:
-            return {}
-        out: dict[uuid.UUID, BuildResult] = {}
-        for split in splits:
-            s = stats[split.id]
-            if not (s.unknown_ids or s.unknown_key_ids):
-                continue
-            fetched = self.writer_schemas.fetch(spec.registry, s.unknown_ids, protobuf=spec.format == "protobuf")
-            keys = self.writer_schemas.fetch(spec.registry, s.unknown_key_ids)
-            if fetched.failure or keys.failure:
-                out[split.id] = fetched.failure or keys.failure or RegistryUnavailable("no answer")
-            elif fetched.pending or keys.pending:
-                ids = ", ".join(map(str, sorted(fetched.pending | keys.pending)))
-                out[split.id] = SchemaIdsPending(
-                    f"schema registry {spec.registry.url} does not know schema id(s) {ids} yet (404):"
-                    " waiting for them (INGEST_SCHEMA_ID_WAIT_S) before their records are rejects"
-                )
-        return out
-
     def _finish(
         self,
         split: SealedSplit,
@@ -387,6 +363,45 @@ class SparkSegmentBuilder:
             record_bytes=stats.record_bytes,
             last_timestamp_ms=stats.last_timestamp_ms,
         )
+
+
+def _waiting(
+    schemas: WriterSchemas, spec: SourceSpec, splits: list[SealedSplit], stats: dict[uuid.UUID, SplitStats]
+) -> dict[uuid.UUID, BuildResult]:
+    """The splits holding ids the registry has not served, whose wait has not passed (a
+    404 within its wait, or no answer), and those holding ids served only since the last
+    job ran without them (the registry answered 404 to this build and serves them now, or
+    another build learned them): not built yet (the build queue builds them again). Only
+    ids answered 404 past their wait are left as the job's ``unknown_schema_id`` rejects."""
+    if spec.registry is None:
+        return {}
+    protobuf = spec.format == "protobuf"
+    out: dict[uuid.UUID, BuildResult] = {}
+    for split in splits:
+        s = stats[split.id]
+        if not (s.unknown_ids or s.unknown_key_ids):
+            continue
+        fetched = schemas.fetch(spec.registry, s.unknown_ids, protobuf=protobuf)
+        keys = schemas.fetch(spec.registry, s.unknown_key_ids)
+        # Ids the job met with no writer that have one now (a key's id of another type stays a reject).
+        served = schemas.protobuf(spec.registry) if protobuf else schemas.avro(spec.registry)
+        served_keys = schemas.avro(spec.registry)
+        late = {i for i in s.unknown_ids if i in served} | {i for i in s.unknown_key_ids if served_keys.get(i)}
+        if fetched.failure or keys.failure:
+            out[split.id] = fetched.failure or keys.failure or RegistryUnavailable("no answer")
+        elif fetched.pending or keys.pending:
+            ids = ", ".join(map(str, sorted(fetched.pending | keys.pending)))
+            out[split.id] = SchemaIdsPending(
+                f"schema registry {spec.registry.url} does not know schema id(s) {ids} yet (404):"
+                " waiting for them (INGEST_SCHEMA_ID_WAIT_S) before their records are rejects"
+            )
+        elif late:
+            ids = ", ".join(map(str, sorted(late)))
+            out[split.id] = SchemaIdsPending(
+                f"schema registry {spec.registry.url} served schema id(s) {ids} only after the job that met"
+                " them ran: built again with them"
+            )
+    return out
 
 
 def _reasons(rejects: list[output_files.OutputFile]) -> dict[str, int]:
