@@ -317,7 +317,7 @@ def test_a_jobs_read_of_a_few_records_does_not_wait_out_a_fetch(
         assert kafka.frame(spark, [split_over(offsets)]).count() == 5
         took.append(time.monotonic() - started)
     print(f"reads took {', '.join(f'{t:.3f}' for t in took)} s")
-    assert min(took) < 0.4, took
+    assert min(took) < 0.5, took  # below Kafka's default fetch wait, which each of them waited out
 
 
 # --------------------------------------------------------------------------- kill switch
