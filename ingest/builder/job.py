@@ -44,7 +44,7 @@ from ingest.builder.writer_schemas import (
 from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed, first_line
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
-from ingest.spark.session import FixedSession, JobInterrupts, SessionSource
+from ingest.spark.session import FixedSession, JobInterrupts, SessionSource, job_tag
 from ingest.spec import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment
@@ -169,12 +169,9 @@ class SparkSegmentBuilder:
             registered = True
             if all(split.kill_switch.tripped for split in splits):
                 raise SplitKilled("killed")
-            spark.addTag(tag)
-            deadline.start()
-            try:
+            with job_tag(spark, tag):
+                deadline.start()
                 return self._run(spark, splits, spec, dirs.data, dirs.rejects)
-            finally:
-                spark.removeTag(tag)
         except Exception as exc:
             if spark is not None:
                 self._sessions.failed(spark, exc)
@@ -260,7 +257,7 @@ class SparkSegmentBuilder:
         bad = sum(s.bad for s in stats.values())
         if written + bad != total:
             raise BuildError(f"Spark read {total} records of {len(splits)} splits, wrote {written} and {bad} bad")
-        waiting = self._waiting(spec, splits, stats)
+        waiting = _waiting(self.writer_schemas, spec, splits, stats)
         for split_id in waiting:
             segment_store.delete_files(*(f.uri for f in data[split_id]))
         ready = [s for s in splits if s.id not in waiting]
@@ -318,30 +315,6 @@ class SparkSegmentBuilder:
             learned = bool(self.writer_schemas.fetch(spec.registry, keys).learned) or learned
         return learned
 
-    def _waiting(
-        self, spec: SourceSpec, splits: list[SealedSplit], stats: dict[uuid.UUID, SplitStats]
-    ) -> dict[uuid.UUID, BuildResult]:
-        """The splits holding ids the registry has not served, whose wait has not passed (a
-        404 within its wait, or no answer): not built yet (the build queue builds them again)."""
-        if spec.registry is None:
-            return {}
-        out: dict[uuid.UUID, BuildResult] = {}
-        for split in splits:
-            s = stats[split.id]
-            if not (s.unknown_ids or s.unknown_key_ids):
-                continue
-            fetched = self.writer_schemas.fetch(spec.registry, s.unknown_ids, protobuf=spec.format == "protobuf")
-            keys = self.writer_schemas.fetch(spec.registry, s.unknown_key_ids)
-            if fetched.failure or keys.failure:
-                out[split.id] = fetched.failure or keys.failure or RegistryUnavailable("no answer")
-            elif fetched.pending or keys.pending:
-                ids = ", ".join(map(str, sorted(fetched.pending | keys.pending)))
-                out[split.id] = SchemaIdsPending(
-                    f"schema registry {spec.registry.url} does not know schema id(s) {ids} yet (404):"
-                    " waiting for them (INGEST_SCHEMA_ID_WAIT_S) before their records are rejects"
-                )
-        return out
-
     def _finish(
         self,
         split: SealedSplit,
@@ -391,6 +364,45 @@ class SparkSegmentBuilder:
             record_bytes=stats.record_bytes,
             last_timestamp_ms=stats.last_timestamp_ms,
         )
+
+
+def _waiting(
+    schemas: WriterSchemas, spec: SourceSpec, splits: list[SealedSplit], stats: dict[uuid.UUID, SplitStats]
+) -> dict[uuid.UUID, BuildResult]:
+    """The splits holding ids the registry has not served, whose wait has not passed (a
+    404 within its wait, or no answer), and those holding ids served only since the last
+    job ran without them (the registry answered 404 to this build and serves them now, or
+    another build learned them): not built yet (the build queue builds them again). Only
+    ids answered 404 past their wait are left as the job's ``unknown_schema_id`` rejects."""
+    if spec.registry is None:
+        return {}
+    protobuf = spec.format == "protobuf"
+    out: dict[uuid.UUID, BuildResult] = {}
+    for split in splits:
+        s = stats[split.id]
+        if not (s.unknown_ids or s.unknown_key_ids):
+            continue
+        fetched = schemas.fetch(spec.registry, s.unknown_ids, protobuf=protobuf)
+        keys = schemas.fetch(spec.registry, s.unknown_key_ids)
+        # Ids the job met with no writer that have one now (a key's id of another type stays a reject).
+        served = schemas.protobuf(spec.registry) if protobuf else schemas.avro(spec.registry)
+        served_keys = schemas.avro(spec.registry)
+        late = {i for i in s.unknown_ids if i in served} | {i for i in s.unknown_key_ids if served_keys.get(i)}
+        if fetched.failure or keys.failure:
+            out[split.id] = fetched.failure or keys.failure or RegistryUnavailable("no answer")
+        elif fetched.pending or keys.pending:
+            ids = ", ".join(map(str, sorted(fetched.pending | keys.pending)))
+            out[split.id] = SchemaIdsPending(
+                f"schema registry {spec.registry.url} does not know schema id(s) {ids} yet (404):"
+                " waiting for them (INGEST_SCHEMA_ID_WAIT_S) before their records are rejects"
+            )
+        elif late:
+            ids = ", ".join(map(str, sorted(late)))
+            out[split.id] = SchemaIdsPending(
+                f"schema registry {spec.registry.url} served schema id(s) {ids} only after the job that met"
+                " them ran: built again with them"
+            )
+    return out
 
 
 def _reasons(rejects: list[output_files.OutputFile]) -> dict[str, int]:

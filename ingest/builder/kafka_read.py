@@ -18,10 +18,22 @@ How the reader is set, and why:
 - ``kafkaConsumer.pollTimeoutMs``: the longest one poll of an executor's consumer may wait for a
   range's records (Spark's default is 120 s). A range that cannot be read to its end (the log
   was truncated below it) then fails within it rather than two minutes later.
-- ``kafka.group.id`` fixed per source: Spark keeps its executors' consumers in a pool keyed by
-  it, so every job reuses them (without it each read makes a new group id, and new consumers
-  and connections per job). The reader only assigns partitions and never commits: the id
-  never joins a group.
+- ``kafka.group.id`` fixed per source and client properties: the source's group id, then a
+  digest of the reader's Kafka properties. Spark keeps its executors' consumers in a pool keyed
+  by group id and partition, so every job reuses them (without it each read makes a new group
+  id, and new consumers and connections per job). The pool also keeps, for the JVM's life,
+  the properties each key was first read with, and fails every task that asks for the key with
+  others: on a long-lived Spark (a Connect server, a cluster's executors) two workers of one
+  source with a ``client.id`` each, or a worker restarted with new properties, would fail
+  every build of the partitions the other had read. The reader only assigns partitions and
+  never commits: the id never joins a group.
+- ``kafka.fetch.max.wait.ms``: :data:`FETCH_MAX_WAIT_MS`, not Kafka's 500. With Kafka's, every
+  task held one fetch for the whole wait (a fetch the broker answers only when it has records
+  or the wait is over), so every job's read of a range, however small and pooled consumer or
+  not, took over half a second: a batch with rejects (two jobs) a second. No range waits for
+  records (a split ends at most at the last stable offset), so the short wait costs nothing
+  but a fetch every few milliseconds from a consumer that waits for records that are not
+  there (a truncated log, until ``pollTimeoutMs``). The client's properties may set another.
 - The DSv2 source (``kafka`` not in ``spark.sql.sources.useV1SourceList``, set with the
   session, ingest.spark.session): a job interrupted by a kill switch stops reading within a
   fraction of a second; the V1 source's tasks read their whole range first.
@@ -29,6 +41,7 @@ How the reader is set, and why:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +56,8 @@ READ_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_value
 
 #: Spark's default (120 s) is what a range that cannot be read to its end waits, per partition.
 POLL_TIMEOUT_MS = 30_000
+#: The longest the broker holds a fetch of the reader's consumers that finds nothing to read.
+FETCH_MAX_WAIT_MS = 20
 
 
 @dataclass(frozen=True)
@@ -58,11 +73,18 @@ class KafkaReader:
         client: Mapping[str, str] | None = None,
         poll_timeout_ms: int = POLL_TIMEOUT_MS,
     ) -> KafkaReader:
-        """``client``: Kafka (Java) client properties, without the ``kafka.`` prefix."""
-        options = {
+        """``client``: Kafka (Java) client properties, without the ``kafka.`` prefix (a
+        ``group.id`` among them is ignored: the reader's is ``group_id`` and their digest)."""
+        kafka = {
+            "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
             **{f"kafka.{k}": v for k, v in (client or {}).items()},
             "kafka.bootstrap.servers": bootstrap,
-            "kafka.group.id": group_id,
+        }
+        kafka.pop("kafka.group.id", None)
+        digest = hashlib.sha256(json.dumps(kafka, sort_keys=True).encode()).hexdigest()[:12]
+        options = {
+            **kafka,
+            "kafka.group.id": f"{group_id}-{digest}",
             "kafka.isolation.level": "read_committed",
             "failOnDataLoss": "true",
             "includeHeaders": "false",

@@ -55,7 +55,8 @@ class RegistryUnavailable(BuildError):
 
 
 class SchemaIdsPending(RegistryUnavailable):
-    """Ids the registry answered 404 for, within their wait: the splits holding them wait."""
+    """Ids the registry answered 404 for, within their wait, or served only once the job that
+    met them had run without them: the splits holding them wait, and are built again."""
 
 
 class RegistryMisconfigured(WorkerFailed):

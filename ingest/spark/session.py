@@ -8,7 +8,8 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -207,8 +208,43 @@ def start_abandoned() -> bool:
     return any(t.is_alive() for t in _abandoned) or any(i.busy for i in list(_interrupters))
 
 
+def _is_connect_session(session: Any) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+@contextmanager
+def job_tag(session: Any, tag: str) -> Iterator[None]:
+    """Tag the jobs this thread starts on ``session`` while the body runs, so that
+    :class:`JobInterrupts` can interrupt them from another thread. A Connect session's tags are
+    the server's (``interruptTag`` finds them from any client thread). A classic session's are
+    not: it keeps the tags of ``SparkSession.addTag`` per thread, and its ``interruptTag``
+    called from any other thread finds none and interrupts nothing; so its jobs carry the tag
+    on the SparkContext, whose ``cancelJobsWithTag`` matches the jobs of every thread."""
+    if _is_connect_session(session):
+        session.addTag(tag)
+        try:
+            yield
+        finally:
+            session.removeTag(tag)
+        return
+    context = session.sparkContext
+    context.addJobTag(tag)
+    try:
+        yield
+    finally:
+        context.removeJobTag(tag)
+
+
+def interrupt_tag(session: Any, tag: str) -> None:
+    """Interrupt the jobs :func:`job_tag` tagged ``tag`` (from any thread)."""
+    if _is_connect_session(session):
+        session.interruptTag(tag)
+    else:
+        session.sparkContext.cancelJobsWithTag(tag)
+
+
 class JobInterrupts:
-    """Interrupts a session's tagged jobs on a thread of its own, in the order asked.
+    """Interrupts a session's jobs tagged by :func:`job_tag` on a thread of its own, in the order asked.
 
     The kill switch trips in the consumer's revoke and lost callbacks, which must never wait
     for Spark: under Spark Connect an interrupt is a gRPC call that the client retries for ten
@@ -257,7 +293,7 @@ class JobInterrupts:
             self._calling = True
             try:
                 # The current session: one replaced since the job started was closed, its jobs with it.
-                session.interruptTag(tag)
+                interrupt_tag(session, tag)
             except Exception as exc:  # the session may be stopping; the kill switch still holds
                 log.warning("spark_interrupt_failed", tag=tag, error=str(exc))
             finally:

@@ -1,6 +1,6 @@
-"""An Avro build while the schema registry is down, against a real registry and Spark: a schema
-fetched before keeps decoding; a split holding a schema never fetched is not built
-(RegistryUnavailable: the pipeline makes it wait), rejecting and skipping nothing, and the
+"""An Avro build while the schema registry is down, against a real registry, Kafka and Spark: a
+schema fetched before keeps decoding; a split holding a schema never fetched is not built
+(RegistryUnavailable: the build queue makes it wait), rejecting and skipping nothing, and the
 same split builds once the registry is back. Writer schemas the reader cannot resolve are
 rejects, never a failed build; timestamps are read in their writer's precision."""
 
@@ -14,19 +14,23 @@ import pyarrow.parquet as pq
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.builder.job import SparkSegmentBuilder
 from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.spec import spec_from_dict
-from ingest_common.model import BuiltSegment
+from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.registry import LocalSchemaRegistry
 from ingest_dev.registry import client as registry_client
 from tests.acceptance.test_registry_formats import V1, V2, order, serializer
 from tests.fakes import RecordingRegistrar
-from tests.integration.test_builder import split_of
+from tests.fixtures.servers import MakeTopic
+from tests.kafka_splits import produce, spark_builder, split_of, split_over, values
 
 
 def test_a_registry_outage_fails_the_build_and_rejects_nothing(
-    spark: Any, tmp_path: Path, private_schema_registry: LocalSchemaRegistry
+    spark: Any,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    private_schema_registry: LocalSchemaRegistry,
 ) -> None:
     registry = private_schema_registry
     ctx = SerializationContext("orders", MessageField.VALUE)
@@ -44,15 +48,17 @@ def test_a_registry_outage_fails_the_build_and_rejects_nothing(
             "registry": {"url": registry.url},
         }
     )
-    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
-    first = builder.build(split_of(old), spec)
+    # The old records, then the new: [0, 20) holds v1's, [0, 40) both writers'.
+    offsets = produce(kafka_bootstrap, TopicPartition(make_topic(partitions=1), 0), values([*old, *new]))
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
+    first = builder.build(split_of(offsets.tp, 0, 20), spec)
     assert (first.row_count, first.rejects_count) == (20, 0)
 
     registry.halt()
     # v1 was fetched by the first build: it decodes through the outage.
-    cached = builder.build(split_of(old, start=200), spec)
+    cached = builder.build(split_of(offsets.tp, 0, 20), spec)
     assert (cached.row_count, cached.rejects_count) == (20, 0)
-    mixed = split_of([*old, *new], start=300)
+    mixed = split_over(offsets)
     files_before = sorted((tmp_path / "store").rglob("*.parquet"))
     [result] = builder.build_batch([mixed], spec)
     assert isinstance(result, RegistryUnavailable), result
@@ -67,7 +73,7 @@ def test_a_registry_outage_fails_the_build_and_rejects_nothing(
 
 
 def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
-    spark: Any, tmp_path: Path, schema_registry_url: str
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
 ) -> None:
     """Checked per writer id before the job: a field whose type changed incompatibly (spec's
     reader), and a reader field without default that the writer lacks (registry's reader)."""
@@ -84,7 +90,8 @@ def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
     )
     good = [v1(order(i), ctx) for i in range(30)]
     strings = [bad({**order(i), "amount": "12.5"}, ctx) for i in range(30, 40)]
-    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
+    offsets = produce(kafka_bootstrap, TopicPartition(make_topic(partitions=1), 0), values([*good, *strings]))
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
     doc: dict[str, Any] = {
         "name": "orders",
         "topics": ["orders"],
@@ -95,7 +102,7 @@ def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
         "registry": {"url": schema_registry_url},
     }
     spec = spec_from_dict(doc)
-    built = builder.build(split_of([*good, *strings]), spec)
+    built = builder.build(split_over(offsets), spec)
     assert (built.row_count, built.rejects_count) == (30, 10)
     assert built.parse_errors == (("unresolvable_writer_schema", 10),)
 
@@ -104,19 +111,19 @@ def test_writers_the_reader_cannot_resolve_are_rejects_not_a_failed_build(
     registry_spec = replace(
         spec, schema_from="registry", schema=(*spec.schema, ("region", "string")), reader_schema=reader
     )
-    built = builder.build(split_of([*good, *strings], start=500), registry_spec)
+    built = builder.build(split_over(offsets), registry_spec)
     assert (built.row_count, built.rejects_count) == (0, 40)
     assert built.parse_errors == (("unresolvable_writer_schema", 40),)
 
 
 def test_a_registry_reader_reads_each_timestamp_in_its_writer_precision(
-    spark: Any, tmp_path: Path, schema_registry_url: str
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
 ) -> None:
     """A registry's reader in micros and a writer in millis: Avro resolves long to long, so
     without following the writer the instants would come out 1000 times too late."""
     ctx = SerializationContext("orders", MessageField.VALUE)
     records = [order(i) for i in range(12)]
-    values = [serializer(schema_registry_url, V1)(r, ctx) for r in records]
+    encoded = [serializer(schema_registry_url, V1)(r, ctx) for r in records]
     micros_reader = V1.replace("timestamp-millis", "timestamp-micros")
     spec = spec_from_dict(
         {
@@ -130,32 +137,8 @@ def test_a_registry_reader_reads_each_timestamp_in_its_writer_precision(
         }
     )
     spec = replace(spec, schema_from="registry", reader_schema=micros_reader)
-    built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split_of(values), spec)
+    offsets = produce(kafka_bootstrap, TopicPartition(make_topic(partitions=1), 0), [(None, v) for v in encoded])
+    built = spark_builder(spark, kafka_bootstrap, RecordingRegistrar()).build(split_over(offsets), spec)
     assert (built.row_count, built.rejects_count) == (12, 0)
     rows = pq.read_table([f.removeprefix("file://") for f in built.files], columns=["id", "ts"]).to_pylist()
     assert {r["id"]: r["ts"] for r in rows} == {r["id"]: r["ts"] for r in records}
-
-
-def test_the_warm_up_of_an_avro_source_runs_from_avro(spark: Any, tmp_path: Path) -> None:
-    """The warm-up decodes Avro records with every column set (the paths real records take),
-    with its own writer schema: no registry is asked (none answers at this URL)."""
-    spec = spec_from_dict(
-        {
-            "name": "orders",
-            "topics": ["orders"],
-            "event_time": "ts",
-            "segment_store": str(tmp_path / "store"),
-            "format": "avro",
-            "schema": {"id": "long", "ts": "timestamp", "tags": "array<string>", "day": "date", "ok": "boolean"},
-            "registry": {"url": "http://127.0.0.1:9"},
-        }
-    )
-    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
-    built: list[BuiltSegment] = []
-    discard = builder.discard
-    builder.discard = lambda segment: (built.append(segment), discard(segment))[1]  # type: ignore[method-assign]
-    assert builder.warm_up(spec, records=200, splits=2) > 0
-    # Every 100th record is bad on purpose (the rejects path): the others decode.
-    assert sum(b.row_count for b in built) == 198 and sum(b.rejects_count for b in built) == 2
-    assert {reason for b in built for reason, _ in b.parse_errors} == {"not_confluent_framed"}
-    assert not list((tmp_path / "store").rglob("*.parquet"))

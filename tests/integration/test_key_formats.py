@@ -1,4 +1,4 @@
-"""Keys decoded beside ``_key`` (``key_format``), against a real registry and Spark: Avro keys
+"""Keys decoded beside ``_key`` (``key_format``), against a real registry, Kafka and Spark: Avro keys
 of two writer schema versions in the Confluent wire format, JSON Schema keys, UTF-8 string keys;
 a key that does not decode is a reject with its reason, a null key is no error, and a registry
 that does not answer for a key's schema id fails the build (RegistryUnavailable, as for values)
@@ -7,7 +7,6 @@ rejecting nothing."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +14,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.builder.job import SparkSegmentBuilder
+from ingest.builder.writer_schemas import WriterSchemas
 from ingest.errors import BuildError
 from ingest.spec import SourceSpec, spec_from_dict
-from ingest.splits.chunks import chunks_of
-from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.registry import LocalSchemaRegistry
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID, V1, order, serializer
 from tests.fakes import RecordingRegistrar
+from tests.fixtures.servers import MakeTopic
+from tests.kafka_splits import produce, spark_builder, split_of, split_over
 
 KEY_V1 = json.dumps(
     {"type": "record", "name": "OrderKey", "namespace": "acme", "fields": [{"name": "id", "type": "long"}]}
@@ -37,24 +36,6 @@ KEY_V2 = json.dumps(
     }
 )
 JSON_HEADER = b"\x00" + (7).to_bytes(4, "big")
-
-
-def keyed_split(pairs: list[tuple[bytes | None, bytes | None]], topic: str, start: int = 100) -> SealedSplit:
-    """A split of (key, value) records at offsets start, start + 1, ..."""
-    records = tuple(SyntheticRecord(start + i, value, key) for i, (key, value) in enumerate(pairs))
-    return SealedSplit(
-        id=uuid.uuid4(),
-        tp=TopicPartition(topic, 0),
-        serial=1,
-        start=start,
-        end=start + len(pairs),
-        chunks=chunks_of(records),
-        size_bytes=sum(len(v or b"") + len(k or b"") for k, v in pairs),
-        first_record_at=0.0,
-        sealed_at=0.0,
-        seal_reason="test",
-        kill_switch=KillSwitch(),
-    )
 
 
 def make_spec(tmp_path: Path, topic: str, registry_url: str, **over: Any) -> SourceSpec:
@@ -85,9 +66,9 @@ def outputs(segment: BuiltSegment) -> tuple[pa.Table, dict[int, str]]:
 
 
 def test_avro_keys_of_two_writer_versions_decode_and_bad_keys_are_rejects(
-    spark: Any, tmp_path: Path, schema_registry_url: str
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
 ) -> None:
-    topic = "keys-" + uuid.uuid4().hex[:8]
+    topic = make_topic(partitions=1, prefix="keys")
     kctx, vctx = SerializationContext(topic, MessageField.KEY), SerializationContext(topic, MessageField.VALUE)
     k1, k2, v1 = (
         serializer(schema_registry_url, KEY_V1),
@@ -117,7 +98,10 @@ def test_avro_keys_of_two_writer_versions_decode_and_bad_keys_are_rejects(
         key_format="avro",
         key_schema={"id": "long", "region": "string"},
     )
-    segment = SparkSegmentBuilder(spark, RecordingRegistrar()).build(keyed_split(pairs, topic), spec)
+    offsets = produce(kafka_bootstrap, TopicPartition(topic, 0), pairs)
+    # No wait for the id the registry answers 404 for (tests/integration/test_writer_schema_ids.py waits).
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar(), writer_schemas=WriterSchemas(wait_s=0))
+    segment = builder.build(split_over(offsets), spec)
 
     assert (segment.row_count, segment.rejects_count) == (21, 5)
     assert dict(segment.parse_errors) == {
@@ -142,12 +126,15 @@ def test_avro_keys_of_two_writer_versions_decode_and_bad_keys_are_rejects(
     # Writer v1 has no region: null (every reader field is nullable, null by default).
     assert data["_key_region"].to_pylist() == [None] * 10 + ["us"] * 10 + [None]
     assert data["_key"].to_pylist() == [key for key, _ in pairs[:21]]
-    assert rejects == {121 + n: reason for n, (reason, _) in enumerate(bad)} | {125: "not_confluent_framed"}
+    at = offsets.start
+    assert rejects == {at + 21 + n: reason for n, (reason, _) in enumerate(bad)} | {at + 25: "not_confluent_framed"}
 
 
-def test_json_schema_and_string_keys(spark: Any, tmp_path: Path, schema_registry_url: str) -> None:
-    topic = "keys-" + uuid.uuid4().hex[:8]
-    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
+def test_json_schema_and_string_keys(
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
+) -> None:
+    topic = make_topic(partitions=1, prefix="keys")
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
     framed = [(JSON_HEADER + json.dumps({"id": i, "tag": f"t{i}"}).encode(), json_value(i)) for i in range(6)]
     framed_bad = [
         ("key_not_confluent_framed", b'{"id": 1}'),
@@ -159,27 +146,33 @@ def test_json_schema_and_string_keys(spark: Any, tmp_path: Path, schema_registry
     spec = make_spec(
         tmp_path, topic, schema_registry_url, key_format="json_schema", key_schema={"id": "long", "tag": "string"}
     )
-    segment = builder.build(keyed_split(pairs, topic), spec)
+    offsets = produce(kafka_bootstrap, TopicPartition(topic, 0), pairs)
+    segment = builder.build(split_over(offsets), spec)
     data, rejects = outputs(segment)
     assert (segment.row_count, segment.rejects_count) == (7, 4)
     assert data["_key_id"].to_pylist() == [*range(6), None]
     assert data["_key_tag"].to_pylist() == [f"t{i}" for i in range(6)] + [None]
-    assert rejects == {107 + n: reason for n, (reason, _) in enumerate(framed_bad)}
+    assert rejects == {offsets.start + 7 + n: reason for n, (reason, _) in enumerate(framed_bad)}
 
     pairs = [(f"key-{i}".encode(), json_value(i)) for i in range(5)] + [
         (None, json_value(5)),
         (b"\xff\xfe", json_value(6)),
     ]
     spec = make_spec(tmp_path, topic, schema_registry_url, key_format="string")
-    segment = builder.build(keyed_split(pairs, topic, start=200), spec)
+    offsets = produce(kafka_bootstrap, TopicPartition(topic, 0), pairs)
+    segment = builder.build(split_over(offsets), spec)
     data, rejects = outputs(segment)
     assert (segment.row_count, segment.rejects_count) == (6, 1)
     assert data["_key_string"].to_pylist() == [f"key-{i}" for i in range(5)] + [None]
-    assert rejects == {206: "key_undecodable"}
+    assert rejects == {offsets.start + 6: "key_undecodable"}
 
 
 def test_a_registry_outage_fails_a_build_of_unfetched_key_schemas_and_rejects_nothing(
-    spark: Any, tmp_path: Path, private_schema_registry: LocalSchemaRegistry
+    spark: Any,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    private_schema_registry: LocalSchemaRegistry,
 ) -> None:
     registry = private_schema_registry
     topic = "orders"
@@ -188,15 +181,17 @@ def test_a_registry_outage_fails_a_build_of_unfetched_key_schemas_and_rejects_no
     old = [(k1({"id": i}, kctx), json_value(i)) for i in range(10)]
     new = [(k2({"id": i, "region": "us"}, kctx), json_value(i)) for i in range(10, 20)]
     spec = make_spec(tmp_path, topic, registry.url, key_format="avro", key_schema={"id": "long", "region": "string"})
-    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
-    first = builder.build(keyed_split(old, topic), spec)
+    # The old keys' records, then the new: [0, 10) holds KEY_V1's, [0, 20) both writers'.
+    offsets = produce(kafka_bootstrap, TopicPartition(make_topic(partitions=1), 0), [*old, *new])
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
+    first = builder.build(split_of(offsets.tp, 0, 10), spec)
     assert (first.row_count, first.rejects_count) == (10, 0)
 
     registry.halt()
     # KEY_V1 was fetched by the first build: it decodes through the outage.
-    cached = builder.build(keyed_split(old, topic, start=200), spec)
+    cached = builder.build(split_of(offsets.tp, 0, 10), spec)
     assert (cached.row_count, cached.rejects_count) == (10, 0)
-    mixed = keyed_split([*old, *new], topic, start=300)
+    mixed = split_over(offsets)
     files_before = sorted((tmp_path / "store").rglob("*.parquet"))
     [result] = builder.build_batch([mixed], spec)
     assert isinstance(result, BuildError), result

@@ -13,18 +13,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ingest.builder.job import BuildResult, SparkSegmentBuilder
-from ingest.builder.plan import stage_records
+from ingest.builder.job import BuildResult
+from ingest.builder.queue import BuildQueue
 from ingest.builder.registration import BuildRegistrar, Registrar
-from ingest.publish.pipeline import Pipeline
 from ingest.publish.publisher import Publisher
+from ingest.publish.queue import PublishQueue
 from ingest.publish.settle import Outcome, Published
 from ingest.segments import store as segment_store
-from ingest.spec import SourceSpec, SpecHolder
+from ingest.spec import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition
@@ -32,19 +33,17 @@ from ingest_dev.tcp_proxy import TcpProxy
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from metastore.errors import Session
-from tests.fakes import make_split
+from tests.kafka_splits import split_of
 
 T0 = TopicPartition("events", 0)
 WAIT_S = 60.0
 
 
-class ArrowSegmentBuilder(SparkSegmentBuilder):
-    """Writes each split's staged records as its one Parquet file with pyarrow (no Spark),
-    under a build registered first as the Spark builder's is; ``discard`` is the Spark
-    builder's own."""
+class ArrowSegmentBuilder:
+    """Writes one Parquet file per split with pyarrow (no Spark, no Kafka: a row per offset of
+    its range), under a build registered first as the Spark builder's is."""
 
     def __init__(self, registrar: BuildRegistrar) -> None:
-        super().__init__(None, registrar)
         self._registration = registrar
 
     def build_batch(self, splits: Sequence[SealedSplit], spec: SourceSpec) -> list[BuildResult]:
@@ -59,8 +58,16 @@ class ArrowSegmentBuilder(SparkSegmentBuilder):
             uri = f"{dirs.data}/part-{split.id}.parquet"
             segment_store.ensure_parent(uri)
             fs, path = segment_store.filesystem(uri)
-            pq.write_table(stage_records(split), path, filesystem=fs)
-            results.append(BuiltSegment(split.id, dirs.data, (uri,), len(split), fs.get_file_info(path).size))
+            offsets = range(split.start, split.end)
+            rows = pa.table(
+                {
+                    "_topic": [split.tp.topic] * len(offsets),
+                    "_partition": pa.array([split.tp.partition] * len(offsets), pa.int32()),
+                    "_offset": pa.array(offsets, pa.int64()),
+                }
+            )
+            pq.write_table(rows, path, filesystem=fs)
+            results.append(BuiltSegment(split.id, dirs.data, (uri,), split.offsets, fs.get_file_info(path).size))
         return results
 
 
@@ -107,7 +114,7 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
         event_time="ts",
         segment_store=f"file://{tmp_path / 'store'}",
     )
-    split = make_split(T0, 0, 10, serial=claim.serial)
+    split = split_of(T0, 0, 10, serial=claim.serial)
     port = int(str(conninfo_to_dict(database_url)["port"]))
 
     with (
@@ -136,15 +143,10 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
 
         hook = LookupHook(through_proxy, release_after_the_lookup)
         publisher = Publisher(hook, "src", "w1", backoff=Backoff(0.01, 0.05))
-        pipeline = Pipeline(
-            ArrowSegmentBuilder(Registrar(registry, "w1")),
-            publisher,
-            SpecHolder(spec, 1),
-            build_threads=1,
-            batch_linger_s=0.0,
-        )
+        builds = BuildQueue(ArrowSegmentBuilder(Registrar(registry, "w1")), threads=1, linger_s=0.0)
+        publishes = PublishQueue(publisher)
         try:
-            pipeline.submit(split)
+            publishes.submit(split, builds.submit(split, spec), spec_version=1)
             waiting: list[int] = []
 
             def publish_waits_on_the_lock() -> bool:
@@ -159,11 +161,13 @@ def test_a_publish_committed_by_an_orphaned_session_is_answered_and_its_files_ke
             assert proxy.cut() == 1  # the publisher's connection, and only its client side
             outcomes: list[Outcome] = []
             wait_until(
-                lambda: outcomes.extend(pipeline.poll()) or outcomes, WAIT_S, "the split's outcome", interval=0.02
+                lambda: outcomes.extend(publishes.poll()) or outcomes, WAIT_S, "the split's outcome", interval=0.02
             )
             orphan_alive = activity.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (waiting[0],)).fetchone()
         finally:
-            pipeline.close(timeout=30)
+            publishes.close(timeout=30)
+            builds.close(timeout=30)
+            publishes.stop(timeout=30)
 
     segments = [s for s in admin.segments("src") if s["split_id"] == split.id]
     files = [Path(uri.removeprefix("file://")) for s in segments for uri in s["files"]]

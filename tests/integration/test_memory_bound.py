@@ -1,110 +1,85 @@
-"""The byte count that bounds a worker's memory (``max_bytes``, ``max_in_flight_bytes``) against
-what records consumed from a real broker hold: tracemalloc (Python's objects) and Arrow's
-memory pool (the chunks' columns) measure what a sealed split's records take, and the split's
-``size_bytes`` must match it however small the values, whatever the keys and headers (which
-are not kept: nothing reads them)."""
+"""A worker holds no records: its group member's partitions stay paused (Spark reads the
+records from Kafka) and a split is a range of offsets. So the worker process's own memory
+(the Python process; its Spark JVM is a child of its own) stays flat while the backlog of the
+partitions it owns grows by a hundred MB and more. A worker process, the real broker,
+PostgreSQL and a local Spark."""
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
-import uuid
-from collections.abc import Callable
+import json
+import threading
+import time
+from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import Producer
 
-from ingest.config import PROTOCOL_PROPERTIES
-from ingest.consume.kafka import ConfluentConsumer
-from ingest.consume.loop import partition_runs
-from ingest.spec import SplitLimits
-from ingest.splits.chunks import CHUNK_BYTES, Chunk, chunks_of
-from ingest.splits.split import PartitionBuffer, SealedSplit, SyntheticRecord
-from ingest_common.model import TopicPartition
+from bench.procs import read_stat
+from ingest_dev.ingest_process import IngestProcess
+from ingest_dev.testkit import wait_until
+from ingest_dev.verify import published_positions
+from metastore import Metastore
+from tests.acceptance.harness import Produced, apply_spec, process_env, sample_value, write_spec
+from tests.fixtures.servers import MakeTopic
 
-RECORDS = 5000
-UNBOUNDED = SplitLimits(max_records=10**9, max_bytes=10**18, max_age_s=3600.0)
-# How far the count may be from the measured growth: 2 %, and per chunk the part of
-# CHUNK_BYTES neither measure sees (the C++ objects of a chunk, malloc's own).
-TOLERANCE = 0.02
+pytestmark = pytest.mark.process
 
-Headers = list[tuple[str, bytes | None]] | None
+# ~300-byte records: ~145 MB of backlog.
+BACKLOG_RECORDS = 500_000
+PADDING = "x" * 200
+# What the worker's RSS may grow by meanwhile (allocator noise, a few splits' bookkeeping).
+GROWTH_BOUND = 32 * 2**20
 
 
-def _produce(bootstrap: str, topic: str, key: bytes | None, value: bytes, headers: Headers) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
-    failures: list[str] = []
-
-    def delivered(err: object, _msg: object) -> None:
-        if err is not None:
-            failures.append(str(err))
-
-    for _ in range(RECORDS):
-        producer.produce(topic, value=value, key=key, headers=headers, partition=0, on_delivery=delivered)
-        producer.poll(0)
-    assert producer.flush(60) == 0 and not failures, failures
+def padded(i: int) -> bytes:
+    return json.dumps({**json.loads(sample_value(i)), "note": PADDING}).encode()
 
 
-def _buffered_split(bootstrap: str, topic: str) -> SealedSplit:
-    """Every record of the topic's partition 0, through the consumer loop's path (the
-    project's consumer, its runs made chunks, ``PartitionBuffer.take``), sealed as one split;
-    each poll's messages dropped before the next, as the loop drops them."""
-    conf = {**PROTOCOL_PROPERTIES, "bootstrap.servers": bootstrap, "group.id": f"mem-{uuid.uuid4().hex[:8]}"}
-    consumer = ConfluentConsumer(KafkaConsumer(conf), incremental=True)
-    tp = TopicPartition(topic, 0)
-    try:
-        consumer.assign({tp: 0})
-        buf = PartitionBuffer(tp, serial=1, position=0)
-        for _ in range(600):  # bounded: 60 s of 0.1 s polls
-            for _topic, _partition, run in partition_runs(consumer.poll(2000, 0.1).records):
-                for chunk in chunks_of(run):
-                    rest: Chunk | None = chunk
-                    while rest is not None:
-                        rest, _, _ = buf.take(rest, 0.0, UNBOUNDED)
-            if len(buf) >= RECORDS:
-                break
-        assert len(buf) == RECORDS, f"consumed {len(buf)} of {RECORDS}"
-        return buf.seal("records")
-    finally:
-        consumer.close()
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "headers"),
-    [
-        (b"k" * 100, b"v" * 10, None),  # small values, large keys: values are 3% of what is held
-        (None, b"v" * 10, [("trace-id", b"t" * 32), ("tenant", b"acme"), ("empty", None)]),
-        (b"k" * 8, b"v" * 1000, None),
-    ],
-    ids=["key100-value10", "headers", "value1000"],
-)
-def test_a_splits_byte_count_is_what_its_records_hold(
-    kafka_bootstrap: str,
-    make_topic: Callable[..., str],
-    key: bytes | None,
-    value: bytes,
-    headers: Headers,
+def test_a_workers_memory_stays_flat_while_its_backlog_grows(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
 ) -> None:
-    topic = make_topic(partitions=1)
-    _produce(kafka_bootstrap, topic, key, value, headers)
-    # The modules the chunks' first use imports (pyarrow's and numpy's) are not records.
-    warm = PartitionBuffer(TopicPartition(topic, 0), serial=1, position=0)
-    for chunk in chunks_of([SyntheticRecord(o) for o in range(3)]):
-        warm.take(chunk, 0.0, SplitLimits(max_records=2, max_bytes=10**9, max_age_s=60.0))
-    del warm
-    gc.collect()
-    tracemalloc.start()
+    topic = make_topic(partitions=2)
+    source, path = write_spec(tmp_path, topic, max_records=50_000, max_age="1s")
+    apply_spec(database_url, path)
+    produced = Produced(kafka_bootstrap, topic, 2)
+    produced.produce(4000, padded)  # the worker's first builds (its JVM, its plans) come before the baseline
+    worker = IngestProcess.worker(process_env(database_url, kafka_bootstrap), source, tmp_path, "mem")
+    samples: list[int] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.05):
+            stat = read_stat(pid)
+            if stat is not None:
+                samples.append(stat.rss_bytes)
+
     try:
-        before = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
-        split = _buffered_split(kafka_bootstrap, topic)
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes() - before
+        with Metastore(database_url) as store:
+            wait_until(
+                lambda: produced.caught_up(store, source) or worker.poll() is not None,
+                180,
+                "the worker to publish the first records",
+            )
+            assert worker.poll() is None, worker.log_path.read_text()[-3000:]
+            assert worker.pid is not None
+            pid = worker.pid
+            baseline = max(s.rss_bytes for s in (read_stat(pid) for _ in range(5)) if s is not None)
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            produced.produce(BACKLOG_RECORDS, padded)
+            # The worker cuts and builds from the backlog for a while: it published some of it.
+            behind = sum(produced.ends.values()) - sum(published_positions(store, source).values())
+            time.sleep(2)
+            sampling.set()
+            sampler.join(5)
+            published = sum(published_positions(store, source).values())
     finally:
-        tracemalloc.stop()
-    assert len(split) == RECORDS
-    unseen = CHUNK_BYTES * len(split.chunks)
-    assert held <= split.size_bytes <= held + TOLERANCE * held + unseen, (
-        f"counted {split.size_bytes / RECORDS:.1f} bytes per record, measured {held / RECORDS:.1f}"
+        worker.kill()  # what it leaves unpublished does not matter here (its JVM exits with it)
+    growth = max(samples) - baseline
+    print(
+        f"worker RSS {baseline / 2**20:.0f} MB, peak {max(samples) / 2**20:.0f} MB over {len(samples)} samples;"
+        f" backlog {behind} records ({behind * len(padded(0)) / 2**20:.0f} MB) after the produce,"
+        f" {published - 4000} of them published by the end"
     )
+    assert behind * len(padded(0)) > 2 * GROWTH_BOUND, behind
+    assert published > 4000, "the worker built nothing from the backlog"
+    assert growth < GROWTH_BOUND, f"the worker's RSS grew {growth / 2**20:.0f} MB"

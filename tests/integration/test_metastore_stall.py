@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import psycopg
@@ -16,19 +17,19 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from structlog.testing import capture_logs
 
 from ingest.consume.publish_watch import PublishWatch
-from ingest.publish.pipeline import Pipeline, Published
 from ingest.publish.publisher import Publisher
-from ingest.spec import SourceSpec, SpecHolder
+from ingest.publish.queue import PublishQueue
+from ingest.publish.settle import Published
 from ingest_common.backoff import Backoff
-from ingest_common.model import TopicPartition
+from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.tcp_proxy import TcpProxy
 from ingest_dev.testkit import wait_until
 from metastore import Metastore
 from metastore.connection import ConnectionLimits, connect
 from metastore.errors import CommitOutcomeUnknown, MetastoreUnavailable
 from metastore.migrations import yoyo_url
-from tests.fakes import FakeBuilder, make_split
 from tests.integration.test_metastore import item, register
+from tests.kafka_splits import split_of
 
 T0 = TopicPartition("events", 0)
 # The server cancels a statement after 1 s; the client waits 1 s more for the reply.
@@ -168,12 +169,15 @@ def test_connecting_through_a_path_that_stops_answering_fails_in_bound(proxy: Tc
 def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
     store: Metastore, proxy: TcpProxy, database_url: str, tmp_path: Any
 ) -> None:
-    """The pipeline's publishing thread, the real publisher and metastore: the publish blocks
-    on the silent connection, each attempt ends within the bound (errors reported), the
-    health check says why, and once the path works the split is published exactly once."""
+    """The publish queue's thread, the real publisher and metastore: the publish blocks on
+    the silent connection, each attempt ends within the bound (errors reported), the health
+    check says why, and once the path works the split is published exactly once."""
     claim = store.claim_from("src", "w1", [T0], start=0)[T0]
-    split = make_split(T0, 0, 10, serial=claim.serial)
-    register(store, split.id)
+    split = split_of(T0, 0, 10, serial=claim.serial)
+    build = register(store, split.id)
+    data = f"file:///st/src/segments/{build}"
+    built: Future[BuiltSegment] = Future()
+    built.set_result(BuiltSegment(split.id, data, (f"{data}/part-{split.id}.parquet",), 10, 100))
     errors: list[tuple[float, Exception]] = []
     proxied = Metastore(through(proxy, database_url), LIMITS)
     proxied.ping()  # connected through the proxy before it stops
@@ -184,16 +188,13 @@ def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
         backoff=Backoff(0.1, 0.5),
         on_store_error=lambda exc: errors.append((time.monotonic(), exc)),
     )
-    spec = SourceSpec(
-        name="src", topics=("events",), schema=(("ts", "timestamp"),), event_time="ts", segment_store="file:///x"
-    )
-    pipeline = Pipeline(FakeBuilder(), publisher, SpecHolder(spec, 1), build_threads=1, batch_linger_s=0.0)
-    watch = PublishWatch(pipeline, source="src", worker_id="w1", bound_s=REPLY_BOUND_S + 1)
+    publishes = PublishQueue(publisher)
+    watch = PublishWatch(publishes, source="src", worker_id="w1", bound_s=REPLY_BOUND_S + 1)
     try:
         with capture_logs() as logs:
             proxy.pause()
             paused_at = time.monotonic()
-            pipeline.submit(split)
+            publishes.submit(split, built, spec_version=1)
 
             def stalled() -> bool:
                 watch.check()
@@ -209,10 +210,10 @@ def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
 
             def done() -> bool:
                 watch.check()
-                return pipeline.inflight_count == 0
+                return publishes.inflight_count == 0
 
             wait_until(done, 30, "the publish to finish once the path works", interval=0.05)
-        (outcome,) = pipeline.poll()
+        (outcome,) = publishes.poll()
         assert isinstance(outcome, Published), outcome
         assert watch.stalled_reason is None
         assert store.segment_for_split(split.id) == outcome.segment_id
@@ -221,5 +222,6 @@ def test_a_stuck_publish_makes_the_worker_unhealthy_until_it_finishes(
         assert events == ["publish_stalled", "publish_stall_ended"], events
     finally:
         proxy.resume()
-        pipeline.close(timeout=10)
+        publishes.close(timeout=10)
+        publishes.stop(timeout=10)
         proxied.close()

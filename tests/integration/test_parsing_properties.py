@@ -1,4 +1,6 @@
-"""Property-based tests of the parsing path (hostile input) against real Spark.
+"""Property-based tests of the parsing path (hostile input) against real Spark, the records
+read from a real Kafka topic (each example's records produced once, to a topic the module's
+examples share).
 
 Each generated record has a known expected classification; the build must put every
 record in exactly one place (a good row or a reject with that reason) and never lose one.
@@ -13,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ingest.builder.job import SparkSegmentBuilder
 from ingest.spec import spec_from_dict
-from ingest.splits.chunks import chunks_of
-from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
 from ingest_common.model import TopicPartition
 from tests.fakes import RecordingRegistrar
+from tests.fixtures.servers import MakeTopic
+from tests.kafka_splits import produce, spark_builder, split_over, values
 
 GOOD_TS = st.sampled_from(
     [
@@ -109,8 +111,14 @@ def _not_json_object(b: bytes) -> bool:
         return True
 
 
+@pytest.fixture(scope="module")
+def partition(make_module_topic: MakeTopic) -> TopicPartition:
+    """Every example appends its records to it."""
+    return TopicPartition(make_module_topic(partitions=1, prefix="parse"), 0)
+
+
 @settings(
-    max_examples=12,
+    max_examples=10,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
@@ -127,7 +135,11 @@ def _not_json_object(b: bytes) -> bool:
     ]
 )
 def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
-    spark: Any, tmp_path: Path, records: list[tuple[bytes | None, str | None]]
+    spark: Any,
+    kafka_bootstrap: str,
+    partition: TopicPartition,
+    tmp_path: Path,
+    records: list[tuple[bytes | None, str | None]],
 ) -> None:
     spec = spec_from_dict(
         {
@@ -138,23 +150,11 @@ def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
             "schema": {"id": "long", "ok": "boolean", "ts": "timestamp", "tags": "array<string>", "note": "string"},
         }
     )
-    fakes = tuple(SyntheticRecord(i, value) for i, (value, _) in enumerate(records))
-    split = SealedSplit(
-        id=uuid.uuid4(),
-        tp=TopicPartition("t", 0),
-        serial=1,
-        start=0,
-        end=len(records),
-        chunks=chunks_of(fakes),
-        size_bytes=1,
-        first_record_at=0.0,
-        sealed_at=0.0,
-        seal_reason="test",
-        kill_switch=KillSwitch(),
-    )
-    built = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split, spec)
+    offsets = produce(kafka_bootstrap, partition, values([value for value, _ in records]))
+    built = spark_builder(spark, kafka_bootstrap, RecordingRegistrar()).build(split_over(offsets), spec)
     assert built.row_count + built.rejects_count == len(records) and built.skipped_count == 0
-    good = [o for (_, t), o in zip(records, range(len(records)), strict=True) if t is None]
+    at = offsets.start
+    good = [at + i for i, (_, t) in enumerate(records) if t is None]
     rows = pq.read_table([f.removeprefix("file://") for f in built.files]).to_pylist() if built.files else []
     assert sorted(r["_offset"] for r in rows) == good
     rejects = (
@@ -163,9 +163,9 @@ def test_every_record_is_a_row_or_a_reject_with_the_right_reason(
         else []
     )
     assert {r["_offset"]: r["_error"] for r in rejects} == {
-        o: t for (_, t), o in zip(records, range(len(records)), strict=True) if t is not None
+        at + i: t for i, (_, t) in enumerate(records) if t is not None
     }
     # The per-reason counts (the reason label of ingest_records_rejected_total) match the rejects file.
     assert dict(built.parse_errors) == Counter(r["_error"] for r in rejects)
     for r in rejects:  # the raw bytes are kept exactly
-        assert r["_value"] == records[r["_offset"]][0]
+        assert r["_value"] == records[r["_offset"] - at][0]

@@ -1,11 +1,10 @@
-"""A Protobuf build against a real registry and Spark: two writer versions of one file (the
+"""A Protobuf build against a real registry, Kafka and Spark: two writer versions of one file (the
 message second in it, an import registered as a reference, the well-known Timestamp), nested
 messages, a repeated field and an enum decoded in the Spark job into the spec's columns, and
 bad records, each a reject with its reason, rows + rejects == records."""
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,16 +12,20 @@ from typing import Any
 import pyarrow.parquet as pq
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingest.builder.job import SparkSegmentBuilder
+from ingest.builder.writer_schemas import WriterSchemas
 from ingest.spec import spec_from_dict
+from ingest_common.model import TopicPartition
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID
 from tests.fakes import RecordingRegistrar
-from tests.integration.test_builder import split_of
+from tests.fixtures.servers import MakeTopic
+from tests.kafka_splits import produce, spark_builder, split_over, values
 from tests.protobuf_orders import ORDER_COLUMNS, OrderVersion, framed, order, when
 
 
-def test_two_writer_versions_and_bad_records_in_one_job(spark: Any, tmp_path: Path, schema_registry_url: str) -> None:
-    topic = f"pb-{uuid.uuid4().hex[:8]}"
+def test_two_writer_versions_and_bad_records_in_one_job(
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
+) -> None:
+    topic = make_topic(partitions=1, prefix="pb")
     ctx = SerializationContext(topic, MessageField.VALUE)
     v1, v2 = OrderVersion.make(1), OrderVersion.make(2)
     encode1, encode2 = framed(schema_registry_url, v1.Order, ctx), framed(schema_registry_url, v2.Order, ctx)
@@ -55,14 +58,17 @@ def test_two_writer_versions_and_bad_records_in_one_job(spark: Any, tmp_path: Pa
             "registry": {"url": schema_registry_url},
         }
     )
-    values = [*old, *bad_values, *new]
-    segment = SparkSegmentBuilder(spark, RecordingRegistrar()).build(split_of(values), spec)
+    offsets = produce(kafka_bootstrap, TopicPartition(topic, 0), values([*old, *bad_values, *new]))
+    # No wait for the id the registry answers 404 for (tests/integration/test_writer_schema_ids.py waits).
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar(), writer_schemas=WriterSchemas(wait_s=0))
+    segment = builder.build(split_over(offsets), spec)
 
     assert (segment.row_count, segment.rejects_count) == (60, len(bad_values))
     assert dict(segment.parse_errors) == {reason: len(vs) for reason, vs in bad.items()}
     rows = sorted((r for f in segment.files for r in pq.read_table(f).to_pylist()), key=lambda r: r["id"])
     assert [r["id"] for r in rows] == list(range(60))
-    assert [r["_offset"] for r in rows] == [*range(100, 130), *range(130 + len(bad_values), 160 + len(bad_values))]
+    at, skip = offsets.start, len(bad_values)
+    assert [r["_offset"] for r in rows] == [*range(at, at + 30), *range(at + 30 + skip, at + 60 + skip)]
     first, last = rows[0], rows[-1]
     assert (first["ts"], first["status"], first["tags"], first["customer__address__city"]) == (
         when(0),

@@ -1,7 +1,7 @@
 """An s3a:// segment store end to end at the build level, against the S3 API the tests
-reach (moto's server mode unless INGEST_TEST_S3_ENDPOINT names another): Spark writes
-through S3A and its magic committer, pyarrow stages, lists, reads and deletes, and nothing
-is renamed (on S3 a rename is a copy)."""
+reach (moto's server mode unless INGEST_TEST_S3_ENDPOINT names another): Spark reads the
+splits from Kafka and writes through S3A and its magic committer, pyarrow lists, reads and
+deletes, and nothing is renamed (on S3 a rename is a copy)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,31 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.builder.job import SparkSegmentBuilder
 from ingest.segments import store as segment_store
 from ingest.spec import SourceSpec, spec_from_dict
-from ingest_common.model import BuiltSegment, TopicPartition
+from ingest_common.model import BuiltSegment, OffsetRange
 from ingest_dev.verify import read_coordinates
 from tests.fakes import RecordingRegistrar
-from tests.fixtures.servers import S3Server
-from tests.integration.test_builder import good, split_of
+from tests.fixtures.servers import MakeTopic, S3Server
+from tests.integration.test_builder import good
+from tests.kafka_splits import produce_blocks, spark_builder, split_over, values
+
+
+@pytest.fixture(scope="module")
+def produced(kafka_bootstrap: str, make_module_topic: MakeTopic) -> dict[str, OffsetRange]:
+    """``a`` and ``b``: consecutive ranges of one partition; ``c``: another topic's; ``mixed``: 2 good, 1 bad."""
+    topic, other = make_module_topic(partitions=2, prefix="events"), make_module_topic(partitions=2, prefix="other")
+    a, b, mixed = produce_blocks(
+        kafka_bootstrap,
+        topic,
+        [
+            (0, values([good(i) for i in range(300)])),
+            (0, values([good(i) if i % 10 else b"nope" for i in range(200)])),
+            (1, values([good(1), b"nope", good(2)])),
+        ],
+    )
+    [c] = produce_blocks(kafka_bootstrap, other, [(1, values([good(i) for i in range(50)]))])
+    return {"a": a, "b": b, "c": c, "mixed": mixed}
 
 
 def s3_spec(s3: S3Server, policy: str = "reject") -> SourceSpec:
@@ -49,16 +66,16 @@ def objects(prefix_uri: str) -> list[str]:
     )
 
 
-def test_a_batch_build_on_s3_writes_where_it_registered_and_copies_nothing(spark: Any, s3_server: S3Server) -> None:
+def test_a_batch_build_on_s3_writes_where_it_registered_and_copies_nothing(
+    spark: Any, kafka_bootstrap: str, s3_server: S3Server, produced: dict[str, OffsetRange]
+) -> None:
     spec = s3_spec(s3_server)
-    a = split_of([good(i) for i in range(300)], start=0)
-    b = split_of([good(i) if i % 10 else b"nope" for i in range(200)], start=300)
-    c = split_of([good(i) for i in range(50)], start=0, tp=TopicPartition("other", 1))
+    a, b, c = (split_over(produced[name]) for name in ("a", "b", "c"))
     registrar = RecordingRegistrar()
     if s3_server.local is not None:
         s3_server.local.record(True)
     try:
-        results = SparkSegmentBuilder(spark, registrar).build_batch([a, b, c], spec)
+        results = spark_builder(spark, kafka_bootstrap, registrar).build_batch([a, b, c], spec)
     finally:
         requests = s3_server.local.requests() if s3_server.local is not None else []
         if s3_server.local is not None:
@@ -67,12 +84,12 @@ def test_a_batch_build_on_s3_writes_where_it_registered_and_copies_nothing(spark
     assert len(built) == 3, results
     ra, rb, rc = built
     assert (ra.row_count, rb.row_count, rb.rejects_count, rc.row_count) == (300, 180, 20, 50)
-    assert read_offsets(ra.files) == list(range(300))
-    assert read_offsets(rb.rejects_files) == [300 + i for i in range(0, 200, 10)]
+    assert read_offsets(ra.files) == list(range(a.start, a.end))
+    assert read_offsets(rb.rejects_files) == [b.start + i for i in range(0, 200, 10)]
     assert len(registrar.builds) == 1  # one build, one Spark job
     published = [f for r in built for f in (*r.files, *r.rejects_files)]
     assert all(f.startswith("s3a://") and registrar.registered(f) for f in published)
-    # Only the segments' own files are left: staging and the committer's __magic are gone.
+    # Only the segments' own files are left: the committer's __magic is gone.
     root = segment_store.source_root(spec.segment_store, spec.name)
     _, bucket_path = segment_store.filesystem(root)
     left = [p.removeprefix(bucket_path.split("/", 1)[0] + "/") for p in objects(root)]
@@ -86,10 +103,11 @@ def test_a_batch_build_on_s3_writes_where_it_registered_and_copies_nothing(spark
         assert any("uploadId=" in r["url"] and r["method"] == "POST" for r in requests)
 
 
-def test_discard_and_gc_primitives_on_s3(spark: Any, s3_server: S3Server) -> None:
+def test_discard_and_gc_primitives_on_s3(
+    spark: Any, kafka_bootstrap: str, s3_server: S3Server, produced: dict[str, OffsetRange]
+) -> None:
     spec = s3_spec(s3_server)
-    builder = SparkSegmentBuilder(spark, RecordingRegistrar())
-    built = builder.build(split_of([good(1), b"nope", good(2)]), spec)
+    built = spark_builder(spark, kafka_bootstrap, RecordingRegistrar()).build(split_over(produced["mixed"]), spec)
     assert built.files and built.rejects_files
     assert (
         pq.read_metadata(
@@ -97,7 +115,7 @@ def test_discard_and_gc_primitives_on_s3(spark: Any, s3_server: S3Server) -> Non
         ).num_rows
         == 2
     )
-    builder.discard(built)
+    segment_store.discard(built)
     assert objects(segment_store.source_root(spec.segment_store, spec.name)) == []
 
 
