@@ -56,6 +56,29 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
+_GENERIC = ("An error occurred while calling", "py4j.protocol", "Traceback")
+
+
+def cause_line(exc: BaseException) -> str:
+    """The line of an error that says what went wrong: for a Spark failure (a Py4J error, or a
+    Spark Connect one) its root cause (the last ``Caused by:``, else the first exception line
+    after Py4J's "An error occurred while calling oNNN.parquet."), otherwise :func:`first_line`."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return first_line(exc)
+    caused = [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
+    if caused:
+        return caused[-1][:300]
+    for line in lines:
+        body = line.removeprefix(": ")
+        if body.startswith(_GENERIC) or line.startswith("at "):
+            continue
+        if "Exception" in body or "Error" in body:
+            return body[:300]
+    return first_line(exc)
+
+
 def shown(value: object, limit: int = 40) -> str:
     """A value for an error line: its repr, cut short (a 400-digit number is one line, not ten)."""
     text = repr(value)

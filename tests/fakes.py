@@ -96,6 +96,8 @@ class FakeBuilder:
         self.broker = broker
         self.gates: dict[int, threading.Event] = {}
         self.failures: dict[int, int] = {}
+        # By start offset: a split whose build fails its whole batch (as one Spark job fails), N times.
+        self.batch_failures: dict[int, int] = {}
         # Start offsets of the splits whose build began (reached its gate, if any), in order.
         self.started: list[int] = []
         self.built: list[SealedSplit] = []
@@ -148,6 +150,12 @@ class FakeBuilder:
         with self.lock:
             self.batches.append([split.start for split in splits])
         live = [split for split in splits if not split.kill_switch.tripped]
+        with self.lock:
+            poisoned = [s.start for s in live if self.batch_failures.get(s.start, 0) > 0]
+            for start in poisoned:
+                self.batch_failures[start] -= 1
+        if poisoned:
+            return [BuildError(f"the batch's job failed on the split at {poisoned[0]}") for _ in splits]
         waiting = {s.id for s in live if self.registry_down and (s.tp, s.start) in self.needs_registry}
         registered = self._register([split for split in live if split.id not in waiting], spec)
         results: list[BuiltSegment | Exception] = []

@@ -41,12 +41,13 @@ from ingest.builder.writer_schemas import (
     WriterSchemas,
     resolvable,
 )
-from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed, first_line
+from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
 from ingest.spark.session import FixedSession, JobInterrupts, SessionSource, job_tag
 from ingest.spec import SourceSpec
 from ingest.splits.split import SealedSplit
+from ingest_common.errors import cause_line
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment
 
 log = structlog.get_logger(__name__)
@@ -183,19 +184,20 @@ class SparkSegmentBuilder:
                 return {split.id: exc for split in splits}
             if isinstance(exc, RegistryUnavailable):
                 return {split.id: exc for split in splits}
-            if not isinstance(exc, BuildError | SplitKilled):
+            killed = all(split.kill_switch.tripped for split in splits)
+            if not isinstance(exc, BuildError | SplitKilled) and not killed:
                 log.warning(
                     "batch_failed",
                     batch=str(build),
                     splits=len(splits),
                     timed_out=timed_out.is_set(),
-                    error=first_line(exc),
+                    error=cause_line(exc),
                     exc_info=not _is_spark_error(exc),
                 )
             cause = (
                 f"it ran past its deadline of {self._deadline_s:g} s (INGEST_BUILD_DEADLINE_S) and was interrupted"
                 if timed_out.is_set()
-                else first_line(exc)
+                else cause_line(exc)
             )
             failed: dict[uuid.UUID, BuildResult] = {}
             for split in splits:

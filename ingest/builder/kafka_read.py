@@ -36,7 +36,9 @@ How the reader is set, and why:
   there (a truncated log, until ``pollTimeoutMs``). The client's properties may set another.
 - The DSv2 source (``kafka`` not in ``spark.sql.sources.useV1SourceList``, set with the
   session, ingest.spark.session): a job interrupted by a kill switch stops reading within a
-  fraction of a second; the V1 source's tasks read their whole range first.
+  fraction of a second (0.15-0.18 s measured: tests/integration/test_kafka_read.py). A study
+  on this kind of machine found the V1 source's tasks reading their whole range first; it did
+  not reproduce since, but DSv2 is the path the tests cover.
 """
 
 from __future__ import annotations

@@ -173,41 +173,50 @@ class BuildQueue:
                     self._running.pop(me, None)
 
     def _build(self, batch: list[_Entry]) -> None:
-        """Build a batch, retrying the splits whose build failed (not those killed or
-        refused by the parse policy), and resolve every entry's future."""
+        """Build a batch, retrying the splits whose build failed (not those killed or refused by
+        the parse policy), and resolve every entry's future. A batch is one Spark job, so one
+        split's failure (its offsets gone from the log, say) fails the whole batch: its splits
+        are retried one per job, so that the others are not failed with it again."""
         attempt = 1
-        pending = batch
-        while pending:
-            try:
-                results = self._builder.build_batch([e.split for e in pending], pending[0].spec)
-            except Exception as exc:  # a builder bug: fail the batch, never the thread
-                log.exception("build_batch_failed", splits=len(pending), error=str(exc))
-                results = [exc] * len(pending)
+        groups = [batch]
+        while groups:
             retry: list[_Entry] = []
-            for entry, result in zip(pending, results, strict=True):
-                if isinstance(result, RegistryUnavailable):
-                    self._wait_for_registry(entry, result)
-                    continue
-                self._registry_waits.resolved(entry.split.id)
-                if isinstance(result, BuildError) and attempt < self._attempts:
-                    retry.append(entry)
-                    log.warning(
-                        "build_retry",
-                        split=str(entry.split.id),
-                        topic=entry.split.tp.topic,
-                        partition=entry.split.tp.partition,
-                        attempt=attempt,
-                        error=str(result),
-                    )
-                elif isinstance(result, Exception):
-                    entry.built.set_exception(result)
-                else:
-                    entry.built.set_result(result)
+            for group in groups:
+                retry += self._attempt(group, attempt)
             if retry:
                 # Cut short once every split to retry is killed (the next attempt drops them).
                 self._retry.sleep_unless(self._retry.delay(attempt - 1), partial(_all_killed, [e.split for e in retry]))
                 attempt += 1
-            pending = retry
+            groups = [[entry] for entry in retry]
+
+    def _attempt(self, group: list[_Entry], attempt: int) -> list[_Entry]:
+        """Build ``group`` as one batch; resolve what is decided, return what is to be retried."""
+        try:
+            results = self._builder.build_batch([e.split for e in group], group[0].spec)
+        except Exception as exc:  # a builder bug: fail the batch, never the thread
+            log.exception("build_batch_failed", splits=len(group), error=str(exc))
+            results = [exc] * len(group)
+        retry: list[_Entry] = []
+        for entry, result in zip(group, results, strict=True):
+            if isinstance(result, RegistryUnavailable):
+                self._wait_for_registry(entry, result)
+                continue
+            self._registry_waits.resolved(entry.split.id)
+            if isinstance(result, BuildError) and attempt < self._attempts:
+                retry.append(entry)
+                log.warning(
+                    "build_retry",
+                    split=str(entry.split.id),
+                    topic=entry.split.tp.topic,
+                    partition=entry.split.tp.partition,
+                    attempt=attempt,
+                    error=str(result),
+                )
+            elif isinstance(result, Exception):
+                entry.built.set_exception(result)
+            else:
+                entry.built.set_result(result)
+        return retry
 
     def _wait_for_registry(self, entry: _Entry, error: RegistryUnavailable) -> None:
         """Put the split back among those to build, due after the registry retry's backoff: it

@@ -35,8 +35,8 @@ BASE_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.execution.arrow.localRelationThreshold": "0",
     # Builds read Kafka through the DSv2 source (ingest.builder.kafka_read): its tasks stop
-    # within a fraction of a second of an interrupt (a kill switch), the V1 source's read their
-    # whole range first. Every other source keeps Spark's default (V1).
+    # within a fraction of a second of an interrupt (a kill switch). Every other source keeps
+    # Spark's default (V1).
     "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
 }
 # Static settings of the Spark application itself: under Spark Connect the driver is the

@@ -313,6 +313,32 @@ def test_splits_waiting_together_build_as_one_batch_and_only_failed_ones_are_ret
     assert store.next_offsets == {P0: 20, P1: 40}
 
 
+def test_a_batch_that_failed_as_a_whole_is_retried_one_split_per_job(store: FakeStore, builder: FakeBuilder) -> None:
+    """One split's failure fails its batch's one job: the retries build each split alone, so a
+    split whose offsets are gone does not fail the others again."""
+    publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
+    store.next_offsets[P1] = 100
+    builder.batch_failures[0] = 2  # P0's split fails its batch twice: first with P1's, then alone
+    pipeline = Pipeline(
+        builder,
+        publisher,
+        SpecHolder(SPEC, 1),
+        build_threads=1,
+        build_attempts=3,
+        build_retry=BUILD_RETRY.on(FakeClock()),
+        batch_linger_s=0.2,
+    )
+    try:
+        pipeline.submit(make_split(P0, 0, 10))
+        pipeline.submit(make_split(P1, 100, 110))
+        outcomes = {o.split.tp: o for o in drain(pipeline, 2)}
+    finally:
+        pipeline.close(timeout=5)
+    assert all(isinstance(o, Published) for o in outcomes.values())
+    assert builder.batches == [[0, 100], [0], [100], [0]]
+    assert store.next_offsets == {P0: 10, P1: 110}
+
+
 def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: FakeStore, builder: FakeBuilder) -> None:
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
     pipeline = Pipeline(builder, publisher, SpecHolder(SPEC, 1), build_threads=2, batch_linger_s=0.5)
