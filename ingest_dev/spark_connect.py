@@ -7,9 +7,9 @@ execs ``java``, so the server's JVM is the child this process started and dies w
 (:func:`ingest_dev.process.popen`). Its log and local directory live in a temp dir.
 
 Used by the tests' ``spark_connect`` fixture, the chaos run (``--spark connect``) and
-``python -m bench.fleet``. The server runs on this machine, so the workers' staging and
-segment directories (plain local paths) are readable and writable by it, as a shared volume
-would be in production.
+``python -m bench.fleet``. It loads the project's pinned jar set (Spark's Kafka source reads
+the workers' splits). The server runs on this machine, so the workers' segment directories
+(plain local paths) are writable by it, as a shared volume would be in production.
 """
 
 from __future__ import annotations
@@ -106,8 +106,13 @@ class LocalConnectServer(ManagedProcess):
             "spark.ui.enabled": "false",
             "spark.local.dir": str(self.base_dir / "local"),
         }
+        from ingest.spark.jars import spark_jars
+
         cmd = [str(self.spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "Spark Connect server"]
         cmd += ["--master", self.master, "--driver-memory", self.driver_memory]
+        # The project's jar set, as the compose service has it: the workers' builds read Kafka
+        # through Spark's Kafka source, and Avro sources decode with spark-avro.
+        cmd += ["--jars", ",".join(str(j) for j in spark_jars())]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         return cmd

@@ -47,29 +47,35 @@ class Observed:
         self._first_bad = first_bad
 
     def expressions(self) -> list[Any]:
+        """As SQL text where it can be (one Py4J call per aggregate, not one per operator: a
+        job's planning cost is paid per batch)."""
         from pyspark.sql import functions as F
 
-        bad = F.col("_error").isNotNull()
-        out = [F.count(F.lit(1)).alias("total")]
+        out = [F.expr("count(1)").alias("total")]
         for i, split in enumerate(self._splits):
+            # Kafka topic names are [a-zA-Z0-9._-]: safe in a SQL string literal.
             mine = (
-                (F.col("_partition") == F.lit(split.tp.partition))
-                & (F.col("_offset") >= F.lit(split.start))
-                & (F.col("_offset") < F.lit(split.end))
-                & (F.col("_topic") == F.lit(split.tp.topic))
+                f"_partition = {split.tp.partition} AND _offset >= {split.start} AND _offset < {split.end}"
+                f" AND _topic = '{split.tp.topic}'"
             )
-            size = F.coalesce(F.length("_key"), F.lit(0)) + F.coalesce(F.length("_value"), F.lit(0))
             out += [
-                F.count_if(mine & bad).alias(f"bad{i}"),
-                F.sum(F.when(mine, size.cast("long"))).alias(f"bytes{i}"),
-                F.max(F.when(mine, F.unix_millis(F.col("_timestamp")))).alias(f"ts{i}"),
+                F.expr(f"count_if({mine} AND _error IS NOT NULL)").alias(f"bad{i}"),
+                F.expr(
+                    f"sum(CASE WHEN {mine} THEN CAST(coalesce(length(_key), 0) + coalesce(length(_value), 0)"
+                    " AS BIGINT) END)"
+                ).alias(f"bytes{i}"),
+                F.expr(f"max(CASE WHEN {mine} THEN unix_millis(_timestamp) END)").alias(f"ts{i}"),
             ]
             if self._first_bad:
-                out.append(F.min(F.when(mine & bad, F.struct(F.col("_offset"), F.col("_error")))).alias(f"first{i}"))
+                out.append(
+                    F.expr(f"min(CASE WHEN {mine} AND _error IS NOT NULL THEN struct(_offset, _error) END)").alias(
+                        f"first{i}"
+                    )
+                )
             if self._plan.unknown_ids is not None:
-                out.append(F.collect_set(F.when(mine, self._plan.unknown_ids)).alias(f"ids{i}"))
+                out.append(F.collect_set(F.when(F.expr(mine), self._plan.unknown_ids)).alias(f"ids{i}"))
             if self._plan.unknown_key_ids is not None:
-                out.append(F.collect_set(F.when(mine, self._plan.unknown_key_ids)).alias(f"keyids{i}"))
+                out.append(F.collect_set(F.when(F.expr(mine), self._plan.unknown_key_ids)).alias(f"keyids{i}"))
         return out
 
     def read(self, row: Mapping[str, Any]) -> tuple[int, dict[uuid.UUID, SplitStats]]:

@@ -56,6 +56,16 @@ from ingest_common.model import TopicPartition
 # columns a segment keeps, and the value. A record without a timestamp (type -1) has none.
 READ_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key", "_value")
 
+# The Kafka source's columns as the build's: a record without a timestamp (type -1) has none.
+_COLUMNS = (
+    "topic AS _topic",
+    "partition AS _partition",
+    "offset AS _offset",
+    "CASE WHEN timestampType >= 0 THEN timestamp END AS _timestamp",
+    "key AS _key",
+    "value AS _value",
+)
+
 #: Spark's default (120 s) is what a range that cannot be read to its end waits, per partition.
 POLL_TIMEOUT_MS = 30_000
 #: The longest the broker holds a fetch of the reader's consumers that finds nothing to read.
@@ -102,8 +112,6 @@ class KafkaReader:
         return reduce(lambda a, b: a.unionByName(b), frames)
 
     def _read(self, spark: Any, layer: Sequence[SealedSplit]) -> Any:
-        from pyspark.sql import functions as F
-
         assigned: dict[str, list[int]] = {}
         starts: dict[str, dict[str, int]] = {}
         ends: dict[str, dict[str, int]] = {}
@@ -111,23 +119,14 @@ class KafkaReader:
             assigned.setdefault(split.tp.topic, []).append(split.tp.partition)
             starts.setdefault(split.tp.topic, {})[str(split.tp.partition)] = split.start
             ends.setdefault(split.tp.topic, {})[str(split.tp.partition)] = split.end
-        reader = spark.read.format("kafka")
-        for key, value in self.options:
-            reader = reader.option(key, value)
-        df = (
-            reader.option("assign", json.dumps(assigned, sort_keys=True))
-            .option("startingOffsets", json.dumps(starts, sort_keys=True))
-            .option("endingOffsets", json.dumps(ends, sort_keys=True))
-            .load()
-        )
-        return df.select(
-            F.col("topic").alias("_topic"),
-            F.col("partition").alias("_partition"),
-            F.col("offset").alias("_offset"),
-            F.when(F.col("timestampType") >= 0, F.col("timestamp")).alias("_timestamp"),
-            F.col("key").alias("_key"),
-            F.col("value").alias("_value"),
-        )
+        options = {
+            **dict(self.options),
+            "assign": json.dumps(assigned, sort_keys=True),
+            "startingOffsets": json.dumps(starts, sort_keys=True),
+            "endingOffsets": json.dumps(ends, sort_keys=True),
+        }
+        # One call each (a job's planning is paid per batch: Py4J round trips add up).
+        return spark.read.format("kafka").options(**options).load().selectExpr(*_COLUMNS)
 
 
 def layers(splits: Sequence[SealedSplit]) -> list[list[SealedSplit]]:
