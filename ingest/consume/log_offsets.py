@@ -16,17 +16,22 @@ bounded: for the rebalance callback (pinning a first start offset) and the backg
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import structlog
 from confluent_kafka import IsolationLevel, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.consume.kafka import KafkaCallFailed, kafka_error_text
 from ingest_common.model import TopicPartition
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +73,15 @@ class LogOffsets(Watermarks, Protocol):
 
 
 class _AdminQuery:
-    def __init__(self, latest: dict[Any, Future[Any]], earliest: dict[Any, Future[Any]]) -> None:
+    def __init__(
+        self,
+        latest: dict[Any, Future[Any]],
+        earliest: dict[Any, Future[Any]],
+        on_errors: Callable[[set[str]], None] = lambda _topics: None,
+    ) -> None:
         self._latest = latest
         self._earliest = earliest
+        self._on_errors = on_errors
 
     def done(self) -> bool:
         return all(f.done() for f in self._latest.values()) and all(f.done() for f in self._earliest.values())
@@ -94,26 +105,58 @@ class _AdminQuery:
                 continue
             epoch = latest.leader_epoch
             ends[tp] = LogEnd(int(latest.offset), None if epoch is None or epoch < 0 else int(epoch), int(first.offset))
+        if errors:
+            self._on_errors({tp.topic for tp in errors})
         return ends, errors
 
 
 class AdminLogOffsets:
     """:class:`LogOffsets` over confluent-kafka's ``AdminClient`` (``config.kafka_client``):
-    ListOffsets requests, one per partition leader, for every partition of a query."""
+    ListOffsets requests, one per partition leader, for every partition of a query.
+
+    The admin client finds a partition's leader in its metadata cache, which does not learn of
+    partitions added to a topic (nor of leaders moved) by itself: a partition it has no leader
+    for fails ("No leaders found"). A failed answer has the topics' metadata asked again, off
+    the caller's thread (at most one refresh under way, one every ``REFRESH_S``); a blocking
+    :meth:`watermarks` refreshes and asks once more itself."""
+
+    REFRESH_S = 1.0
 
     def __init__(self, admin: Any, request_timeout_s: float = 10.0) -> None:
         self._admin = admin
         self._timeout_s = request_timeout_s
+        self._refresh_lock = threading.Lock()
+        self._refreshing = False
+        self._refreshed_at = 0.0
 
     def query(self, tps: Sequence[TopicPartition]) -> OffsetsQuery:
-        return self._query(tps)
+        return self._query(tps, self._stale)
 
-    def _query(self, tps: Sequence[TopicPartition]) -> _AdminQuery:
+    def _stale(self, topics: set[str]) -> None:
+        """Refresh the topics' metadata in the background (throttled)."""
+        with self._refresh_lock:
+            if self._refreshing or time.monotonic() - self._refreshed_at < self.REFRESH_S:
+                return
+            self._refreshing = True
+        threading.Thread(target=self._refresh, args=(sorted(topics),), name="ingest-metadata", daemon=True).start()
+
+    def _refresh(self, topics: list[str], timeout_s: float = 5.0) -> None:
+        try:
+            for topic in topics:
+                self._admin.list_topics(topic=topic, timeout=timeout_s)
+        except KafkaException as exc:
+            log.info("metadata_refresh_failed", topics=topics, error=kafka_error_text(exc))
+        finally:
+            with self._refresh_lock:
+                self._refreshing = False
+                self._refreshed_at = time.monotonic()
+
+    def _query(self, tps: Sequence[TopicPartition], on_errors: Callable[[set[str]], None]) -> _AdminQuery:
         from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
         ktps = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
         if not ktps:
-            return _AdminQuery({}, {})
+            return _AdminQuery({}, {}, on_errors)
         # confluent-kafka's OffsetSpec has no type hints.
         latest_spec: Any = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         earliest_spec: Any = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
@@ -123,16 +166,20 @@ class AdminLogOffsets:
             request_timeout=self._timeout_s,
         )
         earliest = self._admin.list_offsets(dict.fromkeys(ktps, earliest_spec), request_timeout=self._timeout_s)
-        return _AdminQuery(latest, earliest)
+        return _AdminQuery(latest, earliest, on_errors)
 
     def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-        query = self._query([tp])
-        if not query.wait(timeout_s):
-            raise KafkaCallFailed(f"watermarks of {tp}: no answer within {timeout_s:g} s")
-        ends, errors = query.result()
-        if tp not in ends:
-            raise KafkaCallFailed(f"watermarks of {tp}: {errors.get(tp, 'no answer')}")
-        return ends[tp].earliest, ends[tp].stable
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(2):
+            query = self._query([tp], lambda _topics: None)
+            if not query.wait(max(0.0, deadline - time.monotonic())):
+                raise KafkaCallFailed(f"watermarks of {tp}: no answer within {timeout_s:g} s")
+            ends, errors = query.result()
+            if tp in ends:
+                return ends[tp].earliest, ends[tp].stable
+            if attempt == 0:
+                self._refresh([tp.topic], max(0.1, min(5.0, deadline - time.monotonic())))
+        raise KafkaCallFailed(f"watermarks of {tp}: {errors.get(tp, 'no answer')}")
 
     def close(self) -> None:
         """The admin client has nothing to flush; its handle goes with the object."""
