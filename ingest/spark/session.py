@@ -4,11 +4,12 @@ Connect (``sc://``)."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -207,6 +208,46 @@ def start_abandoned() -> bool:
     return any(t.is_alive() for t in _abandoned) or any(i.busy for i in list(_interrupters))
 
 
+def _classic(session: Any) -> bool:
+    """A session whose driver is this process (local, standalone), not a Spark Connect client."""
+    from pyspark.sql import SparkSession
+
+    return isinstance(session, SparkSession)
+
+
+@contextlib.contextmanager
+def job_tag(session: Any, tag: str) -> Iterator[None]:
+    """Every job this thread starts on ``session`` inside the block carries ``tag``, so that
+    :class:`JobInterrupts` interrupts them from another thread. A classic session's own tags
+    (``SparkSession.addTag``) are the adding thread's: its ``interruptTag`` finds none that
+    another thread added, so there the SparkContext's job tags are used (``addJobTag``,
+    ``cancelJobsWithTag``: any thread); a Spark Connect session's tags name its operations,
+    interrupted from any thread. A session that is gone took its tags with it."""
+    if _classic(session):
+        context = session.sparkContext
+        context.addJobTag(tag)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                context.removeJobTag(tag)
+    else:
+        session.addTag(tag)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                session.removeTag(tag)
+
+
+def interrupt_tag(session: Any, tag: str) -> None:
+    """Interrupt ``session``'s jobs tagged ``tag`` by :func:`job_tag`, from any thread."""
+    if _classic(session):
+        session.sparkContext.cancelJobsWithTag(tag)
+    else:
+        session.interruptTag(tag)
+
+
 class JobInterrupts:
     """Interrupts a session's tagged jobs on a thread of its own, in the order asked.
 
@@ -257,7 +298,7 @@ class JobInterrupts:
             self._calling = True
             try:
                 # The current session: one replaced since the job started was closed, its jobs with it.
-                session.interruptTag(tag)
+                interrupt_tag(session, tag)
             except Exception as exc:  # the session may be stopping; the kill switch still holds
                 log.warning("spark_interrupt_failed", tag=tag, error=str(exc))
             finally:
