@@ -15,6 +15,8 @@ the layers of one row not from each other (tests/unit/test_layers.py checks this
     ingest_common < metastore < ingest (shared) < splits < spark | segments < builder
         < publish | ops | table | compact < consume < ingest.worker < cli
 
+``ingest.roles`` belongs to the shared top level: ``table`` and ``compact`` each run a role on it.
+
 Module map:
 
 ingest (top level: the shared base, and the worker process that wires the layers)
@@ -27,6 +29,10 @@ ingest (top level: the shared base, and the worker process that wires the layers
     logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
     worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop
     __main__       ``python -m ingest``: the command line
+
+ingest.roles (part of the shared top level: a role that runs on one process at a time per source)
+    runner         run_singleton_role: the lock, standby or active, retries, each pass watched for its deadline
+    health         its state (starting, standby, active, overrun, stopped), /healthz and /readyz
 
 ingest.consume (one polling thread: the consumer group's member; it reads no record)
     kafka          the one boundary to the group member (confluent-kafka): typed consumer, error codes, quirks
@@ -94,9 +100,8 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     committer      the table committer: reconcile, choose a batch, append (or replace), record
     replacement    a compaction's replacement as one Iceberg overwrite snapshot: held files out, new in
     properties     the table properties the committer keeps (commit seq, segments) and the head check
-    runner         the long-running role: one active per source (a lock), standbys, retries
+    runner         the committer as a singleton role (ingest.roles): its lock, passes, retried errors
     enable         ``ingest table-enable``: a source's tables on (no pyiceberg needed)
-    health         the committer's /healthz and /readyz: failing, hung, stopped; active or standby
     catalog        pyiceberg's SQL catalog in the metastore's PostgreSQL
     config         partition transform, where rejects go, commit batching
     status         ``ingest table`` and ``ingest query`` (DuckDB)
@@ -107,8 +112,8 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
 ingest.compact (small published segments rewritten near a target size, replaced exactly once)
     plan           which segments: contiguous runs of small ones per partition, cut near the target
     job            one chunk: registered, rewritten by Spark, checked by its footers, replaced
-    runner         the long-running role: one active per source (a lock), standbys, retries
-    metrics        the role's metrics (replacements, the store's shape, compaction lag) and health
+    runner         the compactor as a singleton role (ingest.roles): its lock, passes, Spark job interrupted
+    metrics        the role's metrics (replacements, the store's shape, compaction lag)
 
 ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected failure)
     __init__       main and run: an IngestError becomes one line and its exit code

@@ -72,6 +72,18 @@ _PINNED: dict[str, tuple[str, str]] = {
 PROTOCOL_PROPERTIES = {name: value for name, (value, _why) in _PINNED.items()}
 
 
+# The longest a pass of a singleton role may go without a step of it ending (ingest.roles.runner):
+# past it the pass is asked to stop, the role's lock released for a standby and /healthz fails.
+# The table committer's step is one commit attempt: 20-120 ms on a local store, seconds for
+# a batch of many segments' footers on an object store; 2 minutes is far past any of those and
+# keeps a hung committer's table within its IngestTableBehind alert (15 minutes of lag).
+TABLE_PASS_DEADLINE_S = 120.0
+# The compactor's step is one chunk (one Spark job over at most target_file_size of segments,
+# then its replacement): about a minute for 256 MiB on one core; half an hour leaves room for a
+# slow store or a busy cluster and still finds a hung job long before IngestSmallFiles (6 hours).
+COMPACT_PASS_DEADLINE_S = 1800.0
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     database_url: str
@@ -108,6 +120,10 @@ class Settings:
     # A batch's build running this long is interrupted and fails (it is retried): a Spark job
     # that never finishes (ingest.builder.job).
     build_deadline_s: float = 600.0
+    # The longest a table committer's or a compactor's pass may go without a step ending
+    # (TABLE_PASS_DEADLINE_S, COMPACT_PASS_DEADLINE_S).
+    table_pass_deadline_s: float = TABLE_PASS_DEADLINE_S
+    compact_pass_deadline_s: float = COMPACT_PASS_DEADLINE_S
     # How long one poll of Spark's Kafka reader may wait for a range's records
     # (ingest.builder.kafka_read): what a range that cannot be read to its end costs.
     spark_kafka_poll_timeout_s: float = 30.0
@@ -179,6 +195,13 @@ class Settings:
                 "INGEST_SPARK_CONNECT_RETRY_S", env.get("INGEST_SPARK_CONNECT_RETRY_S", "30")
             ),
             build_deadline_s=positive_seconds("INGEST_BUILD_DEADLINE_S", env.get("INGEST_BUILD_DEADLINE_S", "600")),
+            table_pass_deadline_s=positive_seconds(
+                "INGEST_TABLE_PASS_DEADLINE_S", env.get("INGEST_TABLE_PASS_DEADLINE_S", f"{TABLE_PASS_DEADLINE_S:g}")
+            ),
+            compact_pass_deadline_s=positive_seconds(
+                "INGEST_COMPACT_PASS_DEADLINE_S",
+                env.get("INGEST_COMPACT_PASS_DEADLINE_S", f"{COMPACT_PASS_DEADLINE_S:g}"),
+            ),
             spark_kafka_poll_timeout_s=positive_seconds(
                 "INGEST_SPARK_KAFKA_POLL_TIMEOUT_S", env.get("INGEST_SPARK_KAFKA_POLL_TIMEOUT_S", "30")
             ),

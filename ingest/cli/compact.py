@@ -142,8 +142,7 @@ def _run_role(
     settings: Settings,
     metrics: CompactionMetrics,
 ) -> int:
-    from ingest.compact.metrics import CompactorHealth
-    from ingest.compact.runner import run_compactor
+    from ingest.compact.runner import compactor_health, run_compactor
     from ingest.ops.endpoints import Endpoints
 
     store.latest_spec(source)  # SourceNotFound before the role starts
@@ -154,7 +153,7 @@ def _run_role(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    health = CompactorHealth()
+    health = compactor_health(source, every, settings.compact_pass_deadline_s)
     endpoints = None
     if settings.metrics_port is not None:
         # /metrics, /healthz and /readyz as the workers and the table committer serve them.

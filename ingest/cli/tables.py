@@ -49,6 +49,7 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
         batch_segments=positive_int("--batch-segments", args.batch_segments, maximum=1000),
         interval_s=non_negative_seconds("--interval", args.interval),
         keep_snapshots=positive_int("--keep-snapshots", args.keep_snapshots, maximum=100_000),
+        pass_deadline_s=settings.table_pass_deadline_s,
     )
     with TableCommitter(settings.database_url, args.source, commit_settings) as committer:
         if args.once:

@@ -23,7 +23,9 @@ metastore checks that again under its locks.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -38,7 +40,7 @@ from ingest.compact.plan import Chunk, choose, file_cut
 from ingest.errors import BuildError
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
-from ingest.spark.session import SessionSource
+from ingest.spark.session import JobInterrupts, SessionSource, job_tag
 from ingest.spec import SourceSpec
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, PartitionBy, TopicPartition
@@ -124,13 +126,21 @@ class CompactionResult:
 class Compactor:
     """Compacts one source at a time with one Spark session, from the one owner of it that
     ``sessions`` makes on first need (ingest.spark.session.session_source: under Spark Connect a
-    session the server lost is replaced by the next job)."""
+    session the server lost is replaced by the next job). A run can be asked to stop from
+    another thread (:meth:`interrupt`): its running Spark job is interrupted (each job is
+    tagged) and no other chunk starts."""
 
     def __init__(self, store: CompactionStore, sessions: Callable[[SourceSpec], SessionSource], worker_id: str) -> None:
         self._store = store
         self._session_factory = sessions
         self._sessions: SessionSource | None = None
+        self._interrupts: JobInterrupts | None = None
         self._worker = worker_id
+        # The tag of the Spark job running now, and whether the run was asked to stop: read
+        # and written under the lock, so an interrupt never misses a job that starts.
+        self._lock = threading.Lock()
+        self._job_tag: str | None = None
+        self._interrupted = False
 
     def plan(self, source: str, target_bytes: int | None = None) -> tuple[SourceSpec, list[Chunk]]:
         """The source's latest spec and the chunks worth compacting now."""
@@ -145,8 +155,16 @@ class Compactor:
         return segments, choose(segments, target_bytes or spec.compaction.target_file_bytes)
 
     def run(
-        self, source: str, target_bytes: int | None = None, max_chunks: int | None = None, dry_run: bool = False
+        self,
+        source: str,
+        target_bytes: int | None = None,
+        max_chunks: int | None = None,
+        dry_run: bool = False,
+        progress: Callable[[], None] = lambda: None,
     ) -> CompactionResult:
+        """``progress``: called after each chunk (replaced or refused): a step of the run ended."""
+        with self._lock:
+            self._interrupted = False
         spec, chunks = self.plan(source, target_bytes)
         result = CompactionResult(source, target_bytes or spec.compaction.target_file_bytes, chunks[:max_chunks])
         if dry_run:
@@ -157,7 +175,17 @@ class Compactor:
                 result.replaced.append(self.compact(spec, specs[chunk.spec_version], chunk))
             except ReplaceRefused as exc:
                 result.refused.append((chunk.ids, exc.reason, exc.detail))
+            progress()
         return result
+
+    def interrupt(self) -> None:
+        """Stop the run in progress: its Spark job is interrupted (the chunk fails, its files are
+        deleted) and no other job of it starts. Never blocks (ingest.spark.session.JobInterrupts)."""
+        with self._lock:
+            self._interrupted = True
+            tag, interrupts = self._job_tag, self._interrupts
+        if tag is not None and interrupts is not None:
+            interrupts.request(tag)
 
     def compact(self, spec: SourceSpec, written_under: SourceSpec, chunk: Chunk) -> Replacement:
         """Rewrite one chunk and replace its segments. ``spec``: the source's latest spec (where
@@ -223,15 +251,27 @@ class Compactor:
     ) -> list[output_files.OutputFile]:
         if self._sessions is None:
             self._sessions = self._session_factory(spec)
+            self._interrupts = JobInterrupts(self._sessions)
         spark = self._sessions.current()
         # The files' own column order (all were written under one spec version).
         fs, path = segment_store.filesystem(chunk.files[0])
         columns = pq.read_schema(path, filesystem=fs).names
-        try:
-            return self._spark_rewrite(spark, spec, cut, chunk, split_id, out_dir, columns)
-        except Exception as exc:
-            self._sessions.failed(spark, exc)
-            raise
+        tag = f"ingest-compact-{split_id.hex}"
+        with contextlib.ExitStack() as tagged:
+            try:
+                with self._lock:
+                    if self._interrupted:
+                        raise BuildError("compaction interrupted before its Spark job started")
+                    # Set before an interrupt can name it: the jobs of this thread carry it.
+                    tagged.enter_context(job_tag(spark, tag))
+                    self._job_tag = tag
+                return self._spark_rewrite(spark, spec, cut, chunk, split_id, out_dir, columns)
+            except Exception as exc:
+                self._sessions.failed(spark, exc)
+                raise
+            finally:
+                with self._lock:
+                    self._job_tag = None
 
     def stop(self) -> None:
         """Release the session (a Connect server's side of it too)."""

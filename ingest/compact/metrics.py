@@ -1,5 +1,6 @@
-"""The compactor role's metrics and health (``ingest compact SOURCE --every S`` serves them on
-INGEST_METRICS_PORT, with /healthz and /readyz, through ``ingest.ops.endpoints``).
+"""The compactor role's metrics (``ingest compact SOURCE --every S`` serves them on
+INGEST_METRICS_PORT, with the /healthz and /readyz of its health, ingest.roles.health, through
+``ingest.ops.endpoints``).
 
 Every series carries ``source``. The store's shape (segments, data files, bytes, the median data
 file size, how old the oldest segment worth compacting is) is read from the metastore's current
@@ -10,7 +11,6 @@ over every compactor of a source, so none may keep a value from when it was acti
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -119,52 +119,3 @@ class CompactionMetrics:
         self.pending.labels(s).set(len(waiting))
         oldest = min(published, default=None)
         self.lag_seconds.labels(s).set(max(0.0, (datetime.now(UTC) - oldest).total_seconds()) if oldest else 0.0)
-
-
-class CompactorHealth:
-    """/healthz: unhealthy once every pass failed for longer than ``unhealthy_after_s``, or once
-    the role stopped; /readyz: 200 ``active`` for the compactor holding the lock, 503 ``standby``.
-    Written by the role's thread, read by the HTTP thread, under one lock."""
-
-    def __init__(self, unhealthy_after_s: float = 900.0) -> None:
-        self._bound = unhealthy_after_s
-        self._lock = threading.Lock()
-        self._active = False
-        self._failing_since: float | None = None
-        self._error = ""
-        self._stopped = ""
-
-    def holding(self, active: bool) -> None:
-        """Whether this compactor holds the lock (readiness), from the moment it knows."""
-        with self._lock:
-            self._active = active
-
-    def passed(self, active: bool) -> None:
-        with self._lock:
-            self._active, self._failing_since, self._error = active, None, ""
-
-    def failed(self, error: str) -> None:
-        with self._lock:
-            self._active = False
-            self._error = error
-            if self._failing_since is None:
-                self._failing_since = time.monotonic()
-
-    def stopped(self, reason: str) -> None:
-        with self._lock:
-            self._active, self._stopped = False, reason or "stopped"
-
-    def healthy(self) -> tuple[bool, str]:
-        with self._lock:
-            if self._stopped:
-                return False, f"stopped: {self._stopped}"
-            if self._failing_since is not None and time.monotonic() - self._failing_since > self._bound:
-                return False, f"every pass failed for {time.monotonic() - self._failing_since:.0f} s: {self._error}"
-            return True, "ok"
-
-    def ready(self) -> tuple[bool, str]:
-        ok, why = self.healthy()
-        if not ok:
-            return ok, why
-        with self._lock:
-            return (True, "active") if self._active else (False, "standby: another compactor holds the lock")

@@ -209,7 +209,11 @@ def start_abandoned() -> bool:
 
 
 def _is_connect_session(session: Any) -> bool:
-    return type(session).__module__.startswith("pyspark.sql.connect")
+    """Anything but a session whose driver is this process (local, standalone): a Spark
+    Connect client (whose tags are the server's), or a test's stand-in."""
+    from pyspark.sql import SparkSession
+
+    return not isinstance(session, SparkSession)
 
 
 @contextmanager

@@ -76,22 +76,20 @@ from ingest.spec import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
-from ingest.table.health import CommitterHealth
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
 from ingest.table.replacement import stage_replacement
-from ingest.table.runner import MAX_RETRY_DELAY_S, STANDBY_POLL_S, run_committer
+from ingest.table.runner import committer_health, run_committer
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.tables import PendingSegment, TableCommit, TableKind, TableRow, TableStore, fence_commit
 
 log = structlog.get_logger(__name__)
 
-# The longest the loop waits after a failed pass before the next, and a standby between passes.
-# Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
-# until it is killed.
 # A catalog conflict (another committer moved the table): 0.1, 0.2, ... 2 s before the next attempt.
 CONFLICT_RETRY = Backoff(0.1, 2.0)
+# Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
+# until it is killed.
 FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
 
 
@@ -130,8 +128,7 @@ class TableCommitter:
         self.store = TableStore(database_url)
         self.catalog = MetastoreCatalog(database_url)
         self.metrics = metrics or TableMetrics(source)
-        idle_s = max(self.settings.poll_s, STANDBY_POLL_S, MAX_RETRY_DELAY_S)
-        self.health = CommitterHealth(source, self.settings.unhealthy_after_s, idle_s)
+        self.health = committer_health(source, self.settings)
         self._last_commit: dict[TableKind, float] = {}
         self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
         # (table, spec version, table schema id) whose files' schema the table already covers.

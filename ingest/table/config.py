@@ -3,9 +3,11 @@ pyiceberg here: the CLI's parser imports this module on every command."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ingest.config import TABLE_PASS_DEADLINE_S
 from ingest_common.errors import ConfigError
 from ingest_common.model import PartitionBy
 
@@ -41,6 +43,9 @@ class CommitSettings:
     max_attempts: int = 5
     # Failing passes (or no pass ending) for longer than this make /healthz answer 503.
     unhealthy_after_s: float = DEFAULT_UNHEALTHY_AFTER_S
+    # A pass that goes this long without a commit attempt ending has its lock released and
+    # makes /healthz answer 503 (ingest.roles.runner; INGEST_TABLE_PASS_DEADLINE_S).
+    pass_deadline_s: float = TABLE_PASS_DEADLINE_S
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_segments <= 1000:
@@ -49,5 +54,9 @@ class CommitSettings:
             raise ConfigError(f"--keep-snapshots: expected 1 to 100000, got {self.keep_snapshots}")
         if not self.interval_s >= 0:
             raise ConfigError(f"--interval: expected a non-negative number of seconds, got {self.interval_s}")
+        if not 0 < self.pass_deadline_s < math.inf:
+            raise ConfigError(
+                f"INGEST_TABLE_PASS_DEADLINE_S: expected a positive number of seconds, got {self.pass_deadline_s}"
+            )
         if not self.unhealthy_after_s > 0:
             raise ConfigError(f"unhealthy_after_s: expected a positive number of seconds, got {self.unhealthy_after_s}")

@@ -1,37 +1,38 @@
 """The long-running table committer role: one active committer per source (the advisory lock),
-the others standing by; every failure it can ride out is retried with a capped backoff and
-reported through the committer's health, never the end of the role.
+the others standing by, as a role of ingest.roles.runner: every failure it can ride out is
+retried with a capped backoff and reported through its health, never the end of the role; a
+pass that goes past its deadline (INGEST_TABLE_PASS_DEADLINE_S without a commit attempt
+ending) has its lock released so that a standby takes over.
 
 Correctness never rests on the lock (ingest.table.committer appends a batch only onto the
-table state it was chosen from); the lock only keeps standbys from wasting commits.
+table state it was chosen from, and records it inside its catalog swap behind a fence); the
+lock only keeps standbys from wasting commits. So a pass past its deadline needs no stopping:
+the lock released is enough, and whatever that pass still commits is fenced like any other.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING
 
-import structlog
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 from sqlalchemy.exc import SQLAlchemyError
 
+from ingest.roles.health import RoleHealth, RoleNames
+from ingest.roles.runner import RolePacing, run_singleton_role
+from ingest.table.config import CommitSettings
 from ingest.table.errors import CommitConflicts
-from ingest.table.health import CommitterState
 from ingest_common.backoff import Backoff
-from ingest_common.errors import first_line
 from metastore.errors import MetastoreUnavailable
 from metastore.tables import TableKind
 
 if TYPE_CHECKING:
+    import threading
+
     from ingest.table.committer import TableCommitter
 
-log = structlog.get_logger(__name__)
-
-MAX_RETRY_DELAY_S = 10.0
-STANDBY_POLL_S = 2.0
-# After a failed pass: 0.5, 1, 2, ... 10 s (waited on the stop event), back to 0.5 after a good one.
-PASS_RETRY = Backoff(0.5, MAX_RETRY_DELAY_S)
+# After a failed pass: 0.5, 1, 2, ... 10 s, back to 0.5 after a good one.
+PASS_RETRY = Backoff(0.5, 10.0)
 # What a pass may meet and the next pass's reconcile settles: PostgreSQL restarting, the store
 # briefly unreachable, another committer's commits.
 RETRIED = (
@@ -42,68 +43,83 @@ RETRIED = (
     CommitConflicts,
     OSError,
 )
+NAMES = RoleNames(
+    noun="committer",
+    step="commit attempt",
+    deadline_setting="INGEST_TABLE_PASS_DEADLINE_S",
+    standby_event="table_committer_standby",
+    active_event="table_committer_active",
+    retry_event="table_commit_retry",
+    unhealthy_event="table_committer_unhealthy",
+    healthy_event="table_committer_healthy",
+    past_deadline_event="table_commit_past_deadline",
+)
+
+
+def pacing(settings: CommitSettings) -> RolePacing:
+    return RolePacing(settings.poll_s, PASS_RETRY)
+
+
+def committer_health(source: str, settings: CommitSettings) -> RoleHealth:
+    return RoleHealth(
+        NAMES,
+        source,
+        unhealthy_after_s=settings.unhealthy_after_s,
+        idle_s=pacing(settings).idle_s,
+        pass_deadline_s=settings.pass_deadline_s,
+    )
+
+
+class CommitterRole:
+    """The table committer as a singleton role (ingest.roles.runner.SingletonRole)."""
+
+    def __init__(self, committer: TableCommitter) -> None:
+        self._committer = committer
+        self._source = committer.source
+        self.health = committer.health
+        self.pacing = pacing(committer.settings)
+
+    def try_lock(self) -> bool:
+        return self._committer.store.try_lock(self._source)
+
+    def release_lock(self) -> None:
+        self._committer.store.unlock()
+
+    def holding(self, active: bool) -> None:
+        self._committer.metrics.committer_active.labels(self._source).set(int(active))
+
+    def active_pass(self) -> None:
+        for kind in self._committer.kinds():
+            if self._due(kind):
+                self._committer.commit_pending(kind)
+
+    def standby_pass(self) -> None:
+        # A standby reports how far behind the table is too: alerts take the maximum over
+        # every committer, so none may keep a value from when it was active.
+        for kind in self._committer.kinds():
+            self._committer.update_behind(kind)
+
+    def interrupt(self) -> None:
+        """Nothing to stop: the lock released is enough (a late commit is fenced)."""
+
+    def retried(self, exc: Exception) -> bool:
+        # Nothing was recorded that the next pass's reconcile does not settle.
+        return isinstance(exc, RETRIED)
+
+    def failed(self) -> None:
+        """Counted by the health only (the commit conflicts have their own counter)."""
+
+    def _due(self, kind: TableKind) -> bool:
+        committer = self._committer
+        behind, _oldest = committer.update_behind(kind)
+        if behind == 0:
+            return False
+        if behind >= committer.settings.batch_segments:
+            return True
+        return time.monotonic() - committer.last_commit_at(kind) >= committer.settings.interval_s
 
 
 def run_committer(committer: TableCommitter, stop: threading.Event) -> None:
     """Commit until ``stop`` is set; an error it does not retry (a diverged table, a refused
     schema change) ends it, and its health says why."""
-    reason = "stop requested"
-    try:
-        _loop(committer, stop)
-    except BaseException as exc:
-        reason = first_line(exc)
-        raise
-    finally:
-        committer.health.stopped(reason)
-        committer.store.unlock()
-        committer.metrics.committer_active.labels(committer.source).set(0)
-
-
-def _due(committer: TableCommitter, kind: TableKind) -> bool:
-    behind, _oldest = committer.update_behind(kind)
-    if behind == 0:
-        return False
-    if behind >= committer.settings.batch_segments:
-        return True
-    return time.monotonic() - committer.last_commit_at(kind) >= committer.settings.interval_s
-
-
-def _loop(committer: TableCommitter, stop: threading.Event) -> None:
-    source, settings, metrics = committer.source, committer.settings, committer.metrics
-    standby_logged = active = False
-    failures = 0
-    while not stop.is_set():
-        try:
-            if not committer.store.try_lock(source):
-                active = False
-                metrics.committer_active.labels(source).set(0)
-                if not standby_logged:
-                    log.info("table_committer_standby", source=source)
-                    standby_logged = True
-                # A standby reports how far behind the table is too: alerts take the maximum
-                # over every committer, so none may keep a value from when it was active.
-                for kind in committer.kinds():
-                    committer.update_behind(kind)
-                committer.health.passed(CommitterState.STANDBY)
-                stop.wait(max(settings.poll_s, STANDBY_POLL_S))
-                continue
-            if not active:
-                log.info("table_committer_active", source=source)
-            standby_logged = False
-            active = True
-            metrics.committer_active.labels(source).set(1)
-            for kind in committer.kinds():
-                if _due(committer, kind):
-                    committer.commit_pending(kind)
-            committer.health.passed(CommitterState.ACTIVE)
-            failures = 0
-            stop.wait(settings.poll_s)
-        except RETRIED as exc:
-            # Nothing was recorded that the next pass's reconcile does not settle.
-            active = False
-            metrics.committer_active.labels(source).set(0)
-            committer.health.failed(first_line(exc))
-            delay = PASS_RETRY.delay(failures)
-            failures += 1
-            log.warning("table_commit_retry", source=source, error=first_line(exc), retry_in_s=delay)
-            stop.wait(delay)
+    run_singleton_role(CommitterRole(committer), stop)

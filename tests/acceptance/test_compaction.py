@@ -349,7 +349,7 @@ def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_
             time.sleep(0.1)
         assert replaced and replaced[0] > 0, replaced
         assert probe(port, "/readyz") == (200, "active\n")
-        assert probe(port, "/healthz") == (200, "ok\n")
+        assert probe(port, "/healthz") == (200, "active\n")
         assert samples(port, "ingest_compactor_active") == [1.0]
         assert samples(port, "ingest_compaction_replacements_total")[0] >= 2
         with Metastore(database_url) as store:

@@ -41,6 +41,12 @@ class LostSession:
     def read(self) -> Any:
         raise PySparkRuntimeError(errorClass="NO_ACTIVE_SESSION", messageParameters={})
 
+    def addTag(self, tag: str) -> None:
+        """Client-side only under Spark Connect: it works on a lost session too."""
+
+    def removeTag(self, tag: str) -> None:
+        """As addTag."""
+
     def stop(self) -> None:
         self.stopped_with_release = self.release_session_on_close
         self.is_stopped = True
@@ -100,6 +106,12 @@ class DeadDriverSession(LostSession):
 
     @property
     def read(self) -> Any:
+        from py4j.protocol import Py4JNetworkError
+
+        raise Py4JNetworkError("Answer from Java side is empty")
+
+    def addTag(self, tag: str) -> None:
+        """A call into the JVM, as every call of a classic session's is: the first to fail."""
         from py4j.protocol import Py4JNetworkError
 
         raise Py4JNetworkError("Answer from Java side is empty")

@@ -100,6 +100,8 @@ def test_a_worker_given_read_uncommitted_exits_2_with_one_line(
         ({"INGEST_BUILD_LINGER_S": "inf"}, "INGEST_BUILD_LINGER_S"),
         ({"INGEST_KAFKA_CONFIG_FILE": "/nonexistent/client.properties"}, "INGEST_KAFKA_CONFIG_FILE"),
         ({"INGEST_UNHEALTHY_AFTER_PUBLISH_STALL_S": "0"}, "INGEST_UNHEALTHY_AFTER_PUBLISH_STALL_S"),
+        ({"INGEST_TABLE_PASS_DEADLINE_S": "0"}, "INGEST_TABLE_PASS_DEADLINE_S"),
+        ({"INGEST_COMPACT_PASS_DEADLINE_S": "inf"}, "INGEST_COMPACT_PASS_DEADLINE_S"),
         # Read by every metastore connection, checked at start.
         ({"INGEST_DB_STATEMENT_TIMEOUT_S": "0"}, "INGEST_DB_STATEMENT_TIMEOUT_S"),
         ({"INGEST_DB_TCP_USER_TIMEOUT_S": "nan"}, "INGEST_DB_TCP_USER_TIMEOUT_S"),
@@ -119,6 +121,15 @@ def test_warm_up_records_default_and_zero() -> None:
     base = {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": "k:9092"}
     assert Settings.from_env(base).warm_up_records == WARM_UP_RECORDS
     assert Settings.from_env({**base, "INGEST_WARM_UP_RECORDS": "0"}).warm_up_records == 0
+
+
+def test_the_singleton_roles_pass_deadlines_default_and_set() -> None:
+    base = {"INGEST_DATABASE_URL": "postgresql://h/db"}
+    settings = Settings.from_env(base, require_kafka=False)
+    assert (settings.table_pass_deadline_s, settings.compact_pass_deadline_s) == (120.0, 1800.0)
+    env = {**base, "INGEST_TABLE_PASS_DEADLINE_S": "30", "INGEST_COMPACT_PASS_DEADLINE_S": "600.5"}
+    settings = Settings.from_env(env, require_kafka=False)
+    assert (settings.table_pass_deadline_s, settings.compact_pass_deadline_s) == (30.0, 600.5)
 
 
 def test_a_kafka_config_file_that_is_not_text_is_named(tmp_path: Path) -> None:

@@ -50,12 +50,14 @@ class Clock:
 
 
 def test_committer_health_fails_after_the_bound_of_failing_passes_or_of_silence_and_tells_standby_from_active() -> None:
-    from ingest.table.health import CommitterHealth, CommitterState
+    from ingest.roles.health import RoleHealth
+    from ingest.table.runner import NAMES
 
     clock = Clock()
-    health = CommitterHealth("clicks", unhealthy_after_s=60, idle_s=10, clock=clock)
+    health = RoleHealth(NAMES, "clicks", unhealthy_after_s=60, idle_s=10, pass_deadline_s=120, clock=clock)
     assert health.healthy() == (True, "starting") and health.ready() == (False, "starting")
-    health.passed(CommitterState.ACTIVE)
+    health.active()
+    health.passed()
     assert health.healthy() == (True, "active") and health.ready() == (True, "active")
     # Failing passes: alive (retrying) within the bound, not ready; unhealthy past it.
     health.failed("connection refused")
@@ -66,7 +68,8 @@ def test_committer_health_fails_after_the_bound_of_failing_passes_or_of_silence_
     assert health.ready()[0] is False
     clock.now += 31
     assert health.healthy() == (False, "2 pass(es) failed in a row over 61 s; last: connection refused")
-    health.passed(CommitterState.STANDBY)
+    health.standby()
+    health.passed()
     assert health.healthy() == (True, "standby")
     assert health.ready() == (False, "standby: another committer holds the lock of source 'clicks'")
     # No pass or attempt ending for longer than the bound plus the longest wait: hung.
@@ -79,3 +82,5 @@ def test_committer_health_fails_after_the_bound_of_failing_passes_or_of_silence_
     assert health.healthy() == (False, "stopped: table ingest.clicks holds commit 3 but the metastore recorded 1")
     with pytest.raises(ConfigError, match="unhealthy_after_s"):
         CommitSettings(unhealthy_after_s=0)
+    with pytest.raises(ConfigError, match="INGEST_TABLE_PASS_DEADLINE_S"):
+        CommitSettings(pass_deadline_s=0)
