@@ -45,12 +45,19 @@ class LogEnds:
         self._interval_s = interval_s
         self._query: OffsetsQuery | None = None
         self._due = 0.0
+        # While held (suspend, drain), no cutter is told of offsets past where it stood.
+        self._held = False
         # The last answer for each owned partition (lag is measured against it).
         self._latest: dict[TopicPartition, LogEnd] = {}
         self._m_errors = ctx.metrics.kafka_errors.labels(ctx.source)
 
     def latest(self, tp: TopicPartition) -> LogEnd | None:
         return self._latest.get(tp)
+
+    def hold(self, held: bool) -> None:
+        """A hold began (True) or ended: while held, answers still find gaps and truncations,
+        but move no cutter past the last stable offset it knew when the hold began."""
+        self._held = held
 
     def step(self, now: float) -> None:
         """Apply the answers that arrived; ask again when due."""
@@ -117,5 +124,5 @@ class LogEnds:
                 cutter.position,
                 f"the log's last stable offset {end.stable} is below {cutter.position}, where splits were cut to",
             )
-        else:
+        elif not self._held:
             cutter.log_end(end, now)

@@ -132,7 +132,7 @@ class ConsumeLoop:
         self.last_step_at = time.monotonic()
         # Everything that may reposition a partition runs before the cuts of this step.
         self._background.apply_done()
-        self._controls.hold_changed()
+        held = self._controls.hold_changed()
         holding = self._controls.holding
         batch = self._consumer.poll(self._options.poll_timeout_s)
         self._raise_callback_error()
@@ -142,9 +142,15 @@ class ConsumeLoop:
         # Outcomes before cuts: a refusal or failure repositions first, a publish teaches the
         # partition's bytes per offset.
         self._outcomes.handle(self._publishes.poll(), draining=False)
+        if held is not None:
+            # A hold (suspend, drain) publishes what was in the log when it began: the cutters
+            # take no later log end until it ends.
+            self._log_ends.hold(held)
         if not holding:
             self._cut_due(now)
             self._ran = True
+        else:
+            self._cut_due(now, until_empty=str(self._registry.desired_state))
         self._publish_watch.check()
         self._build_watch.check()
         self._registry_watch.check()
@@ -210,7 +216,9 @@ class ConsumeLoop:
         desired = self._registry.desired_state
         if desired is DesiredState.RUNNING:
             return WorkerState.UNHEALTHY if self.unhealthy_reason is not None else WorkerState.RUNNING
-        empty = self._publishes.inflight_count == 0
+        empty = self._publishes.inflight_count == 0 and not any(
+            o.active and o.cutter.available() for o in self._assignment
+        )
         if desired.ends_workers:
             return WorkerState.DRAINED if empty else WorkerState.DRAINING
         return WorkerState.SUSPENDED if empty else WorkerState.SUSPENDING
@@ -230,11 +238,12 @@ class ConsumeLoop:
         if batch.records_dropped:
             self._m_dropped.inc(batch.records_dropped)
 
-    def _cut_due(self, now: float) -> None:
+    def _cut_due(self, now: float, *, until_empty: str | None = None) -> None:
         """Cut every split that is due, one per partition per round (so that a backlog on one
         partition does not take every place in flight), until nothing is due or too much is
         in flight. A partition whose split waits for the schema registry cuts nothing meanwhile,
-        nor one whose first split is still in flight (its size estimate is a guess till then)."""
+        nor one whose first split is still in flight (its size estimate is a guess till then).
+        ``until_empty``: cut whatever is available, due or not, with this reason (a hold begins)."""
         limits = self._specs.spec.split
         waiting = self._registry_watch.partitions
         candidates = [o for o in self._assignment if o.active and o.tp not in waiting]
@@ -248,6 +257,8 @@ class ConsumeLoop:
                     # split is cut on it, no more.
                     continue
                 reason = owned.cutter.due(limits, owned.size, now)
+                if reason is None and until_empty is not None and owned.cutter.validated and owned.cutter.available():
+                    reason = until_empty
                 if reason is not None:
                     self._cut(owned, reason, now)
                     cut_any.append(owned)

@@ -97,6 +97,7 @@ class ConfluentValidator:
     def __init__(self, consumer: Any) -> None:
         self._consumer = consumer
         self._pending: dict[TopicPartition, _Pending] = {}
+        self._closed = False
 
     def validate(self, tp: TopicPartition, offset: int, leader_epoch: int) -> None:
         if tp in self._pending:
@@ -107,10 +108,12 @@ class ConfluentValidator:
         self._seek_pending()
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
+        if self._closed:  # the group member's last revoke comes at its close, after this one's
+            return
         self._unassign([tp for tp in tps if tp in self._pending])
 
     def poll(self) -> list[Validation]:
-        if not self._pending:
+        if not self._pending or self._closed:
             return []
         self._retry_unanswered()
         self._seek_pending()
@@ -129,6 +132,8 @@ class ConfluentValidator:
         return answers
 
     def close(self) -> None:
+        self._closed = True
+        self._pending.clear()
         self._consumer.close()
 
     # -- internals -----------------------------------------------------------------

@@ -135,8 +135,9 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         from pathlib import Path
         from ingest.builder.job import SparkSegmentBuilder
         from ingest.spark.session import create_session, start_abandoned
-        from ingest.splits.chunks import chunks_of
-        from ingest.splits.split import KillSwitch, SealedSplit, SyntheticRecord
+        from ingest.builder.kafka_read import KafkaReader
+        from ingest.splits.kill_switch import KillSwitch
+        from ingest.splits.split import SealedSplit
         from ingest.errors import SplitKilled
         from ingest.spec import load_spec_file
         from ingest_common.model import TopicPartition
@@ -148,7 +149,7 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         spec, _ = load_spec_file(Path({str(spec_path)!r}))
         split = SealedSplit(
             id=uuid.uuid4(), tp=TopicPartition("connect-revoke", 0), serial=1, start=0, end=1,
-            chunks=chunks_of([SyntheticRecord(0, b"{{}}")]), size_bytes=2, first_record_at=0.0, sealed_at=0.0,
+            leader_epoch=None, estimated_bytes=2, available_at=0.0, sealed_at=0.0,
             seal_reason="test", kill_switch=KillSwitch(),
         )
         trip_s = []
@@ -161,7 +162,7 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
                 trip_s.append(time.monotonic() - started)
 
         results = []
-        builder = SparkSegmentBuilder(spark, RevokedWhileRegistering())
+        builder = SparkSegmentBuilder(spark, RevokedWhileRegistering(), KafkaReader.of("127.0.0.1:1", "revoke-test"))
         build = threading.Thread(target=lambda: results.extend(builder.build_batch([split], spec)), daemon=True)
         build.start()
         build.join(30)

@@ -65,7 +65,7 @@ def test_a_stored_offset_past_the_log_end_stops_the_partition_with_one_error_lin
 
     builder = FakeBuilder()  # records every split it is given: none may come
     capsys.readouterr()
-    worker = start_worker(settings(url, bootstrap), source, lambda _registrar: builder)
+    worker = start_worker(settings(url, bootstrap), source, lambda _registrar, _reader: builder)
     with Metastore(url) as store:
         wait_until(
             lambda: any(e["kind"] == "OFFSET_OUT_OF_RANGE" for e in store.recent_errors(source)),
@@ -149,7 +149,7 @@ def test_a_log_truncated_below_the_stored_offset_and_grown_past_it_again_stops_t
 
     builder = FakeBuilder()  # records every split it is given: none may come
     capsys.readouterr()
-    second = start_worker(fast, source, lambda _registrar: builder)
+    second = start_worker(fast, source, lambda _registrar, _reader: builder)
     with Metastore(url) as store:
         wait_until(
             lambda: any(e["kind"] == "LOG_TRUNCATED" for e in store.recent_errors(source)),

@@ -347,20 +347,24 @@ def test_the_loop_keeps_polling_while_the_metastore_hangs(h: Harness) -> None:
         h.store.released.set()
 
 
-def test_suspend_publishes_what_is_in_flight_cuts_nothing_then_resume_continues_exactly_once(h: Harness) -> None:
+def test_suspend_publishes_what_is_in_the_log_cuts_nothing_more_then_resume_continues_exactly_once(
+    h: Harness,
+) -> None:
     h.produce(P0, 14)
     h.consumer.group_assigns(P0)
     h.step_until(lambda: h.published(P0) == [(0, 10)], what="the first split")
     h.store.set_control("src", DesiredState.SUSPENDED)
     h.step_until(lambda: h.loop.state is WorkerState.SUSPENDED, what="suspended")
+    assert h.published(P0) == [(0, 10), (10, 14)]  # what was in the log when the hold began
     h.produce(P0, 6)
     h.clock.advance(60)  # even past max_age: nothing is cut while suspended
     for _ in range(10):
         h.loop.step()
-    assert h.published(P0) == [(0, 10)]
+    assert h.published(P0) == [(0, 10), (10, 14)]
     assert h.metrics.paused_partitions.labels("src")._value.get() == 1
     h.store.set_control("src", DesiredState.RUNNING)
-    h.step_until(lambda: len(h.published(P0)) == 2, what="the rest cut")
+    h.clock.advance(60)
+    h.step_until(lambda: len(h.published(P0)) == 3, what="the rest cut")
     assert h.loop.state is WorkerState.RUNNING and h.loop.drain()
     assert tiles(h.published(P0), 0, 20)
 
