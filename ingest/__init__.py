@@ -61,7 +61,8 @@ ingest.splits (what a split's journey hands on: below every stage)
     kill_switch    a split's kill switch: tripped once; a publish holds it across its commit
 
 ingest.spark (a role's Spark session and what it runs on)
-    session        the worker's one SparkSession (local, standalone or Spark Connect), job interrupts
+    session        a role's session settings, its owner (SessionSource), job tags and their interrupts
+    start          starting a role's session (local, standalone or Spark Connect) within a bound
     connect        the Spark Connect session: bounded client retries, re-created when the server lost it
     jars           where the pinned Spark jars are (S3, Kafka source, Avro, Iceberg, JDBC)
 
@@ -100,7 +101,8 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     committer      the table committer: reconcile, choose a batch, append (or replace), record
     replacement    a compaction's replacement as one Iceberg overwrite snapshot: held files out, new in
     properties     the table properties the committer keeps (commit seq, segments) and the head check
-    runner         the committer as a singleton role (ingest.roles): its lock, passes, retried errors
+    runner         the committer run as a singleton role (ingest.roles): its lock, passes
+    role           the committer's role: pacing, the errors a pass retries, its names and health
     enable         ``ingest table-enable``: a source's tables on (no pyiceberg needed)
     catalog        pyiceberg's SQL catalog in the metastore's PostgreSQL
     config         partition transform, where rejects go, commit batching

@@ -256,7 +256,7 @@ class Worker:
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar, reader)
             else:
-                from ingest.spark.session import open_session_source
+                from ingest.spark.start import open_session_source
 
                 log.info(
                     "spark_starting",

@@ -148,7 +148,7 @@ def read_tables(
     SparkContext has the project's jars; the reader works in a new session on it (its own SQL
     settings and catalogs, so each read sees the catalog of its own ``database_url``). Without
     one, a local session is started and stopped here."""
-    from ingest.spark.session import create_session
+    from ingest.spark.start import create_session
 
     started = time.monotonic()
     own = spark is None

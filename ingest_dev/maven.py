@@ -1,6 +1,6 @@
 """The jars of the local Kafka broker and of every Spark of the project, and the tests' schema
 registry, pinned by poms under scripts/ and fetched once from Maven Central into a cache keyed
-by the pom (scripts/setup.sh runs ``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars |
+by the pom (scripts/setup.sh runs ``python -m ingest_dev.fetch fetch-kafka | fetch-spark-jars |
 fetch-schema-registry``)."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -170,35 +169,3 @@ def kafka_version(libs: Path | None = None) -> str:
     if jar is None:
         raise FileNotFoundError(f"no kafka_2.13 jar in {libs or kafka_libs_dir()}; run scripts/setup.sh")
     return jar.name.removeprefix("kafka_2.13-").removesuffix(".jar")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry``:
-    fetch jars from Maven Central into the cache (scripts/setup.sh). The registry's fetch also
-    makes sure a Java runtime it can run on is there (:func:`ingest_dev.java.ensure_java`) and
-    records its class-data archive (:func:`ingest_dev.registry.build_class_archive`)."""
-    args = sys.argv[1:] if argv is None else argv
-    if args == ["fetch-kafka"]:
-        libs = fetch_kafka()
-        print(f"Apache Kafka {kafka_version(libs)}: {libs}")
-        return 0
-    if args == ["fetch-spark-jars"]:
-        jars = fetch_spark_jars()
-        print(f"Spark's jars ({len(jars)}): {jars[0].parent}")
-        return 0
-    if args == ["fetch-schema-registry"]:
-        from ingest_dev.java import ensure_java
-        from ingest_dev.registry import REGISTRY_MIN_JAVA, build_class_archive
-
-        home = fetch_schema_registry()
-        java = ensure_java(REGISTRY_MIN_JAVA)
-        archive = build_class_archive()
-        print(f"Apicurio Registry {schema_registry_version(home)}: {home} (Java: {java}; class data: {archive.name})")
-        return 0
-    usage = "usage: python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry"
-    print(usage, file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

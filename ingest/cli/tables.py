@@ -43,6 +43,7 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
     from ingest.ops.endpoints import Endpoints
     from ingest.table.committer import TableCommitter
     from ingest.table.config import CommitSettings
+    from ingest.table.runner import run_committer
 
     settings = load_settings()
     commit_settings = CommitSettings(
@@ -93,7 +94,7 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
             endpoints = Endpoints(committer.metrics.registry, health.healthy, health.ready)
             endpoints.serve(settings.metrics_host, settings.metrics_port)
         try:
-            committer.run(stop)
+            run_committer(committer, stop)
         finally:
             if endpoints is not None:
                 endpoints.close()

@@ -125,7 +125,7 @@ class CompactionResult:
 
 class Compactor:
     """Compacts one source at a time with one Spark session, from the one owner of it that
-    ``sessions`` makes on first need (ingest.spark.session.session_source: under Spark Connect a
+    ``sessions`` makes on first need (ingest.spark.start.session_source: under Spark Connect a
     session the server lost is replaced by the next job). A run can be asked to stop from
     another thread (:meth:`interrupt`): its running Spark job is interrupted (each job is
     tagged) and no other chunk starts."""

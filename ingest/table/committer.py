@@ -51,7 +51,6 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,7 +78,7 @@ from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChan
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
 from ingest.table.replacement import stage_replacement
-from ingest.table.runner import committer_health, run_committer
+from ingest.table.role import committer_health
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.tables import PendingSegment, TableCommit, TableKind, TableRow, TableStore, fence_commit
@@ -382,11 +381,6 @@ class TableCommitter:
     def last_commit_at(self, kind: TableKind) -> float:
         """When (``time.monotonic()``) the table was last brought up to date; 0: never."""
         return self._last_commit.get(kind, 0.0)
-
-    def run(self, stop: threading.Event) -> None:
-        """Commit until ``stop`` is set, while holding the source's committer lock; without it,
-        stand by (another committer runs) and try again (ingest.table.runner)."""
-        run_committer(self, stop)
 
     def commit_all(self) -> list[CommitResult]:
         """Commit every pending segment of every table of the source once (``--once``), under the

@@ -81,7 +81,7 @@ def test_interrupting_a_tag_cancels_a_running_job_on_the_connect_server(spark_co
     the tagged job (the builder tags each split's jobs and interrupts that tag on revoke)."""
     script = textwrap.dedent(f"""
         import threading, time
-        from ingest.spark.session import create_session
+        from ingest.spark.start import create_session
 
         spark = create_session({spark_connect!r}, "interrupt-test")
         outcome = []
@@ -134,7 +134,8 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         import os, threading, time, uuid
         from pathlib import Path
         from ingest.builder.job import SparkSegmentBuilder
-        from ingest.spark.session import create_session, start_abandoned
+        from ingest.spark.session import start_abandoned
+        from ingest.spark.start import create_session
         from ingest.builder.kafka_read import KafkaReader
         from ingest.splits.kill_switch import KillSwitch
         from ingest.splits.split import SealedSplit

@@ -12,9 +12,7 @@ from pathlib import Path
 from ingest_dev import spark_cds
 from ingest_dev.process import run_process
 
-SESSION = (
-    "from ingest.spark.session import create_session; s = create_session('local[1]'); s.range(3).count(); s.stop()"
-)
+SESSION = "from ingest.spark.start import create_session; s = create_session('local[1]'); s.range(3).count(); s.stop()"
 
 
 def test_a_local_spark_driver_loads_its_classes_from_the_archive(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The compactor's Spark session after a failed job (ingest.compact.job): it asks the one owner
-of its session (ingest.spark.session.session_source); under Spark Connect a session the server
+of its session (ingest.spark.start.session_source); under Spark Connect a session the server
 lost is replaced by the next job (a restarted server lost it: every call on it would fail)
 and not released on the dead server; a local session is kept. Fakes stand in for Spark's
 sessions; the chaos run's ``spark`` fault under ``--spark connect`` is the real server restart."""
@@ -19,7 +19,8 @@ from ingest.compact.job import Compactor
 from ingest.compact.plan import Candidate, Chunk
 from ingest.errors import SparkDriverExited
 from ingest.spark import connect
-from ingest.spark.session import SessionSource, session_source
+from ingest.spark.session import SessionSource
+from ingest.spark.start import session_source
 from ingest.spec import spec_from_dict
 from ingest_common.model import PartitionBy, TopicPartition
 from ingest_dev.testkit import wait_until
@@ -149,7 +150,7 @@ def test_the_compactor_role_counts_what_its_connect_session_went_through(
     from ingest.cli.compact import compactor_sessions
     from ingest.compact.metrics import CompactionMetrics
     from ingest.config import Settings
-    from ingest.spark import session as spark
+    from ingest.spark import start as spark
 
     data = tmp_path / "seg.parquet"
     pq.write_table(pa.table({"_partition": [0], "_offset": [0]}), data)

@@ -12,7 +12,8 @@ import pytest
 from py4j.protocol import Py4JNetworkError
 
 from ingest.errors import SparkDriverExited, WorkerFailed
-from ingest.spark.session import FixedSession, driver_exit_status, session_source
+from ingest.spark.session import FixedSession, driver_exit_status
+from ingest.spark.start import session_source
 
 
 class Process:

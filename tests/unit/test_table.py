@@ -51,7 +51,7 @@ class Clock:
 
 def test_committer_health_fails_after_the_bound_of_failing_passes_or_of_silence_and_tells_standby_from_active() -> None:
     from ingest.roles.health import RoleHealth
-    from ingest.table.runner import NAMES
+    from ingest.table.role import NAMES
 
     clock = Clock()
     health = RoleHealth(NAMES, "clicks", unhealthy_after_s=60, idle_s=10, pass_deadline_s=120, clock=clock)
