@@ -1,7 +1,7 @@
 """The jars of the local Kafka broker and of every Spark of the project, and the tests' schema
 registry, pinned by poms under scripts/ and fetched once from Maven Central into a cache keyed
 by the pom (scripts/setup.sh runs ``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars |
-fetch-schema-registry``)."""
+fetch-schema-registry | fetch-nessie``)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
 SCHEMA_REGISTRY_POM = _SCRIPTS / "schema-registry" / "pom.xml"
 SCHEMA_REGISTRY_SETTINGS = _SCRIPTS / "schema-registry" / "settings.xml"
 SCHEMA_REGISTRY_HOME_ENV = "INGEST_SCHEMA_REGISTRY_HOME"
+NESSIE_POM = _SCRIPTS / "nessie" / "pom.xml"
 
 
 def maven_fetch(
@@ -164,6 +165,36 @@ def schema_registry_version(home: Path | None = None) -> str:
     return jars[0].name.removeprefix("apicurio-registry-app-").removesuffix(".jar")
 
 
+# ------------------------------------------------------------ the REST catalog (Nessie)
+
+
+def _nessie_jar(libs: Path) -> Path | None:
+    jars = sorted(libs.glob("nessie-quarkus-*-runner.jar")) if libs.is_dir() else []
+    return jars[0] if jars else None
+
+
+def fetch_nessie(timeout: float = 900.0) -> Path:
+    """Project Nessie's server (one self-contained Quarkus jar, ``scripts/nessie/pom.xml``),
+    fetched from Maven Central into the pom's cache once, with the settings file that keeps
+    Maven on Maven Central alone; the jar's path."""
+    libs = maven_fetch(
+        NESSIE_POM,
+        maven_cache(NESSIE_POM, "nessie"),
+        "Project Nessie",
+        lambda d: _nessie_jar(d) is not None,
+        timeout,
+        settings=SCHEMA_REGISTRY_SETTINGS,
+    )
+    jar = _nessie_jar(libs)
+    assert jar is not None  # maven_fetch checked it
+    return jar
+
+
+def nessie_version(jar: Path) -> str:
+    """The version of a fetched Nessie server, from its jar's name (``nessie-quarkus-0.99.0-runner.jar``)."""
+    return jar.name.removeprefix("nessie-quarkus-").removesuffix("-runner.jar")
+
+
 def kafka_version(libs: Path | None = None) -> str:
     """The version of the fetched broker, from its jar's name (``kafka_2.13-4.4.0.jar``)."""
     jar = _kafka_jar(libs or kafka_libs_dir())
@@ -173,10 +204,11 @@ def kafka_version(libs: Path | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry``:
-    fetch jars from Maven Central into the cache (scripts/setup.sh). The registry's fetch also
-    makes sure a Java runtime it can run on is there (:func:`ingest_dev.java.ensure_java`) and
-    records its class-data archive (:func:`ingest_dev.registry.build_class_archive`)."""
+    """``python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry |
+    fetch-nessie``: fetch jars from Maven Central into the cache (scripts/setup.sh). The
+    registry's and Nessie's fetches also make sure a Java runtime they can run on is there
+    (:func:`ingest_dev.java.ensure_java`); the registry's records its class-data archive
+    (:func:`ingest_dev.registry.build_class_archive`)."""
     args = sys.argv[1:] if argv is None else argv
     if args == ["fetch-kafka"]:
         libs = fetch_kafka()
@@ -195,7 +227,15 @@ def main(argv: list[str] | None = None) -> int:
         archive = build_class_archive()
         print(f"Apicurio Registry {schema_registry_version(home)}: {home} (Java: {java}; class data: {archive.name})")
         return 0
-    usage = "usage: python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry"
+    if args == ["fetch-nessie"]:
+        from ingest_dev.java import ensure_java
+        from ingest_dev.nessie import NESSIE_MIN_JAVA
+
+        jar = fetch_nessie()
+        java = ensure_java(NESSIE_MIN_JAVA)
+        print(f"Project Nessie {nessie_version(jar)}: {jar} (Java: {java})")
+        return 0
+    usage = "usage: python -m ingest_dev.maven fetch-kafka | fetch-spark-jars | fetch-schema-registry | fetch-nessie"
     print(usage, file=sys.stderr)
     return 2
 
