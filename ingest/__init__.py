@@ -21,6 +21,7 @@ ingest (top level: the shared base, and the worker process that wires the layers
     errors         the worker's exceptions under ingest_common's root (exit codes there)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
     formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
+    table_spec     the [table] section: the Iceberg catalog of the source's tables, its secrets from the environment
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
     evolution      what ``source apply`` refuses when an Avro source's reader schema changes
     config         settings from the environment; librdkafka client configuration
@@ -95,9 +96,10 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     replacement    a compaction's replacement as one Iceberg overwrite snapshot: held files out, new in
     properties     the table properties the committer keeps (commit seq, segments) and the head check
     runner         the long-running role: one active per source (a lock), standbys, retries
-    enable         ``ingest table-enable``: a source's tables on (no pyiceberg needed)
+    schema         the table's schema from the segments' files: created, evolved, widened
+    enable         ``ingest table-enable``: a source's tables on (its own catalog opened first)
     health         the committer's /healthz and /readyz: failing, hung, stopped; active or standby
-    catalog        pyiceberg's SQL catalog in the metastore's PostgreSQL
+    catalog        the tables' catalog: pyiceberg's SQL catalog in the metastore, or the spec's (REST, Glue...)
     config         partition transform, where rejects go, commit batching
     status         ``ingest table`` and ``ingest query`` (DuckDB)
     metrics        the committer's metrics
