@@ -168,25 +168,37 @@ def schema_registry_version(home: Path | None = None) -> str:
 # ------------------------------------------------------------ the REST catalog (Nessie)
 
 
-def _nessie_jar(libs: Path) -> Path | None:
-    jars = sorted(libs.glob("nessie-quarkus-*-runner.jar")) if libs.is_dir() else []
+def _nessie_jar(libs: Path, prefix: str = "nessie-quarkus-") -> Path | None:
+    jars = sorted(libs.glob(f"{prefix}*.jar")) if libs.is_dir() else []
     return jars[0] if jars else None
 
 
+def _has_nessie_jars(libs: Path) -> bool:
+    return _nessie_jar(libs) is not None and _nessie_jar(libs, "iceberg-aws-bundle-") is not None
+
+
 def fetch_nessie(timeout: float = 900.0) -> Path:
-    """Project Nessie's server (one self-contained Quarkus jar, ``scripts/nessie/pom.xml``),
-    fetched from Maven Central into the pom's cache once, with the settings file that keeps
-    Maven on Maven Central alone; the jar's path."""
+    """Project Nessie's server (one self-contained Quarkus jar, ``scripts/nessie/pom.xml``) and
+    Iceberg's AWS bundle (Spark's S3FileIO for its tables), fetched from Maven Central into the
+    pom's cache once, with the settings file that keeps Maven on Maven Central alone; the
+    server jar's path."""
     libs = maven_fetch(
         NESSIE_POM,
         maven_cache(NESSIE_POM, "nessie"),
         "Project Nessie",
-        lambda d: _nessie_jar(d) is not None,
+        _has_nessie_jars,
         timeout,
-        settings=SCHEMA_REGISTRY_SETTINGS,
+        SCHEMA_REGISTRY_SETTINGS,
     )
     jar = _nessie_jar(libs)
     assert jar is not None  # maven_fetch checked it
+    return jar
+
+
+def iceberg_aws_bundle() -> Path:
+    """Iceberg's AWS bundle jar (fetched with Nessie: :func:`fetch_nessie`)."""
+    jar = _nessie_jar(fetch_nessie().parent, "iceberg-aws-bundle-")
+    assert jar is not None  # fetch_nessie checked it
     return jar
 
 
