@@ -13,7 +13,12 @@ import time
 from typing import TYPE_CHECKING
 
 import structlog
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ServerError,
+    ServiceUnavailableError,
+)
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingest.table.errors import CommitConflicts
@@ -33,13 +38,16 @@ STANDBY_POLL_S = 2.0
 # After a failed pass: 0.5, 1, 2, ... 10 s (waited on the stop event), back to 0.5 after a good one.
 PASS_RETRY = Backoff(0.5, MAX_RETRY_DELAY_S)
 # What a pass may meet and the next pass's reconcile settles: PostgreSQL restarting, the store
-# briefly unreachable, another committer's commits.
+# or a REST catalog briefly unreachable (requests' errors are OSErrors) or failing (5xx),
+# another committer's commits.
 RETRIED = (
     MetastoreUnavailable,
     SQLAlchemyError,
     CommitStateUnknownException,
     CommitFailedException,
     CommitConflicts,
+    ServerError,
+    ServiceUnavailableError,
     OSError,
 )
 

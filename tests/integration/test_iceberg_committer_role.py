@@ -9,9 +9,13 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+import requests
+from requests import PreparedRequest, Response
+from requests.adapters import HTTPAdapter
 
 from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
@@ -176,3 +180,58 @@ def test_an_unreachable_catalog_is_one_line_and_exit_11_for_every_command(databa
             assert line.startswith(f"ingest: error: the rest catalog at {uri} is unavailable: "), (args, line)
     finally:
         src.store.close()
+
+
+class _Unavailable(HTTPAdapter):
+    """A REST catalog that refuses connections (requests' ConnectionError, an OSError) and
+    answers 503 (pyiceberg's ServiceUnavailableError), in turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def send(self, request: PreparedRequest, **kwargs: Any) -> Response:  # type: ignore[override]
+        self.calls += 1
+        if self.calls % 2:
+            raise requests.ConnectionError(f"refused: {request.url}")
+        response = Response()
+        response.status_code, response.reason, response.url = 503, "Service Unavailable", str(request.url)
+        response.request, response._content = request, b""
+        return response
+
+
+@pytest.mark.parametrize("table_catalog", ["rest"], indirect=True)
+def test_the_committer_rides_out_a_rest_catalog_outage(database_url: str, src: Source) -> None:
+    """The REST catalog stops answering (connections refused, then 503s) while the committer
+    runs: each pass fails, is reported (the health's reason) and retried, never the end of the
+    committer; once it answers again the published segments are appended, each once."""
+    src.publish(3)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    stop = threading.Event()
+    c = TableCommitter(database_url, src.name, CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1))
+    errors: list[str] = []
+    real_failed = c.health.failed
+
+    def failed(error: str) -> None:
+        errors.append(error)
+        real_failed(error)
+
+    c.health.failed = failed  # type: ignore[method-assign]
+    runner = threading.Thread(target=c.run, args=(stop,))
+    runner.start()
+    try:
+        assert_eventually(lambda: c.store.behind(src.name, TableKind.DATA)[0] == 0, runner)
+        session = c.catalog._session  # type: ignore[attr-defined]
+        working = session.get_adapter("http://")
+        session.mount("http://", _Unavailable())
+        src.publish(4)
+        assert_eventually(lambda: len(errors) >= 3, runner)
+        assert c.store.behind(src.name, TableKind.DATA)[0] == 1
+        session.mount("http://", working)
+        assert_eventually(lambda: c.store.behind(src.name, TableKind.DATA)[0] == 0, runner)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+        c.close()
+    assert {e.split(":")[0] for e in errors} == {"refused", "ServiceUnavailableError"}, errors
+    assert_exactly_once(database_url, src)
