@@ -21,6 +21,13 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   only the files of segments a table is recorded as holding), nor one beside the segments it
   replaced. A batch is read in one snapshot of the metastore (``TableStore.next_batch``), so
   it never holds a segment and one it replaced.
+- In a catalog outside the metastore (a spec's ``[table] catalog``) the swap is no transaction
+  of the metastore: the same check records an intent before the swap
+  (``TableStore.record_intent``; gc keeps the files of a live intent's segments) and the commit
+  is recorded after it (a crash between the two is the reconcile's case below). Every commit is
+  a snapshot that asserts the branch head it was built on, so once the table moved the catalog
+  refuses a commit chosen before, forever; one frozen after its intent on an unmoved table
+  lands, and the next commit follows the replacements made meanwhile (docs/iceberg.md).
 - Before appending anything the committer reconciles: a table at ``seq + 1`` and a metastore
   at ``seq`` is a commit recorded outside the swap (by a committer that recorded after its
   swap, and died between the two), and the metastore is advanced from the table's properties;
