@@ -23,6 +23,7 @@ ingest (top level: the shared base, and the worker process that wires the layers
     errors         the worker's exceptions under ingest_common's root (exit codes there)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
     formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
+    table_spec     the [table] section: the Iceberg catalog of the source's tables, its secrets from the environment
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
     evolution      what ``source apply`` refuses when an Avro source's reader schema changes
     config         settings from the environment; librdkafka client configuration
@@ -103,8 +104,9 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     properties     the table properties the committer keeps (commit seq, segments) and the head check
     runner         the committer run as a singleton role (ingest.roles): its lock, passes
     role           the committer's role: pacing, the errors a pass retries, its names and health
-    enable         ``ingest table-enable``: a source's tables on (no pyiceberg needed)
-    catalog        pyiceberg's SQL catalog in the metastore's PostgreSQL
+    schema         the table's schema from the segments' files: created, evolved, widened
+    enable         ``ingest table-enable``: a source's tables on (its own catalog opened first)
+    catalog        the tables' catalog: pyiceberg's SQL catalog in the metastore, or the spec's (REST, Glue...)
     config         partition transform, where rejects go, commit batching
     status         ``ingest table`` and ``ingest query`` (DuckDB)
     metrics        the committer's metrics

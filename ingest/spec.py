@@ -11,7 +11,7 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -29,6 +29,7 @@ from ingest.formats import (
     latest_schema,
     registry_from_dict,
 )
+from ingest.table_spec import TableSettings, table_from_dict
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
@@ -68,6 +69,7 @@ _TOP_LEVEL_KEYS = {
     "key_format",
     "key_schema",
     "compaction",
+    "table",
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 _COMPACTION_KEYS = {"target_file_size"}
@@ -127,6 +129,8 @@ class SourceSpec:
         return tuple((KEY_COLUMN_PREFIX + name, ctype) for name, ctype in self.key_schema)
 
     compaction: CompactionSettings = CompactionSettings()
+    # [table]: the Iceberg catalog of the source's tables (none: the metastore's own).
+    table: TableSettings = field(default_factory=TableSettings)
 
     @property
     def group_id(self) -> str:
@@ -138,6 +142,7 @@ class SourceSpec:
         doc["topics"] = list(self.topics)
         doc["schema"] = [list(c) for c in self.schema]
         doc["key_schema"] = [list(c) for c in self.key_schema]
+        doc["table"] = self.table.to_json()
         return doc
 
     @classmethod
@@ -164,6 +169,7 @@ class SourceSpec:
             key_schema=tuple((c[0], c[1]) for c in doc.get("key_schema", ())),
             # Specs stored before compaction existed have its defaults.
             compaction=CompactionSettings(**doc.get("compaction", {})),
+            table=TableSettings.from_json(doc.get("table")),
         )
 
 
@@ -362,6 +368,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
             _choice("file_partition", doc.get("file_partition", "none"), tuple(p.value for p in PartitionBy))
         ),
         compaction=compaction,
+        table=table_from_dict(doc["table"]) if "table" in doc else TableSettings(),
     )
 
 

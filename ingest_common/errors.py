@@ -29,6 +29,8 @@ class ExitCode(IntEnum):
     SCHEMA_NOT_CURRENT = 8
     SOURCE_TERMINATED = 9
     NOT_CONFIRMED = 10
+    # The Iceberg catalog a spec's [table] names does not answer, or refuses the credentials.
+    CATALOG_UNAVAILABLE = 11
     INTERRUPTED = 130
 
 

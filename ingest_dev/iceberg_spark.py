@@ -8,7 +8,8 @@ project's pinned jar set (``scripts/spark-jars/pom.xml``): in a session of its o
 session on an existing SparkContext that has the jars (``create_session(..., connectors=True)``
 or an s3a:// store), such as the tests' ``spark`` fixture.
 
-    python -m ingest_dev.iceberg_spark read [--database-url URL] [--coordinates] SOURCE [--rejects]
+    python -m ingest_dev.iceberg_spark read [--database-url URL | --catalog JSON] [--coordinates]
+        SOURCE [--rejects | --both]
 """
 
 from __future__ import annotations
@@ -87,6 +88,33 @@ def catalog_conf(database_url: str) -> dict[str, str]:
     return conf
 
 
+def external_catalog_conf(properties: dict[str, str]) -> dict[str, str]:
+    """The Spark settings that make ``ingest`` the catalog a spec's ``[table] catalog`` names:
+    Iceberg Java takes a REST catalog's properties under the same names pyiceberg does
+    (``type``, ``uri``, ``prefix``, ``warehouse``, ``token``, ``s3.*`` of its S3FileIO)."""
+    prefix = f"spark.sql.catalog.{CATALOG_NAME}"
+    return {prefix: "org.apache.iceberg.spark.SparkCatalog", **{f"{prefix}.{k}": v for k, v in properties.items()}}
+
+
+def external_reader_session() -> Any:
+    """A local Spark of its own for a REST catalog's tables: Iceberg's Spark runtime and its AWS
+    bundle only. Such a catalog hands its clients Iceberg's S3FileIO, which needs AWS SDK modules
+    newer than those the project's S3A connector pins (``scripts/spark-jars/pom.xml``), so it
+    cannot run beside them; the bundle is fetched with the tests' REST catalog
+    (``scripts/nessie/pom.xml``). One SparkContext per process: run it in a process of its own
+    (``python -m ingest_dev.iceberg_spark read --catalog ...``) where another Spark runs."""
+    from pyspark.sql import SparkSession
+
+    from ingest.spark.jars import spark_jars
+    from ingest_dev.maven import iceberg_aws_bundle
+
+    runtime = [str(j) for j in spark_jars() if j.name.startswith("iceberg-spark-runtime-")]
+    builder = SparkSession.builder.master("local[1]").appName("ingest-iceberg-rest-reader")
+    for key, value in {**READER_CONF, "spark.jars": ",".join([*runtime, str(iceberg_aws_bundle())])}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def spark_table(source: str, kind: TableKind = TableKind.DATA) -> str:
     """The table's name in Spark: catalog ``ingest``, the pyiceberg namespace, the source."""
     return f"{CATALOG_NAME}.{NAMESPACES[kind]}.{source}"
@@ -141,25 +169,33 @@ def read_table(spark: Any, table: str, coordinates: bool) -> dict[str, Any]:
 
 
 def read_tables(
-    database_url: str, tables: list[str], coordinates: bool = False, spark: Any | None = None
+    database_url: str,
+    tables: list[str],
+    coordinates: bool = False,
+    spark: Any | None = None,
+    catalog: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Read the tables (``ingest.<namespace>.<name>``) with Spark: ``{"spark_version",
     "seconds", "tables": {table: read_table(...)}}``. ``spark``: a classic session whose
     SparkContext has the project's jars; the reader works in a new session on it (its own SQL
     settings and catalogs, so each read sees the catalog of its own ``database_url``). Without
-    one, a local session is started and stopped here."""
+    one, a local session is started and stopped here. ``catalog``: the properties of the
+    catalog a spec's ``[table]`` names, read instead of the metastore's
+    (:func:`external_catalog_conf`)."""
     from ingest.spark.start import create_session
 
     started = time.monotonic()
     own = spark is None
-    base: Any = (
-        spark
-        if spark is not None
-        else create_session("local[1]", "ingest-iceberg-reader", READER_CONF, connectors=True)
-    )
+    if spark is not None:
+        base: Any = spark
+    elif catalog:
+        base = external_reader_session()
+    else:
+        base = create_session("local[1]", "ingest-iceberg-reader", READER_CONF, connectors=True)
     try:
         session = base.newSession()
-        for key, value in catalog_conf(database_url).items():
+        conf = external_catalog_conf(catalog) if catalog else catalog_conf(database_url)
+        for key, value in conf.items():
             session.conf.set(key, value)
         result: dict[str, Any] = {
             "spark_version": session.version,
@@ -179,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     read.add_argument("--database-url", default=os.environ.get("INGEST_DATABASE_URL"))
     read.add_argument("--rejects", action="store_true", help="the rejects table")
     read.add_argument("--coordinates", action="store_true")
+    read.add_argument(
+        "--catalog",
+        help="the spec's [table] catalog as JSON (and Spark's own settings), read instead of the metastore's",
+    )
+    read.add_argument("--both", action="store_true", help="the data table and the rejects table")
     read.add_argument("source")
     args = parser.parse_args(argv)
-    if not args.database_url:
+    catalog = json.loads(args.catalog) if args.catalog else None
+    if not args.database_url and not catalog:
         parser.error("--database-url or INGEST_DATABASE_URL is required")
-    table = spark_table(args.source, TableKind.REJECTS if args.rejects else TableKind.DATA)
-    print(json.dumps(read_tables(args.database_url, [table], coordinates=args.coordinates), indent=2))
+    kinds = list(TableKind) if args.both else [TableKind.REJECTS if args.rejects else TableKind.DATA]
+    tables = [spark_table(args.source, kind) for kind in kinds]
+    print(json.dumps(read_tables(args.database_url, tables, coordinates=args.coordinates, catalog=catalog), indent=2))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The jars of the local Kafka broker and of every Spark of the project, and the tests' schema
 registry, pinned by poms under scripts/ and fetched once from Maven Central into a cache keyed
 by the pom (scripts/setup.sh runs ``python -m ingest_dev.fetch fetch-kafka | fetch-spark-jars |
-fetch-schema-registry``)."""
+fetch-schema-registry | fetch-nessie``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ KAFKA_LIBS_ENV = "INGEST_KAFKA_LIBS"
 SCHEMA_REGISTRY_POM = _SCRIPTS / "schema-registry" / "pom.xml"
 SCHEMA_REGISTRY_SETTINGS = _SCRIPTS / "schema-registry" / "settings.xml"
 SCHEMA_REGISTRY_HOME_ENV = "INGEST_SCHEMA_REGISTRY_HOME"
+NESSIE_POM = _SCRIPTS / "nessie" / "pom.xml"
 
 
 def maven_fetch(
@@ -161,6 +162,48 @@ def schema_registry_version(home: Path | None = None) -> str:
     if not jars:
         raise FileNotFoundError(f"no apicurio-registry-app jar in {app / 'app'}; run scripts/setup.sh")
     return jars[0].name.removeprefix("apicurio-registry-app-").removesuffix(".jar")
+
+
+# ------------------------------------------------------------ the REST catalog (Nessie)
+
+
+def _nessie_jar(libs: Path, prefix: str = "nessie-quarkus-") -> Path | None:
+    jars = sorted(libs.glob(f"{prefix}*.jar")) if libs.is_dir() else []
+    return jars[0] if jars else None
+
+
+def _has_nessie_jars(libs: Path) -> bool:
+    return _nessie_jar(libs) is not None and _nessie_jar(libs, "iceberg-aws-bundle-") is not None
+
+
+def fetch_nessie(timeout: float = 900.0) -> Path:
+    """Project Nessie's server (one self-contained Quarkus jar, ``scripts/nessie/pom.xml``) and
+    Iceberg's AWS bundle (Spark's S3FileIO for its tables), fetched from Maven Central into the
+    pom's cache once, with the settings file that keeps Maven on Maven Central alone; the
+    server jar's path."""
+    libs = maven_fetch(
+        NESSIE_POM,
+        maven_cache(NESSIE_POM, "nessie"),
+        "Project Nessie",
+        _has_nessie_jars,
+        timeout,
+        SCHEMA_REGISTRY_SETTINGS,
+    )
+    jar = _nessie_jar(libs)
+    assert jar is not None  # maven_fetch checked it
+    return jar
+
+
+def iceberg_aws_bundle() -> Path:
+    """Iceberg's AWS bundle jar (fetched with Nessie: :func:`fetch_nessie`)."""
+    jar = _nessie_jar(fetch_nessie().parent, "iceberg-aws-bundle-")
+    assert jar is not None  # fetch_nessie checked it
+    return jar
+
+
+def nessie_version(jar: Path) -> str:
+    """The version of a fetched Nessie server, from its jar's name (``nessie-quarkus-0.99.0-runner.jar``)."""
+    return jar.name.removeprefix("nessie-quarkus-").removesuffix("-runner.jar")
 
 
 def kafka_version(libs: Path | None = None) -> str:

@@ -524,6 +524,17 @@ JOIN ingest_table_segments t
  AND t.seq IS NOT NULL AND t.removed_seq IS NULL
 ORDER BY u.kind, u.segment_id, u.id;
 
+-- name: table_record_intent
+-- A commit to a catalog outside the metastore, checked (as fence_commit checks) before its
+-- catalog swap: gc keeps the files of its segments while it is live (migrations/0023).
+INSERT INTO ingest_table_intents (source, kind, seq, segment_ids)
+VALUES (%(source)s, %(kind)s, %(seq)s, %(segment_ids)s::bigint[]);
+
+-- name: table_settle_intents
+-- Recording commit seq settles every intent up to it: it was that commit, or another one took
+-- its number and the catalog refuses it from then on (migrations/0023).
+DELETE FROM ingest_table_intents WHERE source = %(source)s AND kind = %(kind)s AND seq <= %(seq)s;
+
 -- name: table_advance
 UPDATE ingest_tables
 SET committed_seq = %(seq)s, last_snapshot_id = %(snapshot_id)s, last_commit_at = %(committed_at)s
@@ -590,7 +601,8 @@ SELECT * FROM ingest_replace_segments(
 -- name: replaced_to_delete
 -- gc, step 3 (the rule is ingest/ops/gc.py's): replaced segments of the source whose files gc
 -- has not deleted yet, replaced longer than the grace period ago and held by no Iceberg table
--- since at least as long (migrations/0019), each with the files to delete:
+-- since at least as long (migrations/0019), nor named by a live commit intent (migrations/0023),
+-- each with the files to delete:
 -- those it lists that no current segment of the source lists (a replacement carries its old
 -- segments' rejects files) and that lie under a directory a build of the source registered.
 -- A replaced segment's files never become listed by a later segment: a replacement names
@@ -619,16 +631,20 @@ WHERE s.source = %(source)s AND s.replaced_by IS NOT NULL AND s.files_deleted_at
   AND s.replaced_at < now() - make_interval(secs => %(grace_s)s)
   AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t WHERE t.segment_id = s.id AND t.seq IS NOT NULL
                   AND (t.removed_at IS NULL OR t.removed_at >= now() - make_interval(secs => %(grace_s)s)))
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_intents i JOIN ingest_tables t ON t.source = i.source AND t.kind = i.kind
+                  WHERE i.source = s.source AND s.id = ANY(i.segment_ids) AND i.seq > t.committed_seq)
 ORDER BY s.id;
 
 -- name: lock_replaced_for_delete
 -- Held while gc deletes one replaced segment's files (Metastore.delete_replaced_files): another
 -- gc skips the segment. A table commit recorded since replaced_to_delete read it (a committer
--- that appended the segment just before its replacement) keeps its files.
+-- that appended the segment just before its replacement) keeps its files, as does a live intent.
 SELECT id FROM ingest_segments s
 WHERE id = %(segment_id)s AND source = %(source)s AND replaced_by IS NOT NULL AND files_deleted_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t WHERE t.segment_id = s.id AND t.seq IS NOT NULL
                   AND (t.removed_at IS NULL OR t.removed_at >= now() - make_interval(secs => %(grace_s)s)))
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_intents i JOIN ingest_tables t ON t.source = i.source AND t.kind = i.kind
+                  WHERE i.source = s.source AND s.id = ANY(i.segment_ids) AND i.seq > t.committed_seq)
 FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: mark_files_deleted

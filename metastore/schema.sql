@@ -742,6 +742,43 @@ CREATE TABLE public.ingest_splits (
 );
 
 --
+-- Name: ingest_table_intents; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.ingest_table_intents (
+    id bigint NOT NULL,
+    source text NOT NULL,
+    kind text NOT NULL,
+    seq bigint NOT NULL,
+    segment_ids bigint[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ingest_table_intents_seq_check CHECK ((seq > 0))
+);
+
+--
+-- Name: TABLE ingest_table_intents; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.ingest_table_intents IS 'table commits to an external catalog chosen and checked, not yet recorded: gc keeps their segments'' files';
+
+--
+-- Name: ingest_table_intents_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.ingest_table_intents_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: ingest_table_intents_id_seq; Type: SEQUENCE OWNED BY; Schema: public; Owner: -
+--
+
+ALTER SEQUENCE public.ingest_table_intents_id_seq OWNED BY public.ingest_table_intents.id;
+
+--
 -- Name: ingest_table_segments; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -851,6 +888,12 @@ ALTER TABLE ONLY public.ingest_resets ALTER COLUMN id SET DEFAULT nextval('publi
 --
 
 ALTER TABLE ONLY public.ingest_segments ALTER COLUMN id SET DEFAULT nextval('public.ingest_segments_id_seq'::regclass);
+
+--
+-- Name: ingest_table_intents id; Type: DEFAULT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_table_intents ALTER COLUMN id SET DEFAULT nextval('public.ingest_table_intents_id_seq'::regclass);
 
 --
 -- Name: iceberg_namespace_properties iceberg_namespace_properties_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -972,6 +1015,13 @@ ALTER TABLE ONLY public.ingest_splits
     ADD CONSTRAINT ingest_splits_pkey PRIMARY KEY (split_id);
 
 --
+-- Name: ingest_table_intents ingest_table_intents_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_table_intents
+    ADD CONSTRAINT ingest_table_intents_pkey PRIMARY KEY (id);
+
+--
 -- Name: ingest_table_segments ingest_table_segments_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1051,6 +1101,12 @@ CREATE INDEX ingest_splits_build_idx ON public.ingest_splits USING btree (build_
 --
 
 CREATE INDEX ingest_splits_building_idx ON public.ingest_splits USING btree (source, registered_at) WHERE (state = 'building'::text);
+
+--
+-- Name: ingest_table_intents_seq_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX ingest_table_intents_seq_idx ON public.ingest_table_intents USING btree (source, kind, seq);
 
 --
 -- Name: ingest_table_segments_seq_idx; Type: INDEX; Schema: public; Owner: -
@@ -1172,6 +1228,13 @@ ALTER TABLE ONLY public.ingest_splits
 
 ALTER TABLE ONLY public.ingest_splits
     ADD CONSTRAINT ingest_splits_source_fkey FOREIGN KEY (source) REFERENCES public.ingest_sources(name);
+
+--
+-- Name: ingest_table_intents ingest_table_intents_source_kind_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_table_intents
+    ADD CONSTRAINT ingest_table_intents_source_kind_fkey FOREIGN KEY (source, kind) REFERENCES public.ingest_tables(source, kind);
 
 --
 -- Name: ingest_table_segments ingest_table_segments_segment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -13,6 +13,13 @@ appends is still current and the held segments it takes out are exactly those it
 replaced. So the metastore never lags the table, and gc (which deletes a replaced segment's
 files only once no table holds it, ``replaced_to_delete``) never deletes a file a commit may
 still put in a table, however long its committer was frozen before the swap.
+
+A catalog outside this database (a spec's ``[table] catalog``) swaps in no transaction of it:
+its commit is checked the same way and recorded as an *intent* before the swap
+(:meth:`TableStore.record_intent`), and recorded after it (:meth:`TableStore.record_commit`).
+gc keeps the files of the segments a live intent names (migrations/0023), so a committer frozen
+between its intent and its swap never puts a deleted file in a table; one frozen before its
+intent is refused by the intent's check.
 """
 
 from __future__ import annotations
@@ -109,6 +116,7 @@ def _write(cur: psycopg.Cursor[Row], commit: TableCommit) -> None:
     cur.execute(
         query("table_advance"), {**params, "snapshot_id": commit.snapshot_id, "committed_at": commit.committed_at}
     )
+    cur.execute(query("table_settle_intents"), params)
 
 
 def fence_commit(conn: psycopg.Connection[Any], commit: TableCommit, url: str = "") -> None:
@@ -119,20 +127,28 @@ def fence_commit(conn: psycopg.Connection[Any], commit: TableCommit, url: str = 
     its segments replaced are exactly ``removed_ids``. The appended segments stay locked
     (FOR SHARE) until the transaction ends, so a replacement of them (FOR UPDATE) is ordered
     after the commit and its record, and sees them held."""
+    with wrap_exceptions(url), conn.cursor(row_factory=dict_row) as cur:
+        _check(cur, commit)
+        _write(cur, commit)
+
+
+def _check(cur: psycopg.Cursor[Row], commit: TableCommit) -> None:
+    """Raise StaleTableCommit unless the metastore is at commit ``seq - 1``, every segment the
+    commit appends is current and held by no commit yet, and the held segments its segments
+    replaced are exactly ``removed_ids``; the table's row and the appended segments stay
+    locked until the transaction ends."""
     ids = sorted(commit.segment_ids)
     params = {"source": commit.source, "kind": commit.kind.value, "segment_ids": ids}
     name = f"table {commit.source}/{commit.kind.value} commit {commit.seq}"
-    with wrap_exceptions(url), conn.cursor(row_factory=dict_row) as cur:
-        if (recorded := _recorded_seq(cur, commit)) != commit.seq - 1:
-            raise StaleTableCommit(f"{name}: the metastore recorded commit {recorded}")
-        segments = cur.execute(query("table_fence_segments"), params).fetchall()
-        if stale := sorted(set(ids) - {int(s["id"]) for s in segments if s["current"] and not s["held"]}):
-            raise StaleTableCommit(f"{name}: segments {stale} are no longer current, or held already")
-        taken = sorted({int(r["id"]) for r in cur.execute(query("table_superseded"), params).fetchall()})
-        if taken != sorted(commit.removed_ids):
-            removed = sorted(commit.removed_ids)
-            raise StaleTableCommit(f"{name}: its segments replaced held segments {taken}, not {removed}")
-        _write(cur, commit)
+    if (recorded := _recorded_seq(cur, commit)) != commit.seq - 1:
+        raise StaleTableCommit(f"{name}: the metastore recorded commit {recorded}")
+    segments = cur.execute(query("table_fence_segments"), params).fetchall()
+    if stale := sorted(set(ids) - {int(s["id"]) for s in segments if s["current"] and not s["held"]}):
+        raise StaleTableCommit(f"{name}: segments {stale} are no longer current, or held already")
+    taken = sorted({int(r["id"]) for r in cur.execute(query("table_superseded"), params).fetchall()})
+    if taken != sorted(commit.removed_ids):
+        removed = sorted(commit.removed_ids)
+        raise StaleTableCommit(f"{name}: its segments replaced held segments {taken}, not {removed}")
 
 
 class TableStore(StoreBase):
@@ -260,6 +276,23 @@ class TableStore(StoreBase):
                 "table_record_segments", source=source, kind=kind.value, seq=None, segment_ids=list(segment_ids)
             )
 
+    def record_intent(self, commit: TableCommit) -> None:
+        """Before a commit to a catalog outside the metastore: check it as :func:`fence_commit`
+        does (StaleTableCommit: a conflict, nothing recorded) and record its intent, in one
+        transaction. While the table's recorded commit is below ``commit.seq``, gc keeps the
+        files of the segments it appends (migrations/0023)."""
+        params = {
+            "source": commit.source,
+            "kind": commit.kind.value,
+            "seq": commit.seq,
+            "segment_ids": list(commit.segment_ids),
+        }
+        with wrap_exceptions(self.url):
+            conn = self._connection()
+            with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                _check(cur, commit)
+                cur.execute(query("table_record_intent"), params)
+
     def record_commit(
         self,
         source: str,
@@ -271,9 +304,10 @@ class TableStore(StoreBase):
         removed_ids: Sequence[int] = (),
     ) -> bool:
         """Record Iceberg commit ``seq`` (the segments it appended, and ``removed_ids``: the
-        replaced segments whose files it took out), in one transaction of its own: the reconcile
-        of a commit the table holds and the metastore did not record (:func:`fence_commit`
-        records every commit the committer makes in the catalog's swap).
+        replaced segments whose files it took out), in one transaction of its own: a commit the
+        table holds and the metastore did not record (the reconcile), or one just made to a
+        catalog outside the metastore (:func:`fence_commit` records every commit to the
+        metastore's own catalog in the catalog's swap).
 
         Idempotent: a commit recorded already changes nothing and returns False. A gap (``seq``
         more than one past the recorded one) is refused."""

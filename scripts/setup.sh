@@ -5,9 +5,9 @@
 # and from Maven Central (pinned by scripts/kafka/pom.xml and scripts/spark-jars/pom.xml,
 # cached outside the repository) Apache Kafka's jars and the one jar set of every Spark of the
 # project (S3 connector, Kafka source, Avro, Iceberg runtime, PostgreSQL's JDBC driver);
-# Apicurio Registry (the tests' schema registry) and a Java 21+ to run it on; the bench's Quix
-# Streams peer in its own virtualenv.  Nothing is installed that is already there, and apt's
-# index is only refreshed when something is missing.
+# Apicurio Registry (the tests' schema registry) and a Java 21+ to run it on, Project Nessie (the
+# tests' Iceberg REST catalog); the bench's Quix Streams peer in its own virtualenv.  Nothing is
+# installed that is already there, and apt's index is only refreshed when something is missing.
 #
 #   scripts/setup.sh             everything the tests, the chaos run and the bench need
 #   scripts/setup.sh --for demo  only what scripts/demo needs: PostgreSQL, Java, Maven, Kafka's
@@ -110,6 +110,9 @@ if [[ "$profile" == demo ]]; then
     say "done (demo)"
     exit 0
 fi
+# Project Nessie (scripts/nessie/pom.xml): the tests' Iceberg REST catalog, one jar on the same
+# Java 21+ as the registry; the demo does not use it.
+"$py" -m ingest_dev.fetch fetch-nessie | sed 's/^/setup: /'
 # The bench's Quix Streams peer in its own virtualenv outside the repository (bench/peer.py:
 # quixstreams requires confluent-kafka<2.13, the project pins 2.16.1). pip skips what is there.
 "$py" -m bench --setup-peer | sed 's/^/setup: /'

@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
 from ingest.segments import store as segment_store
-from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.table.catalog import close_catalog, identifier, source_catalog
 from ingest.table.committer import COMMIT_SEQ
 from ingest_common.errors import first_line
 from metastore.audits import AuditSnapshot
@@ -51,7 +52,7 @@ def table_findings(database_url: str, source: str, snapshot: AuditSnapshot) -> t
     if not snapshot.tables:
         return [], []
     findings: list[TableFinding] = []
-    catalog = MetastoreCatalog(database_url)
+    catalog = source_catalog(database_url, source)
     try:
         for row in snapshot.tables:
             kind = TableKind(row["kind"])
@@ -60,7 +61,7 @@ def table_findings(database_url: str, source: str, snapshot: AuditSnapshot) -> t
             findings += _held_twice(source, kind, snapshot.held_twice)
             findings += _replaced_files_missing(source, kind, held)
     finally:
-        catalog.close()
+        close_catalog(catalog)
     return [str(row["kind"]) for row in snapshot.tables], findings
 
 
@@ -72,7 +73,7 @@ class _TableState:
     deletes: list[tuple[str, DataFileContent]]
 
 
-def _table_state(catalog: MetastoreCatalog, source: str, kind: TableKind, recorded: Row) -> _TableState:
+def _table_state(catalog: Catalog, source: str, kind: TableKind, recorded: Row) -> _TableState:
     try:
         table = catalog.load_table(identifier(source, kind))
     except NoSuchTableError:
@@ -101,7 +102,7 @@ def _recorded_state(table: Table, recorded: Row) -> int | None:
 
 
 def _one_table(
-    catalog: MetastoreCatalog, source: str, kind: TableKind, recorded: Row, held_rows: list[Row], segments: list[Row]
+    catalog: Catalog, source: str, kind: TableKind, recorded: Row, held_rows: list[Row], segments: list[Row]
 ) -> list[TableFinding]:
     name = ".".join(identifier(source, kind))
     column = "files" if kind is TableKind.DATA else "rejects_files"

@@ -21,6 +21,13 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
   only the files of segments a table is recorded as holding), nor one beside the segments it
   replaced. A batch is read in one snapshot of the metastore (``TableStore.next_batch``), so
   it never holds a segment and one it replaced.
+- In a catalog outside the metastore (a spec's ``[table] catalog``) the swap is no transaction
+  of the metastore: the same check records an intent before the swap
+  (``TableStore.record_intent``; gc keeps the files of a live intent's segments) and the commit
+  is recorded after it (a crash between the two is the reconcile's case below). Every commit is
+  a snapshot that asserts the branch head it was built on, so once the table moved the catalog
+  refuses a commit chosen before, forever; one frozen after its intent on an unmoved table
+  lands, and the next commit follows the replacements made meanwhile (docs/iceberg.md).
 - Before appending anything the committer reconciles: a table at ``seq + 1`` and a metastore
   at ``seq`` is a commit recorded outside the swap (by a committer that recorded after its
   swap, and died between the two), and the metastore is advanced from the table's properties;
@@ -59,29 +66,37 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import structlog
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
     TableAlreadyExistsError,
 )
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
-from ingest.segments.store import filesystem
 from ingest.spec import SourceSpec
-from ingest.table.catalog import MetastoreCatalog, identifier, table_location
+from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, open_catalog, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
-from ingest.table.errors import CommitConflicts, FileSpansPartitions, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.errors import CommitConflicts, FileSpansPartitions, TableDiverged, TableError
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
 from ingest.table.replacement import stage_replacement
 from ingest.table.role import committer_health
+from ingest.table.schema import evolve, file_schema
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
-from metastore.tables import PendingSegment, TableCommit, TableKind, TableRow, TableStore, fence_commit
+from metastore.tables import (
+    PendingSegment,
+    StaleTableCommit,
+    TableCommit,
+    TableKind,
+    TableRow,
+    TableStore,
+    fence_commit,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -125,7 +140,12 @@ class TableCommitter:
         self.source = source
         self.settings = settings or CommitSettings()
         self.store = TableStore(database_url)
-        self.catalog = MetastoreCatalog(database_url)
+        try:
+            # The catalog of the spec the committer starts with (CatalogUnavailable: one line).
+            self.catalog = open_catalog(database_url, self._spec().table)
+        except BaseException:
+            self.store.close()
+            raise
         self.metrics = metrics or TableMetrics(source)
         self.health = committer_health(source, self.settings)
         self._last_commit: dict[TableKind, float] = {}
@@ -135,7 +155,7 @@ class TableCommitter:
 
     def close(self) -> None:
         self.store.close()
-        self.catalog.close()
+        close_catalog(self.catalog)
 
     def __enter__(self) -> TableCommitter:
         return self
@@ -178,11 +198,15 @@ class TableCommitter:
             "ingest.table": row.kind,
             **NO_REBASE,
         }
+        # Another catalog places the table in its own warehouse (a REST catalog may refuse or
+        # ignore a location outside it).
+        location = (
+            table_location(spec.segment_store, self.source, row.kind)
+            if isinstance(self.catalog, MetastoreCatalog)
+            else None
+        )
         txn = self.catalog.create_table_transaction(
-            ident,
-            schema=_file_schema(first_file),
-            location=table_location(spec.segment_store, self.source, row.kind),
-            properties=properties,
+            ident, schema=file_schema(first_file), location=location, properties=properties
         )
         transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
         if row.kind is TableKind.DATA and transform is not None:
@@ -263,6 +287,10 @@ class TableCommitter:
                 CONFLICT_RETRY.sleep(CONFLICT_RETRY.delay(conflicts - 1))
                 continue
             self._pause_if(FaultPoint.ICEBERG_COMMITTED)
+            if not isinstance(self.catalog, MetastoreCatalog):
+                # Recorded after the swap: a crash before this line leaves the table one commit
+                # ahead, which the next reconcile records (its intent keeps the files till then).
+                self._record(committed, kind, seq, batch)
             ids = tuple(s.id for s in batch)
             _expire_snapshots(self.source, self.settings.keep_snapshots, committed, kind)
             self.health.progressed()
@@ -298,7 +326,7 @@ class TableCommitter:
         txn = table.transaction()
         name = ".".join(identifier(self.source, kind))
         if segment.files:
-            _evolve(txn, name, kind, [segment], self._schema_checked)
+            evolve(txn, name, kind, [segment], self._schema_checked)
         out, new = stage_replacement(txn, table, name, segment, seq)
         log.info("table_replacing", source=self.source, table=kind.value, seq=seq, files_out=out, files_in=new)
         return self._commit(txn, kind, seq, [segment])
@@ -308,7 +336,7 @@ class TableCommitter:
         (the state the batch was chosen from); any other table is a conflict."""
         table = at_commit(table, seq)
         txn = table.transaction()
-        _evolve(txn, ".".join(identifier(self.source, kind)), kind, batch, self._schema_checked)
+        evolve(txn, ".".join(identifier(self.source, kind)), kind, batch, self._schema_checked)
         files = [f for s in batch for f in s.files]
         ids = [s.id for s in batch]
         try:
@@ -336,25 +364,16 @@ class TableCommitter:
         return self._commit(txn, kind, seq, batch)
 
     def _commit(self, txn: Transaction, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> Table:
-        """Commit ``txn`` as commit ``seq`` of the batch, recorded in the transaction of the
-        catalog's swap (``metastore.tables.fence_commit``): refused as a conflict, and nothing
-        swapped, if a segment of the batch was replaced (or the held segments it replaces
-        changed) since the batch was chosen, however long ago that was."""
-        snapshot = txn.table_metadata.current_snapshot()
-        commit = TableCommit(
-            self.source,
-            kind,
-            seq,
-            tuple(s.id for s in batch),
-            snapshot.snapshot_id if snapshot else None,
-            datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
-            tuple(i for s in batch for i in s.supersedes),
+        """Commit ``txn`` as commit ``seq`` of the batch (:func:`_swap`)."""
+        commit = _table_commit(self.source, kind, seq, batch, txn.table_metadata.current_snapshot())
+        return _swap(self.catalog, self.store, txn, commit)
+
+    def _record(self, table: Table, kind: TableKind, seq: int, batch: Sequence[PendingSegment]) -> None:
+        """Record commit ``seq``, which ``table`` (the catalog's answer to its swap) holds."""
+        commit = _table_commit(self.source, kind, seq, batch, table.current_snapshot())
+        self.store.record_commit(
+            self.source, kind, seq, commit.segment_ids, commit.snapshot_id, commit.committed_at, commit.removed_ids
         )
-        with self.catalog.fenced(partial(fence_commit, commit=commit, url=self.store.url)) as fence:
-            table = txn.commit_transaction()
-        if not fence.ran:
-            raise TableError(f"table {'.'.join(identifier(self.source, kind))}: commit {seq} swapped nothing")
-        return table
 
     def _pause_if(self, point: FaultPoint) -> None:
         if self._fault == point.value:
@@ -393,6 +412,41 @@ class TableCommitter:
             self.store.unlock()
 
 
+def _swap(catalog: Catalog, store: TableStore, txn: Transaction, commit: TableCommit) -> Table:
+    """The catalog's swap of ``txn``, refused as a conflict (CommitFailedException), and nothing
+    swapped, if a segment of the batch was replaced (or the held segments it replaces changed)
+    since the batch was chosen, however long ago that was. In the metastore's catalog the commit
+    is recorded in the transaction of the swap (``metastore.tables.fence_commit``); in another
+    catalog the same check records an intent before the swap (``TableStore.record_intent``: gc
+    keeps the batch's files while it is live) and the committer records the commit after it."""
+    if not isinstance(catalog, MetastoreCatalog):
+        try:
+            store.record_intent(commit)
+        except StaleTableCommit as exc:
+            raise CommitFailedException(str(exc)) from exc
+        return txn.commit_transaction()
+    with catalog.fenced(partial(fence_commit, commit=commit, url=store.url)) as fence:
+        table = txn.commit_transaction()
+    if not fence.ran:
+        raise TableError(f"table {commit.source}/{commit.kind.value}: commit {commit.seq} swapped nothing")
+    return table
+
+
+def _table_commit(
+    source: str, kind: TableKind, seq: int, batch: Sequence[PendingSegment], snapshot: Snapshot | None
+) -> TableCommit:
+    """Commit ``seq`` of the batch as the metastore records it, made as ``snapshot``."""
+    return TableCommit(
+        source,
+        kind,
+        seq,
+        tuple(s.id for s in batch),
+        snapshot.snapshot_id if snapshot else None,
+        datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC) if snapshot else datetime.now(UTC),
+        tuple(i for s in batch for i in s.supersedes),
+    )
+
+
 def _expire_snapshots(source: str, keep: int, table: Table, kind: TableKind) -> None:
     """Keep the newest ``keep`` snapshots. pyiceberg expires metadata only (and the table says
     gc.enabled=false for every other engine): no data file is deleted. Which segments the table
@@ -407,41 +461,6 @@ def _expire_snapshots(source: str, keep: int, table: Table, kind: TableKind) -> 
         ).commit()
     except CommitFailedException as exc:  # the next commit expires them
         log.info("table_expire_skipped", source=source, table=kind.value, error=first_line(exc))
-
-
-def _evolve(
-    txn: Transaction,
-    name: str,
-    kind: TableKind,
-    batch: Sequence[PendingSegment],
-    checked: set[tuple[TableKind, int, int]],
-) -> None:
-    """Columns added by a spec version are added to the table (and to its name mapping);
-    widening Iceberg allows (int -> long, float -> double) is applied; anything else stops
-    the committer with one line rather than skip the segments. ``checked``: (table, spec
-    version, table schema id) whose files' schema the table already covers."""
-    seen: set[int] = set()
-    for segment in batch:
-        if segment.spec_version in seen:
-            continue
-        seen.add(segment.spec_version)
-        if (kind, segment.spec_version, txn.table_metadata.current_schema_id) in checked:
-            continue
-        schema = _file_schema(segment.files[0])
-        try:
-            with txn.update_schema() as update:
-                update.union_by_name(schema)
-        except Exception as exc:  # pyiceberg raises ValidationError, ValueError or ResolveError
-            raise SchemaChangeRefused(
-                f"table {name}: spec version {segment.spec_version} "
-                f"changes the schema in a way Iceberg refuses: {first_line(exc)}"
-            ) from exc
-        checked.add((kind, segment.spec_version, txn.table_metadata.current_schema_id))
-
-
-def _file_schema(uri: str) -> pa.Schema:
-    fs, path = filesystem(uri)
-    return pq.read_schema(path, filesystem=fs).remove_metadata()
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Errors of the Iceberg tables, under the project's one root (each is one line, exit 1)."""
+"""Errors of the Iceberg tables, under the project's one root (each is one line, exit 1 unless it says)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from ingest_common.errors import ExitCode, IngestError
 from metastore.tables import TableNotEnabled
 
 __all__ = [
+    "CatalogUnavailable",
     "CommitConflicts",
     "FileSpansPartitions",
     "QueryFailed",
@@ -40,6 +41,13 @@ class SchemaChangeRefused(TableError):
 class FileSpansPartitions(TableError):
     """A data file holds event times of several partitions of the table's transform: a file is
     registered as written (never rewritten), so it cannot be appended to that table."""
+
+
+class CatalogUnavailable(TableError):
+    """The Iceberg catalog the spec's ``[table]`` names did not answer when it was opened (or
+    refused the credentials it was given): one line naming it, exit 11."""
+
+    exit_code = ExitCode.CATALOG_UNAVAILABLE
 
 
 class QueryFailed(TableError):

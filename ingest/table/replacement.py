@@ -7,9 +7,12 @@ replaced segments the table is recorded as holding); each must be in the table's
 snapshot, or the table and the metastore disagree and nothing is committed
 (:class:`TableDiverged`). A file both lists (a rejects file a replacement carries as it is)
 stays. A replacement that changes no file of the table (the rejects table, when every
-replaced segment's rejects files are carried) is a commit of the table's properties only:
+replaced segment's rejects files are carried) is an overwrite snapshot that changes no file:
 still one commit, recorded like any other, so the metastore's record and the table's
-``ingest.commit-seq`` move together.
+``ingest.commit-seq`` move together. It is a snapshot, not a change of properties alone,
+because a catalog checks a commit against the table's branch head (pyiceberg asserts the head
+a snapshot was built on) and applies a change of properties alone to whatever the table holds
+by then: a stale one would set ``ingest.commit-seq`` back on a table that moved on.
 """
 
 from __future__ import annotations
@@ -44,14 +47,17 @@ def held_data_files(table: Table, paths: Iterable[str]) -> list[DataFile]:
 
 def stage_replacement(txn: Transaction, table: Table, name: str, segment: PendingSegment, seq: int) -> tuple[int, int]:
     """Stage in ``txn`` (on ``table``, its state) commit ``seq``: the snapshot that takes the
-    superseded files out and puts the segment's in (none when no file changes), and the
-    properties that say so; returns (files out, files in)."""
+    superseded files out and puts the segment's in (an empty one when no file changes), and
+    the properties that say so; returns (files out, files in)."""
     replaced = ",".join(map(str, segment.supersedes))
     txn.set_properties({COMMIT_SEQ: str(seq), COMMIT_SEGMENTS: str(segment.id), COMMIT_REPLACED: replaced})
+    summary = {COMMIT_SEQ: str(seq), "ingest.replacement": str(segment.id), COMMIT_REPLACED: replaced}
     keep = set(segment.files)
     out = sorted(set(segment.superseded_files) - keep)
     new = [f for f in segment.files if f not in set(segment.superseded_files)]
     if not out and not new:
+        with txn.update_snapshot(snapshot_properties=summary).overwrite():
+            pass  # no file out, none in: the snapshot moves the branch head
         return 0, 0
     old = held_data_files(table, out)
     if missing := sorted(set(out) - {f.file_path for f in old}):
@@ -72,7 +78,6 @@ def stage_replacement(txn: Transaction, table: Table, name: str, segment: Pendin
                 f"({first_line(exc)})"
             ) from exc
         raise TableError(f"table {name}: {first_line(exc)}") from exc
-    summary = {COMMIT_SEQ: str(seq), "ingest.replacement": str(segment.id), COMMIT_REPLACED: replaced}
     with txn.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
         for data_file in old:
             overwrite.delete_data_file(data_file)

@@ -5,7 +5,12 @@ runs it."""
 
 from __future__ import annotations
 
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ServerError,
+    ServiceUnavailableError,
+)
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingest.roles.health import RoleHealth, RoleNames
@@ -26,6 +31,9 @@ RETRIED = (
     CommitFailedException,
     CommitConflicts,
     OSError,
+    # A REST catalog's 5xx: the next pass's reconcile settles what the commit did.
+    ServerError,
+    ServiceUnavailableError,
 )
 NAMES = RoleNames(
     noun="committer",

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.spec import SourceSpec
+from ingest.table.catalog import close_catalog, identifier, open_catalog
 from ingest.table.committer import COMMIT_SEQ
 from ingest.table.errors import QueryFailed, TableError
 from ingest_common.errors import first_line
@@ -18,11 +19,11 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
     last commit (``--json`` has the same fields)."""
     tables: list[dict[str, Any]] = []
     with TableStore(database_url) as store:
-        store.latest_spec(source)  # SourceNotFound for an unknown source
+        spec = SourceSpec.from_json(store.latest_spec(source))  # SourceNotFound for an unknown source
         rows = store.tables(source)
         if not rows:
             raise TableNotEnabled(source)
-        catalog = MetastoreCatalog(database_url)
+        catalog = open_catalog(database_url, spec.table)
         try:
             for row in rows:
                 last, appended = store.last_segment(source, row.kind)
@@ -54,7 +55,7 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
                     }
                 )
         finally:
-            catalog.close()
+            close_catalog(catalog)
     return {"source": source, "tables": tables}
 
 
@@ -91,11 +92,11 @@ def run_query(database_url: str, source: str, sql: str) -> tuple[list[str], list
 
     view = source.replace("-", "_")
     with TableStore(database_url) as store:
-        store.latest_spec(source)
+        spec = SourceSpec.from_json(store.latest_spec(source))
         kinds = [row.kind for row in store.tables(source)]
     if not kinds:
         raise TableNotEnabled(source)
-    catalog = MetastoreCatalog(database_url)
+    catalog = open_catalog(database_url, spec.table)
     try:
         conn = duckdb.connect()
         registered = []
@@ -117,7 +118,7 @@ def run_query(database_url: str, source: str, sql: str) -> tuple[list[str], list
         except duckdb.Error as exc:
             raise QueryFailed(f"query over {', '.join(registered)}: {first_line(exc)}") from exc
     finally:
-        catalog.close()
+        close_catalog(catalog)
 
 
 def format_rows(columns: list[str], rows: list[tuple[Any, ...]]) -> list[str]:

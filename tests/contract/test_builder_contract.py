@@ -141,7 +141,9 @@ def _high(admin: Any, topic: str, partition: int) -> int:
                 {tp: OffsetSpec.latest()},
                 isolation_level=__import__("confluent_kafka").IsolationLevel.READ_COMMITTED,
                 request_timeout=10,
-            )[tp].result(timeout=10).offset
+            )[tp]
+            .result(timeout=10)
+            .offset
         )
         if stable == high:
             return high
@@ -164,7 +166,11 @@ def build(backend: Backend, *splits: SealedSplit) -> list[BuiltSegment | Excepti
 def test_a_batch_gives_each_split_the_records_in_its_range_in_order(backend: Backend) -> None:
     a = backend.produce(0, 12)
     b = backend.produce(1, 5)
-    splits = [split_of(backend.tp(0), a[0], a[0] + 7), split_of(backend.tp(1), *b), split_of(backend.tp(0), a[0] + 7, a[1])]
+    splits = [
+        split_of(backend.tp(0), a[0], a[0] + 7),
+        split_of(backend.tp(1), *b),
+        split_of(backend.tp(0), a[0] + 7, a[1]),
+    ]
     results = build(backend, *splits)
     assert [r.split_id for r in results if isinstance(r, BuiltSegment)] == [s.id for s in splits]
     assert [r.row_count for r in results if isinstance(r, BuiltSegment)] == [7, 5, 5]

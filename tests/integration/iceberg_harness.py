@@ -4,12 +4,14 @@ the command line, eventual and metric helpers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ import pyarrow.parquet as pq
 from ingest.ops.audit import audit_source
 from ingest.segments.store import build_dirs, ensure_parent, filesystem
 from ingest.spec import spec_from_dict
+from ingest.table import committer as committer_module
 from ingest.table.audit import table_findings
-from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, source_catalog
 from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings
 from ingest_common.model import (
@@ -61,9 +64,18 @@ class Source:
     """A source whose segments are published as a worker publishes them (registered build,
     Parquet files written, one publish transaction), without Kafka or Spark."""
 
-    def __init__(self, database_url: str, root: str, name: str = "clicks", partitions: int = 1) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        root: str,
+        name: str = "clicks",
+        partitions: int = 1,
+        catalog: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.root = root
+        # The spec's [table] catalog (None: the metastore's own).
+        self.catalog = catalog
         self.store = Metastore(database_url)
         self.columns = dict(COLUMNS)
         self.file_partition = "none"
@@ -83,6 +95,7 @@ class Source:
             "event_time": "ts",
             "segment_store": self.root,
             "file_partition": self.file_partition,
+            **({"table": {"catalog": self.catalog}} if self.catalog else {}),
         }
         self.version, _ = self.store.apply_source(self.name, spec_from_dict(doc).to_json(), "")
 
@@ -169,12 +182,13 @@ class Source:
 
 
 def table_offsets(database_url: str, source: str, kind: TableKind = TableKind.DATA) -> list[int]:
-    catalog = MetastoreCatalog(database_url)
+    """Every row's offset as pyiceberg's scan reads the table, in the catalog its spec names."""
+    catalog = source_catalog(database_url, source)
     try:
         table = catalog.load_table(identifier(source, kind))
         return sorted(table.scan(selected_fields=("_offset",)).to_arrow()["_offset"].to_pylist())
     finally:
-        catalog.close()
+        close_catalog(catalog)
 
 
 def assert_exactly_once(database_url: str, src: Source) -> None:
@@ -250,3 +264,38 @@ def audit_findings(database_url: str, source: str) -> list[str]:
         result, snapshot = audit_source(store, source, files=True)
     _tables, found = table_findings(database_url, source, snapshot)
     return [f.line() for f in result.findings] + [f"{kind}: {where}: {detail}" for kind, where, detail in found]
+
+
+class Crashed(Exception):
+    """A committer's death, injected where it would leave a commit unrecorded."""
+
+
+def commit_unrecorded(c: TableCommitter, kind: TableKind = TableKind.DATA) -> None:
+    """One commit of ``c`` that reaches the table and not the metastore: what a committer that
+    died between its catalog swap and its record leaves. The metastore's catalog records in
+    the swap, so there the record is taken out of it (a committer that recorded after its swap);
+    another catalog's committer records after the swap, and dies there."""
+    if isinstance(c.catalog, MetastoreCatalog):
+        with _patched(committer_module, "fence_commit", lambda conn, commit, url: None):
+            assert c.commit_batch(kind) is not None
+        return
+
+    def crash(*args: Any, **kwargs: Any) -> bool:
+        raise Crashed("died between the catalog's swap and its record")
+
+    with _patched(c.store, "record_commit", crash):
+        try:
+            c.commit_batch(kind)
+        except Crashed:
+            return
+    raise AssertionError("the commit was not attempted")
+
+
+@contextlib.contextmanager
+def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    real = getattr(target, name)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        setattr(target, name, real)

@@ -4,24 +4,29 @@ pyiceberg's scan reads."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 
 from ingest.segments.store import filesystem
-from ingest.table.catalog import MetastoreCatalog, identifier
+from ingest.table.catalog import close_catalog, identifier, source_catalog
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest_dev.iceberg_spark import read_tables, spark_table
+from ingest_dev.process import run_process
 from metastore.tables import TableKind
-from tests.integration.iceberg_harness import Source, committer
+from tests.fixtures.catalogs import CATALOGS, TableCatalog
+from tests.integration.iceberg_harness import REPO, Source, committer
 
 
 def table_coordinates(database_url: str, source: str, kind: TableKind) -> list[tuple[str, int, int]]:
     """Every row's (_topic, _partition, _offset) as pyiceberg's scan reads them, sorted."""
-    catalog = MetastoreCatalog(database_url)
+    catalog = source_catalog(database_url, source)
     try:
         rows = (
             catalog.load_table(identifier(source, kind))
@@ -30,7 +35,7 @@ def table_coordinates(database_url: str, source: str, kind: TableKind) -> list[t
             .to_pylist()
         )
     finally:
-        catalog.close()
+        close_catalog(catalog)
     return sorted((r["_topic"], r["_partition"], r["_offset"]) for r in rows)
 
 
@@ -44,20 +49,22 @@ def file_rows(files: list[str]) -> list[tuple[str, str, int, int]]:
     return sorted(rows)
 
 
-def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(
-    database_url: str, tmp_path: Path, spark: Any
+@pytest.mark.parametrize("table_catalog", CATALOGS, indirect=True)
+def test_spark_reads_every_committed_row_once_through_icebergs_catalog(
+    database_url: str, table_catalog: TableCatalog, spark: Any
 ) -> None:
     """Spark (the product's pyspark with Iceberg's runtime from the project's jar set, in a new
     session on the tests' SparkContext: ingest_dev/iceberg_spark.py) reads both tables through
-    Iceberg's JdbcCatalog on the metastore's PostgreSQL: it sees exactly the rows of the
-    committed segments' files, each once, the same rows pyiceberg's scan reads, and nothing of a
-    segment published after the commit.
+    Iceberg's JdbcCatalog on the metastore's PostgreSQL (``sql``), or through Iceberg's REST
+    catalog client and its S3FileIO (``rest``: Nessie, tables and segments on the S3 API): it
+    sees exactly the rows of the committed segments' files, each once, the same rows
+    pyiceberg's scan reads, and nothing of a segment published after the commit.
 
     Spark cannot select the column ``_partition`` (Iceberg reserves the name for its metadata
     column and refuses the scan), so it identifies each row by ``_file`` (Iceberg's metadata
     column: the data file it was read from), ``_topic`` and ``_offset``; the Kafka partition of
     each row is then that file's."""
-    src = Source(database_url, f"file://{tmp_path}/store", partitions=2)
+    src = Source(database_url, table_catalog.store, partitions=2, catalog=table_catalog.catalog)
     try:
         src.publish(10)
         src.publish(6, rejects=2, partition=1)
@@ -71,10 +78,34 @@ def test_spark_reads_every_committed_row_once_through_icebergs_jdbc_catalog(
         late = src.publish(4, partition=1)  # published, not committed: no reader of the table sees it yet
         late_files = {f for s in src.store.segments(src.name) if s["id"] == late for f in s["files"]}
         tables = {kind: spark_table(src.name, kind) for kind in TableKind}
-        seen = read_tables(database_url, list(tables.values()), coordinates=True, spark=spark)
+        if table_catalog.catalog is None:
+            seen = read_tables(database_url, list(tables.values()), coordinates=True, spark=spark)
+        else:
+            # A Spark of its own (Iceberg's S3FileIO cannot run beside the S3A connector's SDK),
+            # so a process of its own: one SparkContext per process.
+            conf = json.dumps({**table_catalog.catalog, **table_catalog.spark})
+            reader = run_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "ingest_dev.iceberg_spark",
+                    "read",
+                    "--both",
+                    "--coordinates",
+                    "--catalog",
+                    conf,
+                    src.name,
+                ],
+                capture_output=True,
+                timeout=300,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                cwd=REPO,
+            )
+            assert reader.returncode == 0, reader.stderr[-3000:]
+            seen = json.loads(reader.stdout)
     finally:
         src.store.close()
-    assert seen["spark_version"] == spark.version
+    assert seen["spark_version"] == spark.version  # the product's pyspark, either way
     for kind, files_key, count_key, partitions in (
         (TableKind.DATA, "files", "row_count", {("events", 0): 15, ("events", 1): 13}),
         (TableKind.REJECTS, "rejects_files", "rejects_count", {("events", 0): 1, ("events", 1): 2}),

@@ -1,27 +1,32 @@
 """A table committer never appends a segment that is no longer current, against a real
-PostgreSQL (catalog and metastore) and a local store: a replacement committed between the pages
-of a batch, or while a committer is frozen between choosing its batch and its Iceberg commit
-(past gc's grace period, gc having deleted the replaced files), puts nothing in the table twice
-and no file gc deleted."""
+PostgreSQL (the metastore, and the metastore's catalog) and a local store, or a REST catalog
+(Nessie) and an S3 store: a replacement committed between the pages of a batch, or while a
+committer is frozen between choosing its batch and its Iceberg commit (past gc's grace period,
+gc having deleted the replaced files), puts nothing in the table twice and no file gc deleted.
+In the metastore's catalog the fence in the catalog's swap refuses such a commit; in another
+catalog the intent recorded before the swap does, or, recorded before the replacement, keeps
+gc off the batch's files until the commit it names is settled."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from pyarrow.fs import FileType
 from sqlalchemy.exc import SQLAlchemyError
 
 from ingest.ops.gc import collect_garbage
+from ingest.segments.store import filesystem
 from ingest.table import committer as committer_module
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest_dev.testkit import wait_until
 from metastore.tables import StaleTableCommit, TableCommit, TableKind, TableStore, fence_commit
+from tests.fixtures.catalogs import CATALOGS, TableCatalog
 from tests.integration.iceberg_harness import (
     Source,
     assert_exactly_once,
@@ -34,13 +39,22 @@ from tests.integration.iceberg_harness import (
 
 
 @pytest.fixture
-def src(database_url: str, tmp_path: Path) -> Iterator[Source]:
-    source = Source(database_url, f"file://{tmp_path}/store")
+def src(database_url: str, table_catalog: TableCatalog) -> Iterator[Source]:
+    source = Source(database_url, table_catalog.store, catalog=table_catalog.catalog)
     yield source
     source.store.close()
 
 
-@pytest.mark.parametrize("kind", [TableKind.DATA, TableKind.REJECTS])
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return bool(fs.get_file_info(path).type != FileType.NotFound)
+
+
+@pytest.mark.parametrize(
+    ("table_catalog", "kind"),
+    [("sql", TableKind.DATA), ("sql", TableKind.REJECTS), ("rest", TableKind.DATA)],
+    indirect=["table_catalog"],
+)
 def test_a_replacement_between_the_pages_of_a_batch_is_not_appended_beside_what_it_replaced(
     database_url: str, src: Source, kind: TableKind
 ) -> None:
@@ -73,20 +87,24 @@ def test_a_replacement_between_the_pages_of_a_batch_is_not_appended_beside_what_
     assert audit_findings(database_url, src.name) == []
 
 
+@pytest.mark.parametrize("table_catalog", CATALOGS, indirect=True)
 def test_a_committer_frozen_past_gcs_grace_before_its_commit_appends_no_file_gc_deleted(
-    database_url: str, src: Source
+    database_url: str, src: Source, table_catalog: TableCatalog
 ) -> None:
-    """The committer chose segments a and b and staged their files; frozen right before its
-    catalog swap, it wakes after compaction replaced them and gc, one grace period later
-    (grace 0 here), deleted their files. Its commit must not land: every file the table lists
-    exists after it, and the replacement's rows are there once."""
+    """The committer chose segments a and b and staged their files; frozen right before what
+    guards its commit (the metastore's catalog: its swap, whose transaction runs the fence;
+    another catalog: the intent recorded before its swap), it wakes after compaction replaced
+    them and gc, one grace period later (grace 0 here), deleted their files. Its commit must not
+    land: every file the table lists exists after it, and the replacement's rows are there once."""
     src.publish(2)
     enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
     with committer(database_url, src.name) as c:
         c.commit_all()  # the table exists: the next catalog swap is an append
         a, b = src.publish(3), src.publish(3)
         replaced = {f for s in src.store.segments(src.name) if s["id"] in (a, b) for f in s["files"]}
-        real = c.catalog.commit_table
+        guard: Any = c.store if table_catalog.external else c.catalog
+        name = "record_intent" if table_catalog.external else "commit_table"
+        real = getattr(guard, name)
         woke: list[int] = []
 
         def frozen_then_commit(*args: Any, **kwargs: Any) -> Any:
@@ -95,13 +113,50 @@ def test_a_committer_frozen_past_gcs_grace_before_its_commit_appends_no_file_gc_
                 assert set(collect_garbage(src.store, src.name, grace_s=0).deleted) == replaced
             return real(*args, **kwargs)
 
-        c.catalog.commit_table = frozen_then_commit  # type: ignore[method-assign]
+        setattr(guard, name, frozen_then_commit)
         result = c.commit_batch(TableKind.DATA)
         assert woke and result is not None
-        missing = sorted(f for f in table_files(c) if not Path(f.removeprefix("file://")).exists())
+        missing = sorted(f for f in table_files(c) if not exists(f))
         assert missing == []
         assert result.segment_ids == (woke[0],)
         assert c.commit_all() == []
+    assert_exactly_once(database_url, src)
+    assert audit_findings(database_url, src.name) == []
+
+
+@pytest.mark.parametrize("table_catalog", ["rest"], indirect=True)
+def test_a_committer_frozen_after_its_intent_keeps_gc_off_its_files_and_its_commit_is_followed(
+    database_url: str, src: Source
+) -> None:
+    """Another catalog: the committer recorded its intent (commit 2: segments a and b), then
+    froze before its catalog swap; compaction replaced a and b and gc ran past its grace
+    period. gc deletes nothing of a and b while the intent is live, the commit lands when the
+    committer wakes (the table holds a and b, which are replaced), and the next commit follows
+    the replacement (one overwrite snapshot: their files out, the replacement's in): every
+    record once, every file the table lists there, and gc deletes a and b's files after."""
+    src.publish(2)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    with committer(database_url, src.name) as c:
+        c.commit_all()
+        a, b = src.publish(3), src.publish(3)
+        replaced = {f for s in src.store.segments(src.name) if s["id"] in (a, b) for f in s["files"]}
+        real = c.catalog.commit_table
+        woke: list[int] = []
+
+        def frozen_then_commit(*args: Any, **kwargs: Any) -> Any:
+            if not woke:
+                woke.append(compact(src, [a, b]))
+                assert collect_garbage(src.store, src.name, grace_s=0).deleted == []
+            return real(*args, **kwargs)
+
+        c.catalog.commit_table = frozen_then_commit  # type: ignore[method-assign]
+        result = c.commit_batch(TableKind.DATA)
+        assert woke and result is not None and result.segment_ids == (a, b)
+        assert all(exists(f) for f in table_files(c))
+        [followed] = c.commit_all()
+        assert list(followed.segment_ids) == woke
+        assert replaced.isdisjoint(table_files(c)) and all(exists(f) for f in table_files(c))
+        assert set(collect_garbage(src.store, src.name, grace_s=0).deleted) == replaced
     assert_exactly_once(database_url, src)
     assert audit_findings(database_url, src.name) == []
 
@@ -128,13 +183,27 @@ def test_the_fence_records_only_a_commit_that_matches_the_metastore(database_url
             finally:
                 conn.rollback()
 
-    assert fence(2, (a,)) == f"segments [{a}] are no longer current, or held already"
-    assert fence(2, (held,)) == f"segments [{held}] are no longer current, or held already"
-    assert fence(2, (new,)) == f"its segments replaced held segments [{a}, {b}], not []"
-    assert fence(3, (new,), (a, b)) == "the metastore recorded commit 1"
-    assert fence(2, (new,), (a, b)) == "recorded"
+    def intent(seq: int, ids: tuple[int, ...], removed: tuple[int, ...] = ()) -> str:
+        commit = TableCommit(src.name, TableKind.DATA, seq, ids, None, datetime.now(UTC), removed)
+        with TableStore(database_url) as store:
+            try:
+                store.record_intent(commit)
+                return "recorded"
+            except StaleTableCommit as exc:
+                return str(exc).split(": ", 1)[1]
+
+    for check in (fence, intent):
+        assert check(2, (a,)) == f"segments [{a}] are no longer current, or held already"
+        assert check(2, (held,)) == f"segments [{held}] are no longer current, or held already"
+        assert check(2, (new,)) == f"its segments replaced held segments [{a}, {b}], not []"
+        assert check(3, (new,), (a, b)) == "the metastore recorded commit 1"
+    assert fence(2, (new,), (a, b)) == "recorded"  # rolled back
     with TableStore(database_url) as store:
         assert store.table(src.name, TableKind.DATA).committed_seq == 1
+    # Checked and recorded: commit 2's intent (the replacement) is live until commit 2 is recorded.
+    assert intent(2, (new,), (a, b)) == "recorded"
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT seq, segment_ids FROM ingest_table_intents").fetchall() == [(2, [new])]
 
 
 def test_a_committer_frozen_inside_its_catalog_swap_blocks_nothing_past_the_idle_timeout(

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyiceberg.exceptions import CommitFailedException
 
 from ingest.ops.gc import collect_garbage
 from ingest.table import committer as committer_module
+from ingest.table.catalog import MetastoreCatalog
 from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from metastore.tables import TableKind
+from tests.fixtures.catalogs import CATALOGS, TableCatalog
 from tests.integration.iceberg_harness import (
     Source,
     assert_exactly_once,
@@ -29,10 +32,16 @@ from tests.integration.iceberg_harness import (
 
 
 @pytest.fixture
-def src(database_url: str, tmp_path: Path) -> Iterator[Source]:
-    source = Source(database_url, f"file://{tmp_path}/store")
+def src(database_url: str, table_catalog: TableCatalog) -> Iterator[Source]:
+    source = Source(database_url, table_catalog.store, catalog=table_catalog.catalog)
     yield source
     source.store.close()
+
+
+def assert_snapshots(c: TableCommitter, expected: list[str], kind: TableKind = TableKind.DATA) -> None:
+    """The table's snapshots, oldest first: all of them in the metastore's catalog; Nessie's
+    tables list their current snapshot only (their history is Nessie's own commits)."""
+    assert snapshots(c, kind) == (expected if isinstance(c.catalog, MetastoreCatalog) else expected[-1:])
 
 
 def snapshots(c: TableCommitter, kind: TableKind = TableKind.DATA) -> list[str]:
@@ -41,6 +50,7 @@ def snapshots(c: TableCommitter, kind: TableKind = TableKind.DATA) -> list[str]:
     return [s.summary.operation.value if s.summary else "" for s in table.snapshots()]
 
 
+@pytest.mark.parametrize("table_catalog", CATALOGS, indirect=True)
 def test_a_replacement_becomes_one_overwrite_snapshot_and_every_record_stays_once(
     database_url: str, src: Source
 ) -> None:
@@ -53,9 +63,10 @@ def test_a_replacement_becomes_one_overwrite_snapshot_and_every_record_stays_onc
         # Replaced, not followed yet: the table still holds the old files, and that is no finding.
         assert audit_findings(database_url, src.name) == []
         results = c.commit_all()
-        # One commit of the data table (the rejects table: the same files, its properties only).
+        # One commit of each table (the rejects table: the same files, a snapshot that changes none).
         assert [(r.kind, r.segment_ids) for r in results] == [(TableKind.DATA, (new,)), (TableKind.REJECTS, (new,))]
-        assert snapshots(c) == ["append", "overwrite"]
+        assert_snapshots(c, ["append", "overwrite"])
+        assert_snapshots(c, ["append", "overwrite"], TableKind.REJECTS)
         assert_exactly_once(database_url, src)
         listed = {s["id"]: s for s in src.store.segments(src.name)}
         assert table_files(c) == {*listed[new]["files"], *listed[ids[3]]["files"]}
@@ -72,7 +83,7 @@ def test_a_replacement_becomes_one_overwrite_snapshot_and_every_record_stays_onc
         assert audit_findings(database_url, src.name) == []
         results = c.commit_all()
         assert [(r.kind, r.segment_ids) for r in results] == [(TableKind.DATA, (last,)), (TableKind.REJECTS, (last,))]
-        assert snapshots(c) == ["append", "overwrite", "overwrite"]
+        assert_snapshots(c, ["append", "overwrite", "overwrite"])
         assert table_files(c) == set(src.store.segments(src.name)[0]["files"])
         assert_exactly_once(database_url, src)
         assert audit_findings(database_url, src.name) == []
@@ -127,6 +138,7 @@ def test_gc_keeps_replaced_files_while_the_table_holds_them(database_url: str, s
     assert_exactly_once(database_url, src)
 
 
+@pytest.mark.parametrize("table_catalog", CATALOGS, indirect=True)
 def test_a_zombie_committer_with_a_stale_choice_cannot_replace_again(database_url: str, src: Source) -> None:
     ids = [src.publish(5), src.publish(5)]
     enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
@@ -145,5 +157,40 @@ def test_a_zombie_committer_with_a_stale_choice_cannot_replace_again(database_ur
             with pytest.raises(CommitFailedException):
                 zombie._replace(table, TableKind.DATA, 2, chosen)
         assert zombie.commit_batch(TableKind.DATA) is None
-        assert snapshots(live) == ["append", "overwrite"]
+        assert_snapshots(live, ["append", "overwrite"])
     assert_exactly_once(database_url, src)
+
+
+@pytest.mark.parametrize("table_catalog", CATALOGS, indirect=True)
+def test_a_zombie_frozen_in_its_swap_never_sets_the_table_back(database_url: str, src: Source) -> None:
+    """A replacement that changes no file of the rejects table (it carries their rejects files)
+    is chosen as commit 2; its committer freezes in the catalog's swap (another catalog: after
+    its intent), while a live committer commits 2 (the same replacement) and 3. Woken, its
+    commit must be refused: a catalog applies a change of properties alone to whatever the table
+    holds by then, which would set its ingest.commit-seq back to 2 (the table then diverged from
+    the metastore for good); every commit is a snapshot, checked against the head it was built on."""
+    ids = [src.publish(2, rejects=1), src.publish(2, rejects=1)]
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.TABLE)
+    with committer(database_url, src.name) as zombie, committer(database_url, src.name) as live:
+        zombie.commit_all()
+        compact(src, ids)
+        real = zombie.catalog.commit_table
+        woke: list[int] = []
+
+        def frozen_then_commit(*args: Any, **kwargs: Any) -> Any:
+            if not woke:
+                woke.append(len(live.commit_pending(TableKind.REJECTS)))
+                src.publish(1, rejects=1)
+                woke.append(len(live.commit_pending(TableKind.REJECTS)))
+            return real(*args, **kwargs)
+
+        zombie.catalog.commit_table = frozen_then_commit  # type: ignore[method-assign]
+        assert zombie.commit_batch(TableKind.REJECTS) is None  # refused, then nothing left to do
+        assert woke == [1, 1]
+        table = zombie.load(TableKind.REJECTS)
+        assert table is not None and table.properties[COMMIT_SEQ] == "3"
+        assert_snapshots(live, ["append", "overwrite", "append"], TableKind.REJECTS)
+        assert [r.kind for r in live.commit_all()] == [TableKind.DATA, TableKind.DATA]  # the data table's two
+        assert live.commit_all() == []
+    assert_exactly_once(database_url, src)
+    assert audit_findings(database_url, src.name) == []

@@ -1,0 +1,136 @@
+"""The ``[table]`` section of a source spec: which Iceberg catalog holds the source's tables.
+
+Without it (or without ``catalog``) the tables are in pyiceberg's SQL catalog in the metastore's
+own PostgreSQL (``ingest.table.catalog.MetastoreCatalog``). With ``catalog = { type = "rest",
+uri = "...", ... }`` they are in that catalog: any catalog pyiceberg loads by type (``rest``,
+``glue``, ``hive``, ``sql``, ``dynamodb``, ``bigquery``), given pyiceberg's own properties.
+
+A spec is stored in the metastore and shown by ``source history``: it never holds a secret. A
+property whose name says it is one (``token``, ``credential``, ``s3.secret-access-key``, an
+``Authorization`` header...) or a ``uri`` with a password is refused in the spec; it comes from
+the environment of the processes that open the catalog (the committer, ``table-enable``,
+``table``, ``query``, ``audit``): ``INGEST_TABLE_CATALOG__<NAME>``, pyiceberg's spelling of a
+property in a variable (``__`` for ``.``, ``_`` for ``-``: ``INGEST_TABLE_CATALOG__TOKEN``,
+``INGEST_TABLE_CATALOG__S3__SECRET_ACCESS_KEY``), or a file named by the same variable with
+``_FILE`` appended (a mounted secret). No pyiceberg here: the spec is parsed by every command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ingest_common.errors import ConfigError, shown
+from ingest_common.redact import is_secret_name
+
+CATALOG_TYPES = ("rest", "glue", "hive", "sql", "dynamodb", "bigquery")
+CATALOG_ENV_PREFIX = "INGEST_TABLE_CATALOG__"
+FILE_SUFFIX = "_FILE"
+_TABLE_KEYS = {"catalog"}
+# Secrets whose property names the redaction's pattern does not know as secret.
+_SECRET_SUFFIXES = ("authorization",)
+
+
+def is_secret_property(name: str) -> bool:
+    """Whether a catalog property holds a secret (never in a spec; hidden wherever it appears)."""
+    return is_secret_name(name) or name.lower().endswith(_SECRET_SUFFIXES)
+
+
+@dataclass(frozen=True, slots=True)
+class TableSettings:
+    """``catalog``: the catalog's properties (``type`` among them), sorted by name; empty: the
+    metastore's own SQL catalog."""
+
+    catalog: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def external(self) -> bool:
+        return bool(self.catalog)
+
+    def describe(self) -> str:
+        """The catalog in a few words for error lines: its type and where it is."""
+        if not self.catalog:
+            return "the metastore's Iceberg catalog"
+        props = dict(self.catalog)
+        where = props.get("uri") or props.get("warehouse") or ""
+        return f"the {props['type']} catalog" + (f" at {where}" if where else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"catalog": dict(self.catalog)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any] | None) -> TableSettings:
+        # Specs stored before the section existed: the metastore's catalog.
+        return cls(tuple(sorted((doc or {}).get("catalog", {}).items())))
+
+
+def table_from_dict(doc: object) -> TableSettings:
+    """The ``[table]`` section, validated: ``catalog`` an inline table of pyiceberg catalog
+    properties with a known ``type`` and no secret."""
+    if not isinstance(doc, dict):
+        raise ConfigError('table: expected a table, e.g. [table] catalog = { type = "rest", uri = "..." }')
+    if unknown := set(doc) - _TABLE_KEYS:
+        raise ConfigError(
+            f"table: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TABLE_KEYS))}"
+        )
+    if "catalog" not in doc:
+        return TableSettings()
+    catalog = doc["catalog"]
+    if not isinstance(catalog, dict) or not catalog:
+        raise ConfigError(
+            'table.catalog: expected a table of pyiceberg catalog properties, e.g. { type = "rest", uri = "..." }'
+        )
+    props: dict[str, str] = {}
+    for key, value in catalog.items():
+        field = f"table.catalog.{key}"
+        if isinstance(value, bool):
+            props[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            props[key] = str(value)
+        else:
+            raise ConfigError(f"{field}: expected a string, number or boolean, got {shown(value)}")
+        if is_secret_property(key):
+            raise ConfigError(
+                f"{field}: a secret is never written in a spec (specs are stored and shown); "
+                f"set {env_name(key)} (or {env_name(key)}{FILE_SUFFIX}, a file holding it) "
+                "where the committer runs"
+            )
+    kind = props.get("type", "")
+    if kind not in CATALOG_TYPES:
+        raise ConfigError(f"table.catalog.type: {shown(catalog.get('type'))} is not one of {', '.join(CATALOG_TYPES)}")
+    uri = props.get("uri", "")
+    if ":" in uri.partition("://")[2].partition("/")[0].rpartition("@")[0]:
+        raise ConfigError(
+            f"table.catalog.uri: a password is never written in a spec; set {env_name('uri')} "
+            f"(or {env_name('uri')}{FILE_SUFFIX}) to the URI with its password where the committer runs"
+        )
+    return TableSettings(tuple(sorted(props.items())))
+
+
+def env_name(prop: str) -> str:
+    """The variable that gives catalog property ``prop`` (pyiceberg's spelling: ``.`` -> ``__``,
+    ``-`` -> ``_``): ``s3.secret-access-key`` -> ``INGEST_TABLE_CATALOG__S3__SECRET_ACCESS_KEY``."""
+    return CATALOG_ENV_PREFIX + prop.replace(".", "__").replace("-", "_").upper()
+
+
+def catalog_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The catalog properties the environment gives: ``INGEST_TABLE_CATALOG__<NAME>`` holds a
+    value, ``INGEST_TABLE_CATALOG__<NAME>_FILE`` names a file holding it (its text without the
+    trailing newline)."""
+    props: dict[str, str] = {}
+    for variable, value in sorted(env.items()):
+        if not variable.startswith(CATALOG_ENV_PREFIX) or len(variable) == len(CATALOG_ENV_PREFIX):
+            continue
+        name = variable[len(CATALOG_ENV_PREFIX) :]
+        if name.endswith(FILE_SUFFIX):
+            name = name[: -len(FILE_SUFFIX)]
+            try:
+                value = Path(value).read_text(encoding="utf-8").rstrip("\r\n")
+            except OSError as exc:
+                raise ConfigError(f"{variable}: cannot read {value}: {exc.strerror}") from exc
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{variable}: {value} is not UTF-8 text (byte {exc.start})") from exc
+        props[name.lower().replace("__", ".").replace("_", "-")] = value
+    return props
