@@ -67,7 +67,7 @@ def _memory(tmp_path: Path) -> Backend:
     def produce(partition: int, n: int) -> tuple[int, int]:
         tp = TopicPartition(topic, partition)
         start = broker.high(tp)
-        broker.produce(tp, *(VALUE for _ in range(n)))
+        broker.produce(tp, *(VALUE for _ in range(n)), key=None)
         return start, broker.high(tp)
 
     def aborted(partition: int, n: int) -> tuple[int, int]:

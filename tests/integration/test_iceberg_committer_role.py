@@ -20,6 +20,7 @@ from requests.adapters import HTTPAdapter
 from ingest.table.committer import TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
+from ingest.table.runner import run_committer
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.testkit import LOOPBACK, free_port
 from metastore import apply_migrations
@@ -94,7 +95,7 @@ def test_the_committer_rides_out_a_postgresql_restart(tmp_path: Path) -> None:
         enable_table(url, src.name, PartitionBy.NONE, RejectsMode.NONE)
         stop = threading.Event()
         c = TableCommitter(url, src.name, CommitSettings(batch_segments=1, interval_s=0, poll_s=0.2))
-        runner = threading.Thread(target=c.run, args=(stop,))
+        runner = threading.Thread(target=run_committer, args=(c, stop))
         runner.start()
         try:
             assert_eventually(lambda: c.store.behind(src.name, TableKind.DATA)[0] == 0, runner)
@@ -120,7 +121,9 @@ def test_a_second_committer_stands_by_and_takes_over_when_the_first_stops(databa
     settings = CommitSettings(batch_segments=10, interval_s=0, poll_s=0.1)
     first, second = TableCommitter(database_url, src.name, settings), TableCommitter(database_url, src.name, settings)
     stops = [threading.Event(), threading.Event()]
-    runners = [threading.Thread(target=c.run, args=(stop,)) for c, stop in zip((first, second), stops, strict=True)]
+    runners = [
+        threading.Thread(target=run_committer, args=(c, stop)) for c, stop in zip((first, second), stops, strict=True)
+    ]
     runners[0].start()
     try:
         assert_eventually(
@@ -217,7 +220,7 @@ def test_the_committer_rides_out_a_rest_catalog_outage(database_url: str, src: S
         real_failed(error)
 
     c.health.failed = failed  # type: ignore[method-assign]
-    runner = threading.Thread(target=c.run, args=(stop,))
+    runner = threading.Thread(target=run_committer, args=(c, stop))
     runner.start()
     try:
         assert_eventually(lambda: c.store.behind(src.name, TableKind.DATA)[0] == 0, runner)

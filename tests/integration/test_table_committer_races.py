@@ -28,6 +28,7 @@ from ingest.table.catalog import MetastoreCatalog, identifier
 from ingest.table.committer import COMMIT_SEQ, TableCommitter
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
+from ingest.table.runner import run_committer
 from ingest_dev.testkit import free_port
 from metastore.tables import TableKind, TableStore
 from tests.integration.iceberg_harness import Source, assert_eventually, gauge, run_cli
@@ -139,7 +140,7 @@ def test_committers_that_both_found_no_table_append_each_offset_once(
         monkeypatch.setattr(second.catalog, "load_table", load_then_rival)
 
     stop = threading.Event()
-    runner = threading.Thread(target=second.run, args=(stop,))
+    runner = threading.Thread(target=run_committer, args=(second, stop))
     runner.start()
     try:
         assert_eventually(lambda: bool(rival_done) and second.store.behind(src.name, TableKind.DATA)[0] == 0, runner)
@@ -180,7 +181,7 @@ def test_sources_whose_old_32_bit_lock_keys_collide_each_get_an_active_committer
     sources = [Source(database_url, f"file://{tmp_path}/store", name=name) for name in names]
     committers = [TableCommitter(database_url, name, FAST) for name in names]
     stop = threading.Event()
-    runners = [threading.Thread(target=c.run, args=(stop,)) for c in committers]
+    runners = [threading.Thread(target=run_committer, args=(c, stop)) for c in committers]
     try:
         for source in sources:
             source.publish(4)
@@ -232,7 +233,9 @@ def test_healthz_fails_while_every_pass_fails_and_readyz_tells_the_active_commit
     endpoints = [Endpoints(c.metrics.registry, c.health.healthy, c.health.ready) for c in committers]
     active, standby = (e.serve("127.0.0.1", 0) for e in endpoints)
     stops = [threading.Event(), threading.Event()]
-    runners = [threading.Thread(target=c.run, args=(stop,)) for c, stop in zip(committers, stops, strict=True)]
+    runners = [
+        threading.Thread(target=run_committer, args=(c, stop)) for c, stop in zip(committers, stops, strict=True)
+    ]
     try:
         runners[0].start()
         assert_eventually(lambda: probe(active, "/readyz") == (200, "active\n"), runners[0])
