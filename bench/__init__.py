@@ -7,8 +7,6 @@
 3. peer (``bench/peer_quix.py``, its own virtualenv): Quix Streams with its local Parquet file sink;
 4. ingest with one worker, then with N workers (``python -m ingest worker``), each from a fresh source;
 5. latency under a steady produce rate on the N-worker fleet (publish transaction, produce-to-visible);
-6. records re-consumed per rebalance (``bench/rebalances.py``: a scale-up that moves a partition, a member joining and
-   leaving that moves none, a scale-down after a drain);
 
 then prints one table, writes ``results.json`` and draws ``chart.png``. With ``--freshness``, then
 the equal-freshness phase (``bench/freshness.py``; alone: ``python -m bench.freshness``); with

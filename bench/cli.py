@@ -34,7 +34,6 @@ from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, stead
 from bench.options import parse_args
 from bench.profile_report import profile_table
 from bench.raw_baseline import run_raw
-from bench.rebalances import run_rebalance
 from bench.scaling import run_scaling
 from bench.stats import median_run, percentiles
 from ingest_dev.kafka import LocalKafka
@@ -45,7 +44,6 @@ from ingest_dev.registry import LocalSchemaRegistry
 from metastore import apply_migrations
 
 JSON_ONLY = "--format avro: this system is set up for the JSON records only"
-REBALANCE_TOPIC = "bench-rebalance"
 
 
 #: What scripts/test sets to run test JVMs on C1 only; a benchmark under them says so.
@@ -319,9 +317,6 @@ def main(argv: list[str] | None = None) -> int:
                 results["latency"]["steady_n"] = {**steady_n, "workers": args.workers}
             if spark_latency is not None:
                 results["latency"]["spark"] = spark_latency
-            if not args.skip_rebalance:
-                results["rebalance"] = run_rebalance(ctx, REBALANCE_TOPIC, args.rebalance_records, "local[1]")
-                checks["rebalance"] = results["rebalance"]["exactly_once"]
             if args.scaling:
                 ctx.log("[scaling] by workers, then by partitions")
                 results["scaling"] = run_scaling(ctx, args, split, checks)
@@ -367,7 +362,6 @@ def main(argv: list[str] | None = None) -> int:
             "saturate": args.saturate,
             "steady_rate_per_s": args.rate,
             "steady_seconds": args.steady_seconds,
-            "rebalance_records": args.rebalance_records,
             "driver_memory": args.driver_memory,
             "worker_settings": args.worker_settings,
             "quick": args.quick,

@@ -1,5 +1,4 @@
-"""The ingest side of the bench: worker fleets, their throughput and latency (their rebalances:
-``bench/rebalances.py``).
+"""The ingest side of the bench: worker fleets, their throughput and latency.
 
 Every run gets a new source (so a new consumer group and no stored offsets: it starts from
 earliest) and its own segment store directory.  Completion is read from the metastore:

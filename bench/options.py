@@ -25,7 +25,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the peer is skipped if not installed",
     )
     parser.add_argument("--skip-peer", action="store_true")
-    parser.add_argument("--skip-rebalance", action="store_true")
+    # Kept so that the commands recorded in docs/benchmarks.md still run: the phase is gone.
+    parser.add_argument("--skip-rebalance", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
     parser.add_argument(
         "--skip-spark", action="store_true", help="skip the Spark Structured Streaming peer (throughput and latency)"
@@ -40,9 +41,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-age", help="split max_age, also the peer's commit interval (default 3s; --quick 2s)")
     parser.add_argument("--rate", type=float, help="steady produce rate, records/s (default 2000; --quick 1000)")
     parser.add_argument("--steady-seconds", type=float, help="steady produce duration (default 30; --quick 6)")
-    parser.add_argument(
-        "--rebalance-records", type=int, help="records on the rebalance topic (default min(records, 100000))"
-    )
     parser.add_argument("--driver-memory", help="Spark driver memory per worker (default 2g; --quick 1g)")
     parser.add_argument("--timeout", type=float, help="bound on each phase, seconds (default 1800; --quick 150)")
     parser.add_argument(
@@ -111,7 +109,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # Not below 2 s: each split is one Spark job, and on 2 busy cores a job takes ~1 s, so shorter
     # ages pile builds up and the latency phase measures the backlog instead.
     args.max_age = args.max_age or ("2s" if quick else "3s")
-    args.rebalance_records = args.rebalance_records or min(args.records, 100_000)
     args.driver_memory = args.driver_memory or ("1g" if quick else "2g")
     # A hung phase must fail inside the bench (which then stops what it started), not be
     # killed from outside with servers and workers left behind.

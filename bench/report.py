@@ -136,18 +136,6 @@ def table(results: dict[str, Any]) -> str:
                 else ""
             )
         )
-    rb = results.get("rebalance")
-    if rb:
-        for ev in rb["events"]:
-            out.append(
-                f"rebalance {ev['event']}: partitions moved {ev['partitions_moved']}, re-consumed on kept "
-                f"partitions {_fmt(ev['reconsumed_kept'], 0)}, on moved partitions "
-                f"{_fmt(ev['reconsumed_moved'], 0)} (settled in {_fmt(ev['settle_s'], 1)} s)"
-            )
-        out.append(
-            f"rebalance total: {_fmt(rb['consumed_total'], 0)} records consumed for {rb['records']:,} in the "
-            f"topic; exactly-once: {rb['exactly_once']['ok']}"
-        )
     scaling = results.get("scaling")
     if scaling:
         for key, points in scaling.items():

@@ -38,7 +38,7 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     )
 
     results = json.loads((out / "results.json").read_text())
-    assert {"config", "throughput", "ratios", "latency", "rebalance", "exactly_once"} <= set(results)
+    assert {"config", "throughput", "ratios", "latency", "exactly_once"} <= set(results)
     throughput = results["throughput"]
     assert "ingest_n" not in throughput
     for key in ("ingest_1", "raw"):
@@ -90,19 +90,6 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     # One worker (the peer's deployment) on its own steady records.
     assert latency["steady"]["workers"] == 1 and "steady_n" not in latency
 
-    rebalance = results["rebalance"]
-    assert [e["event"] for e in rebalance["events"]] == [
-        "scale-up 1->2",
-        "member joins and leaves (no partition moves)",
-        "scale-down 2->1 (after drain)",
-    ]
-    # Correctness, not speed: what the protocol promises about re-reads.
-    for event in rebalance["events"]:
-        assert event["reconsumed_kept"] == 0, event
-    assert rebalance["events"][1]["partitions_moved"] == []
-    assert rebalance["events"][1]["member_assigned"] == []
-    assert rebalance["events"][1]["member_received"] == 0
-    assert rebalance["events"][2]["reconsumed_moved"] == 0
     assert all(check["ok"] for check in results["exactly_once"].values()), results["exactly_once"]
 
     # The fleet phase: N workers with local Spark, then N thin workers on one Spark Connect
