@@ -219,7 +219,14 @@ class Worker:
             conf = consumer_config(settings, spec.group_id)
             group_offsets = GroupOffsets(spec.name, self.metrics)
             consumer = ConfluentConsumer(
-                kafka_client(Consumer, {**conf, "on_commit": commit_callback(group_offsets.committed)}),
+                kafka_client(
+                    Consumer,
+                    {
+                        **conf,
+                        "on_commit": commit_callback(group_offsets.committed),
+                        "stats_cb": self.metrics.kafka_statistics("member"),
+                    },
+                ),
                 incremental=incremental_assignment(conf),
             )
             first_out.callback(consumer.close)
@@ -229,7 +236,13 @@ class Worker:
             first_out.callback(offsets.close)
             # KIP-320 for a member that reads nothing: positions confirmed by the broker.
             validator = ConfluentValidator(
-                kafka_client(Consumer, validator_config(settings, f"{spec.group_id}-validator"))
+                kafka_client(
+                    Consumer,
+                    {
+                        **validator_config(settings, f"{spec.group_id}-validator"),
+                        "stats_cb": self.metrics.kafka_statistics("validator"),
+                    },
+                )
             )
             first_out.callback(validator.close)
             for topic, count in counts.items():

@@ -7,6 +7,8 @@ share counters. Per-partition series are removed when the partition leaves the w
 from __future__ import annotations
 
 import contextlib
+import json
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -55,6 +57,14 @@ class Metrics:
             "ingest_worker_records_fetched",
             "Records the worker's own consumer received (never used: its partitions are paused, Spark reads)",
             ["source"],
+            registry=r,
+        )
+        # From librdkafka's statistics (statistics.interval.ms): what the worker's own Kafka clients
+        # received, by client (the group member, the position validator).
+        self.kafka_client_received_bytes = Gauge(
+            "ingest_kafka_client_received_message_bytes",
+            "Message bytes a Kafka client of the worker received since it started (librdkafka's rxmsg_bytes)",
+            ["source", "client"],
             registry=r,
         )
         self.records_published = Counter(
@@ -244,6 +254,18 @@ class Metrics:
                 known += count
             if total > known:
                 counter.labels(self.source, UNKNOWN_REASON).inc(total - known)
+
+    def kafka_statistics(self, client: str) -> Callable[[str], None]:
+        """librdkafka's ``stats_cb`` for ``client``: its received message bytes as a gauge."""
+
+        def received(stats_json: str) -> None:
+            try:
+                stats = json.loads(stats_json)
+                self.kafka_client_received_bytes.labels(self.source, client).set(float(stats["rxmsg_bytes"]))
+            except (ValueError, KeyError, TypeError):
+                return
+
+        return received
 
     def forget_partition(self, tp: TopicPartition) -> None:
         """Drop the series of a partition this worker no longer owns (its new owner reports it)."""
