@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -37,6 +37,7 @@ from tests.acceptance.harness import (
     REPO,
     Produced,
     StartWorker,
+    ThreadWorker,
     apply_spec,
     assert_exactly_once,
     process_env,
@@ -173,7 +174,7 @@ def test_a_worker_on_mutual_tls_publishes_exactly_once(
 def unsecured_token(config: str) -> tuple[str, float]:
     """``INGEST_KAFKA_OAUTH_CB`` for the tests: an unsigned JWT for the subject ``config`` names
     (``sub=NAME``), which the test broker's default OAUTHBEARER validator accepts; AWS MSK IAM's
-    signer stands here in production (docs/configuration.md#aws-msk-iam)."""
+    signer stands here in production (docs/configuration.md#aws-msk-iam-untested-here)."""
     subject = dict(pair.split("=", 1) for pair in config.split())["sub"]
     now = time.time()
 
@@ -287,12 +288,16 @@ def test_a_refusal_the_group_member_meets_stops_the_worker(
         secure_kafka.broker.sasl_ssl_bootstrap,
         kafka_properties=secure_kafka.scram(password="wr0ng-Pa55word"),
     )
-    worker = Worker(refused, source, builder_factory=spark_builder)
-    started = time.monotonic()
-    with pytest.raises(KafkaUnavailable, match=r"refused the worker's (group member|validator)'s credentials") as error:
-        worker.run(threading.Event())
-    assert "SASL authentication error" in str(error.value)
-    assert time.monotonic() - started < 30
+    worker = ThreadWorker(refused, source, spark_builder)
+    worker.thread.start()
+    worker.thread.join(30)
+    polling = worker.thread.is_alive()
+    if polling:
+        worker.stop()
+    assert not polling, "the worker kept polling a broker that refuses its credentials"
+    assert isinstance(worker.error, KafkaUnavailable), worker.error
+    assert re.search(r"refused the worker's (group member|validator)'s credentials", str(worker.error)), worker.error
+    assert "SASL authentication error" in str(worker.error)
 
 
 def test_spark_reader_reads_over_plain_with_a_password_a_jaas_line_must_escape(
