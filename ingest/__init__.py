@@ -27,6 +27,9 @@ ingest (top level: the shared base, and the worker process that wires the layers
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
     evolution      what ``source apply`` refuses when an Avro source's reader schema changes
     config         settings from the environment; librdkafka client configuration
+    env_files      settings read from files (``NAME_FILE``, as Docker and Kubernetes mount secrets)
+    kafka_java     Spark's Kafka reader's (Java client) properties, derived from the worker's librdkafka ones
+    kafka_auth     a broker refusing the worker's credentials: one line at start, raised, never retried
     logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
     worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop
     __main__       ``python -m ingest``: the command line

@@ -3,12 +3,17 @@
 ``INGEST_DATABASE_URL``, ``INGEST_KAFKA_BOOTSTRAP`` and ``INGEST_SPARK_MASTER`` name the
 servers. Any librdkafka property passes through untouched, either as
 ``INGEST_KAFKA_PROP_<name with . as _>`` (e.g. ``INGEST_KAFKA_PROP_SECURITY_PROTOCOL=SASL_SSL``)
-or from a Java-style properties file named by ``INGEST_KAFKA_CONFIG_FILE``.
+or from a Java-style properties file named by ``INGEST_KAFKA_CONFIG_FILE``. Secrets may come
+from files instead (``INGEST_KAFKA_PROP_SASL_PASSWORD_FILE``, ``INGEST_DATABASE_URL_FILE``:
+ingest.env_files). Spark's Kafka reader gets the Java client's equivalents (ingest.kafka_java),
+and ``INGEST_SPARK_KAFKA_PROP_*`` of its own. ``INGEST_KAFKA_OAUTH_CB`` (``module:function``)
+gives every librdkafka client an OAUTHBEARER token callback (AWS MSK IAM).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import re
@@ -23,7 +28,9 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException
 from psycopg.conninfo import conninfo_to_dict
 
+from ingest.env_files import env_value, prefixed_properties
 from ingest.errors import ConfigError
+from ingest.kafka_java import JAVA_PROP_PREFIX, java_secret_values
 from ingest_common.redact import is_secret_name
 from metastore.connection import ConnectionLimits
 
@@ -37,7 +44,29 @@ WARM_UP_RECORDS = 2000
 # metastore password when INGEST_DATABASE_URL has none. Their values are redacted like the rest.
 # INGEST_SCHEMA_REGISTRY_USER_INFO is "user:password" (the registry client's basic auth); its
 # password is also registered alone (secret_values).
+# It may also be read from a file (INGEST_SCHEMA_REGISTRY_USER_INFO_FILE, ingest.env_files).
 SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD", "INGEST_SCHEMA_REGISTRY_USER_INFO")
+_FILE_ENV_SECRETS = frozenset({"INGEST_SCHEMA_REGISTRY_USER_INFO"})
+# librdkafka properties that hold a secret without naming one (is_secret_name covers the rest:
+# sasl.password, ssl.key.password, sasl.oauthbearer.client.secret, ...).
+KAFKA_SECRET_PROPERTIES = frozenset(
+    {
+        "ssl.key.pem",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+    }
+)
+# librdkafka's own properties whose names end in ".file" (a path, given as is): for any other,
+# INGEST_KAFKA_PROP_<NAME>_FILE reads <name>'s value from the file (ingest.env_files).
+LIBRDKAFKA_FILE_PROPERTIES = frozenset(
+    {
+        "sasl.oauthbearer.assertion.file",
+        "sasl.oauthbearer.assertion.private.key.file",
+        "sasl.oauthbearer.assertion.jwt.template.file",
+    }
+)
+OAUTH_CB_ENV = "INGEST_KAFKA_OAUTH_CB"
 # Properties the protocol depends on, with why: every consumer the worker makes carries these
 # values (consumer_config applies them last), and Settings.from_env refuses any other value.
 _PINNED: dict[str, tuple[str, str]] = {
@@ -90,6 +119,11 @@ class Settings:
     kafka_bootstrap: str
     spark_master: str = "local[2]"
     kafka_properties: Mapping[str, str] = field(default_factory=dict)
+    # Spark's Kafka reader's own (Java client) properties, applied over those derived from
+    # kafka_properties (INGEST_SPARK_KAFKA_PROP_*, ingest.kafka_java).
+    spark_reader_properties: Mapping[str, str] = field(default_factory=dict)
+    # "module:function": every librdkafka client's OAUTHBEARER token callback (``oauth_cb``).
+    kafka_oauth_cb: str = ""
     worker_id: str = ""
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
@@ -138,7 +172,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, require_kafka: bool = True) -> Settings:
         env = os.environ if env is None else env
-        database_url = env.get("INGEST_DATABASE_URL", "")
+        database_url = env_value(env, "INGEST_DATABASE_URL") or ""
         if not database_url:
             raise ConfigError("INGEST_DATABASE_URL: not set (e.g. postgresql://user:pass@host:5432/db)")
         authority = _URL_AUTHORITY.match(database_url)
@@ -158,16 +192,20 @@ class Settings:
         if config_file:
             props.update(read_properties(Path(config_file)))
             origins.update(dict.fromkeys(props, "INGEST_KAFKA_CONFIG_FILE"))
-        for key, value in env.items():
-            if key.startswith(KAFKA_PROP_PREFIX) and len(key) > len(KAFKA_PROP_PREFIX):
-                name = key[len(KAFKA_PROP_PREFIX) :].lower().replace("_", ".")
-                props[name], origins[name] = value, key
+        from_env, env_origins = prefixed_properties(env, KAFKA_PROP_PREFIX, LIBRDKAFKA_FILE_PROPERTIES)
+        props.update(from_env)
+        origins.update(env_origins)
         _refuse_protocol_overrides(props, origins)
+        oauth_cb = env.get(OAUTH_CB_ENV, "")
+        if oauth_cb:
+            oauth_callback(oauth_cb)  # refused now if it cannot be imported, not at the first connection
         return cls(
             database_url=database_url,
             kafka_bootstrap=bootstrap,
-            spark_master=env.get("INGEST_SPARK_MASTER", "local[2]"),
+            spark_master=env_value(env, "INGEST_SPARK_MASTER") or "local[2]",
             kafka_properties=props,
+            spark_reader_properties=prefixed_properties(env, JAVA_PROP_PREFIX)[0],
+            kafka_oauth_cb=oauth_cb,
             worker_id=env.get("INGEST_WORKER_ID", "") or default_worker_id(),
             metrics_host=env.get("INGEST_METRICS_HOST", "127.0.0.1"),
             metrics_port=_optional_port(env.get("INGEST_METRICS_PORT")),
@@ -209,14 +247,16 @@ class Settings:
             log_end_interval_s=positive_seconds(
                 "INGEST_LOG_END_INTERVAL_S", env.get("INGEST_LOG_END_INTERVAL_S", "0.2")
             ),
-            environment_secrets=tuple(env[name] for name in SECRET_ENV_VARS if env.get(name)),
+            environment_secrets=_environment_secrets(env),
         )
 
     def secret_values(self) -> list[str]:
         """The secrets these settings carry (for ingest_common.redact): the metastore password, every
-        Kafka property that names a password or secret, a Spark Connect token, and the secrets read
-        from the environment (SECRET_ENV_VARS)."""
-        values = [v for k, v in self.kafka_properties.items() if is_secret_name(k)]
+        Kafka property that holds a secret (KAFKA_SECRET_PROPERTIES, or its name says so; Spark's
+        reader's own too), a Spark Connect token, and the secrets read from the environment
+        (SECRET_ENV_VARS), inline or from files alike."""
+        values = [v for k, v in self.kafka_properties.items() if is_secret_name(k) or k in KAFKA_SECRET_PROPERTIES]
+        values.extend(java_secret_values(self.spark_reader_properties))
         values.extend(self.environment_secrets)
         values.extend(v.partition(":")[2] for v in self.environment_secrets if ":" in v)
         # A string libpq does not accept fails at connect, its message redacted by pattern.
@@ -224,6 +264,27 @@ class Settings:
             values.append(str(conninfo_to_dict(self.database_url).get("password", "")))
         values.extend(m.group(1) for m in _SPARK_CONNECT_TOKEN.finditer(self.spark_master))
         return [v for v in values if v]
+
+
+def _environment_secrets(env: Mapping[str, str]) -> tuple[str, ...]:
+    values = [env_value(env, name) if name in _FILE_ENV_SECRETS else env.get(name) for name in SECRET_ENV_VARS]
+    return tuple(v for v in values if v)
+
+
+def oauth_callback(spec: str) -> Callable[[str], tuple[str, float]]:
+    """The function ``INGEST_KAFKA_OAUTH_CB`` names (``package.module:function``): librdkafka's
+    ``oauth_cb``, called with ``sasl.oauthbearer.config`` and returning (token, expiry as seconds
+    since the epoch)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"{OAUTH_CB_ENV}: expected package.module:function, got {spec!r}")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{OAUTH_CB_ENV}: cannot import {spec}: {exc}") from exc
+    if not callable(function):
+        raise ConfigError(f"{OAUTH_CB_ENV}: {spec} is not a function")
+    return function  # type: ignore[no-any-return]
 
 
 def _refuse_protocol_overrides(props: Mapping[str, str], origins: Mapping[str, str]) -> None:
@@ -336,11 +397,20 @@ def incremental_assignment(conf: Mapping[str, object]) -> bool:
     return uses_consumer_protocol(conf) or "cooperative" in str(conf.get("partition.assignment.strategy", ""))
 
 
-def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
+# A librdkafka client's configuration: property values, and the callbacks confluent-kafka takes
+# beside them (``oauth_cb``, ``error_cb``, ``on_commit``).
+KafkaConf = dict[str, Any]
+
+
+def _callbacks(settings: Settings) -> KafkaConf:
+    return {"oauth_cb": oauth_callback(settings.kafka_oauth_cb)} if settings.kafka_oauth_cb else {}
+
+
+def consumer_config(settings: Settings, group_id: str) -> KafkaConf:
     """The group member's librdkafka config: user pass-through first, the protocol's settings
     last (PROTOCOL_PROPERTIES). The member reads no record (its partitions stay paused: Spark
     reads them), so its fetch settings do not matter."""
-    conf: dict[str, str | int | float | bool] = {
+    conf: KafkaConf = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
         "max.poll.interval.ms": 300_000,
@@ -350,18 +420,11 @@ def consumer_config(settings: Settings, group_id: str) -> dict[str, str | int | 
         conf.update(CLASSIC_GROUP_DEFAULTS)
     conf.update(settings.kafka_properties)
     conf.update(PROTOCOL_PROPERTIES)
+    conf.update(_callbacks(settings))
     return conf
 
 
-def spark_kafka_properties(settings: Settings) -> dict[str, str]:
-    """The Kafka (Java) client properties of Spark's reader, from the worker's librdkafka ones:
-    the reader reaches the brokers the way the worker's group member does. Properties both
-    clients name alike pass through (``security.protocol``, ``client.id``, ...)."""
-    shared = ("security.protocol", "client.id", "sasl.mechanism", "sasl.kerberos.service.name")
-    return {k: v for k, v in settings.kafka_properties.items() if k in shared}
-
-
-def validator_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
+def validator_config(settings: Settings, group_id: str) -> KafkaConf:
     """The position validator's consumer (ingest.consume.validator): in no group (``group_id``
     only names it), fetching at most one record batch per answer, answering soon at a log end."""
     conf = consumer_config(settings, group_id)
@@ -371,16 +434,20 @@ def validator_config(settings: Settings, group_id: str) -> dict[str, str | int |
     return conf
 
 
-def admin_config(settings: Settings) -> dict[str, str | int | float | bool]:
+def admin_config(settings: Settings) -> KafkaConf:
     """For admin/metadata clients: pass-through properties that are not consumer-only."""
-    conf: dict[str, str | int | float | bool] = {"bootstrap.servers": settings.kafka_bootstrap}
+    conf: KafkaConf = {"bootstrap.servers": settings.kafka_bootstrap}
     for key, value in settings.kafka_properties.items():
-        if key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.")):
+        if (
+            key.startswith(("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.", "https."))
+            or key == "enable.ssl.certificate.verification"
+        ):
             conf[key] = value
+    conf.update(_callbacks(settings))
     return conf
 
 
-def reader_config(settings: Settings, group_id: str) -> dict[str, str | int | float | bool]:
+def reader_config(settings: Settings, group_id: str) -> KafkaConf:
     """For a consumer that only reads watermarks and never joins its group (``ingest status``):
     admin_config's properties and the protocol's (PROTOCOL_PROPERTIES), so the high watermark
     it reads is the last stable offset, as the worker's consumers see it."""

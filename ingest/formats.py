@@ -4,9 +4,9 @@ ingest.builder.protobuf_decode), the ``[registry]`` section of a spec, the Avro 
 of a spec and the registry client.
 
 Only the Confluent Schema Registry REST API is used (any registry that speaks it will do).
-Credentials come from the environment only (``INGEST_SCHEMA_REGISTRY_USER_INFO``, redacted
-with the other secrets by ingest.config), never from a spec, which the metastore stores and
-``source history`` shows.
+Credentials come from the environment only (``INGEST_SCHEMA_REGISTRY_USER_INFO``, or a file
+named by ``INGEST_SCHEMA_REGISTRY_USER_INFO_FILE``; redacted with the other secrets by
+ingest.config), never from a spec, which the metastore stores and ``source history`` shows.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from ingest.env_files import env_value
 from ingest.errors import ConfigError, shown
 
 #: Formats of a spec; all but json are framed (Confluent wire format).
@@ -202,7 +203,7 @@ def registry_client(settings: RegistrySettings, env: Mapping[str, str] | None = 
 
     env = os.environ if env is None else env
     conf: dict[str, Any] = {"url": settings.url, "max.retries": 0, "timeout": 10}
-    user_info = env.get(USER_INFO_ENV)
+    user_info = env_value(env, USER_INFO_ENV)
     if user_info:
         conf["basic.auth.user.info"] = user_info
     return SchemaRegistryClient(conf)

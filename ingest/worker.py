@@ -8,9 +8,10 @@ import threading
 import time
 from functools import partial
 from types import TracebackType
+from typing import Any
 
 import structlog
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from ingest.builder.job import BuilderFactory, SegmentBuilder, SparkSegmentBuilder
@@ -20,12 +21,12 @@ from ingest.builder.registration import Registrar
 from ingest.builder.warm_up import warm_up, warm_up_splits
 from ingest.builder.writer_schemas import WriterSchemas
 from ingest.config import (
+    KafkaConf,
     Settings,
     admin_config,
     consumer_config,
     incremental_assignment,
     kafka_client,
-    spark_kafka_properties,
     validator_config,
 )
 from ingest.consume.assignment import Assignment
@@ -39,12 +40,15 @@ from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.consume.validator import ConfluentValidator
 from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
+from ingest.kafka_auth import ErrorWatch, cluster_metadata
+from ingest.kafka_java import java_client_properties, java_secret_values
 from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
 from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
 from ingest.spec import SourceSpec, SpecHolder
 from ingest_common.model import TopicPartition, WorkerState
+from ingest_common.redact import register_secrets
 from metastore import Metastore, SourceTerminated
 from metastore.errors import MetastoreUnavailable
 from metastore.listener import ControlListener
@@ -66,12 +70,9 @@ def load_source(store: Metastore, name: str) -> tuple[int, SourceSpec]:
 
 
 def topic_partitions(settings: Settings, topics: tuple[str, ...], timeout: float = 10.0) -> dict[str, int]:
-    """Partition counts of the source's topics; a clear error when one is missing."""
-    admin = kafka_client(AdminClient, admin_config(settings))
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise KafkaUnavailable(f"Kafka unreachable at {settings.kafka_bootstrap}: {exc.args[0].str()}") from exc
+    """Partition counts of the source's topics; a clear error when one is missing, when Kafka
+    does not answer, or at once when it refuses the worker's credentials (ingest.kafka_auth)."""
+    metadata = cluster_metadata(settings, timeout)
     counts = {}
     for topic in topics:
         meta = metadata.topics.get(topic)
@@ -79,6 +80,60 @@ def topic_partitions(settings: Settings, topics: tuple[str, ...], timeout: float
             raise TopicNotFound(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}")
         counts[topic] = len(meta.partitions)
     return counts
+
+
+def polled_consumer(settings: Settings, conf: KafkaConf, client: str) -> Any:
+    """A librdkafka consumer the polling thread polls: a refusal of its credentials raises out of
+    its poll (ingest.kafka_auth.ErrorWatch), and the worker stops with it instead of retrying
+    as if Kafka were down."""
+    return kafka_client(Consumer, {**conf, "error_cb": ErrorWatch(settings.kafka_bootstrap, client)})
+
+
+def _callback_deadline_s(settings: Settings, spec: SourceSpec) -> float:
+    """How long a rebalance callback may wait on the metastore: a quarter of the poll interval
+    (the member must poll again within it), at most 30 s."""
+    return min(30.0, int(consumer_config(settings, spec.group_id)["max.poll.interval.ms"]) / 1000 / 4)
+
+
+def _kafka_clients(
+    settings: Settings,
+    spec: SourceSpec,
+    metrics: Metrics,
+    group_offsets: GroupOffsets,
+    closes: contextlib.ExitStack,
+) -> tuple[ConfluentConsumer, AdminLogOffsets, ConfluentValidator]:
+    """The worker's own Kafka clients, each closed by ``closes``: the group member (made now,
+    though it joins the group only when it subscribes after Spark has started, so that a
+    property librdkafka refuses fails at once, not a minute later), the admin client that asks
+    where each partition's log ends (safe from every thread) and KIP-320's validator."""
+    conf = consumer_config(settings, spec.group_id)
+    consumer = ConfluentConsumer(
+        polled_consumer(
+            settings,
+            {
+                **conf,
+                "on_commit": commit_callback(group_offsets.committed),
+                "stats_cb": metrics.kafka_statistics("member"),
+            },
+            "group member",
+        ),
+        incremental=incremental_assignment(conf),
+    )
+    closes.callback(consumer.close)
+    offsets = AdminLogOffsets(kafka_client(AdminClient, admin_config(settings)))
+    closes.callback(offsets.close)
+    validator = ConfluentValidator(
+        polled_consumer(
+            settings,
+            {
+                **validator_config(settings, f"{spec.group_id}-validator"),
+                "stats_cb": metrics.kafka_statistics("validator"),
+            },
+            "validator",
+        )
+    )
+    closes.callback(validator.close)
+    return consumer, offsets, validator
 
 
 class Worker:
@@ -135,7 +190,8 @@ class Worker:
         builder: SegmentBuilder, spec: SourceSpec, offsets: LogOffsets, tps: list[TopicPartition], records: int
     ) -> None:
         """Before joining the group: a cold JVM makes the first splits slow, and a failure
-        here (e.g. an unwritable store) is reported by the real builds, with retries."""
+        here (e.g. an unwritable store) is reported by the real builds, with retries; Kafka
+        refusing the reader's credentials stops the start (KafkaUnavailable)."""
         if records == 0:
             return
         try:
@@ -147,6 +203,8 @@ class Worker:
                 log.info("spark_warm_up_skipped", source=spec.name, reason="no records in the source's topics")
                 return
             seconds = warm_up(builder, spec, splits)
+        except KafkaUnavailable:
+            raise  # Kafka refused Spark's reader's credentials: builds would only retry it
         except Exception as exc:
             log.warning("spark_warm_up_failed", source=spec.name, error=str(exc))
         else:
@@ -196,6 +254,10 @@ class Worker:
         the group (its revoke callback kills what is in flight) before the pipeline closes."""
         settings = self.settings
         worker_id = settings.worker_id
+        # Spark's reader's Kafka (Java) client properties: what cannot be derived from the
+        # worker's, or a certificate that cannot be read, fails here, before anything starts.
+        reader_properties = java_client_properties(settings.kafka_properties, settings.spark_reader_properties)
+        register_secrets(java_secret_values(reader_properties))
         with contextlib.ExitStack() as stack:
             stack.callback(log.info, "worker_stopped", source=self.source, worker=worker_id)
             stack.push(lambda _type, exc, _tb: self._stopped(exc))
@@ -216,35 +278,8 @@ class Worker:
             counts = topic_partitions(settings, spec.topics)
             # Made now (it joins the group only when it subscribes, after Spark has started) so
             # that a property librdkafka refuses fails at once, not a minute later.
-            conf = consumer_config(settings, spec.group_id)
             group_offsets = GroupOffsets(spec.name, self.metrics)
-            consumer = ConfluentConsumer(
-                kafka_client(
-                    Consumer,
-                    {
-                        **conf,
-                        "on_commit": commit_callback(group_offsets.committed),
-                        "stats_cb": self.metrics.kafka_statistics("member"),
-                    },
-                ),
-                incremental=incremental_assignment(conf),
-            )
-            first_out.callback(consumer.close)
-            # Where each partition's log ends: the loop's queries, the callbacks' and the
-            # background thread's watermarks (one admin client, safe from every thread).
-            offsets = AdminLogOffsets(kafka_client(AdminClient, admin_config(settings)))
-            first_out.callback(offsets.close)
-            # KIP-320 for a member that reads nothing: positions confirmed by the broker.
-            validator = ConfluentValidator(
-                kafka_client(
-                    Consumer,
-                    {
-                        **validator_config(settings, f"{spec.group_id}-validator"),
-                        "stats_cb": self.metrics.kafka_statistics("validator"),
-                    },
-                )
-            )
-            first_out.callback(validator.close)
+            consumer, offsets, validator = _kafka_clients(settings, spec, self.metrics, group_offsets, first_out)
             for topic, count in counts.items():
                 store.register_partitions(spec.name, topic, range(count), spec.start_from)
             if settings.metrics_port is not None:
@@ -262,7 +297,7 @@ class Worker:
             reader = KafkaReader.of(
                 settings.kafka_bootstrap,
                 f"{spec.group_id}-spark",
-                spark_kafka_properties(settings),
+                reader_properties,
                 poll_timeout_ms=int(settings.spark_kafka_poll_timeout_s * 1000),
             )
             builder: SegmentBuilder
@@ -337,9 +372,7 @@ class Worker:
                 background=background,
                 metrics=self.metrics,
             )
-            handler = RebalanceHandler(
-                ctx, watermarks=offsets, deadline_s=min(30.0, int(conf["max.poll.interval.ms"]) / 1000 / 4)
-            )
+            handler = RebalanceHandler(ctx, watermarks=offsets, deadline_s=_callback_deadline_s(settings, spec))
             consumer.subscribe(spec.topics, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()

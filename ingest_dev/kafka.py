@@ -2,6 +2,12 @@
 :class:`LocalKafka` runs a single KRaft node from the jars pinned by ``scripts/kafka/pom.xml``
 (fetched once from Maven Central by :func:`ingest_dev.maven.fetch_kafka`).
 
+With a :class:`BrokerSecurity` it also listens, beside its PLAINTEXT listener (which the
+tests' own clients keep using), on a SASL_SSL listener (SCRAM-SHA-512 and PLAIN for the users
+given, OAUTHBEARER with unsecured tokens) and on an SSL listener that requires a client certificate (mutual TLS); the
+certificates come from :func:`ingest_dev.certs.make_certificates`. The controller and the
+inter-broker listener stay PLAINTEXT on loopback.
+
 This module must not import pytest: the demo uses it too.
 """
 
@@ -16,9 +22,12 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from ingest.kafka_java import jaas_quote
+from ingest_dev.certs import TestCertificates
 from ingest_dev.maven import fetch_kafka, kafka_version
 from ingest_dev.process import ManagedProcess
 from ingest_dev.testkit import LOOPBACK, free_port
@@ -60,7 +69,6 @@ _KAFKA_SETTINGS: dict[str, str] = {
     "node.id": "1",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
-    "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
     "auto.create.topics.enable": "false",
     "num.partitions": "1",
     "offsets.topic.replication.factor": "1",
@@ -98,6 +106,53 @@ _KAFKA_LOG4J2 = """Configuration:
 """
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """The secured listeners of a :class:`LocalKafka`: SASL_SSL with SCRAM-SHA-512 for
+    ``scram_users`` and PLAIN for ``plain_users`` (name -> password; SCRAM credentials are
+    written into the log at format time) and OAUTHBEARER with unsecured tokens, and SSL with a
+    client certificate required. Both present the broker's certificate of ``certificates`` and
+    trust its ``ca``."""
+
+    certificates: TestCertificates
+    scram_users: Mapping[str, str] = field(default_factory=dict)
+    plain_users: Mapping[str, str] = field(default_factory=dict)
+
+    def broker_settings(self, sasl_ssl_port: int, ssl_port: int) -> dict[str, str]:
+        """What the broker's properties add (its listeners, advertised ones and the map are
+        made by :class:`LocalKafka`)."""
+        jaas_users = " ".join(f"user_{name}={jaas_quote(password)}" for name, password in self.plain_users.items())
+        return {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.certificates.broker_keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.certificates.ca),
+            "listener.name.ssl.ssl.client.auth": "required",
+            "listener.name.sasl_ssl.sasl.enabled.mechanisms": "SCRAM-SHA-512,PLAIN,OAUTHBEARER",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {jaas_users};"
+            ),
+            # Kafka's default OAUTHBEARER validator: any unsecured (unsigned) token is accepted.
+            "listener.name.sasl_ssl.oauthbearer.sasl.jaas.config": (
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;"
+            ),
+        }
+
+    def format_args(self) -> list[str]:
+        """The storage tool's arguments that write the SCRAM credentials."""
+        args: list[str] = []
+        for name, password in self.scram_users.items():
+            args += ["--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]"]
+        return args
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\")
+
+
 class LocalKafka(ManagedProcess):
     """A single-node Apache Kafka (KRaft, combined broker and controller) on 127.0.0.1.
 
@@ -106,7 +161,8 @@ class LocalKafka(ManagedProcess):
     start), ``server.properties``, ``log4j2.yaml`` and ``broker.log``.  When ``base_dir`` is
     None a temporary directory is created and removed by :meth:`stop`.  :meth:`restart`
     keeps ports and data: topics, records, committed offsets and groups survive it.
-    ``overrides`` replace or add broker settings.
+    ``overrides`` replace or add broker settings; ``security`` adds the secured listeners
+    (:attr:`sasl_ssl_bootstrap`, :attr:`ssl_bootstrap`).
     """
 
     kind = "kafka"
@@ -116,13 +172,20 @@ class LocalKafka(ManagedProcess):
     probe_errors = (Exception,)
 
     def __init__(
-        self, base_dir: Path | None = None, heap_mb: int = 512, overrides: Mapping[str, str] | None = None
+        self,
+        base_dir: Path | None = None,
+        heap_mb: int = 512,
+        overrides: Mapping[str, str] | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         super().__init__(base_dir)
         self._heap_mb = heap_mb
         self._overrides = dict(overrides or {})
+        self._security = security
         self._port: int | None = None
         self._controller_port: int | None = None
+        # The secured listeners' ports (SASL_SSL, SSL), with ``security`` only.
+        self._secure_ports: tuple[int, int] | None = None
         self.started_in_s: float | None = None
 
     @property
@@ -134,6 +197,21 @@ class LocalKafka(ManagedProcess):
     @property
     def bootstrap(self) -> str:
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        """The SASL_SSL listener (SCRAM-SHA-512, PLAIN)."""
+        return f"{LOOPBACK}:{self._secure()[0]}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The SSL listener (a client certificate required)."""
+        return f"{LOOPBACK}:{self._secure()[1]}"
+
+    def _secure(self) -> tuple[int, int]:
+        if self._secure_ports is None:
+            raise RuntimeError("LocalKafka has no secured listeners (security=None) or is not started")
+        return self._secure_ports
 
     @property
     def version(self) -> str:
@@ -165,7 +243,7 @@ class LocalKafka(ManagedProcess):
         # A directory this object owns is deleted next: a controlled shutdown would save nothing.
         self._halt(crash=self._owns_dir, timeout=timeout)
         if self._cleanup():
-            self._port = self._controller_port = None
+            self._port = self._controller_port = self._secure_ports = None
 
     def restart(self, crash: bool = False, down_s: float = 0.0, timeout: float = 20.0) -> None:
         """:meth:`halt`, stay down ``down_s``, :meth:`start` again on the same ports with the same data."""
@@ -205,21 +283,36 @@ class LocalKafka(ManagedProcess):
 
     def _pick_ports(self) -> str:
         self._port, self._controller_port = free_port(), free_port()
-        return f"{self._port} or {self._controller_port}"
+        ports = [self._port, self._controller_port]
+        if self._security is not None:
+            self._secure_ports = (free_port(), free_port())
+            ports += self._secure_ports
+        return " or ".join(map(str, ports))
 
     def _write_config(self) -> Path:
         settings = dict(_KAFKA_SETTINGS)
+        listeners = {"PLAINTEXT": self._port}
+        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        if self._security is not None:
+            sasl_ssl, ssl = self._secure()
+            listeners.update({"SASL_SSL": sasl_ssl, "SSL": ssl})
+            protocols += ",SASL_SSL:SASL_SSL,SSL:SSL"
+            settings.update(self._security.broker_settings(sasl_ssl, ssl))
+        advertised = ",".join(f"{name}://{LOOPBACK}:{port}" for name, port in listeners.items())
         settings.update(
             {
-                "listeners": f"PLAINTEXT://{LOOPBACK}:{self._port},CONTROLLER://{LOOPBACK}:{self._controller_port}",
-                "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self._port}",
+                "listeners": f"{advertised},CONTROLLER://{LOOPBACK}:{self._controller_port}",
+                "advertised.listeners": advertised,
+                "listener.security.protocol.map": protocols,
                 "controller.quorum.voters": f"1@{LOOPBACK}:{self._controller_port}",
                 "log.dirs": str(self.base_dir / "data"),
             }
         )
         settings.update(self._overrides)
         path = self.base_dir / "server.properties"
-        path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()), encoding="utf-8")
+        # A properties file: a backslash (a JAAS line's escapes) is written escaped.
+        lines = (f"{key}={_escaped(value)}\n" for key, value in settings.items())
+        path.write_text("".join(lines), encoding="utf-8")
         (self.base_dir / "log4j2.yaml").write_text(_KAFKA_LOG4J2, encoding="utf-8")
         return path
 
@@ -243,8 +336,17 @@ class LocalKafka(ManagedProcess):
     def _format_if_needed(self, libs: Path, config: Path) -> None:
         if (self.base_dir / "data" / "meta.properties").is_file():
             return
+        scram = self._security.format_args() if self._security is not None else []
         cmd = self._java_cmd(
-            libs, "kafka.tools.StorageTool", "format", "-t", _kafka_cluster_id(), "-c", str(config), heap_mb=256
+            libs,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            _kafka_cluster_id(),
+            "-c",
+            str(config),
+            *scram,
+            heap_mb=256,
         )
         result = subprocess.run(
             cmd, cwd=self.base_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False

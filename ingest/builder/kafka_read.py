@@ -19,7 +19,9 @@ How the reader is set, and why:
   range's records (Spark's default is 120 s). A range that cannot be read to its end (the log
   was truncated below it) then fails within it rather than two minutes later.
 - ``kafka.group.id`` fixed per source and client properties: the source's group id, then a
-  digest of the reader's Kafka properties. Spark keeps its executors' consumers in a pool keyed
+  digest of the reader's Kafka properties (its secrets keyed with a key of the process's own:
+  the id shows in logs and in Kafka, and must not let a password be guessed offline; a
+  restarted worker with secrets gets another id). Spark keeps its executors' consumers in a pool keyed
   by group id and partition, so every job reuses them (without it each read makes a new group
   id, and new consumers and connections per job). The pool also keeps, for the JVM's life,
   the properties each key was first read with, and fails every task that asks for the key with
@@ -44,13 +46,17 @@ How the reader is set, and why:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ingest.kafka_java import JAVA_SECRET_PROPERTIES
 from ingest.splits.split import SealedSplit
 from ingest_common.model import TopicPartition
+from ingest_common.redact import is_secret_name
 
 # The Kafka source's columns, as the build's plan reads them (ingest.builder.plan): the meta
 # columns a segment keeps, and the value. A record without a timestamp (type -1) has none.
@@ -70,6 +76,21 @@ _COLUMNS = (
 POLL_TIMEOUT_MS = 30_000
 #: The longest the broker holds a fetch of the reader's consumers that finds nothing to read.
 FETCH_MAX_WAIT_MS = 20
+
+
+# Secrets enter the group id's digest keyed with this process's own random key: the id shows in
+# logs and in Kafka, and a plain hash of the properties would let anyone test guesses of a
+# password against it. Within the process, the same properties still give the same id.
+_SECRET_KEY = secrets.token_bytes(32)
+
+
+def _digest(options: Mapping[str, str]) -> str:
+    """12 hex digits that change with any of the reader's client properties."""
+    hidden = {k for k in options if k.removeprefix("kafka.") in JAVA_SECRET_PROPERTIES or is_secret_name(k)}
+    plain = {k: v for k, v in options.items() if k not in hidden}
+    keyed = hmac.new(_SECRET_KEY, json.dumps({k: options[k] for k in hidden}, sort_keys=True).encode(), "sha256")
+    text = json.dumps({"options": plain, "secrets": keyed.hexdigest() if hidden else ""}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -93,7 +114,7 @@ class KafkaReader:
             "kafka.bootstrap.servers": bootstrap,
         }
         kafka.pop("kafka.group.id", None)
-        digest = hashlib.sha256(json.dumps(kafka, sort_keys=True).encode()).hexdigest()[:12]
+        digest = _digest(kafka)
         options = {
             **kafka,
             "kafka.group.id": f"{group_id}-{digest}",

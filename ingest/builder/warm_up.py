@@ -5,7 +5,8 @@ read from Kafka as every build reads them: the JIT compiles the paths real recor
 Kafka reader, the parse of this source's format, the write), on several executor threads
 (one split per partition, several partitions), and the executors' Kafka consumers are made
 and pooled. Nothing of it is published: the build registers (gc deletes what is left) and its
-files are deleted at once.
+files are deleted at once. Spark's Kafka reader refused by the brokers' authentication stops
+the start (ingest.kafka_auth): the real builds would only retry it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import structlog
 
 from ingest.builder.job import SegmentBuilder
 from ingest.errors import ParseFailure
+from ingest.kafka_auth import java_refusal, spark_reader_refused
 from ingest.segments import store as segment_store
 from ingest.spec import SourceSpec
 from ingest.splits.kill_switch import KillSwitch
@@ -58,11 +60,14 @@ def warm_up_splits(
 
 def warm_up(builder: SegmentBuilder, spec: SourceSpec, splits: list[SealedSplit]) -> float:
     """Build ``splits`` and delete what they wrote; the seconds it took. A split that fails
-    says why in the log (the real builds report it again, with retries)."""
+    says why in the log (the real builds report it again, with retries), but one that Kafka's
+    authentication refused raises KafkaUnavailable."""
     started = time.monotonic()
     for split, result in zip(splits, builder.build_batch(splits, spec), strict=True):
         if isinstance(result, BuiltSegment):
             segment_store.discard(result)
+        elif (reason := java_refusal(str(result))) is not None:
+            raise spark_reader_refused(reason)
         elif not isinstance(result, ParseFailure):  # policy "fail" stops at a bad record: the path ran
             log.warning("spark_warm_up_split_failed", source=spec.name, partition=str(split.tp), error=str(result))
     return time.monotonic() - started

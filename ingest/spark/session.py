@@ -22,6 +22,15 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+# A Kafka secret option in a plan's text: a JAAS line's or a key's option (its name, then its
+# quoted value, escapes included, as the proto text of a Spark Connect plan shows it), a
+# password="..." or clientSecret="..." pair, a PEM private key.
+SECRET_TEXT_PATTERN = (
+    r"(?i)(?:sasl\.jaas\.config|ssl\.keystore\.key|ssl\.key\.password|ssl\.keystore\.password"
+    r"|ssl\.truststore\.password)\W+(?:value:\s*)?\"(?:[^\"\\]|\\.)*\""
+    r"|(?:password|secret)\s*=\s*\\*\"(?:[^\"\\]|\\.)*\""
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----"
+)
 # What every build relies on: UTC, microsecond timestamps, no _SUCCESS or .crc litter.
 BASE_CONF = {
     "spark.ui.enabled": "false",
@@ -37,6 +46,13 @@ BASE_CONF = {
     # within a fraction of a second of an interrupt (a kill switch). Every other source keeps
     # Spark's default (V1).
     "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
+    # Spark's Kafka reader carries the worker's Kafka secrets as options (ingest.kafka_java):
+    # hidden wherever Spark shows a source's options (their values match spark.redaction.regex's
+    # "password"/"secret" too, but an inline key or a JAAS line without one would not) ...
+    "spark.sql.redaction.options.regex": r"(?i)url|sasl\.jaas\.config|ssl\.keystore\.key",
+    # ... and in plan texts: Spark Connect's operation events (its UI, the event log) show the
+    # plan's proto text, options and all, redacted by this pattern only.
+    "spark.sql.redaction.string.regex": SECRET_TEXT_PATTERN,
 }
 # Static settings of the Spark application itself: under Spark Connect the driver is the
 # server, which owns them (they are set on its command line), and a client that tries to
