@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from importlib import metadata
@@ -32,6 +31,7 @@ from bench.console import exit_on_sigterm, log
 from bench.data import TOPIC, produce_dataset, produce_steady
 from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
 from bench.options import parse_args
+from bench.procs import BusyLoops
 from bench.profile_report import profile_table
 from bench.raw_baseline import run_raw
 from bench.scaling import run_scaling
@@ -39,7 +39,6 @@ from bench.stats import median_run, percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres
-from ingest_dev.process import popen
 from ingest_dev.registry import LocalSchemaRegistry
 from metastore import apply_migrations
 
@@ -62,27 +61,6 @@ def _versions() -> dict[str, str]:
 
 def _publish_samples(fleets: list[Fleet]) -> list[float]:
     return [float(e["publish_ms"]) for f in fleets for e in f.events("segment_published") if "publish_ms" in e]
-
-
-class BusyLoops:
-    """``n`` processes spinning on a CPU each, for at most ``limit_s`` seconds (they end by
-    themselves even if the bench dies), while the block runs."""
-
-    def __init__(self, n: int, limit_s: float) -> None:
-        self.n = n
-        self.limit_s = limit_s
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> BusyLoops:
-        code = f"import time\nend = time.monotonic() + {self.limit_s}\nwhile time.monotonic() < end: pass"
-        self.procs = [popen([sys.executable, "-c", code]) for _ in range(self.n)]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            proc.wait(timeout=30)
 
 
 def _load(args: argparse.Namespace) -> BusyLoops:

@@ -1,7 +1,7 @@
 """``python -m bench.fleet``: N thin workers sharing one Spark Connect server beside N workers
 with a local Spark each, on one broker and the same data set.
 
-    python -m bench.fleet [--records 1000000] [--partitions 6] [--workers 3] [--modes one,local,connect]
+    python -m bench.fleet [--records 1000000] [--partitions 6] [--workers 3] [--modes one,local,connect,...]
                           [--connect-master local[2]] [--rate 2000] [--steady-seconds 30] [--quick]
                           [--out DIR]
 
@@ -16,7 +16,17 @@ everything. The modes:
 - ``local``: each worker runs Spark in its own process (``local[1]``, one build thread), so
   each carries a JVM;
 - ``connect``: one Spark Connect server (``--connect-master``, the pyspark wheel's, started
-  here) and workers that are thin gRPC clients (``sc://``, one build thread each).
+  here) and workers that are thin gRPC clients (``sc://``, one build thread each);
+- ``cluster``: a Spark standalone cluster from the pyspark wheel (a master and two workers of a
+  core each, ``ingest_dev.spark_cluster``) and one worker whose session is its application
+  (``spark://``): the worker's JVM only plans, the cluster's executors read the records;
+- ``thin-cluster``: the same cluster, a Spark Connect server that is its application, and
+  ``--workers`` thin workers on that server.
+
+Beside records/s: the record bytes the workers' own Kafka clients received (librdkafka's
+statistics, ``ingest_kafka_client_received_message_bytes``) against the bytes of the data set,
+and each worker's RSS when its first partitions were assigned against its peak: the records go
+to Spark, so neither grows with the backlog.
 
 CPU seconds per million records and peak RSS cover whole process trees: the workers and, in
 ``connect``, the server (its JVM start is before the measured span, its memory is in the peak).
@@ -40,21 +50,26 @@ from typing import Any
 from bench.console import exit_on_sigterm, log
 from bench.data import produce_dataset
 from bench.ingest_runs import Context, SplitConfig, run_throughput, steady_latency, verify
-from bench.procs import process_tree
+from bench.procs import Sample, WorkerProcess, metric, process_tree
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres
+from ingest_dev.spark_cluster import LocalSparkCluster
 from ingest_dev.spark_connect import LocalConnectServer
 from metastore import apply_migrations
 
-MODES = ("one", "local", "connect")
+MODES = ("one", "local", "connect", "cluster", "thin-cluster")
 # --quick (the CI smoke test) leaves out the one-worker reference: its run is bench --quick's.
-QUICK_MODES = ("local", "connect")
+QUICK_MODES = ("local", "thin-cluster")
 LABELS = {
     "one": "one worker with local Spark",
     "local": "workers with local Spark",
     "connect": "thin workers, one Spark Connect",
+    "cluster": "one worker, standalone cluster",
+    "thin-cluster": "thin workers, Connect on the cluster",
 }
+#: The standalone cluster's workers (each one core): on a 2-core machine, one per core.
+CLUSTER_WORKERS = 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,41 +125,99 @@ def run_mode(ctx: Context, args: argparse.Namespace, mode: str, split: SplitConf
     data = produce_dataset(ctx.bootstrap, topic, args.records, args.partitions, timeout=max(120.0, args.records / 5000))
     log(f"[{mode}] produced {data.records:,} records to {topic} in {data.seconds:.1f} s")
     server: LocalConnectServer | None = None
+    cluster: LocalSparkCluster | None = None
     try:
-        if mode == "connect":
-            server = LocalConnectServer(driver_memory=args.driver_memory, master=args.connect_master).start()
-            log(f"[{mode}] Spark Connect server {server.url} ({args.connect_master}) in {server.start_seconds:.1f} s")
+        roots: list[int] = []
+        if mode in ("cluster", "thin-cluster"):
+            cluster = LocalSparkCluster(ctx.work / f"cluster-{mode}", workers=CLUSTER_WORKERS, cores=1).start()
+            log(f"[{mode}] Spark standalone cluster {cluster.master_url} in {cluster.start_seconds:.1f} s")
+            roots += cluster.pids
+        if mode in ("connect", "thin-cluster"):
+            own_master = cluster.master_url if cluster is not None else args.connect_master
+            server = LocalConnectServer(driver_memory=args.driver_memory, master=own_master).start()
+            log(f"[{mode}] Spark Connect server {server.url} ({own_master}) in {server.start_seconds:.1f} s")
             assert server.pid is not None
-            master, roots = server.url, [server.pid]
+            master = server.url
+            roots.append(server.pid)
+        elif cluster is not None:
+            master = cluster.master_url
         else:
-            master, roots = ("local[2]" if mode == "one" else "local[1]"), []
-        workers, threads = (1, 2) if mode == "one" else (args.workers, 1)
+            master = "local[2]" if mode == "one" else "local[1]"
+        workers, threads = (1, 2) if mode in ("one", "cluster") else (args.workers, 1)
         result, fleet = run_throughput(ctx, topic, data, workers, master, threads, split, f"fleet_{mode}", roots)
         try:
             result["worker_jvms"] = worker_jvms([w.pid for w in fleet.workers if w.pid is not None])
+            received = _received_bytes(fleet.workers)
             steady, ends = steady_latency(
                 ctx, fleet, topic, args.partitions, data.ends, args.rate, args.steady_seconds, first_id=args.records
             )
             peaks = fleet.sampler.peak_rss_by_root()
+            rss_at_start = _rss_at(fleet.sampler.samples, result["span_start"])
         finally:
             fleet.stop()
         check = verify(ctx, result["source"], topic, ends)
     finally:
         if server is not None:
             server.stop()
+        if cluster is not None:
+            cluster.stop()
+    worker_pids = [w.pid or 0 for w in fleet.workers]
     return {
         "mode": mode,
-        "spark": f"one Spark Connect server, {args.connect_master}" if mode == "connect" else master,
-        **{k: result[k] for k in ("workers", "records", "wall_s", "records_per_s", "cpu_s", "cpu_s_per_million")},
+        "spark": _spark_label(mode, args, master),
+        **{
+            k: result[k]
+            for k in (
+                "workers",
+                "records",
+                "wall_s",
+                "records_per_s",
+                "cpu_s",
+                "cpu_s_per_million",
+                "worker_process_cpu_s_per_million",
+            )
+        },
         "peak_rss_mb": result["peak_rss_mb"],
         "peak_rss_mb_per_worker": result["peak_rss_mb_per_worker"],
         "server_peak_rss_mb": sum(peaks.get(pid, 0) for pid in roots) / 2**20,
+        "worker_rss_mb_at_start": [rss_at_start.get(pid, 0) / 2**20 for pid in worker_pids],
+        "worker_rss_mb_peak": [peaks.get(pid, 0) / 2**20 for pid in worker_pids],
+        "worker_kafka_received_bytes": received,
+        "value_bytes": data.value_bytes,
         "worker_jvms": result["worker_jvms"],
         "launch_to_done_s": result["launch_to_done_s"],
         "produce_to_visible_s": steady["produce_to_visible_s"],
         "steady": {k: steady[k] for k in ("rate_per_s", "duration_s", "records", "segments")},
         "exactly_once": check,
     }
+
+
+def _received_bytes(workers: Sequence[WorkerProcess]) -> float | None:
+    """The record bytes the workers' own Kafka clients received (librdkafka's statistics);
+    None when a worker has not reported them (its statistics not yet emitted)."""
+    name = "ingest_kafka_client_received_message_bytes"
+    scraped = [w.metrics() for w in workers]
+    if not all(any(k.startswith(name + "{") for k in values) for values in scraped):
+        return None
+    return sum(metric(values, name) for values in scraped)
+
+
+def _rss_at(samples: Sequence[Sample], at: float) -> dict[int, int]:
+    """Each root's RSS in the first sample at or after ``at`` (the last sample if none)."""
+    for sample in samples:
+        if sample.at >= at:
+            return sample.rss_by_root
+    return samples[-1].rss_by_root if samples else {}
+
+
+def _spark_label(mode: str, args: argparse.Namespace, master: str) -> str:
+    if mode == "connect":
+        return f"one Spark Connect server, {args.connect_master}"
+    if mode == "thin-cluster":
+        return f"one Spark Connect server on a standalone cluster ({CLUSTER_WORKERS} workers x 1 core)"
+    if mode == "cluster":
+        return f"standalone cluster ({CLUSTER_WORKERS} workers x 1 core)"
+    return master
 
 
 def run_fleets(
@@ -156,19 +229,38 @@ def run_fleets(
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ["fleet", "workers", "records/s", "CPU s/M", "peak RSS MB", "of it server", "JVMs/worker", "p50 s", "p99 s"]
+    head = [
+        "fleet",
+        "workers",
+        "records/s",
+        "CPU s/M",
+        "of it workers",
+        "peak RSS MB",
+        "of it server",
+        "JVMs/worker",
+        "worker RSS MB start→peak",
+        "record bytes in workers",
+        "p50 s",
+        "p99 s",
+    ]
     lines = [head]
     for r in rows:
         lat = r["produce_to_visible_s"]
+        starts, peaks = r["worker_rss_mb_at_start"], r["worker_rss_mb_peak"]
         lines.append(
             [
                 LABELS[r["mode"]],
                 str(r["workers"]),
                 f"{r['records_per_s']:,.0f}",
                 f"{r['cpu_s_per_million']:.1f}",
+                f"{r['worker_process_cpu_s_per_million']:.2f}",
                 f"{r['peak_rss_mb']:,.0f}",
                 f"{r['server_peak_rss_mb']:,.0f}",
                 f"{r['worker_jvms'] / r['workers']:g}",
+                f"{max(starts, default=0):,.0f}→{max(peaks, default=0):,.0f}",
+                "n/a"
+                if r["worker_kafka_received_bytes"] is None
+                else f"{r['worker_kafka_received_bytes']:,.0f} of {r['value_bytes']:,.0f}",
                 f"{lat.get('p50', 0):.2f}" if lat.get("n") else "n/a",
                 f"{lat.get('p99', 0):.2f}" if lat.get("n") else "n/a",
             ]
@@ -187,6 +279,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         )
         if "local" in by_mode:
             text += f"; {thin['peak_rss_mb'] / by_mode['local']['peak_rss_mb']:.2f}x the local fleet's RSS"
+    if "one" in by_mode and "thin-cluster" in by_mode:
+        ratio = by_mode["thin-cluster"]["records_per_s"] / by_mode["one"]["records_per_s"]
+        text += f"\nthin workers on the cluster / one local worker: {ratio:.2f}x the records/s"
     return text
 
 

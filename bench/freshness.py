@@ -1,6 +1,6 @@
 """Equal freshness: the highest sustained produce rate each system keeps within a freshness bound.
 
-    python -m bench.freshness [--bound 5] [--interval S] [--probe-seconds 30] [--quick] [--out DIR]
+    python -m bench.freshness [--bound 5] [--interval S] [--probe-seconds 30] [--saturate] [--quick] [--out DIR]
     python -m bench --freshness ...     # the same phase after the throughput runs
 
 For the raw baseline, Quix Streams, Spark Structured Streaming (processing-time trigger) and one
@@ -22,8 +22,10 @@ system probed, as it does for every system.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -38,6 +40,7 @@ from bench.data import RecordPool, paced_producer, produce_paced
 from bench.followers import Follower, IngestFollower, QuixFollower, RawFollower, SparkFollower
 from bench.freshness_report import ratios, table
 from bench.ingest_runs import Context
+from bench.procs import BusyLoops
 from bench.search import Outcome, RateSearch
 from bench.visibility import Window, read_timestamps_ms, summary
 from ingest_dev.kafka_clients import create_topic, end_offsets
@@ -65,6 +68,9 @@ class FreshnessConfig:
     quix_python: str | None = None
     peer_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Busy-loop processes (one per CPU with --saturate) spinning through the probes: the
+    # systems keep their freshness with other work on the machine.
+    busy_loops: int = 0
 
 
 def _start(key: str, ctx: Context, cfg: FreshnessConfig, run_timeout: float) -> Follower:
@@ -158,6 +164,7 @@ def run_freshness(ctx: Context, cfg: FreshnessConfig, run_timeout: float = 4 * 3
     probes: dict[str, list[dict[str, Any]]] = {}
     producer = paced_producer(ctx.bootstrap)
     pool = RecordPool()
+    stack = contextlib.ExitStack()
     try:
         for key in cfg.systems:
             if key == "quix" and cfg.quix_python is None:
@@ -175,6 +182,9 @@ def run_freshness(ctx: Context, cfg: FreshnessConfig, run_timeout: float = 4 * 3
             searches[key] = RateSearch(cfg.start_rate, cfg.factor, cfg.tolerance, cfg.max_probes)
             probes[key] = []
         round_no = 0
+        load = stack.enter_context(BusyLoops(cfg.busy_loops, run_timeout))
+        if load.n:
+            ctx.log(f"[freshness] {load.n} busy-loop process(es) spin through the probes")
         while any(s.next_rate() is not None for s in searches.values()):
             round_no += 1
             for key in [k for k in SYSTEMS if k in searches]:
@@ -201,6 +211,7 @@ def run_freshness(ctx: Context, cfg: FreshnessConfig, run_timeout: float = 4 * 3
         for key, search in searches.items():
             results[key] = _result(followers[key], search, probes[key])
     finally:
+        stack.close()
         for key, follower in followers.items():
             try:
                 ends = end_offsets(ctx.bootstrap, follower.topic)
@@ -220,6 +231,7 @@ def run_freshness(ctx: Context, cfg: FreshnessConfig, run_timeout: float = 4 * 3
             "warmup_s": cfg.warmup_s,
             "partitions": cfg.partitions,
             "order": [k for k in SYSTEMS if k in cfg.systems],
+            "busy_loops": cfg.busy_loops,
             **cfg.extra,
         },
         "systems": results,
@@ -283,6 +295,7 @@ def config_from(args: argparse.Namespace, quick: bool, partitions: int) -> Fresh
         systems=systems,
         quix_python=python,
         peer_reason=why,
+        busy_loops=(os.cpu_count() or 1) if getattr(args, "saturate", False) else 0,
     )
 
 
@@ -298,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    parser.add_argument(
+        "--saturate", action="store_true", help="one busy-loop process per CPU through the probes (cores saturated)"
+    )
     add_arguments(parser)
     # SIGTERM unwinds like Ctrl-C: every ``finally`` stops what this started.
     exit_on_sigterm()

@@ -93,6 +93,9 @@ def worker_env(ctx: Context, spark_master: str, build_threads: int) -> dict[str,
             # As in the demo and the process tests: group changes settle in seconds, not ~25 s.
             "INGEST_KAFKA_PROP_SESSION_TIMEOUT_MS": "6000",
             "INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS": "500",
+            # librdkafka's statistics each second: the record bytes the worker's own clients
+            # received (ingest_kafka_client_received_message_bytes), which bench.fleet reports.
+            "INGEST_KAFKA_PROP_STATISTICS_INTERVAL_MS": "1000",
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         }
     )
@@ -260,11 +263,19 @@ def run_throughput(
         "build_threads": build_threads,
         "records": data.records,
         "value_bytes": data.value_bytes,
+        "span_start": t_start,
         "wall_s": wall,
         "records_per_s": data.records / wall,
         "mb_per_s": data.value_bytes / wall / 1e6,
         "cpu_s": cpu,
         "cpu_s_per_million": cpu / data.records * 1e6,
+        # The workers' Python processes alone (their Spark JVMs, servers and executors not
+        # included): what a worker costs for what Spark reads.
+        "worker_process_cpu_s_per_million": fleet.sampler.own_cpu_between(
+            [w.pid for w in fleet.workers if w.pid is not None], t_start, t_end
+        )
+        / data.records
+        * 1e6,
         "peak_rss_mb": fleet.sampler.peak_rss_bytes() / 2**20,
         "peak_rss_mb_per_worker": [peaks.get(w.pid or 0, 0) / 2**20 for w in fleet.workers],
         "segments": len(published),

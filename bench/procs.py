@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -19,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ingest_dev.ingest_process import IngestProcess
+from ingest_dev.process import popen
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -88,6 +91,8 @@ class Sample:
     cpu_s: float  # cumulative CPU of every process ever seen in the trees (exited ones keep their last value)
     rss_bytes: int  # sum of RSS of the live processes
     rss_by_root: dict[int, int]
+    # Each root process's own CPU seconds (its children's not included): a worker's Python.
+    own_cpu_by_root: dict[int, float]
 
 
 class TreeSampler:
@@ -124,15 +129,24 @@ class TreeSampler:
         with self._lock:
             roots = list(self._roots)
             rss_by_root: dict[int, int] = {}
+            own_cpu: dict[int, float] = {}
             total_rss = 0
             for root in roots:
                 tree = process_tree([root])
+                if root in tree:
+                    own_cpu[root] = tree[root].cpu_s
                 for pid, st in tree.items():
                     self._last_cpu[pid] = st.cpu_s
                 rss = tree_rss_bytes(tree, root)
                 rss_by_root[root] = rss
                 total_rss += rss
-            s = Sample(at=time.time(), cpu_s=sum(self._last_cpu.values()), rss_bytes=total_rss, rss_by_root=rss_by_root)
+            s = Sample(
+                at=time.time(),
+                cpu_s=sum(self._last_cpu.values()),
+                rss_bytes=total_rss,
+                rss_by_root=rss_by_root,
+                own_cpu_by_root=own_cpu,
+            )
             self.samples.append(s)
             return s
 
@@ -154,6 +168,21 @@ class TreeSampler:
                 return a.cpu_s + frac * (b.cpu_s - a.cpu_s)
         return samples[-1].cpu_s
 
+    def own_cpu_between(self, roots: Sequence[int], start: float, end: float) -> float:
+        """CPU seconds the ``roots`` processes themselves (not their children) used between the
+        last samples at or before ``start`` and ``end``."""
+
+        def at(when: float) -> dict[int, float]:
+            seen: dict[int, float] = {}
+            for sample in self.samples:
+                if sample.at > when and seen:
+                    break
+                seen.update(sample.own_cpu_by_root)
+            return seen
+
+        first, last = at(start), at(end)
+        return sum(last.get(pid, 0.0) - first.get(pid, 0.0) for pid in roots)
+
     def peak_rss_bytes(self) -> int:
         return max((s.rss_bytes for s in self.samples), default=0)
 
@@ -163,6 +192,27 @@ class TreeSampler:
             for root, rss in s.rss_by_root.items():
                 peaks[root] = max(peaks.get(root, 0), rss)
         return peaks
+
+
+class BusyLoops:
+    """``n`` processes spinning on a CPU each, for at most ``limit_s`` seconds (they end by
+    themselves even if the bench dies), while the block runs."""
+
+    def __init__(self, n: int, limit_s: float) -> None:
+        self.n = n
+        self.limit_s = limit_s
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BusyLoops:
+        code = f"import time\nend = time.monotonic() + {self.limit_s}\nwhile time.monotonic() < end: pass"
+        self.procs = [popen([sys.executable, "-c", code]) for _ in range(self.n)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=30)
 
 
 # --------------------------------------------------------------------------- worker processes

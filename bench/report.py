@@ -51,6 +51,7 @@ def table(results: dict[str, Any]) -> str:
         "records/s",
         "MB/s",
         "CPU s/M rec",
+        "of it worker",
         "peak RSS MB",
         "/ raw",
         "/ quix",
@@ -74,6 +75,7 @@ def table(results: dict[str, Any]) -> str:
                 _fmt(row["records_per_s"], 0),
                 _fmt(row["mb_per_s"], 2),
                 _fmt(row["cpu_s_per_million"], 1),
+                _fmt(row.get("worker_process_cpu_s_per_million"), 2) if key.startswith("ingest") else "",
                 _fmt(row["peak_rss_mb"], 0),
                 *(_fmt(r.get(f"{key}/{other}"), 3) if key.startswith("ingest") else "" for other in OTHERS),
             ]

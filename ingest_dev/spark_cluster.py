@@ -9,7 +9,7 @@ application (a worker's session with ``INGEST_SPARK_MASTER=spark://...``, or a S
 server started with ``--master spark://...``) gets executors on them, which read the splits'
 records from Kafka: the driver only plans.
 
-Used by the tests of reading through a cluster's executors and by ``python -m bench.cluster``.
+Used by the tests of reading through a cluster's executors and by ``python -m bench.fleet``'s cluster modes.
 """
 
 from __future__ import annotations
@@ -113,6 +113,11 @@ class LocalSparkCluster:
         wait_until(self._registered, START_TIMEOUT_S, f"{self.workers} worker(s) registered with the master")
         self.start_seconds = time.monotonic() - started
         return self
+
+    @property
+    def pids(self) -> list[int]:
+        """The daemons' pids (a worker's executors are its children)."""
+        return [d.pid for d in self._daemons if d.pid is not None]
 
     def _registered(self) -> bool:
         log = (self.base_dir / "master" / "daemon.log").read_text(errors="replace")

@@ -93,18 +93,23 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     assert all(check["ok"] for check in results["exactly_once"].values()), results["exactly_once"]
 
     # The fleet phase: N workers with local Spark, then N thin workers on one Spark Connect
-    # server, each over its own copy of the data set, exactly once.
+    # server whose executors run on a standalone cluster, each over its own copy of the data
+    # set, exactly once.
     fleets = results["fleet"]
-    assert set(fleets) == {"local", "connect"}
+    assert set(fleets) == {"local", "thin-cluster"}
     for mode, row in fleets.items():
         assert row["workers"] == 2 and results["exactly_once"][f"fleet_{mode}"]["ok"], (mode, row)
         assert row["records_per_s"] > 0 and row["cpu_s_per_million"] > 0 and row["peak_rss_mb"] > 0, (mode, row)
         assert row["produce_to_visible_s"]["n"] > 0, (mode, row)
-    # Thin workers start no JVM; the server's CPU and memory are in the fleet's figures.
-    assert fleets["connect"]["worker_jvms"] == 0, fleets["connect"]
-    assert fleets["connect"]["server_peak_rss_mb"] > 0
+        # Spark reads the records: the workers' own Kafka clients (librdkafka's statistics)
+        # received none of the data set's bytes.
+        assert row["worker_kafka_received_bytes"] == 0 and row["value_bytes"] > 0, (mode, row)
+    # Thin workers start no JVM; the server's and the cluster's CPU and memory are in the
+    # fleet's figures.
+    assert fleets["thin-cluster"]["worker_jvms"] == 0, fleets["thin-cluster"]
+    assert fleets["thin-cluster"]["server_peak_rss_mb"] > 0
     assert fleets["local"]["worker_jvms"] == fleets["local"]["workers"], fleets["local"]
-    assert "thin workers, one Spark Connect" in stdout
+    assert "thin workers, Connect on the cluster" in stdout
 
     assert (out / "chart.png").stat().st_size > 0
     assert "records/s" in stdout
