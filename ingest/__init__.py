@@ -81,6 +81,7 @@ ingest.builder (the build stage: splits into Parquet files, invisible until publ
     accounting     what a job observes per split: bad records, bytes, newest timestamp, unknown ids
     plan           the expressions that parse the records read, classify errors, name unknown ids
     registration   every build registered in the metastore before it writes
+    start          the build stage started as a worker starts it: Spark's reader, the session, writer schemas
     warm_up        the first build before joining the group: the source's newest records, thrown away
     writer_schemas writer schemas from the registry: kept once served, a 404 waited for, never a failure kept
     registry_wait  splits waiting for the schema registry: their partitions, since when, its last error
@@ -126,10 +127,12 @@ ingest.cli (the ``ingest`` command: ``ingest.cli:run``; one line per expected fa
     __init__       main and run: an IngestError becomes one line and its exit code
     parser         every command, its flags and the examples its --help ends with
     common         the settings from the environment, a command's result (--json or text)
-    sources        migrate, source apply / list / history, worker
+    sources        migrate, source apply / list / history, check, worker
     observe        status, health, segments, gaps list / ack, audit
     actions        suspend, resume, drain, reset, terminate, gc
     compact        ``ingest compact``: one compaction of a source
+    check          ``ingest check``'s preflight checks: every dependency a worker needs, one line each
+    check_spark    ``ingest check --spark``: the build stage started, the newest records built and deleted
     tables         table-enable, table, table-commit, query
     __main__       ``python -m ingest.cli``
 """

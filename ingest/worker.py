@@ -14,12 +14,11 @@ import structlog
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
-from ingest.builder.job import BuilderFactory, SegmentBuilder, SparkSegmentBuilder
-from ingest.builder.kafka_read import KafkaReader
+from ingest.builder.job import BuilderFactory, SegmentBuilder
 from ingest.builder.queue import BuildQueue
 from ingest.builder.registration import Registrar
+from ingest.builder.start import spark_reader, start_spark_builder
 from ingest.builder.warm_up import warm_up, warm_up_splits
-from ingest.builder.writer_schemas import WriterSchemas
 from ingest.config import (
     KafkaConf,
     Settings,
@@ -39,7 +38,7 @@ from ingest.consume.log_offsets import AdminLogOffsets, LogOffsets
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
 from ingest.consume.validator import ConfluentValidator
-from ingest.errors import KafkaUnavailable, SparkUnavailable, TopicNotFound
+from ingest.errors import KafkaUnavailable, TopicNotFound
 from ingest.kafka_auth import ErrorWatch, cluster_metadata
 from ingest.kafka_java import java_client_properties, java_secret_values
 from ingest.ops.endpoints import Endpoints
@@ -211,19 +210,6 @@ class Worker:
             log.info("spark_warmed_up", source=spec.name, records=records, seconds=round(seconds, 2))
 
     @staticmethod
-    def _prefetch_schemas(schemas: WriterSchemas, spec: SourceSpec) -> None:
-        """The writer schemas of the topics' subjects, so that the first builds decode with them."""
-        if spec.registry is None:
-            return
-        subjects = [f"{t}-value" for t in spec.topics] if spec.format in ("avro", "protobuf") else []
-        if spec.registry.subject_strategy == "record" and spec.registry.record_name:
-            subjects = [spec.registry.record_name]
-        learned = schemas.prefetch(spec.registry, subjects, protobuf=spec.format == "protobuf")
-        if spec.key_format == "avro":
-            learned += schemas.prefetch(spec.registry, [f"{t}-key" for t in spec.topics])
-        log.info("writer_schemas_prefetched", source=spec.name, schemas=learned)
-
-    @staticmethod
     def _last_words(
         background: Background,
         registry: WorkerRegistry,
@@ -294,42 +280,20 @@ class Worker:
                 worker_id,
                 on_store_error=lambda _exc: self.metrics.metastore_errors.labels(spec.name).inc(),
             )
-            reader = KafkaReader.of(
-                settings.kafka_bootstrap,
-                f"{spec.group_id}-spark",
-                reader_properties,
-                poll_timeout_ms=int(settings.spark_kafka_poll_timeout_s * 1000),
-            )
+            reader = spark_reader(settings, spec, reader_properties)
             builder: SegmentBuilder
             if self._builder_factory is not None:
                 builder = self._builder_factory(registrar, reader)
             else:
-                from ingest.spark.start import open_session_source
-
-                log.info(
-                    "spark_starting",
-                    source=spec.name,
-                    spark_master=settings.spark_master,
-                    timeout_s=settings.spark_start_timeout_s,
-                )
                 events = self.metrics.spark_connect_events
-                try:
-                    sessions = open_session_source(
-                        settings,
-                        f"ingest-{spec.name}",
-                        [spec.segment_store],
-                        # Spark's Kafka source and spark-avro are in the pinned jar set.
-                        connectors=True,
-                        on_event=lambda event: events.labels(spec.name, event.value).inc(),
-                    )
-                except Exception as exc:  # pyspark raises Py4J, OS and its own errors here
-                    raise SparkUnavailable(settings.spark_master, exc) from exc
-                stack.callback(sessions.stop)
-                schemas = WriterSchemas(wait_s=settings.schema_id_wait_s)
-                self._prefetch_schemas(schemas, spec)
-                builder = SparkSegmentBuilder(
-                    sessions, registrar, reader, writer_schemas=schemas, deadline_s=settings.build_deadline_s
+                builder, sessions = start_spark_builder(
+                    settings,
+                    spec,
+                    registrar,
+                    reader,
+                    on_event=lambda event: events.labels(spec.name, event.value).inc(),
                 )
+                stack.callback(sessions.stop)
                 tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
                 self._warm_up(builder, spec, offsets, tps, settings.warm_up_records)
             # Connect now, not in the first publish (whose latency would then include it); a

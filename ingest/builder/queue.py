@@ -2,9 +2,12 @@
 there is none), settled in order by the publish stage (ingest.publish.queue). The queue knows
 nothing of publishing: a split goes consume -> build -> publish and never back.
 
-Build threads take every split waiting to be built (up to ``max_batch_splits``, after a short
-linger for more) and build them as one batch, one Spark job: under load, batches grow by
-themselves and the per-job cost is paid once per batch; when idle, a split is built alone.
+Build threads take every split waiting to be built (up to ``max_batch_splits``, once no other
+split came for ``BATCH_QUIET_S``, at most ``linger_s`` after the oldest) and build them as one
+batch, one Spark job: under load, batches grow by themselves and the per-job cost is paid once
+per batch; when idle, a split is built alone. The splits of every partition due at one log-end
+answer are submitted together (ingest.consume.loop), a millisecond apart: the quiet gap takes
+them as one batch without adding the linger to every record's latency.
 
 Invariants:
 - Every submitted split's future resolves exactly once: built, failed (after ``attempts``
@@ -39,6 +42,9 @@ from ingest_common.model import BuiltSegment, KillReason
 
 log = structlog.get_logger(__name__)
 
+# A batch is taken once no split was submitted for this long: the cuts of one pass of the loop
+# come within a millisecond of each other, the next pass's a log-end interval later.
+BATCH_QUIET_S = 0.03
 # Before the n-th retry of a split whose build failed: 1 s, 2 s, ... (attempts bounds them).
 BUILD_RETRY = Backoff.linear(1.0)
 # Before the n-th build of a split waiting for the schema registry: 1 s, 2 s, 4 s, ... 30 s,
@@ -81,6 +87,8 @@ class BuildQueue:
         self._cond = threading.Condition()
         # Submitted, not yet taken by a build thread (oldest first).
         self._unbuilt: deque[_Entry] = deque()
+        # When the latest split was submitted (time.monotonic()).
+        self._last_submitted = 0.0
         # Batches being built: when each began (time.monotonic()), by build thread.
         self._running: dict[int, float] = {}
         self._closing = False
@@ -99,7 +107,9 @@ class BuildQueue:
             if self._closing:
                 future.set_exception(SplitKilled(KillReason.SHUTDOWN))
                 return future
-            self._unbuilt.append(_Entry(split, future, spec))
+            entry = _Entry(split, future, spec)
+            self._unbuilt.append(entry)
+            self._last_submitted = entry.submitted_at
             self._cond.notify_all()
         return future
 
@@ -139,13 +149,13 @@ class BuildQueue:
                     if self._closing:
                         return None
                     self._cond.wait(0.1)
-                # Splits sealed by age come a few hundred milliseconds apart: waiting that
-                # long for them makes one batch (one job) where there would be several.
+                # More splits may be on their way (the rest of a pass's cuts): wait while they
+                # keep coming, up to the linger, to build them in one job instead of several.
                 linger_until = due[0].submitted_at + self._linger_s
                 while (
                     len(due) < self._max_batch_splits
                     and not self._closing
-                    and (remaining := linger_until - time.monotonic()) > 0
+                    and (remaining := min(linger_until, self._last_submitted + BATCH_QUIET_S) - time.monotonic()) > 0
                 ):
                     self._cond.wait(remaining)
                     due = _due(self._unbuilt, self._registry_retry.clock.monotonic())

@@ -8,10 +8,11 @@ examples.
 
     parser   every command, its flags and examples (``build_parser``)
     common   the settings from the environment, and a command's result (``--json`` or text)
-    sources  migrate, source apply / list / history, worker
+    sources  migrate, source apply / list / history, check, worker
     observe  status, health, segments, gaps list / ack, audit
     actions  suspend, resume, drain, reset, terminate, gc
     tables   table-enable, table, table-commit, query (the Iceberg tables)
+    check    the preflight checks of ``ingest check`` (check_spark: its ``--spark`` build)
 
 The commands import what they use when they run, so ``ingest --help`` imports neither Spark
 nor pyiceberg.

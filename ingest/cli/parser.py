@@ -10,7 +10,14 @@ from ingest.cli.actions import cmd_control, cmd_gc, cmd_reset, cmd_terminate
 from ingest.cli.compact import EXAMPLES as COMPACT_EXAMPLES
 from ingest.cli.compact import add_compact_command
 from ingest.cli.observe import cmd_audit, cmd_gaps_ack, cmd_gaps_list, cmd_health, cmd_segments, cmd_status
-from ingest.cli.sources import cmd_migrate, cmd_source_apply, cmd_source_history, cmd_source_list, cmd_worker
+from ingest.cli.sources import (
+    cmd_check,
+    cmd_migrate,
+    cmd_source_apply,
+    cmd_source_history,
+    cmd_source_list,
+    cmd_worker,
+)
 from ingest.cli.tables import TABLE_EXAMPLES, add_table_commands
 
 # `ingest COMMAND --help` ends with these.
@@ -22,7 +29,13 @@ EXAMPLES = {
     ],
     "source apply": [
         "ingest source apply deploy/clicks.toml",
+        "ingest source apply deploy/clicks.toml --check        # stored only if every check passes",
         "ingest source apply deploy/clicks.toml --reactivate   # run a terminated source again",
+    ],
+    "check": [
+        "ingest check clicks                            # the stored spec's dependencies, as a worker sees them",
+        "ingest check --file deploy/clicks.toml --spark  # a spec not applied yet; and a real build in Spark",
+        "ingest check clicks --json | jq '.checks[] | select(.status != \"ok\")'",
     ],
     "source list": ["ingest source list"],
     "source history": ["ingest source history clicks", "ingest source history clicks --json"],
@@ -97,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     apply.set_defaults(func=cmd_source_apply)
     source.add_parser("list", help="list sources").set_defaults(func=cmd_source_list)
     apply.add_argument("--reactivate", action="store_true", help="run a terminated source again")
+    apply.add_argument(
+        "--check", action="store_true", help="run `ingest check` on the spec first; store it only if every check passes"
+    )
     history = source.add_parser("history", help="every applied version of a source's spec and what changed")
     history.add_argument("source")
     history.set_defaults(func=cmd_source_history)
@@ -116,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     terminate.add_argument("source")
     terminate.add_argument("--timeout", default="300", help="seconds to wait (default %(default)s)")
     terminate.set_defaults(func=cmd_terminate)
+
+    check = sub.add_parser(
+        "check",
+        help="preflight: the metastore, Kafka (credentials, topics, a read, the group), Spark's reader settings,"
+        " the registry, the store and the catalog, as a worker of the source needs them; one line each",
+    )
+    which = check.add_mutually_exclusive_group(required=True)
+    which.add_argument("source", nargs="?", help="a stored source")
+    which.add_argument("--file", help="a spec file (not stored)")
+    check.add_argument(
+        "--spark", action="store_true", help="also start Spark and build a few of the newest records (then deleted)"
+    )
+    check.set_defaults(func=cmd_check)
 
     worker = sub.add_parser("worker", help="run a worker until SIGTERM/SIGINT")
     worker.add_argument("source")

@@ -1,5 +1,6 @@
-"""``ingest migrate``, ``ingest source apply | list | history`` and ``ingest worker``: the
-metastore's schema, the sources' specs and the process that runs a source."""
+"""``ingest migrate``, ``ingest source apply | list | history``, ``ingest check`` and
+``ingest worker``: the metastore's schema, the sources' specs, what a source's workers need
+(the preflight checks) and the process that runs a source."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ingest.cli.common import emit, load_settings
 from ingest.config import non_negative_seconds
@@ -16,6 +17,9 @@ from ingest.logs import configure_logging
 from ingest_common.backoff import Backoff
 from ingest_common.redact import redact
 from metastore import Metastore, apply_migrations, redact_url
+
+if TYPE_CHECKING:
+    from ingest.cli.check import Checks
 
 # While ``ingest migrate --wait`` waits for PostgreSQL to accept connections.
 MIGRATE_RETRY = Backoff.fixed(2.0)
@@ -53,6 +57,28 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_checks(args: argparse.Namespace, source: str, checks: Checks) -> int:
+    """The checks' lines (or one --json document); their first failure's exit code."""
+    code = int(checks.exit_code)
+    emit(args, {"source": source, "ok": code == 0, "checks": [r.to_json() for r in checks.results]}, checks.lines())
+    return code
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ingest.cli.check import run_checks
+    from ingest.spec import load_spec_file
+
+    settings = load_settings(require_kafka=True)
+    if args.file:
+        spec, _text = load_spec_file(Path(args.file))
+    else:
+        from ingest.worker import load_source
+
+        with Metastore(settings.database_url) as store:
+            _version, spec = load_source(store, args.source)
+    return _report_checks(args, spec.name, run_checks(settings, spec, spark=args.spark))
+
+
 def cmd_source_apply(args: argparse.Namespace) -> int:
     from ingest.evolution import evolution_guard
     from ingest.spec import load_spec_file, resolve_registry_schema
@@ -60,6 +86,15 @@ def cmd_source_apply(args: argparse.Namespace) -> int:
     spec, text = load_spec_file(Path(args.file))
     # The registry's latest reader schema is fixed now and stored with this version.
     spec = resolve_registry_schema(spec)
+    if args.check:
+        from ingest.cli.check import run_checks
+
+        checks = run_checks(load_settings(require_kafka=True), spec)
+        if checks.exit_code:
+            # Nothing stored: the spec's dependencies are fixed first.
+            return _report_checks(args, spec.name, checks)
+        if not args.json:
+            print("\n".join(checks.lines()))
     with Metastore(load_settings().database_url) as store:
         # An Avro reader schema that earlier segments and the table could not follow is refused,
         # checked against the version it would follow in the transaction that stores it.

@@ -270,6 +270,40 @@ def test_a_refused_credential_stops_the_worker_at_start_in_one_line(
     assert took < 9, f"{took:.1f} s: the metadata request's 10 s timeout was waited out"
 
 
+def test_check_on_scram_reads_and_a_wrong_password_is_its_kafka_line(
+    tmp_path: Path, database_url: str, secure_kafka: SecureKafka
+) -> None:
+    """``ingest check`` connects as the worker does: with the right SCRAM password it reads a
+    record over SASL_SSL and derives Spark's reader's settings; with a wrong one its kafka line
+    fails with the refusal (exit 4), what needs Kafka is skipped, and the password shows nowhere."""
+    source, _produced = _source(tmp_path, database_url, secure_kafka, partitions=2, records=10)
+    bootstrap = secure_kafka.broker.sasl_ssl_bootstrap
+
+    def check(password: str) -> Any:
+        env = process_env(database_url, bootstrap, **_env_props(secure_kafka.scram(password=password)))
+        return run_process(
+            [sys.executable, "-m", "ingest", "check", source],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    good = check(secure_kafka.scram_password)
+    assert good.returncode == 0, (good.stdout, good.stderr)
+    assert "SASL_SSL, SCRAM-SHA-512" in good.stdout and "read offset 0" in good.stdout, good.stdout
+    assert "security.protocol=SASL_SSL" in good.stdout
+    wrong = "wr0ng-Pa55word"
+    bad = check(wrong)
+    assert bad.returncode == 4, (bad.stdout, bad.stderr)
+    failed = [line for line in bad.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and "refused the worker's credentials" in failed[0], bad.stdout
+    assert "SASL authentication error" in failed[0], failed[0]
+    assert [line.split()[1] for line in bad.stdout.splitlines() if line.startswith("skipped")] == ["kafka", "consumer"]
+    assert wrong not in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_a_refusal_the_group_member_meets_stops_the_worker(
     database_url: str,
     secure_kafka: SecureKafka,

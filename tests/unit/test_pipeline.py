@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ingest.builder.queue import BUILD_RETRY
+from ingest.builder.queue import BATCH_QUIET_S, BUILD_RETRY
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
 from ingest.spec import SourceSpec, SpecHolder
@@ -339,19 +339,24 @@ def test_a_batch_that_failed_as_a_whole_is_retried_one_split_per_job(store: Fake
     assert store.next_offsets == {P0: 10, P1: 110}
 
 
-def test_a_split_waits_up_to_the_linger_for_others_to_share_its_batch(store: FakeStore, builder: FakeBuilder) -> None:
+def test_splits_submitted_together_share_a_batch_and_one_after_a_quiet_gap_does_not(
+    store: FakeStore, builder: FakeBuilder
+) -> None:
+    """The cuts of one pass come a moment apart: one batch, built without waiting out the linger
+    (30 s here: drain's 5 s would run out); a split after a quiet gap is a batch of its own."""
     publisher = Publisher(store, "s", "w1", backoff=Backoff(0.01, 0.02))
-    pipeline = Pipeline(builder, publisher, SpecHolder(SPEC, 1), build_threads=2, batch_linger_s=0.5)
+    pipeline = Pipeline(builder, publisher, SpecHolder(SPEC, 1), build_threads=2, batch_linger_s=30.0)
     try:
         pipeline.submit(make_split(P0, 0, 10))
-        time.sleep(0.1)
         pipeline.submit(make_split(P1, 0, 10))
-        drain(pipeline, 2)
+        drain(pipeline, 2, timeout=5)
         pipeline.submit(make_split(P0, 10, 20))
-        drain(pipeline, 1)
+        time.sleep(BATCH_QUIET_S * 5)
+        pipeline.submit(make_split(P1, 10, 20))
+        drain(pipeline, 2, timeout=5)
     finally:
         pipeline.close(timeout=5)
-    assert builder.batches == [[0, 0], [10]]
+    assert builder.batches == [[0, 0], [10], [10]]
 
 
 def test_a_split_whose_offsets_hold_no_record_is_published_in_its_place(store: FakeStore) -> None:

@@ -1,0 +1,118 @@
+"""``ingest check`` and ``ingest source apply --check`` as an operator runs them, against a real
+PostgreSQL, Apache Kafka and Spark: every dependency a worker needs, one line each, the first
+failure's exit code; a spec whose checks fail is not stored. (A refused SASL password:
+tests/acceptance/test_secure_kafka.py, on its secured broker.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ingest_dev.testkit import free_port
+from metastore import Metastore
+from tests.acceptance.harness import Produced, apply_spec, process_env, write_spec
+from tests.acceptance.test_cli import ingest
+from tests.fixtures.servers import MakeTopic
+
+
+def _lines(stdout: str) -> dict[str, str]:
+    """Each check's line, by the check's name: ``{"kafka read": "ok      kafka read  ..."}``."""
+    names = ("metastore", "kafka read", "kafka", "consumer group", "spark reader", "schema registry")
+    names += ("segment store", "table catalog", "spark")
+    out = {}
+    for line in stdout.splitlines():
+        rest = line.split(maxsplit=1)[1] if len(line.split(maxsplit=1)) == 2 else ""
+        name = next(n for n in names if rest.startswith(n + " ") or rest == n)
+        out[name] = line
+    return out
+
+
+def test_a_sound_source_passes_every_check_and_the_spark_build_leaves_nothing(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    topic = make_topic(partitions=3)
+    produced = Produced(kafka_bootstrap, topic, 3)
+    produced.produce(120)
+    source, spec = write_spec(tmp_path, topic)
+    apply_spec(database_url, spec)
+    env = process_env(database_url, kafka_bootstrap)
+
+    result = ingest(env, "check", source, "--spark", timeout=300)
+
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    lines = _lines(result.stdout)
+    assert set(lines) == {
+        "metastore",
+        "kafka",
+        "kafka read",
+        "consumer group",
+        "spark reader",
+        "segment store",
+        "spark",
+    }, result.stdout
+    assert all(line.startswith("ok ") for line in lines.values()), result.stdout
+    assert f"{topic} (3 partitions)" in lines["kafka"]
+    assert "read offset 0" in lines["kafka read"]
+    assert "built 10 of the newest offsets" in lines["spark"] and "10 rows" in lines["spark"], lines["spark"]
+    # The check's build and store probe are deleted; nothing was published.
+    store = tmp_path / "store" / source
+    assert not [p for p in store.rglob("*") if p.is_file()], list(store.rglob("*"))
+    with Metastore(database_url) as db:
+        assert db.segments(source) == []
+
+    document = json.loads(ingest(env, "check", "--file", str(spec), "--json").stdout)
+    assert document["ok"] is True and document["source"] == source
+    assert [c["check"] for c in document["checks"]][:2] == ["metastore", "kafka"]
+
+
+def test_every_broken_dependency_is_one_line_and_the_first_decides_the_exit_code(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str
+) -> None:
+    """A topic that does not exist (exit 5), a registry nobody listens on, a store under a file:
+    each its own line; what needs the topic is skipped and says so."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's directory would go\n")
+    registry = f"http://127.0.0.1:{free_port()}"
+    _source, spec = write_spec(
+        tmp_path,
+        "no-such-topic",
+        store=str(blocker / "store"),
+        extra=f'format = "avro"\n[registry]\nurl = "{registry}"\n',
+    )
+    env = process_env(database_url, kafka_bootstrap)
+
+    result = ingest(env, "check", "--file", str(spec), "--spark", timeout=120)
+
+    assert result.returncode == 5, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = _lines(result.stdout)
+    assert lines["metastore"].startswith("ok ")
+    assert lines["kafka"].startswith("FAILED ") and "topic 'no-such-topic' does not exist" in lines["kafka"]
+    for skipped in ("kafka read", "consumer group", "spark"):
+        assert lines[skipped].startswith("skipped ") and "the kafka check failed" in lines[skipped]
+    assert lines["spark reader"].startswith("ok ")
+    assert lines["schema registry"].startswith("FAILED ") and registry in lines["schema registry"]
+    assert lines["segment store"].startswith("FAILED "), lines["segment store"]
+    assert len(result.stdout.splitlines()) == len(lines)  # one line per check, nothing else
+
+
+def test_apply_with_check_stores_nothing_when_a_check_fails_and_stores_a_sound_spec(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    env = process_env(database_url, kafka_bootstrap)
+    missing, bad = write_spec(tmp_path, "no-such-topic")
+
+    refused = ingest(env, "source", "apply", str(bad), "--check")
+
+    assert refused.returncode == 5, (refused.stdout, refused.stderr)
+    assert "does not exist" in refused.stdout
+    with Metastore(database_url) as db:
+        assert missing not in [r["name"] for r in db.list_sources()]
+
+    topic = make_topic(partitions=1)
+    sound, good = write_spec(tmp_path, topic)
+    stored = ingest(env, "source", "apply", str(good), "--check")
+    assert stored.returncode == 0, (stored.stdout, stored.stderr)
+    assert f"source {sound}: version 1" in stored.stdout and "kafka read" in stored.stdout
+    with Metastore(database_url) as db:
+        assert sound in [r["name"] for r in db.list_sources()]
