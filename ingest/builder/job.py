@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest.builder.accounting import Observed, SplitStats
+from ingest.builder.accounting import SPLIT_COLUMN, Observed, SplitStats
 from ingest.builder.kafka_read import KafkaReader
 from ingest.builder.plan import FILE_PARTITION_COLUMN, META_COLUMNS, Plan, PlanCache, Writers
 from ingest.builder.registration import BuildRegistrar
@@ -287,8 +287,9 @@ class SparkSegmentBuilder:
         df = self._reader.frame(spark, splits)
         if plan.decode is not None:
             df = plan.decode(df)
-        df = df.select(*plan.read_columns).withColumn("_error", plan.error)
         observed = Observed(splits, plan, first_bad=good and spec.on_parse_error == "fail")
+        df = df.select(*plan.read_columns).withColumn("_error", plan.error)
+        df = df.withColumn(SPLIT_COLUMN, observed.split_index())
         observation = Observation(f"build-{uuid.uuid4().hex}")
         rows = df.observe(observation, *observed.expressions()).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:
