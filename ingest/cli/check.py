@@ -14,6 +14,8 @@ The checks, in order:
 - ``consumer group``: the source's group can be described (its permission; who is in it now);
 - ``spark reader``: the Java client properties of Spark's Kafka reader can be derived from the
   worker's (exit 2 naming what cannot: ingest.kafka_java);
+- ``spark master``: a Spark Connect server or standalone master (``sc://``, ``spark://``)
+  accepts a connection (a local master is started by the worker itself);
 - ``schema registry``: for a registry format, the registry answers with the credentials given;
 - ``segment store``: a file can be written, read and deleted where the segments go;
 - ``table catalog``: a spec's ``[table]`` catalog answers (exit 11);
@@ -113,6 +115,7 @@ def run_checks(settings: Settings, spec: SourceSpec, *, spark: bool = False) -> 
         checks.skip("kafka read", "the kafka check failed")
         checks.skip("consumer group", "the kafka check failed")
     checks.run("spark reader", lambda: check_reader_properties(settings))
+    checks.run("spark master", lambda: check_master(settings))
     if spec.registry is not None:
         checks.run("schema registry", lambda: check_registry(spec))
     checks.run("segment store", lambda: check_store(spec))
@@ -228,6 +231,24 @@ def check_reader_properties(settings: Settings) -> str:
     java = java_client_properties(settings.kafka_properties, settings.spark_reader_properties)
     protocol = java.get("security.protocol", "PLAINTEXT")
     return f"{len(java)} Java client properties derived (security.protocol={protocol})"
+
+
+def check_master(settings: Settings) -> str:
+    import socket
+    from urllib.parse import urlsplit
+
+    from ingest.errors import SparkUnavailable
+
+    master = settings.spark_master
+    if not master.startswith(("sc://", "spark://")):
+        return f"{master}: started in the worker's own process (--spark starts it)"
+    where = urlsplit(master.split(",")[0].split(";")[0])
+    host, port = where.hostname or "", where.port or (15002 if master.startswith("sc://") else 7077)
+    try:
+        socket.create_connection((host, port), timeout=READ_WAIT_S / 2).close()
+    except OSError as exc:
+        raise SparkUnavailable(master, exc) from exc
+    return f"{master}: accepts connections"
 
 
 def check_registry(spec: SourceSpec) -> str:

@@ -12,12 +12,12 @@ from ingest_dev.testkit import free_port
 from metastore import Metastore
 from tests.acceptance.harness import Produced, apply_spec, process_env, write_spec
 from tests.acceptance.test_cli import ingest
-from tests.fixtures.servers import MakeTopic
+from tests.fixtures.servers import MakeTopic, S3Server
 
 
 def _lines(stdout: str) -> dict[str, str]:
     """Each check's line, by the check's name: ``{"kafka read": "ok      kafka read  ..."}``."""
-    names = ("metastore", "kafka read", "kafka", "consumer group", "spark reader", "schema registry")
+    names = ("metastore", "kafka read", "kafka", "consumer group", "spark reader", "spark master", "schema registry")
     names += ("segment store", "table catalog", "spark")
     out = {}
     for line in stdout.splitlines():
@@ -47,6 +47,7 @@ def test_a_sound_source_passes_every_check_and_the_spark_build_leaves_nothing(
         "kafka read",
         "consumer group",
         "spark reader",
+        "spark master",
         "segment store",
         "spark",
     }, result.stdout
@@ -79,7 +80,8 @@ def test_every_broken_dependency_is_one_line_and_the_first_decides_the_exit_code
         store=str(blocker / "store"),
         extra=f'format = "avro"\n[registry]\nurl = "{registry}"\n',
     )
-    env = process_env(database_url, kafka_bootstrap)
+    master = f"sc://127.0.0.1:{free_port()}"
+    env = process_env(database_url, kafka_bootstrap, INGEST_SPARK_MASTER=master)
 
     result = ingest(env, "check", "--file", str(spec), "--spark", timeout=120)
 
@@ -91,6 +93,7 @@ def test_every_broken_dependency_is_one_line_and_the_first_decides_the_exit_code
     for skipped in ("kafka read", "consumer group", "spark"):
         assert lines[skipped].startswith("skipped ") and "the kafka check failed" in lines[skipped]
     assert lines["spark reader"].startswith("ok ")
+    assert lines["spark master"].startswith("FAILED ") and master in lines["spark master"], lines["spark master"]
     assert lines["schema registry"].startswith("FAILED ") and registry in lines["schema registry"]
     assert lines["segment store"].startswith("FAILED "), lines["segment store"]
     assert len(result.stdout.splitlines()) == len(lines)  # one line per check, nothing else
@@ -116,3 +119,24 @@ def test_apply_with_check_stores_nothing_when_a_check_fails_and_stores_a_sound_s
     assert f"source {sound}: version 1" in stored.stdout and "kafka read" in stored.stdout
     with Metastore(database_url) as db:
         assert sound in [r["name"] for r in db.list_sources()]
+
+
+def test_a_bucket_that_does_not_exist_fails_the_store_check_and_one_that_does_passes(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic, s3_server: S3Server
+) -> None:
+    """The segment store probe on S3 (moto's server): written, read and deleted under the
+    source's prefix of a bucket that exists; one line and exit 1 for a bucket that does not."""
+    topic = make_topic(partitions=1)
+    env = process_env(database_url, kafka_bootstrap)
+    _name, missing = write_spec(tmp_path, topic, store="s3a://no-such-bucket-of-ours/segments")
+    _name, there = write_spec(tmp_path, topic, store=f"s3a://{s3_server.bucket}/preflight")
+
+    refused = ingest(env, "check", "--file", str(missing))
+    passed = ingest(env, "check", "--file", str(there))
+
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert [line.split()[1:3] for line in refused.stdout.splitlines() if line.startswith("FAILED")] == [
+        ["segment", "store"]
+    ], refused.stdout
+    assert passed.returncode == 0, (passed.stdout, passed.stderr)
+    assert "written, read and deleted a file" in _lines(passed.stdout)["segment store"]
