@@ -100,6 +100,13 @@ _PINNED: dict[str, tuple[str, str]] = {
 }
 PROTOCOL_PROPERTIES = {name: value for name, (value, _why) in _PINNED.items()}
 
+# The worker's own consumers receive record bytes only by accident (a fetch decided before a
+# partition's pause) or to learn an answer (the position validator): one record batch per
+# fetch (the broker still sends a first batch whole) and no prefetch past one record held.
+# librdkafka's defaults keep fetching until 100,000 records or 64 MB are queued: a validation
+# of a backlogged partition would receive the backlog.
+NO_PREFETCH = {"max.partition.fetch.bytes": 1, "queued.min.messages": 1, "queued.max.messages.kbytes": 1}
+
 
 # The longest a pass of a singleton role may go without a step of it ending (ingest.roles.runner):
 # past it the pass is asked to stop, the role's lock released for a standby and /healthz fails.
@@ -409,7 +416,8 @@ def _callbacks(settings: Settings) -> KafkaConf:
 def consumer_config(settings: Settings, group_id: str) -> KafkaConf:
     """The group member's librdkafka config: user pass-through first, the protocol's settings
     last (PROTOCOL_PROPERTIES). The member reads no record (its partitions stay paused: Spark
-    reads them), so its fetch settings do not matter."""
+    reads them); ``NO_PREFETCH`` bounds what a fetch decided before a pause receives, whatever
+    fetch settings the properties give Spark's reader."""
     conf: KafkaConf = {
         "bootstrap.servers": settings.kafka_bootstrap,
         "group.id": group_id,
@@ -420,17 +428,19 @@ def consumer_config(settings: Settings, group_id: str) -> KafkaConf:
         conf.update(CLASSIC_GROUP_DEFAULTS)
     conf.update(settings.kafka_properties)
     conf.update(PROTOCOL_PROPERTIES)
+    conf.update(NO_PREFETCH)
     conf.update(_callbacks(settings))
     return conf
 
 
 def validator_config(settings: Settings, group_id: str) -> KafkaConf:
     """The position validator's consumer (ingest.consume.validator): in no group (``group_id``
-    only names it), fetching at most one record batch per answer, answering soon at a log end."""
+    only names it), answering soon at a log end; it receives about one record batch per answer
+    (``NO_PREFETCH``)."""
     conf = consumer_config(settings, group_id)
     for key in CLASSIC_GROUP_DEFAULTS:
         conf.pop(key, None)
-    conf.update({"max.partition.fetch.bytes": 1, "fetch.wait.max.ms": 100})
+    conf["fetch.wait.max.ms"] = 100
     return conf
 
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 
 class ExitCode(IntEnum):
-    """What the ``ingest`` command's exit status means (the README's table is checked against it)."""
+    """What the ``ingest`` command's exit status means (docs/cli.md's table is checked against it)."""
 
     OK = 0
     # A worker stopped on an unrecoverable condition, a check found the source unhealthy, a

@@ -102,8 +102,10 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
         assert row["records_per_s"] > 0 and row["cpu_s_per_million"] > 0 and row["peak_rss_mb"] > 0, (mode, row)
         assert row["produce_to_visible_s"]["n"] > 0, (mode, row)
         # Spark reads the records: the workers' own Kafka clients (librdkafka's statistics)
-        # received none of the data set's bytes.
-        assert row["worker_kafka_received_bytes"] == 0 and row["value_bytes"] > 0, (mode, row)
+        # received almost none of the data set's bytes (a position's validation receives about
+        # a record batch; a fetch decided before a pause, one at most: ingest.config.NO_PREFETCH).
+        assert row["value_bytes"] > 0, (mode, row)
+        assert row["worker_kafka_received_bytes"] < 0.01 * row["value_bytes"], (mode, row)
     # Thin workers start no JVM; the server's and the cluster's CPU and memory are in the
     # fleet's figures.
     assert fleets["thin-cluster"]["worker_jvms"] == 0, fleets["thin-cluster"]

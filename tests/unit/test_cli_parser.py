@@ -47,7 +47,7 @@ def test_every_command_but_worker_takes_json() -> None:
     assert [path for path, parser in leaves if "--json" not in parser._option_string_actions] == ["ingest worker"]
 
 
-def test_the_readme_exit_code_table_is_the_exit_code_enum_and_lists_every_exception() -> None:
+def test_the_exit_code_table_is_the_exit_code_enum_and_lists_every_exception() -> None:
     import inspect
     import re
     from pathlib import Path
@@ -57,8 +57,8 @@ def test_the_readme_exit_code_table_is_the_exit_code_enum_and_lists_every_except
     import metastore.errors
     from ingest_common.errors import ExitCode, IngestError
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    rows = re.findall(r"^\| (\d+) \|.*\|([^|]*)\|$", readme, re.MULTILINE)
+    cli_doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    rows = re.findall(r"^\| (\d+) \|.*\|([^|]*)\|$", cli_doc, re.MULTILINE)
     table = {int(code): raised.strip() for code, raised in rows}
     assert set(table) == {int(code) for code in ExitCode}
     for module in (ingest_common.errors, ingest.errors, metastore.errors):
@@ -69,7 +69,7 @@ def test_the_readme_exit_code_table_is_the_exit_code_enum_and_lists_every_except
             assert issubclass(cls, IngestError), f"{name} is not an IngestError"
             assert isinstance(cls.exit_code, ExitCode)
             if "exit_code" in vars(cls) or cls is IngestError:
-                assert f"`{name}`" in table[cls.exit_code], f"{name} (exit {cls.exit_code}) is not in the README's row"
+                assert f"`{name}`" in table[cls.exit_code], f"{name} (exit {cls.exit_code}) is not in docs/cli.md's row"
 
 
 def test_every_command_has_examples_that_parse() -> None:
