@@ -60,7 +60,7 @@ WRITE_MODE = "error"
 #: whose distinct values outgrow it is written plain from there on: with the default, every value
 #: of a split's high-cardinality columns (offsets, ids, timestamps, session strings) was hashed
 #: into a dictionary the writer dropped when the file closed, ~30 % of the build's JVM CPU at
-#: 100k-record batches (docs/benchmarks.md, "Parquet dictionaries"). Columns of few values (a
+#: 100k-record batches (docs/benchmarks-notebook.md, "Parquet dictionaries"). Columns of few values (a
 #: country, a device, the topic) keep theirs, and zstd sees to the rest: file sizes were within
 #: 1 %. Compaction writes with the default: the files it leaves are the ones read for long.
 DICTIONARY_PAGE_BYTES = 32 * 1024
