@@ -34,7 +34,6 @@ from bench.options import parse_args
 from bench.procs import BusyLoops
 from bench.profile_report import profile_table
 from bench.raw_baseline import run_raw
-from bench.scaling import run_scaling
 from bench.stats import median_run, percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
@@ -295,9 +294,6 @@ def main(argv: list[str] | None = None) -> int:
                 results["latency"]["steady_n"] = {**steady_n, "workers": args.workers}
             if spark_latency is not None:
                 results["latency"]["spark"] = spark_latency
-            if args.scaling:
-                ctx.log("[scaling] by workers, then by partitions")
-                results["scaling"] = run_scaling(ctx, args, split, checks)
             if fresh_cfg is not None:
                 ctx.log("[freshness] raw, Quix, Spark SS, ingest: ramp, then bisection")
                 results["freshness"] = freshness.run_freshness(ctx, fresh_cfg)

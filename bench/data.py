@@ -25,7 +25,7 @@ SCHEMA: dict[str, str] = {
     "page": "string",
 }
 EVENT_TIME = "ts"
-# The topic of ``python -m bench``'s data set (the --scaling topics are named after it).
+# The topic of ``python -m bench``'s data set.
 TOPIC = "bench"
 
 _COUNTRIES = ("DE", "FR", "US", "BR", "IN", "JP", "NG", "AU")
