@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import freshness
+from bench.freshness import phase as freshness
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -66,14 +66,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--freshness",
         action="store_true",
-        help="also the equal-freshness phase (bench/freshness.py); it replaces the Spark peer's "
+        help="also the equal-freshness phase (bench/freshness/phase.py); it replaces the Spark peer's "
         "own produce-to-visible phase, which it measures per record at several rates",
     )
     parser.add_argument(
         "--profile",
         action="store_true",
         help="also profile one worker over a topic of --records records, per thread and Python function "
-        "(bench/worker_profile.py; alone: python -m bench.worker_profile)",
+        "(bench/profiling/worker.py; alone: python -m bench.worker_profile)",
     )
     parser.add_argument(
         "--fleet",

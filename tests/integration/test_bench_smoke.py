@@ -2,9 +2,9 @@
 
 A smoke test only: it checks that every phase produced numbers and files, never how fast
 anything was (CI machines are shared and small).  The Quix peer column may be "n/a" when
-quixstreams is not installed (it lives in its own virtualenv, see bench/peer.py); the Spark
+quixstreams is not installed (it lives in its own virtualenv, see bench/peers/quix.py); the Spark
 Structured Streaming peer must run (on the project's own pyspark, with Spark's Kafka source from
-the jar set scripts/setup.sh fetches and the bench fetches on first use, see bench/streaming_peer.py).
+the jar set scripts/setup.sh fetches and the bench fetches on first use, see bench/peers/spark.py).
 """
 
 from __future__ import annotations
@@ -114,4 +114,3 @@ def test_bench_quick_writes_results_and_chart(tmp_path: Path) -> None:
     assert (out / "chart.png").stat().st_size > 0
     assert "records/s" in stdout
     assert "peer: spark structured streaming" in stdout
-

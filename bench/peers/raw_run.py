@@ -1,4 +1,4 @@
-"""The raw baseline's run: ``bench/raw.py`` in its own process (its CPU and memory are its own)
+"""The raw baseline's run: ``bench/peers/raw.py`` in its own process (its CPU and memory are its own)
 over the data set, its result as a throughput row."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def run_raw(
             [
                 sys.executable,
                 "-m",
-                "bench.raw",
+                "bench.peers.raw",
                 "--bootstrap",
                 ctx.bootstrap,
                 "--topic",

@@ -2,7 +2,7 @@
 
 quixstreams 3.28.1 requires ``confluent-kafka<2.13``; the project pins 2.16.1, so installing it
 beside the project would downgrade the client the workers use.  The peer therefore runs under
-its own virtualenv's Python (``python -m bench --setup-peer`` creates it) and ``peer_quix.py``
+its own virtualenv's Python (``python -m bench --setup-peer`` creates it) and ``quix_app.py``
 is started as a plain script there.
 """
 
@@ -23,7 +23,7 @@ from ingest_dev.process import run_process
 QUIX_VERSION = "3.28.1"
 PYARROW_VERSION = "26.0.1"  # same as the project, so both write Parquet with the same library
 DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ingest-bench" / "quix-venv"
-SCRIPT = Path(__file__).resolve().parent / "peer_quix.py"
+SCRIPT = Path(__file__).resolve().parent / "quix_app.py"
 
 
 def _has_quix(python: str) -> bool:

@@ -5,10 +5,10 @@ machine with the same client library (confluent-kafka) and the same output colum
 ingest segments (``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key``, then the
 schema's columns, zstd).  Runs as its own process so that its CPU and memory are its own:
 
-    python -m bench.raw --bootstrap H:P --topic T --ends '{"0": 3334, ...}' --out DIR --result FILE
-    python -m bench.raw --bootstrap H:P --topic T --follow --flush-s S --stop FILE --out DIR --result FILE
+    python -m bench.peers.raw --bootstrap H:P --topic T --ends '{"0": 3334, ...}' --out DIR --result FILE
+    python -m bench.peers.raw --bootstrap H:P --topic T --follow --flush-s S --stop FILE --out DIR --result FILE
 
-``--follow`` is the freshness run's form (bench/freshness.py): it reads until ``FILE`` exists and
+``--follow`` is the freshness run's form (bench/freshness/phase.py): it reads until ``FILE`` exists and
 writes what it holds once its oldest record has waited ``S`` seconds (or ``--batch`` records are
 held), each file written under a temporary name and renamed, so a file's mtime is when its rows
 became visible.
@@ -191,7 +191,7 @@ def follow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.raw", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--ends", help="JSON object: partition -> log end offset (without --follow)")
