@@ -93,14 +93,15 @@ class BatchWriter:
         return path
 
 
-def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: int, timeout: float) -> dict[str, Any]:
+def _subscribed(bootstrap: str, topic: str, out_dir: Path) -> tuple[Any, BatchWriter]:
+    """A consumer of a fresh group subscribed to the topic (from earliest, like every other system
+    in the bench), and a writer into ``out_dir``."""
     from confluent_kafka import Consumer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            # A fresh group: starts from earliest, like every other system in the bench.
             "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -110,7 +111,11 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
         }
     )
     consumer.subscribe([topic])
-    writer = BatchWriter(out_dir)
+    return consumer, BatchWriter(out_dir)
+
+
+def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: int, timeout: float) -> dict[str, Any]:
+    consumer, writer = _subscribed(bootstrap, topic, out_dir)
     # Done when every partition delivered its last offset (Kafka's end offsets, which the
     # parent checked against the producer's delivery reports).
     remaining = {p: end for p, end in ends.items() if end > 0}
@@ -156,22 +161,7 @@ def follow(
 ) -> dict[str, Any]:
     """Read from the earliest offset until ``stop`` exists (bounded by ``timeout``); what is held
     is written once its oldest record has waited ``flush_s`` (or ``batch`` records are held)."""
-    from confluent_kafka import Consumer
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-        }
-    )
-    consumer.subscribe([topic])
-    writer = BatchWriter(out_dir)
+    consumer, writer = _subscribed(bootstrap, topic, out_dir)
     pending: list[Any] = []
     oldest = 0.0
     deadline = time.monotonic() + timeout
