@@ -41,7 +41,7 @@ def _cpu_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="peer_quix")
+    parser = argparse.ArgumentParser(prog="quix_app")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)

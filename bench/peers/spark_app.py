@@ -39,7 +39,7 @@ def _ddl(schema: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="peer_spark")
+    parser = argparse.ArgumentParser(prog="spark_app")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--starting-offsets", required=True, help='Spark JSON: {"topic": {"0": 0, ...}}')
