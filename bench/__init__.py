@@ -1,19 +1,31 @@
-"""Benchmark of the ingest workers against a raw ceiling and a peer, on one broker and one data set.
+"""Benchmark of the ingest workers against a raw ceiling and peers, on one broker and one data set.
 
 ``python -m bench --help`` for the flags; ``bench/cli.py`` runs the phases in order:
 
-1. pre-produce the data set once (keyed ~200-byte JSON over N partitions);
-2. raw baseline (``bench/raw.py``, its own process): confluent-kafka + pyarrow JSON + Parquet, no guarantees;
-3. peer (``bench/peer_quix.py``, its own virtualenv): Quix Streams with its local Parquet file sink;
-4. ingest with one worker, then with N workers (``python -m ingest worker``), each from a fresh source;
-5. latency under a steady produce rate on the N-worker fleet (publish transaction, produce-to-visible);
+1. pre-produce the data set once (keyed ~200-byte JSON over N partitions, ``bench/data.py``);
+2. raw baseline (``bench/peers/raw.py``, its own process): confluent-kafka + pyarrow JSON + Parquet,
+   no guarantees;
+3. peer (``bench/peers/quix_app.py``, its own virtualenv): Quix Streams with its local Parquet file sink;
+4. Spark Structured Streaming (``bench/peers/spark_app.py``), availableNow;
+5. ingest with one worker, then with N workers (``bench/ingest_runs.py``), each from a fresh source;
+6. latency under a steady produce rate (publish transaction, produce-to-visible);
 
-then prints one table, writes ``results.json`` and draws ``chart.png``. With ``--freshness``, then
-the equal-freshness phase (``bench/freshness.py``; alone: ``python -m bench.freshness``); with
-``--format avro`` the records are Avro in the Confluent wire format (``bench/avro_wire.py``).
-``python -m bench.worker_profile`` profiles one worker per thread and function (``bench/profile_agent.py``).
+then prints one table (``bench/report.py``), writes ``results.json`` and draws ``chart.png``.
+``--freshness``, ``--profile`` and ``--fleet`` add the phases below; ``--format avro`` makes the
+records Avro in the Confluent wire format (``bench/avro_wire.py``).
 
-Beside it, modules run on their own (``python -m bench.NAME``): ``publish``, ``fleet`` (N thin
-workers on one Spark Connect server beside N workers with local Spark), and ``compaction``
-(small segments, then one ``ingest compact``: files, sizes and CPU seconds per GB).
+The packages, by what they measure:
+
+- ``bench/peers/``: the systems compared with the workers (raw baseline, Quix Streams, Spark
+  Structured Streaming);
+- ``bench/freshness/``: equal freshness, the highest rate each system keeps within a
+  produce-to-visible bound (alone: ``python -m bench.freshness``);
+- ``bench/profiling/``: where one worker's CPU goes (alone: ``python -m bench.worker_profile``),
+  and ``jfr_top`` for a Flight Recorder recording of any Spark JVM.
+
+Beside them, commands of their own: ``python -m bench.fleet`` (N thin workers on one Spark
+Connect server beside N workers with local Spark) and ``python -m bench.compaction`` (small
+segments, then one ``ingest compact``: files, sizes and CPU seconds per GB). Shared by all:
+``procs`` (process trees, CPU, RSS), ``stats``, ``console``, ``data``, ``ingest_runs`` (the
+workers' runs and the exactly-once check).
 """

@@ -26,15 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from bench import avro_wire as avro
-from bench import fleet, freshness, freshness_report, peer, report, streaming_peer, worker_profile
+from bench import fleet, report
 from bench.console import exit_on_sigterm, log
 from bench.data import TOPIC, produce_dataset, produce_steady
+from bench.freshness import phase as freshness
+from bench.freshness import report as freshness_report
 from bench.ingest_runs import Context, Fleet, SplitConfig, run_throughput, steady_latency, verify
 from bench.options import parse_args
+from bench.peers import quix, spark
+from bench.peers.raw_run import run_raw
 from bench.procs import BusyLoops
-from bench.profile_report import profile_table
-from bench.raw_baseline import run_raw
-from bench.scaling import run_scaling
+from bench.profiling import worker as worker_profile
+from bench.profiling.report import profile_table
 from bench.stats import median_run, percentiles
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
     if args.setup_peer:
-        print(f"peer virtualenv ready: {peer.setup_venv()}")
+        print(f"peer virtualenv ready: {quix.setup_venv()}")
         return 0
     # Checked before anything starts: a bad flag fails at once, not after the throughput phases.
     fresh_cfg = freshness.config_from(args, args.quick, args.partitions) if args.freshness else None
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 why = "skipped (--skip-peer)" if args.skip_peer else JSON_ONLY
                 throughput["peer"] = {"status": "n/a", "reason": why}
             else:
-                peer_python, why = peer.find_python(args.peer_python)
+                peer_python, why = quix.find_python(args.peer_python)
                 if peer_python is None:
                     throughput["peer"] = {"status": "n/a", "reason": why}
                     log(f"[peer] n/a: {why}")
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     for run in range(1, args.repeat + 1):
                         try:
                             peer_runs.append(
-                                peer.run(
+                                quix.run(
                                     peer_python,
                                     broker.bootstrap,
                                     TOPIC,
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 throughput["spark"] = {"status": "n/a", "reason": "skipped (--skip-spark)"}
             else:
                 try:
-                    streaming_peer.fetch_jars()
+                    spark.fetch_jars()
                 except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                     why = f"could not fetch Spark's Kafka source (scripts/setup.sh fetches it): {e}"
                     throughput["spark"] = {"status": "n/a", "reason": why}
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     log("[spark] structured streaming, availableNow, local[2]")
                     throughput["spark"] = median_run(
                         [
-                            streaming_peer.run_throughput(
+                            spark.run_throughput(
                                 broker.bootstrap,
                                 TOPIC,
                                 data.ends,
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     return produced.records
 
                 with _load(args):
-                    spark_latency = streaming_peer.run_latency(
+                    spark_latency = spark.run_latency(
                         broker.bootstrap,
                         TOPIC,
                         latency_ends,
@@ -295,9 +298,6 @@ def main(argv: list[str] | None = None) -> int:
                 results["latency"]["steady_n"] = {**steady_n, "workers": args.workers}
             if spark_latency is not None:
                 results["latency"]["spark"] = spark_latency
-            if args.scaling:
-                ctx.log("[scaling] by workers, then by partitions")
-                results["scaling"] = run_scaling(ctx, args, split, checks)
             if fresh_cfg is not None:
                 ctx.log("[freshness] raw, Quix, Spark SS, ingest: ramp, then bisection")
                 results["freshness"] = freshness.run_freshness(ctx, fresh_cfg)
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "peer_commit_interval_s": max_age_s,
             "spark_peer": {
                 "pyspark": _versions()["pyspark"],
-                "connector": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{streaming_peer.connector_version()}",
+                "connector": f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark.connector_version()}",
                 "master": "local[2]",
             },
             "saturate": args.saturate,

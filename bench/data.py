@@ -12,7 +12,7 @@ from bench import avro_wire as avro
 from ingest_dev.kafka_clients import end_offsets, produce_records
 
 # One schema for every system: the ingest spec's [schema], the raw baseline's explicit pyarrow
-# schema (bench/raw.py) and what Quix infers all describe these fields.
+# schema (bench/peers/raw.py) and what Quix infers all describe these fields.
 SCHEMA: dict[str, str] = {
     "id": "long",
     "user": "string",
@@ -25,7 +25,7 @@ SCHEMA: dict[str, str] = {
     "page": "string",
 }
 EVENT_TIME = "ts"
-# The topic of ``python -m bench``'s data set (the --scaling topics are named after it).
+# The topic of ``python -m bench``'s data set.
 TOPIC = "bench"
 
 _COUNTRIES = ("DE", "FR", "US", "BR", "IN", "JP", "NG", "AU")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench import freshness
+from bench.freshness import phase as freshness
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -25,8 +25,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the peer is skipped if not installed",
     )
     parser.add_argument("--skip-peer", action="store_true")
-    # Kept so that the commands recorded in docs/benchmarks.md still run: the phase is gone.
-    parser.add_argument("--skip-rebalance", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peer-python", help="Python with quixstreams installed (default: the --setup-peer venv)")
     parser.add_argument(
         "--skip-spark", action="store_true", help="skip the Spark Structured Streaming peer (throughput and latency)"
@@ -59,14 +57,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "report the median run of each (the runs' records/s are listed too)",
     )
     parser.add_argument(
-        "--scaling",
-        action="store_true",
-        help="also ingest the data set with each of --scaling-workers, and with one worker over "
-        "topics of each of --scaling-partitions partitions",
-    )
-    parser.add_argument("--scaling-workers", default="1,2,3", help="worker counts of --scaling (default 1,2,3)")
-    parser.add_argument("--scaling-partitions", default="2,6,12", help="partition counts of --scaling (default 2,6,12)")
-    parser.add_argument(
         "--format",
         choices=("json", "avro"),
         default="json",
@@ -76,14 +66,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--freshness",
         action="store_true",
-        help="also the equal-freshness phase (bench/freshness.py); it replaces the Spark peer's "
+        help="also the equal-freshness phase (bench/freshness/phase.py); it replaces the Spark peer's "
         "own produce-to-visible phase, which it measures per record at several rates",
     )
     parser.add_argument(
         "--profile",
         action="store_true",
         help="also profile one worker over a topic of --records records, per thread and Python function "
-        "(bench/worker_profile.py; alone: python -m bench.worker_profile)",
+        "(bench/profiling/worker.py; alone: python -m bench.worker_profile)",
     )
     parser.add_argument(
         "--fleet",
@@ -121,12 +111,4 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if not sep or not name.startswith("INGEST_"):
             parser.error(f"--worker-env: expected INGEST_NAME=VALUE, got {item!r}")
         args.worker_settings[name] = value
-    for name in ("scaling_workers", "scaling_partitions"):
-        try:
-            counts = [int(x) for x in getattr(args, name).split(",") if x.strip()]
-        except ValueError:
-            counts = []
-        if not counts or min(counts) <= 0:
-            parser.error(f"--{name.replace('_', '-')}: a comma-separated list of positive integers")
-        setattr(args, name, counts)
     return args

@@ -138,17 +138,6 @@ def table(results: dict[str, Any]) -> str:
                 else ""
             )
         )
-    scaling = results.get("scaling")
-    if scaling:
-        for key, points in scaling.items():
-            out.append(
-                f"scaling by {key}: "
-                + "; ".join(
-                    f"{point[key]} -> {_fmt(point['records_per_s'], 0)} records/s "
-                    f"({_fmt(point['cpu_s_per_million'], 1)} CPU s/M)"
-                    for point in points
-                )
-            )
     checks = results.get("exactly_once", {})
     if checks:
         out.append(

@@ -1,5 +1,5 @@
-"""Percentiles of small samples (linear interpolation between closest ranks, as numpy's default), and
-the median of repeated runs."""
+"""Percentiles of small samples (linear interpolation between closest ranks, as numpy's default),
+the median of repeated runs, and the throughput row of a peer that writes files."""
 
 from __future__ import annotations
 
@@ -37,3 +37,23 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) > 1:
         median["runs_records_per_s"] = [r["records_per_s"] for r in runs]
     return median
+
+
+def file_sink_row(result: dict[str, Any], records: int, value_bytes: int) -> dict[str, Any]:
+    """The throughput figures of a peer process that writes files (the raw baseline, Quix Streams),
+    from the result it wrote: its span is its first record to its last write, its CPU and RSS its
+    own."""
+    wall = max(result["last_write_at"] - result["first_record_at"], 1e-6)
+    return {
+        "records": records,
+        "rows_written": result["rows"],
+        "value_bytes": value_bytes,
+        "wall_s": wall,
+        "records_per_s": records / wall,
+        "mb_per_s": value_bytes / wall / 1e6,
+        "cpu_s": result["cpu_s"],
+        "cpu_s_per_million": result["cpu_s"] / records * 1e6,
+        "peak_rss_mb": result["peak_rss_mb"],
+        "files": result["files"],
+        "file_bytes": result["file_bytes"],
+    }

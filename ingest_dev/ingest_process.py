@@ -37,7 +37,7 @@ class IngestProcess(ManagedProcess):
     """
 
     kind: ClassVar[str] = "ingest"
-    # What ``python -m`` runs: a wrapper with ingest's command line (bench/profile_agent.py) may stand in.
+    # What ``python -m`` runs: a wrapper with ingest's command line (bench/profiling/agent.py) may stand in.
     module: ClassVar[str] = "ingest"
     dir_prefix: ClassVar[str] = "ingest-process-"
     # Every process started and not stopped yet, for :func:`kill_leftovers` (the chaos run

@@ -1,7 +1,6 @@
-"""A loopback TCP proxy between clients and one server port, for benchmarks and tests.
+"""A loopback TCP proxy between clients and one server port, for tests.
 
-Each accepted connection is piped to a new connection to the server. ``reply_delay_s`` holds
-every chunk the server sends for that long (round trips made visible). :meth:`TcpProxy.cut`
+Each accepted connection is piped to a new connection to the server. :meth:`TcpProxy.cut`
 breaks the client's side only of every connection open at that moment: the client sees its
 connection end while the server's side stays open, so the server's session goes on as if
 nothing happened (what a lost network path does to PostgreSQL, unlike ending its backend).
@@ -16,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from types import TracebackType
 from typing import Self
 
@@ -49,9 +47,8 @@ def _close(sock: socket.socket) -> None:
 
 
 class TcpProxy:
-    def __init__(self, target_port: int, *, reply_delay_s: float = 0.0) -> None:
+    def __init__(self, target_port: int) -> None:
         self._target_port = target_port
-        self._reply_delay_s = reply_delay_s
         self._listener = socket.create_server((LOOPBACK, 0))
         self._lock = threading.Lock()
         self._links: list[_Link] = []
@@ -136,8 +133,6 @@ class TcpProxy:
                 self._flowing.wait()
                 if link.cut:
                     continue
-                if self._reply_delay_s:
-                    time.sleep(self._reply_delay_s)
                 try:
                     link.client.sendall(data)
                 except OSError:

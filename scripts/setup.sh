@@ -113,7 +113,7 @@ fi
 # Project Nessie (scripts/nessie/pom.xml): the tests' Iceberg REST catalog, one jar on the same
 # Java 21+ as the registry; the demo does not use it.
 "$py" -m ingest_dev.fetch fetch-nessie | sed 's/^/setup: /'
-# The bench's Quix Streams peer in its own virtualenv outside the repository (bench/peer.py:
+# The bench's Quix Streams peer in its own virtualenv outside the repository (bench/peers/quix.py:
 # quixstreams requires confluent-kafka<2.13, the project pins 2.16.1). pip skips what is there.
 "$py" -m bench --setup-peer | sed 's/^/setup: /'
 say "done"

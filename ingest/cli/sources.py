@@ -26,7 +26,7 @@ MIGRATE_RETRY = Backoff.fixed(2.0)
 
 # The publish thread waits on PostgreSQL, the build threads on the Spark JVM; each time one
 # wakes it must win the GIL back from the busy consumer thread, by default only after 5 ms.
-# `python -m bench.publish` shows what that does to a publish.
+# docs/benchmarks.md ("Earlier runs and analysis") has what that does to a publish.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 

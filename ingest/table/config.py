@@ -17,7 +17,7 @@ DEFAULT_BATCH_SEGMENTS = 100
 DEFAULT_INTERVAL_S = 10.0
 # Snapshots a table keeps (older ones are expired after each commit): pyiceberg copies the whole
 # metadata, every snapshot included, many times per commit, so an unbounded snapshot list makes
-# each commit slower than the last (bench/table.py).
+# each commit slower than the last (docs/iceberg.md, the commit costs).
 DEFAULT_KEEP_SNAPSHOTS = 25
 # A committer whose every pass has failed this long reports itself unhealthy (/healthz 503):
 # long past a PostgreSQL restart or failover, short of an alert's patience.

@@ -1,4 +1,4 @@
-"""bench.jfr_top on a real Flight Recorder recording: every frame of a deep stack is read, not
+"""bench.profiling.jfr_top on a real Flight Recorder recording: every frame of a deep stack is read, not
 only the innermost five ``jfr print`` keeps unless told otherwise."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.jfr_top import parse, read_recording, summarize
+from bench.profiling.jfr_top import parse, read_recording, summarize
 from ingest_dev.java import find_java
 
 # A thread busy 30 calls below its outermost frame (Deep.outer), for about 2 s.

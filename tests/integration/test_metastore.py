@@ -185,7 +185,8 @@ def test_a_multi_partition_publish_is_all_or_nothing(store: Metastore) -> None:
 
 def test_a_publish_is_one_statement_and_one_round_trip(store: Metastore, tmp_path: Path) -> None:
     """The whole transaction (lock, checks, inserts, offsets) is one call: the publishing
-    thread waits for one reply, not one per step (see ``python -m bench.publish``)."""
+    thread waits for one reply, not one per step (each reply makes the publishing thread win the
+    GIL back from the consumer thread: docs/benchmarks.md, "Earlier runs and analysis")."""
     claim = store.claim_from("src", "w1", [T0], start=0)[T0]
     trace = tmp_path / "libpq.trace"
     conn = store._connection()

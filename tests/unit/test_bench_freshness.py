@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.freshness_report import ratios, table
-from bench.visibility import Window, nearest_rank, read_timestamps_ms, summary, timestamps_ms
+from bench.freshness.report import ratios, table
+from bench.freshness.visibility import Window, nearest_rank, read_timestamps_ms, summary, timestamps_ms
 
 
 def test_timestamps_of_every_writer_become_epoch_milliseconds(tmp_path: Path) -> None:

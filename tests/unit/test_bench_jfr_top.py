@@ -1,10 +1,10 @@
-"""bench.jfr_top: the shares of a recording's execution samples, from ``jfr print --json``'s shape."""
+"""bench.profiling.jfr_top: the shares of a recording's execution samples, from ``jfr print --json``'s shape."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.jfr_top import Sample, parse, report, summarize
+from bench.profiling.jfr_top import Sample, parse, report, summarize
 
 
 def event(thread: str, *frames: str) -> dict[str, Any]:

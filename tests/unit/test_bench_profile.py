@@ -1,4 +1,4 @@
-"""The worker profile's arithmetic and table (bench/profile_report.py), and the agent's sampler."""
+"""The worker profile's arithmetic and table (bench/profiling/report.py), and the agent's sampler."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bench.profile_agent import ThreadProfiler, thread_cpu_clock
-from bench.profile_report import JVM_OTHER, jvm_group, profile_table, span_profile
+from bench.profiling.agent import ThreadProfiler, thread_cpu_clock
+from bench.profiling.report import JVM_OTHER, jvm_group, profile_table, span_profile
 
 
 def snapshot(at: float, scale: float) -> dict[str, Any]:

@@ -1,11 +1,11 @@
-"""The bench's median-of-runs selection and how the table reports it."""
+"""The bench's median-of-runs selection, a file-writing peer's row, and how the table reports them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from bench.report import table
-from bench.stats import median_run
+from bench.stats import file_sink_row, median_run
 
 
 def run(rps: float) -> dict[str, Any]:
@@ -34,6 +34,22 @@ def test_the_median_run_is_reported_with_every_runs_throughput() -> None:
 def test_one_failed_run_makes_the_result_not_available() -> None:
     failed = {"status": "n/a", "reason": "no result within 10 s"}
     assert median_run([run(100.0), failed, run(300.0)]) == failed
+
+
+def test_a_file_sink_row_spans_its_first_record_to_its_last_write() -> None:
+    result = {
+        "first_record_at": 100.0,
+        "last_write_at": 104.0,
+        "rows": 2_000_000,
+        "cpu_s": 6.0,
+        "peak_rss_mb": 80.0,
+        "files": 3,
+        "file_bytes": 5000,
+    }
+    row = file_sink_row(result, 2_000_000, 400_000_000)
+    assert (row["wall_s"], row["records_per_s"], row["mb_per_s"]) == (4.0, 500_000.0, 100.0)
+    assert (row["cpu_s"], row["cpu_s_per_million"], row["peak_rss_mb"]) == (6.0, 3.0, 80.0)
+    assert (row["records"], row["rows_written"], row["files"], row["file_bytes"]) == (2_000_000, 2_000_000, 3, 5000)
 
 
 def test_the_table_lists_each_runs_throughput() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.search import Outcome, RateSearch
+from bench.freshness.search import Outcome, RateSearch
 
 
 def drive(search: RateSearch, capacity: float) -> list[float]:

@@ -1,4 +1,4 @@
-"""The profile of one worker over a span: two agent snapshots in, one table out (bench/worker_profile.py).
+"""The profile of one worker over a span: two agent snapshots in, one table out (bench/profiling/worker.py).
 
 Pure except :func:`jvm_threads`, which reads ``/proc``.
 """

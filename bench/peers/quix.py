@@ -2,7 +2,7 @@
 
 quixstreams 3.28.1 requires ``confluent-kafka<2.13``; the project pins 2.16.1, so installing it
 beside the project would downgrade the client the workers use.  The peer therefore runs under
-its own virtualenv's Python (``python -m bench --setup-peer`` creates it) and ``peer_quix.py``
+its own virtualenv's Python (``python -m bench --setup-peer`` creates it) and ``quix_app.py``
 is started as a plain script there.
 """
 
@@ -18,12 +18,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.stats import file_sink_row
 from ingest_dev.process import run_process
 
 QUIX_VERSION = "3.28.1"
 PYARROW_VERSION = "26.0.1"  # same as the project, so both write Parquet with the same library
 DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ingest-bench" / "quix-venv"
-SCRIPT = Path(__file__).resolve().parent / "peer_quix.py"
+SCRIPT = Path(__file__).resolve().parent / "quix_app.py"
 
 
 def _has_quix(python: str) -> bool:
@@ -122,22 +123,11 @@ def run(
     raw: dict[str, Any] = json.loads(result_path.read_text())
     if not raw["ok"] or raw["first_record_at"] is None:
         return {"status": "n/a", "reason": f"peer wrote {raw['rows']} of {records} rows before stopping"}
-    wall = max(raw["last_write_at"] - raw["first_record_at"], 1e-6)
     return {
         "system": "quixstreams",
         "version": QUIX_VERSION,
         "guarantee": "at-least-once",
         "commit_interval_s": commit_interval,
-        "records": records,
-        "rows_written": raw["rows"],
-        "value_bytes": value_bytes,
-        "wall_s": wall,
-        "records_per_s": records / wall,
-        "mb_per_s": value_bytes / wall / 1e6,
-        "cpu_s": raw["cpu_s"],
-        "cpu_s_per_million": raw["cpu_s"] / records * 1e6,
-        "peak_rss_mb": raw["peak_rss_mb"],
-        "files": raw["files"],
-        "file_bytes": raw["file_bytes"],
+        **file_sink_row(raw, records, value_bytes),
         "launch_to_done_s": raw["last_write_at"] - started,
     }

@@ -1,10 +1,10 @@
 """The peer a PySpark user would pick: Spark Structured Streaming, Kafka source -> Parquet file sink.
 
-Runs as a plain script in a subprocess of the project's Python (bench/streaming_peer.py), on the
+Runs as a plain script in a subprocess of the project's Python (bench/peers/spark.py), on the
 product's own pyspark with Spark's Kafka source from the project's pinned jar set; it imports
 nothing from ``bench`` or ``ingest``, so it is set up the way a PySpark user would write it.
 
-    python bench/peer_spark.py --bootstrap H:P --topic T --starting-offsets JSON
+    python bench/peers/spark_app.py --bootstrap H:P --topic T --starting-offsets JSON
         --schema JSON --jars A.jar,B.jar --out DIR --checkpoint DIR --expected N
         (--available-now | --processing-time S) --result FILE [--ready FILE] [--avro-schema JSON]
 
@@ -12,7 +12,7 @@ Values are JSON parsed with ``from_json``, or with ``--avro-schema`` Avro in the
 format, parsed with ``from_avro`` after a ``substring`` drops the 5-byte header.
 
 In ``--processing-time`` mode the row count to wait for may come later, in ``--expected-file``,
-or the query runs until ``--stop-file`` exists (the freshness run, bench/freshness.py).
+or the query runs until ``--stop-file`` exists (the freshness run, bench/freshness/phase.py).
 The query is exactly-once by Spark's own means: offsets in the checkpoint, output files made
 visible by the sink's ``_spark_metadata`` log.  ``--available-now`` reads everything up to the
 log ends at start and stops (the throughput run); ``--processing-time`` runs micro-batches every
@@ -39,7 +39,7 @@ def _ddl(schema: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="peer_spark")
+    parser = argparse.ArgumentParser(prog="spark_app")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--starting-offsets", required=True, help='Spark JSON: {"topic": {"0": 0, ...}}')

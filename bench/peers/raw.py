@@ -5,10 +5,10 @@ machine with the same client library (confluent-kafka) and the same output colum
 ingest segments (``_topic``, ``_partition``, ``_offset``, ``_timestamp``, ``_key``, then the
 schema's columns, zstd).  Runs as its own process so that its CPU and memory are its own:
 
-    python -m bench.raw --bootstrap H:P --topic T --ends '{"0": 3334, ...}' --out DIR --result FILE
-    python -m bench.raw --bootstrap H:P --topic T --follow --flush-s S --stop FILE --out DIR --result FILE
+    python -m bench.peers.raw --bootstrap H:P --topic T --ends '{"0": 3334, ...}' --out DIR --result FILE
+    python -m bench.peers.raw --bootstrap H:P --topic T --follow --flush-s S --stop FILE --out DIR --result FILE
 
-``--follow`` is the freshness run's form (bench/freshness.py): it reads until ``FILE`` exists and
+``--follow`` is the freshness run's form (bench/freshness/phase.py): it reads until ``FILE`` exists and
 writes what it holds once its oldest record has waited ``S`` seconds (or ``--batch`` records are
 held), each file written under a temporary name and renamed, so a file's mtime is when its rows
 became visible.
@@ -93,14 +93,15 @@ class BatchWriter:
         return path
 
 
-def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: int, timeout: float) -> dict[str, Any]:
+def _subscribed(bootstrap: str, topic: str, out_dir: Path) -> tuple[Any, BatchWriter]:
+    """A consumer of a fresh group subscribed to the topic (from earliest, like every other system
+    in the bench), and a writer into ``out_dir``."""
     from confluent_kafka import Consumer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            # A fresh group: starts from earliest, like every other system in the bench.
             "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
@@ -110,7 +111,11 @@ def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: 
         }
     )
     consumer.subscribe([topic])
-    writer = BatchWriter(out_dir)
+    return consumer, BatchWriter(out_dir)
+
+
+def run(bootstrap: str, topic: str, ends: dict[int, int], out_dir: Path, batch: int, timeout: float) -> dict[str, Any]:
+    consumer, writer = _subscribed(bootstrap, topic, out_dir)
     # Done when every partition delivered its last offset (Kafka's end offsets, which the
     # parent checked against the producer's delivery reports).
     remaining = {p: end for p, end in ends.items() if end > 0}
@@ -156,22 +161,7 @@ def follow(
 ) -> dict[str, Any]:
     """Read from the earliest offset until ``stop`` exists (bounded by ``timeout``); what is held
     is written once its oldest record has waited ``flush_s`` (or ``batch`` records are held)."""
-    from confluent_kafka import Consumer
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-        }
-    )
-    consumer.subscribe([topic])
-    writer = BatchWriter(out_dir)
+    consumer, writer = _subscribed(bootstrap, topic, out_dir)
     pending: list[Any] = []
     oldest = 0.0
     deadline = time.monotonic() + timeout
@@ -191,7 +181,7 @@ def follow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.raw", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--ends", help="JSON object: partition -> log end offset (without --follow)")

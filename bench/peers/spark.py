@@ -1,4 +1,4 @@
-"""Running the Spark Structured Streaming peer (bench/peer_spark.py) from the project's environment.
+"""Running the Spark Structured Streaming peer (bench/peers/spark_app.py) from the project's environment.
 
 The peer runs on the product's own pyspark, with Spark's Kafka source from the project's one
 pinned jar set (``scripts/spark-jars/pom.xml``, fetched by scripts/setup.sh or on first use), in
@@ -26,7 +26,7 @@ from ingest.spark.jars import spark_jars
 from ingest_dev.maven import fetch_spark_jars
 from ingest_dev.process import popen
 
-SCRIPT = Path(__file__).resolve().parent / "peer_spark.py"
+SCRIPT = Path(__file__).resolve().parent / "spark_app.py"
 CONNECTOR_PREFIX = "spark-sql-kafka-0-10_2.13-"
 
 

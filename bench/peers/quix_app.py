@@ -5,12 +5,12 @@ the project's environment: quixstreams 3.28 requires ``confluent-kafka<2.13`` an
 project pins 2.16.1, so the peer lives in its own virtualenv (``python -m bench
 --setup-peer``).  This file therefore imports nothing from ``bench`` or ``ingest``.
 
-    <quix-python> bench/peer_quix.py --bootstrap H:P --topic T --group G --expected N
+    <quix-python> bench/peers/quix_app.py --bootstrap H:P --topic T --group G --expected N
         --directory DIR --commit-interval S --result FILE
 
-    <quix-python> bench/peer_quix.py ... --follow --stop STOP --visible LOG
+    <quix-python> bench/peers/quix_app.py ... --follow --stop STOP --visible LOG
 
-``--follow`` (the freshness run, bench/freshness.py) reads until ``STOP`` exists instead of
+``--follow`` (the freshness run, bench/freshness/phase.py) reads until ``STOP`` exists instead of
 until ``N`` rows, and appends one JSON line per file written (when it was complete, its path)
 to ``LOG``, so the bench knows when each file's rows became visible.
 
@@ -41,7 +41,7 @@ def _cpu_seconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="peer_quix")
+    parser = argparse.ArgumentParser(prog="quix_app")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)

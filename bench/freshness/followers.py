@@ -1,8 +1,8 @@
-"""The freshness run's systems, each kept running on a topic of its own (bench/freshness.py).
+"""The freshness run's systems, each kept running on a topic of its own (bench/freshness/phase.py).
 
 A follower is one system reading its topic from the start until told to stop: the raw baseline
-(``bench/raw.py --follow``), Quix Streams (``bench/peer_quix.py --follow``), Spark Structured
-Streaming with a processing-time trigger (``bench/peer_spark.py --stop-file``) and one ingest
+(``bench/peers/raw.py --follow``), Quix Streams (``bench/peers/quix_app.py --follow``), Spark Structured
+Streaming with a processing-time trigger (``bench/peers/spark_app.py --stop-file``) and one ingest
 worker. Each says which rows became visible since it was last asked (:meth:`Follower.new_units`)
 and is sampled by hand around each probe (CPU and RSS of its process tree), so no sampling
 thread runs while another system is probed. Kept running between probes, a JVM stays warm, as
@@ -23,14 +23,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from bench.freshness.visibility import Unit
 from bench.ingest_runs import REPO, Context, Fleet, SplitConfig, apply_source, verify, worker_env
+from bench.peers import quix
+from bench.peers.spark import SparkPeer
 from bench.procs import TreeSampler
-from bench.streaming_peer import SparkPeer
-from bench.visibility import Unit
 from ingest_dev.process import popen
 from metastore import Metastore
-
-QUIX_SCRIPT = REPO / "bench" / "peer_quix.py"
 
 
 class Follower(ABC):
@@ -96,7 +95,7 @@ class RawFollower(_ScriptFollower):
         self.out = work / "out"
         self._seen: set[Path] = set()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-        cmd = [sys.executable, "-m", "bench.raw", "--follow", "--bootstrap", bootstrap, "--topic", topic]
+        cmd = [sys.executable, "-m", "bench.peers.raw", "--follow", "--bootstrap", bootstrap, "--topic", topic]
         cmd += ["--flush-s", str(interval_s), "--stop", str(work / "stop"), "--out", str(self.out)]
         cmd += ["--timeout", str(timeout), "--result", str(work / "result.json"), "--batch", "1000000"]
         self._launch(cmd, env, REPO)
@@ -121,11 +120,11 @@ class QuixFollower(_ScriptFollower):
         super().__init__(topic, work)
         self.visible_path = work / "visible.jsonl"
         self._read = 0
-        cmd = [python, str(QUIX_SCRIPT), "--follow", "--bootstrap", bootstrap, "--topic", topic]
+        cmd = [python, str(quix.SCRIPT), "--follow", "--bootstrap", bootstrap, "--topic", topic]
         cmd += ["--group", f"bench-quix-{uuid.uuid4().hex[:8]}", "--directory", "quix_out"]
         cmd += ["--commit-interval", str(interval_s), "--timeout", str(timeout), "--result", str(work / "result.json")]
         cmd += ["--stop", str(work / "stop"), "--visible", str(self.visible_path)]
-        # Its own virtualenv, not the project's (bench/peer.py says why).
+        # Its own virtualenv, not the project's (bench/peers/quix.py says why).
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["PYTHONWARNINGS"] = "ignore"
         self._launch(cmd, env, work)

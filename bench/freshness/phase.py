@@ -4,10 +4,10 @@
     python -m bench --freshness ...     # the same phase after the throughput runs
 
 For the raw baseline, Quix Streams, Spark Structured Streaming (processing-time trigger) and one
-ingest worker: the highest rate at which the p99 of produce-to-visible (bench/visibility.py, per
+ingest worker: the highest rate at which the p99 of produce-to-visible (bench/freshness/visibility.py, per
 record) stays at or under ``--bound`` seconds. Each system reads a topic of its own and keeps
-running for the whole phase (bench/followers.py). Its rate is found by a ramp, then bisection
-(bench/search.py); a probe is one bounded steady phase: produce at the rate for
+running for the whole phase (bench/freshness/followers.py). Its rate is found by a ramp, then bisection
+(bench/freshness/search.py); a probe is one bounded steady phase: produce at the rate for
 ``--probe-seconds``, wait until every record is visible (bounded), judge. Probes are interleaved,
 one per system per round in the order raw, Quix, Spark SS, ingest, so drift of the machine lands
 on every system alike.
@@ -27,22 +27,21 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import peer
 from bench.console import exit_on_sigterm, log
 from bench.data import RecordPool, paced_producer, produce_paced
-from bench.followers import Follower, IngestFollower, QuixFollower, RawFollower, SparkFollower
-from bench.freshness_report import ratios, table
+from bench.freshness.followers import Follower, IngestFollower, QuixFollower, RawFollower, SparkFollower
+from bench.freshness.report import ratios, table
+from bench.freshness.search import Outcome, RateSearch
+from bench.freshness.visibility import Window, read_timestamps_ms, summary
 from bench.ingest_runs import Context
+from bench.peers import quix
 from bench.procs import BusyLoops
-from bench.search import Outcome, RateSearch
-from bench.visibility import Window, read_timestamps_ms, summary
 from ingest_dev.kafka_clients import create_topic, end_offsets
 
 SYSTEMS = ("raw", "quix", "spark", "ingest")
@@ -282,7 +281,7 @@ def config_from(args: argparse.Namespace, quick: bool, partitions: int) -> Fresh
     interval = args.interval or args.bound / 2
     if args.bound <= 0 or interval <= 0 or interval >= args.bound:
         raise SystemExit("--bound must be positive and --interval below it")
-    python, why = (None, "") if "quix" not in systems else peer.find_python(getattr(args, "peer_python", None))
+    python, why = (None, "") if "quix" not in systems else quix.find_python(getattr(args, "peer_python", None))
     return FreshnessConfig(
         bound_s=args.bound,
         interval_s=interval,
@@ -336,7 +335,3 @@ def main(argv: list[str] | None = None) -> int:
     checks = freshness_checks(results)
     print("exactly-once checks: " + ", ".join(f"{k} {'ok' if v['ok'] else 'FAILED'}" for k, v in checks.items()))
     return 0 if checks and all(c["ok"] for c in checks.values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Inside a profiled worker: where each CPU second of its Python threads goes.
 
-    BENCH_PROFILE_DIR=DIR python -m bench.profile_agent worker SOURCE    # as ``python -m ingest``
+    BENCH_PROFILE_DIR=DIR python -m bench.profiling.agent worker SOURCE    # as ``python -m ingest``
 
 Runs ``ingest``'s command line with a sampling thread beside it. Every ``BENCH_PROFILE_INTERVAL_MS``
 (default 10) it reads each Python thread's own CPU clock (the kernel's per-thread clock: exact,
@@ -11,7 +11,7 @@ CPU and is charged nothing. Time in Python's garbage collector is measured per t
 ``gc.callbacks``. The sampler's own CPU is reported as such.
 
 The bench asks for a snapshot of the cumulative figures by creating ``DIR/mark-NAME``; the agent
-answers with ``DIR/snap-NAME.json`` (bench/worker_profile.py takes one at the start and one at the end
+answers with ``DIR/snap-NAME.json`` (bench/profiling/worker.py takes one at the start and one at the end
 of the measured span and reports the difference). Linux only (``/proc``, thread CPU clocks).
 """
 

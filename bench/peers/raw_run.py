@@ -1,4 +1,4 @@
-"""The raw baseline's run: ``bench/raw.py`` in its own process (its CPU and memory are its own)
+"""The raw baseline's run: ``bench/peers/raw.py`` in its own process (its CPU and memory are its own)
 over the data set, its result as a throughput row."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.data import TOPIC
 from bench.ingest_runs import REPO, Context
+from bench.stats import file_sink_row
 from ingest_dev.process import run_process
 
 
@@ -26,7 +27,7 @@ def run_raw(
             [
                 sys.executable,
                 "-m",
-                "bench.raw",
+                "bench.peers.raw",
                 "--bootstrap",
                 ctx.bootstrap,
                 "--topic",
@@ -51,19 +52,4 @@ def run_raw(
         )
     if proc.returncode != 0 or not result_path.exists():
         raise RuntimeError(f"raw baseline failed ({proc.returncode}): see {ctx.work / 'logs' / f'raw-{run}.log'}")
-    raw: dict[str, Any] = json.loads(result_path.read_text())
-    wall = max(raw["last_write_at"] - raw["first_record_at"], 1e-6)
-    return {
-        "system": "raw",
-        "records": records,
-        "rows_written": raw["rows"],
-        "value_bytes": value_bytes,
-        "wall_s": wall,
-        "records_per_s": records / wall,
-        "mb_per_s": value_bytes / wall / 1e6,
-        "cpu_s": raw["cpu_s"],
-        "cpu_s_per_million": raw["cpu_s"] / records * 1e6,
-        "peak_rss_mb": raw["peak_rss_mb"],
-        "files": raw["files"],
-        "file_bytes": raw["file_bytes"],
-    }
+    return {"system": "raw", **file_sink_row(json.loads(result_path.read_text()), records, value_bytes)}

@@ -2,7 +2,7 @@
 
     SPARK_SUBMIT_OPTS="-XX:StartFlightRecording=filename=run.jfr,settings=profile,dumponexit=true" \\
         python -m bench.worker_profile --records 1000000
-    python -m bench.jfr_top run.jfr [--top 30] [--match parquet,Json,UTF8String]
+    python -m bench.profiling.jfr_top run.jfr [--top 30] [--match parquet,Json,UTF8String]
 
 Reads the recording's execution samples with the JDK's own ``jfr`` tool (``jfr print --json
 --events jdk.ExecutionSample``) and prints each thread's share of the samples, the innermost
@@ -106,10 +106,10 @@ def jfr_print_command(tool: Path, recording: Path, stack_depth: int = STACK_DEPT
 def read_recording(path: Path) -> dict[str, Any]:
     java = find_java(11)
     if java is None:
-        raise SystemExit("bench.jfr_top: no JDK found (the jfr tool sits beside java)")
+        raise SystemExit("bench.profiling.jfr_top: no JDK found (the jfr tool sits beside java)")
     tool = java.parent / "jfr"
     if not tool.exists():
-        raise SystemExit(f"bench.jfr_top: {java.parent} has no jfr tool (a JRE, not a JDK)")
+        raise SystemExit(f"bench.profiling.jfr_top: {java.parent} has no jfr tool (a JRE, not a JDK)")
     printed = subprocess.run(
         jfr_print_command(tool, path),
         capture_output=True,
@@ -122,7 +122,7 @@ def read_recording(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.jfr_top", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.profiling.jfr_top", description=__doc__.split("\n\n")[0])
     parser.add_argument("recording", type=Path, help="a .jfr file")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument(
