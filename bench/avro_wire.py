@@ -18,7 +18,7 @@ from typing import Any
 
 import fastavro
 
-from ingest.formats import HEADER_BYTES, MAGIC_BYTE
+from ingest.formats.wire import HEADER_BYTES, MAGIC_BYTE
 from ingest_dev.registry import client as registry_client
 
 # The writer schema: the bench's SCHEMA (bench/data.py) as Avro, no field nullable.

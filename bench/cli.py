@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     split = SplitConfig(max_records=args.split_records, max_age=args.max_age)
-    from ingest.spec import parse_duration
+    from ingest.spec.parse import parse_duration
 
     max_age_s = parse_duration("--max-age", args.max_age)
     work = Path(tempfile.mkdtemp(prefix="ingest_bench_"))

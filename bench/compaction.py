@@ -47,7 +47,7 @@ from bench.data import produce_dataset
 from bench.ingest_runs import REPO, Context, SplitConfig, run_throughput, verify, worker_env
 from bench.procs import TreeSampler, parse_log_time
 from bench.stats import percentile
-from ingest.spec import parse_size
+from ingest.spec.parse import parse_size
 from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
 from ingest_dev.postgres import LocalPostgres

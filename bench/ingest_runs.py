@@ -25,7 +25,7 @@ from bench import avro_wire as avro
 from bench.data import EVENT_TIME, SCHEMA, Produced, produce_steady
 from bench.procs import TreeSampler, WorkerProcess, parse_log_time
 from bench.stats import percentiles
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest_dev.ingest_process import stop_all
 from ingest_dev.testkit import free_port
 from ingest_dev.verify import verify_exactly_once

@@ -12,20 +12,17 @@ replaces small ones.
 Layers, lowest first; a module imports only from its own layer and the ones below it, and
 the layers of one row not from each other (tests/unit/test_layers.py checks this)::
 
-    ingest_common < metastore < ingest (shared) < splits < spark | segments < builder
-        < publish | ops | table | compact < consume < ingest.worker < cli
+    ingest_common < metastore < ingest (shared) < formats < spec < splits < spark | segments
+        < builder < publish | ops | table | compact < consume < ingest.worker < cli
 
 ``ingest.roles`` belongs to the shared top level: ``table`` and ``compact`` each run a role on it.
+``formats`` (the record formats, the registry) and ``spec`` (source specs) sit below every
+stage, and import none of them.
 
 Module map:
 
 ingest (top level: the shared base, and the worker process that wires the layers)
     errors         the worker's exceptions under ingest_common's root (exit codes there)
-    spec           source specs: the TOML parsed and validated, round-tripped through JSON
-    formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
-    table_spec     the [table] section: the Iceberg catalog of the source's tables, its secrets from the environment
-    avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
-    evolution      what ``source apply`` refuses when an Avro source's reader schema changes
     config         settings from the environment; librdkafka client configuration
     env_files      settings read from files (``NAME_FILE``, as Docker and Kubernetes mount secrets)
     kafka_java     Spark's Kafka reader's (Java client) properties, derived from the worker's librdkafka ones
@@ -37,6 +34,21 @@ ingest (top level: the shared base, and the worker process that wires the layers
 ingest.roles (part of the shared top level: a role that runs on one process at a time per source)
     runner         run_singleton_role: the lock, standby or active, retries, each pass watched for its deadline
     health         its state (starting, standby, active, overrun, stopped), /healthz and /readyz
+
+ingest.formats (record formats behind a schema registry; no Spark: protobuf runs in its Python workers)
+    wire           the formats a spec names, the Confluent wire format's header, the decoded key's columns
+    registry       the [registry] section, the registry client, a subject's latest Avro schema
+    avro           Avro reader schemas: a spec's columns, one writer's resolution, a registry record's columns
+    avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
+    protobuf_schemas a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
+    protobuf       the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
+
+ingest.spec (source specs, as applied and as a worker holds them)
+    model          the spec's dataclasses, round-tripped through JSON (how the metastore stores them)
+    parse          the TOML parsed and validated; a registry's latest schema as the reader schema, at apply
+    table          the [table] section: the Iceberg catalog of the source's tables, its secrets from the environment
+    evolution      what ``source apply`` refuses when an Avro source's reader schema changes
+    holder         the spec a worker builds with now and its version (SpecHolder), replaced together
 
 ingest.consume (one polling thread: the consumer group's member; it reads no record)
     kafka          the one boundary to the group member (confluent-kafka): typed consumer, error codes, quirks
@@ -85,8 +97,6 @@ ingest.builder (the build stage: splits into Parquet files, invisible until publ
     warm_up        the first build before joining the group: the source's newest records, thrown away
     writer_schemas writer schemas from the registry: kept once served, a 404 waited for, never a failure kept
     registry_wait  splits waiting for the schema registry: their partitions, since when, its last error
-    protobuf_writers a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
-    protobuf_decode the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
 
 ingest.publish (built splits made visible, in offset order per partition)
     queue          every split in flight with its build's future; one thread publishes in order, outcomes

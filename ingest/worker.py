@@ -45,7 +45,8 @@ from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
 from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
-from ingest.spec import SourceSpec, SpecHolder
+from ingest.spec.holder import SpecHolder
+from ingest.spec.model import SourceSpec
 from ingest_common.model import TopicPartition, WorkerState
 from ingest_common.redact import register_secrets
 from metastore import Metastore, SourceTerminated

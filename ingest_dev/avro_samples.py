@@ -16,7 +16,7 @@ from typing import Any
 
 import fastavro
 
-from ingest.formats import MAGIC_BYTE
+from ingest.formats.wire import MAGIC_BYTE
 from ingest_dev.registry import client as registry_client
 
 

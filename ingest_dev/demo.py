@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ingest.spec import load_spec_file
+from ingest.spec.parse import load_spec_file
 from ingest_dev import avro_samples
 from ingest_dev.ingest_process import IngestProcess, stop_all
 from ingest_dev.kafka import LocalKafka

@@ -51,7 +51,7 @@ CLIENT_TIMEOUT_S = 10
 
 def client(url: str, **conf: Any) -> Any:
     """confluent-kafka's SchemaRegistryClient for producers, demos and tests, every request
-    bounded (the product's own client: ingest.formats.registry_client)."""
+    bounded (the product's own client: ingest.formats.registry.registry_client)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     return SchemaRegistryClient({"url": url, "timeout": CLIENT_TIMEOUT_S, **conf})

@@ -62,7 +62,7 @@ def train() -> None:
 
     from ingest.builder.plan import READ_DDL, make_plan
     from ingest.spark.start import create_session
-    from ingest.spec import spec_from_dict
+    from ingest.spec.parse import spec_from_dict
 
     with tempfile.TemporaryDirectory(prefix="ingest-cds-") as work:
         spec = spec_from_dict(

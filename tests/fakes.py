@@ -11,7 +11,7 @@ from pathlib import Path
 from ingest.builder.registration import BuildRegistrar, Registrar, RegistrationStore
 from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.splits.kill_switch import KillSwitch
 from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff

@@ -19,7 +19,8 @@ from ingest.consume.rebalance import RebalanceHandler
 from ingest.ops.metrics import Metrics
 from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
-from ingest.spec import SourceSpec, SpecHolder, SplitLimits
+from ingest.spec.holder import SpecHolder
+from ingest.spec.model import SourceSpec, SplitLimits
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, TopicPartition
 from ingest_dev.testkit import wait_until

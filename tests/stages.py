@@ -12,7 +12,7 @@ from ingest.builder.registry_wait import RegistryWait
 from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
 from ingest.publish.settle import Discard, Outcome
-from ingest.spec import SpecHolder
+from ingest.spec.holder import SpecHolder
 from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, TopicPartition

@@ -45,7 +45,7 @@ from ingest.errors import BuildError, ParseFailure, SplitKilled, WorkerFailed
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
 from ingest.spark.session import FixedSession, JobInterrupts, SessionSource, job_tag
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.errors import cause_line
 from ingest_common.model import PARSE_ERRORS, BuildRegistration, BuiltSegment

@@ -3,7 +3,7 @@ parse the values read from Kafka (ingest.builder.kafka_read: Kafka coordinates p
 and value bytes) against the source's schema (and the keys against its key schema), classify
 each bad record's error, name the file partition of each good one and, for the registry's
 formats, name the schema ids the batch's writers did not cover. Format protobuf decodes in a
-Python step first (``mapInArrow``, ingest.builder.protobuf_decode) and the expressions read its
+Python step first (``mapInArrow``, ingest.formats.protobuf) and the expressions read its
 columns.
 
 A plan's expressions are unresolved, so one plan serves every batch of its (schema, event
@@ -20,16 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.builder.protobuf_decode import REASON_COLUMN, ArrowDecode, ProtoFiles
-from ingest.formats import (
-    DECODED_FIELD,
-    HEADER_BYTES,
-    KEY_COLUMN_PREFIX,
-    STRING_KEY_COLUMN,
-    avro_reader_schema,
-    reader_for_writer,
-)
-from ingest.spec import SourceSpec
+from ingest.formats.avro import DECODED_FIELD, avro_reader_schema, reader_for_writer
+from ingest.formats.protobuf import REASON_COLUMN, ArrowDecode, ProtoFiles
+from ingest.formats.wire import HEADER_BYTES, KEY_COLUMN_PREFIX, STRING_KEY_COLUMN
+from ingest.spec.model import SourceSpec
 from ingest_common.model import PartitionBy
 
 CORRUPT = "_corrupt"

@@ -35,7 +35,7 @@ from ingest.builder.job import SegmentBuilder
 from ingest.builder.registry_wait import RegistryWait, RegistryWaits
 from ingest.builder.writer_schemas import RegistryUnavailable
 from ingest.errors import BuildError, SplitKilled
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuiltSegment, KillReason

@@ -16,7 +16,7 @@ from ingest.builder.writer_schemas import WriterSchemas
 from ingest.config import Settings
 from ingest.errors import SparkUnavailable
 from ingest.spark.session import SessionSource
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest_common.model import SparkConnectEvent
 
 log = structlog.get_logger(__name__)

@@ -21,7 +21,7 @@ from ingest.builder.job import SegmentBuilder
 from ingest.errors import ParseFailure
 from ingest.kafka_auth import java_refusal, spark_reader_refused
 from ingest.segments import store as segment_store
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.splits.kill_switch import KillSwitch
 from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, TopicPartition

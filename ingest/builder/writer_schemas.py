@@ -18,7 +18,7 @@ of them has (ingest.builder.plan), and those are fetched here (:meth:`WriterSche
   retried by the build queue for as long as the registry stays down; nothing is rejected.
 
 Each Avro writer is checked against the reader schema before the job (Avro's resolution
-rules, ingest.avro_resolution): a writer the reader cannot resolve is never given to from_avro,
+rules, ingest.formats.avro_resolution): a writer the reader cannot resolve is never given to from_avro,
 its records are rejects (``unresolvable_writer_schema``); a served id of another type than the
 format's is kept as such (its records are rejects too, never waited for).
 """
@@ -33,12 +33,13 @@ from typing import Any
 
 import structlog
 
-from ingest.avro_resolution import resolution_problem
-from ingest.builder.protobuf_decode import ProtoFiles
-from ingest.builder.protobuf_writers import ReferenceNotFound, schema_files
 from ingest.errors import BuildError, ConfigError, WorkerFailed, first_line
-from ingest.formats import RegistrySettings, reader_for_writer, registry_client
-from ingest.spec import SourceSpec
+from ingest.formats.avro import reader_for_writer
+from ingest.formats.avro_resolution import resolution_problem
+from ingest.formats.protobuf import ProtoFiles
+from ingest.formats.protobuf_schemas import ReferenceNotFound, schema_files
+from ingest.formats.registry import RegistrySettings, registry_client
+from ingest.spec.model import SourceSpec
 from ingest_common.backoff import SYSTEM_CLOCK, Clock
 
 log = structlog.get_logger(__name__)

@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 from ingest.config import Settings, admin_config, kafka_client, validator_config
 from ingest.errors import ConfigError, ExitCode, IngestError, KafkaUnavailable
 from ingest.kafka_auth import cluster_metadata
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest_common.errors import first_line
 
 #: How long the read check waits for a record (or an error) of each topic.
@@ -252,7 +252,7 @@ def check_master(settings: Settings) -> str:
 
 
 def check_registry(spec: SourceSpec) -> str:
-    from ingest.formats import registry_client
+    from ingest.formats.registry import registry_client
 
     registry = spec.registry
     assert registry is not None

@@ -19,7 +19,7 @@ from ingest.errors import BuildError, KafkaUnavailable, ParseFailure
 from ingest.kafka_auth import cluster_metadata, java_refusal, spark_reader_refused
 from ingest.kafka_java import java_client_properties, java_secret_values
 from ingest.segments import store as segment_store
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest_common.errors import cause_line
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_common.redact import register_secrets

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from ingest.cli.common import emit, load_settings
 from ingest.config import Settings, default_worker_id, non_negative_seconds
-from ingest.spec import SourceSpec, parse_size
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import parse_size
 from metastore import Metastore
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from metastore import Metastore
 
 def _since(value: str) -> datetime:
     """``--since``: an ISO 8601 time (UTC unless it says otherwise) or an age such as 30m, 2h."""
-    from ingest.spec import parse_duration
+    from ingest.spec.parse import parse_duration
 
     if re.fullmatch(r"\d+(\.\d+)?(ms|s|m|h)", value):
         return datetime.now(UTC) - timedelta(seconds=parse_duration("--since", value))

@@ -66,7 +66,7 @@ def _report_checks(args: argparse.Namespace, source: str, checks: Checks) -> int
 
 def cmd_check(args: argparse.Namespace) -> int:
     from ingest.cli.check import run_checks
-    from ingest.spec import load_spec_file
+    from ingest.spec.parse import load_spec_file
 
     settings = load_settings(require_kafka=True)
     if args.file:
@@ -80,8 +80,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_source_apply(args: argparse.Namespace) -> int:
-    from ingest.evolution import evolution_guard
-    from ingest.spec import load_spec_file, resolve_registry_schema
+    from ingest.spec.evolution import evolution_guard
+    from ingest.spec.parse import load_spec_file, resolve_registry_schema
 
     spec, text = load_spec_file(Path(args.file))
     # The registry's latest reader schema is fixed now and stored with this version.

@@ -41,7 +41,7 @@ from ingest.errors import BuildError
 from ingest.segments import output_files
 from ingest.segments import store as segment_store
 from ingest.spark.session import JobInterrupts, SessionSource, job_tag
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, PartitionBy, TopicPartition
 from metastore.base import Row

@@ -23,7 +23,7 @@ from ingest.consume.background import Background
 from ingest.consume.kafka import Consumer
 from ingest.consume.validator import PositionValidator
 from ingest.ops.metrics import Metrics
-from ingest.spec import SpecHolder
+from ingest.spec.holder import SpecHolder
 from ingest_common.backoff import SYSTEM_CLOCK, Clock
 from ingest_common.model import KillReason, PartitionClaim, SourceControl, StoredPosition, TopicPartition
 from metastore.errors import MetastoreError

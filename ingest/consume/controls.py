@@ -15,7 +15,7 @@ import structlog
 from ingest.consume.context import ControlStore, LoopContext
 from ingest.consume.heartbeats import WorkerRegistry
 from ingest.consume.positioning import Positioner, Reason
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, PartitionClaim, TopicPartition
 

@@ -32,7 +32,7 @@ import uuid
 from collections import deque
 
 from ingest.consume.log_offsets import LogEnd
-from ingest.spec import SplitLimits
+from ingest.spec.model import SplitLimits
 from ingest.splits.kill_switch import KillSwitch
 from ingest.splits.split import SealedSplit
 from ingest_common.model import TopicPartition

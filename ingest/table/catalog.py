@@ -1,6 +1,6 @@
 """The Iceberg catalog of a source's tables (:func:`open_catalog`): pyiceberg's SQL catalog in the
 metastore's own PostgreSQL (:class:`MetastoreCatalog`, the default), or the catalog a spec's
-``[table] catalog`` names (REST, Glue, Hive, SQL...; ``ingest.table_spec``).
+``[table] catalog`` names (REST, Glue, Hive, SQL...; ``ingest.spec.table``).
 
 Tables are ``ingest.<source>`` (the segments' data files) and ``ingest_rejects.<source>``
 (their rejects files). In the metastore's catalog their metadata lives under
@@ -34,9 +34,9 @@ from requests.adapters import HTTPAdapter
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection
 
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
+from ingest.spec.table import TableSettings, catalog_env, is_secret_property
 from ingest.table.errors import CatalogUnavailable
-from ingest.table_spec import TableSettings, catalog_env, is_secret_property
 from ingest_common.errors import ConfigError, first_line
 from ingest_common.redact import register_secrets
 from ingest_common.store_uri import canonical_store_uri
@@ -198,7 +198,7 @@ class BoundedRestCatalog(RestCatalog):
 
 def open_catalog(database_url: str, table: TableSettings, env: Mapping[str, str] | None = None) -> Catalog:
     """The catalog of a source's tables: the metastore's own (no ``[table] catalog``), or the one
-    the spec names, with the properties the environment gives (secrets: ``ingest.table_spec``)
+    the spec names, with the properties the environment gives (secrets: ``ingest.spec.table``)
     and the AWS variables as its S3 file IO's defaults; asked for its namespaces once, so a
     catalog that does not answer (or refuses the credentials) fails here, in one line
     (:class:`CatalogUnavailable`), never at the first commit."""

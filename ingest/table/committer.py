@@ -77,7 +77,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, open_catalog, table_location
 from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
 from ingest.table.errors import CommitConflicts, FileSpansPartitions, TableDiverged, TableError

@@ -5,7 +5,7 @@ enabled."""
 
 from __future__ import annotations
 
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest_common.errors import ConfigError
 from metastore.tables import TableKind, TableStore

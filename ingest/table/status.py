@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.table.catalog import close_catalog, identifier, open_catalog
 from ingest.table.committer import COMMIT_SEQ
 from ingest.table.errors import QueryFailed, TableError

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 from ingest.builder.job import BuilderFactory
 from ingest.config import Settings
-from ingest.evolution import evolution_guard
-from ingest.spec import load_spec_file, resolve_registry_schema
+from ingest.spec.evolution import evolution_guard
+from ingest.spec.parse import load_spec_file, resolve_registry_schema
 from ingest.worker import Worker
 from ingest_dev.kafka_clients import produce_records
 from ingest_dev.verify import Verification, published_positions, verify_exactly_once

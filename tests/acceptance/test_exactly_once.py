@@ -13,7 +13,7 @@ from ingest.builder.job import BuilderFactory, BuildResult, SegmentBuilder
 from ingest.builder.kafka_read import KafkaReader
 from ingest.builder.registration import BuildRegistrar
 from ingest.errors import ParseFailure
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment
 from ingest_dev.testkit import wait_until

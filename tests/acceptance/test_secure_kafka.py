@@ -25,7 +25,7 @@ from ingest.builder.kafka_read import KafkaReader
 from ingest.consume.log_offsets import AdminLogOffsets
 from ingest.errors import KafkaUnavailable
 from ingest.kafka_java import java_client_properties
-from ingest.spec import load_spec_file
+from ingest.spec.parse import load_spec_file
 from ingest.worker import Worker
 from ingest_common.model import TopicPartition
 from ingest_dev.ingest_process import IngestProcess

@@ -140,7 +140,7 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
         from ingest.splits.kill_switch import KillSwitch
         from ingest.splits.split import SealedSplit
         from ingest.errors import SplitKilled
-        from ingest.spec import load_spec_file
+        from ingest.spec.parse import load_spec_file
         from ingest_common.model import TopicPartition
         from ingest_dev.tcp_proxy import TcpProxy
 

@@ -20,7 +20,8 @@ from confluent_kafka.admin import AdminClient
 
 from ingest.builder.job import SegmentBuilder
 from ingest.errors import BuildError, SplitKilled
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, TopicPartition
 from tests.fakes import FakeBuilder, RecordingRegistrar

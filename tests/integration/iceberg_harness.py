@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from ingest.ops.audit import audit_source
 from ingest.segments.store import build_dirs, ensure_parent, filesystem
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest.table import committer as committer_module
 from ingest.table.audit import table_findings
 from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, source_catalog

@@ -15,7 +15,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.builder.writer_schemas import RegistryUnavailable
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.registry import LocalSchemaRegistry
 from ingest_dev.registry import client as registry_client

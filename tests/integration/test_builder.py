@@ -18,7 +18,8 @@ from ingest.builder.kafka_read import KafkaReader
 from ingest.builder.warm_up import warm_up, warm_up_splits
 from ingest.errors import ParseFailure, SplitKilled
 from ingest.segments import store as segment_store
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, OffsetRange
 from tests.fakes import RecordingRegistrar

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.spec import load_spec_file
+from ingest.spec.parse import load_spec_file
 from ingest_common.model import TopicPartition
 from tests.acceptance.harness import write_spec
 from tests.chaos_avro import AVRO_VERSIONS, avro_values, version_of

@@ -16,7 +16,7 @@ from ingest.compact.metrics import CompactionMetrics
 from ingest.compact.runner import compactor_health, run_compactor
 from ingest.roles.health import RoleState
 from ingest.spark.session import FixedSession
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest_dev.testkit import wait_until
 from metastore import Metastore, MetastoreUnavailable
 from tests.integration.iceberg_harness import Source

@@ -324,7 +324,7 @@ def test_gc_never_follows_a_symbolic_link(store: Metastore, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("respelled", ["local://{p}", "{p}/", "file:{p}"])
 def test_a_respelled_store_uri_keeps_published_segments(store: Metastore, tmp_path: Path, respelled: str) -> None:
-    from ingest.spec import spec_from_dict
+    from ingest.spec.parse import spec_from_dict
 
     doc = {
         "name": "src",

@@ -25,7 +25,8 @@ from ingest.builder.job import BuildResult, SparkSegmentBuilder
 from ingest.builder.kafka_read import KafkaReader
 from ingest.consume.log_offsets import AdminLogOffsets, LogEnd
 from ingest.errors import BuildError, SplitKilled
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, OffsetRange, TopicPartition
 from ingest_dev.testkit import wait_until

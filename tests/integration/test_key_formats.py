@@ -16,7 +16,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.builder.writer_schemas import WriterSchemas
 from ingest.errors import BuildError
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.registry import LocalSchemaRegistry
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID, V1, order, serializer

@@ -25,7 +25,7 @@ from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
 from ingest.publish.settle import Outcome, Published
 from ingest.segments import store as segment_store
-from ingest.spec import SourceSpec
+from ingest.spec.model import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import BuildRegistration, BuiltSegment, SegmentToPublish, TopicPartition

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import TopicPartition
 from tests.fakes import RecordingRegistrar
 from tests.fixtures.servers import MakeTopic

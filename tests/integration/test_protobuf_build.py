@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.builder.writer_schemas import WriterSchemas
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import TopicPartition
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID
 from tests.fakes import RecordingRegistrar

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest.segments import store as segment_store
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import BuiltSegment, OffsetRange
 from ingest_dev.verify import read_coordinates
 from tests.fakes import RecordingRegistrar

@@ -22,8 +22,9 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingest.builder.kafka_read import KafkaReader
 from ingest.builder.writer_schemas import RegistryMisconfigured, SchemaIdsPending, WriterSchemas
-from ingest.formats import RegistrySettings, registry_client
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.formats.registry import RegistrySettings, registry_client
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_dev.registry import client as dev_client
 from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID, V1, order, serializer

@@ -1,4 +1,4 @@
-"""Avro schema resolution checked before decoding (ingest.avro_resolution): the specification's
+"""Avro schema resolution checked before decoding (ingest.formats.avro_resolution): the specification's
 rules for records, defaults, promotions, unions, arrays, maps, enums, fixed and named types."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ingest.avro_resolution import resolution_problem
-from ingest.formats import avro_reader_schema, reader_for_writer
+from ingest.formats.avro import avro_reader_schema, reader_for_writer
+from ingest.formats.avro_resolution import resolution_problem
 
 
 def record(*fields: dict[str, Any], name: str = "Order") -> str:

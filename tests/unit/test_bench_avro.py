@@ -12,7 +12,8 @@ import pytest
 
 from bench import avro_wire as avro
 from bench import data
-from ingest.formats import avro_columns, avro_reader_schema, reader_for_writer, schema_id
+from ingest.formats.avro import avro_columns, avro_reader_schema, reader_for_writer
+from ingest.formats.wire import schema_id
 
 
 def test_records_are_framed_and_decode_to_the_json_records_values(monkeypatch: pytest.MonkeyPatch) -> None:

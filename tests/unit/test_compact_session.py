@@ -21,7 +21,7 @@ from ingest.errors import SparkDriverExited
 from ingest.spark import connect
 from ingest.spark.session import SessionSource
 from ingest.spark.start import session_source
-from ingest.spec import spec_from_dict
+from ingest.spec.parse import spec_from_dict
 from ingest_common.model import PartitionBy, TopicPartition
 from ingest_dev.testkit import wait_until
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ingest.consume.cutter import INITIAL_BYTES_PER_OFFSET, OffsetSize, PartitionCutter
 from ingest.consume.log_offsets import LogEnd
 from ingest.errors import SplitKilled
-from ingest.spec import SplitLimits
+from ingest.spec.model import SplitLimits
 from ingest.splits.kill_switch import KillSwitch
 from ingest_common.model import TopicPartition
 

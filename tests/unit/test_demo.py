@@ -7,7 +7,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from ingest.spec import load_spec_file
+from ingest.spec.parse import load_spec_file
 from ingest_dev import avro_samples
 from ingest_dev.demo import avro_encoder, sample_record, spec_text, waiting_for
 

@@ -1,4 +1,4 @@
-"""What ``source apply`` refuses when an Avro source's reader schema changes (ingest.evolution),
+"""What ``source apply`` refuses when an Avro source's reader schema changes (ingest.spec.evolution),
 and the reader schema of ``schema_from = "registry"`` over several topics (one for all)."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from ingest import spec as spec_module
 from ingest.errors import ConfigError
-from ingest.evolution import evolution_problem
-from ingest.formats import RegistrySettings
-from ingest.spec import SourceSpec, resolve_registry_schema, spec_from_dict
+from ingest.formats.registry import RegistrySettings
+from ingest.spec import parse as spec_parse
+from ingest.spec.evolution import evolution_problem
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import resolve_registry_schema, spec_from_dict
 
 
 def avro_spec(schema: dict[str, str], **over: Any) -> SourceSpec:
@@ -95,7 +96,7 @@ def test_registry_reader_schema_over_several_topics(monkeypatch: pytest.MonkeyPa
         asked.append(settings.subject(topic))
         return latest[settings.subject(topic)]
 
-    monkeypatch.setattr(spec_module, "latest_schema", latest_schema)
+    monkeypatch.setattr(spec_parse, "latest_schema", latest_schema)
     registry = {"url": "http://127.0.0.1:8081"}
     doc: dict[str, Any] = {
         "name": "orders",

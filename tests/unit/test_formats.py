@@ -10,8 +10,11 @@ import pytest
 
 from ingest.config import Settings
 from ingest.errors import ConfigError
-from ingest.formats import DECODED_FIELD, USER_INFO_ENV, avro_columns, reader_for_writer, schema_id
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.formats.avro import DECODED_FIELD, avro_columns, reader_for_writer
+from ingest.formats.registry import USER_INFO_ENV
+from ingest.formats.wire import schema_id
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest_common import redact
 
 

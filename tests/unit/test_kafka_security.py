@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from ingest.builder.kafka_read import KafkaReader
 from ingest.config import Settings, admin_config, consumer_config
 from ingest.errors import ConfigError
-from ingest.formats import RegistrySettings, registry_client
+from ingest.formats.registry import RegistrySettings, registry_client
 from ingest.kafka_auth import java_refusal, refusal
 from ingest.kafka_java import jaas_quote, java_client_properties
 from ingest.spark.session import BASE_CONF, SECRET_TEXT_PATTERN

@@ -19,13 +19,18 @@ PACKAGES = ("ingest_common", "metastore", "ingest", "ingest_dev")
 
 # Lowest first. A module may import from its own layer and from the rows below it; the layers
 # of one row are independent (none imports another). A module belongs to the longest name
-# that is its own or a parent of it, so ``ingest`` is the shared top level (errors, backoff,
-# spec, config, logs, __version__) and ingest.worker, the process that wires the layers
+# that is its own or a parent of it, so ``ingest`` is the shared top level (errors, config,
+# logs, env files, roles, __version__) and ingest.worker, the process that wires the layers
 # together, sits above them all.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ingest_common",),
     ("metastore",),
     ("ingest",),
+    # Record formats behind a schema registry (wire header, registry client, Avro and Protobuf
+    # schemas, the Protobuf decoder Spark's Python workers run), then the source specs that
+    # name them: every stage reads both; neither knows Spark's session, a split or a stage.
+    ("ingest.formats",),
+    ("ingest.spec",),
     # The hand-off types of a split's journey (a split, its kill switch): below every stage.
     ("ingest.splits",),
     # The Spark session (local, standalone, Connect) and its jars; the segment files' layout.

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from ingest.consume.assignment import PartitionState
-from ingest.spec import SplitLimits
+from ingest.spec.model import SplitLimits
 from ingest_common.model import DesiredState, WorkerState
 from tests.loop_harness import P0, P1, Harness, spec
 

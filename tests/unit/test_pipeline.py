@@ -15,7 +15,8 @@ import pytest
 from ingest.builder.queue import BATCH_QUIET_S, BUILD_RETRY
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Conflicted, Failed, Killed, Outcome, Published, SplitFiles
-from ingest.spec import SourceSpec, SpecHolder
+from ingest.spec.holder import SpecHolder
+from ingest.spec.model import SourceSpec
 from ingest.splits.split import SealedSplit
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, SegmentToPublish, TopicPartition

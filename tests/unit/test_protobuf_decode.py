@@ -12,7 +12,7 @@ from google.protobuf import descriptor_pb2
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ingest.builder.protobuf_decode import MAX_INDEXES, BadFraming, Decoder, parse_header
+from ingest.formats.protobuf import MAX_INDEXES, BadFraming, Decoder, parse_header
 from tests.protobuf_orders import ORDER_COLUMNS, OrderVersion, frame, order, when, writer_files
 
 indexes = st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=MAX_INDEXES)

@@ -16,8 +16,8 @@ from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaRefe
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
-from ingest.builder.protobuf_decode import Decoder
-from ingest.builder.protobuf_writers import ReferenceNotFound, schema_files
+from ingest.formats.protobuf import Decoder
+from ingest.formats.protobuf_schemas import ReferenceNotFound, schema_files
 from tests.protobuf_orders import OrderVersion, customer_file, frame, order_file, when
 
 REFS = [SchemaReference("acme/customer.proto", "acme/customer.proto", 1)]

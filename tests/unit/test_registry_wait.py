@@ -12,7 +12,7 @@ import pytest
 
 from ingest.publish.publisher import Publisher
 from ingest.publish.settle import Killed, Outcome, Published
-from ingest.spec import SpecHolder
+from ingest.spec.holder import SpecHolder
 from ingest_common.backoff import Backoff
 from ingest_common.model import KillReason, WorkerState
 from ingest_dev.testkit import wait_until

@@ -4,7 +4,8 @@ from typing import Any
 import pytest
 
 from ingest.errors import ConfigError
-from ingest.spec import SourceSpec, load_spec_file, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import load_spec_file, spec_from_dict
 
 
 def base(**over: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ingest.consume.assignment import PartitionState
-from ingest.spec import SplitLimits
+from ingest.spec.model import SplitLimits
 from ingest_common.model import DesiredState, PartitionClaim, TopicPartition, WorkerState
 from tests.loop_harness import P0, Harness, spec
 from tests.unit.test_loop import tiles

@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from ingest.errors import ConfigError
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
 from ingest_common.store_uri import canonical_store_uri, overlap
 from tests.unit.test_spec import base
 

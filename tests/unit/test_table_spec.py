@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from ingest.spec import SourceSpec, spec_from_dict
+from ingest.spec.model import SourceSpec
+from ingest.spec.parse import spec_from_dict
+from ingest.spec.table import TableSettings, catalog_env, env_name
 from ingest.table.catalog import _with_last_column_id
-from ingest.table_spec import TableSettings, catalog_env, env_name
 from ingest_common.errors import ConfigError
 from ingest_common.redact import forget_secrets, redact
 

@@ -12,8 +12,8 @@ from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from ingest.builder.writer_schemas import NOT_OF_FORMAT, RegistryMisconfigured, WriterSchemas, resolvable
-from ingest.formats import RegistrySettings
-from ingest.spec import spec_from_dict
+from ingest.formats.registry import RegistrySettings
+from ingest.spec.parse import spec_from_dict
 from tests.fakes import FakeClock
 
 REGISTRY = RegistrySettings("http://127.0.0.1:1/apis/ccompat/v7")

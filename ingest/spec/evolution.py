@@ -9,7 +9,7 @@ one line, when:
   readers accept (``int`` to ``long``, ``float`` to ``double``); or
 - the previous reader schema came from the registry (a schema writers used) and the new
   reader schema cannot resolve records written with it by Avro's rules
-  (ingest.avro_resolution): e.g. a registry version adding a field without a default, which
+  (ingest.formats.avro_resolution): e.g. a registry version adding a field without a default, which
   would make every record written so far an ``unresolvable_writer_schema`` reject.
 
 Adding columns (a field with a default, or any ``[schema]`` column, which is nullable) and
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ingest.avro_resolution import resolution_problem
 from ingest.errors import ConfigError
-from ingest.formats import reader_for_writer
-from ingest.spec import SourceSpec
+from ingest.formats.avro import reader_for_writer
+from ingest.formats.avro_resolution import resolution_problem
+from ingest.spec.model import SourceSpec
 
 #: Column type changes every reader of earlier segments and of the table accepts.
 WIDENINGS = frozenset({("int", "long"), ("float", "double")})

@@ -1,6 +1,6 @@
 """A Protobuf writer schema from the registry, as the decoder needs it: the schema id's
 FileDescriptorProto and those of every file it imports, serialized, dependencies first
-(:data:`ingest.builder.protobuf_decode.ProtoFiles`).
+(:data:`ingest.formats.protobuf.ProtoFiles`).
 
 Registries differ in what ``GET /schemas/ids/{id}`` returns for Protobuf: Confluent's gives
 ``.proto`` text and the base64 FileDescriptorProto only with ``?format=serialized``; Apicurio
@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from ingest.builder.protobuf_decode import ProtoFiles
+from ingest.formats.protobuf import ProtoFiles
 
 log = structlog.get_logger(__name__)
 

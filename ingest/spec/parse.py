@@ -1,8 +1,9 @@
-"""Source specs: the TOML a user applies with ``ingest source apply FILE``.
+"""Source specs: the TOML a user applies with ``ingest source apply FILE``, parsed and validated
+into a SourceSpec (ingest.spec.model); with ``schema_from = "registry"``, completed from the
+registry when applied.
 
 Validation happens here, before anything starts; every error names the field and
-the allowed values. A validated spec round-trips through JSON (how the metastore
-stores it) without loss.
+the allowed values.
 """
 
 from __future__ import annotations
@@ -11,33 +12,24 @@ import json
 import math
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from ingest.errors import ConfigError, shown
-from ingest.formats import (
-    FORMATS,
-    FRAMED_FORMATS,
-    KEY_COLUMN_PREFIX,
-    KEY_FORMATS,
-    STRING_KEY_COLUMN,
-    RegistrySettings,
-    SchemaFrom,
-    avro_columns,
-    avro_reader_schema,
-    latest_schema,
-    registry_from_dict,
+from ingest.formats.avro import avro_columns, avro_reader_schema
+from ingest.formats.registry import RegistrySettings, SchemaFrom, latest_schema, registry_from_dict
+from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KEY_FORMATS
+from ingest.spec.model import (
+    CompactionSettings,
+    OutOfRangePolicy,
+    ParseErrorPolicy,
+    SourceSpec,
+    SplitLimits,
 )
-from ingest.table_spec import TableSettings, table_from_dict
+from ingest.spec.table import TableSettings, table_from_dict
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
-
-ParseErrorPolicy = Literal["reject", "skip", "fail"]
-# What a partition does when its stored offset is no longer in the log (retention, a
-# re-created topic): stop (default), or move to the earliest offset and record the skipped
-# range in the gap ledger. Never silently.
-OutOfRangePolicy = Literal["fail", "earliest"]
 
 SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
 ALLOWED_TYPES = (*SCALAR_TYPES, *(f"array<{t}>" for t in SCALAR_TYPES))
@@ -73,132 +65,6 @@ _TOP_LEVEL_KEYS = {
 }
 _SPLIT_KEYS = {"max_records", "max_bytes", "max_age", "max_in_flight", "max_in_flight_bytes"}
 _COMPACTION_KEYS = {"target_file_size"}
-
-
-@dataclass(frozen=True, slots=True)
-class SplitLimits:
-    max_records: int = 100_000
-    max_bytes: int = 64 * 1024**2
-    max_age_s: float = 30.0
-    # Backpressure: past either bound the worker pauses its partitions (poll() keeps going).
-    max_in_flight: int = 16
-    max_in_flight_bytes: int = 512 * 1024**2
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionSettings:
-    """``ingest compact``: segments whose files are smaller than the target are rewritten into
-    files of about the target (ingest.compact)."""
-
-    target_file_bytes: int = 256 * 1024**2
-
-
-@dataclass(frozen=True, slots=True)
-class SourceSpec:
-    name: str
-    topics: tuple[str, ...]
-    schema: tuple[tuple[str, str], ...]
-    event_time: str
-    segment_store: str
-    start_from: StartFrom = "earliest"
-    format: str = "json"
-    on_parse_error: ParseErrorPolicy = "reject"
-    split: SplitLimits = SplitLimits()
-    consumer_group: str = ""
-    on_offset_out_of_range: OutOfRangePolicy = "fail"
-    # Data files are cut by this transform of the event time (one directory per value under the
-    # build): every file then lies in one partition of an Iceberg table partitioned by it or
-    # by a coarser transform (Iceberg registers a file only whole).
-    file_partition: PartitionBy = PartitionBy.NONE
-    # Formats avro and json_schema: the registry their records' schema ids refer to.
-    registry: RegistrySettings | None = None
-    # Format avro: where the reader schema comes from, and the reader schema itself (Avro
-    # JSON), fixed when the spec is applied (resolve_registry_schema) and stored with it.
-    schema_from: SchemaFrom = "spec"
-    reader_schema: str = ""
-    # How keys are decoded beside ``_key`` (which stays binary): KEY_FORMATS; avro and
-    # json_schema read the fields of ``key_schema`` (column = type, as ``schema``).
-    key_format: str = "binary"
-    key_schema: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def key_columns(self) -> tuple[tuple[str, str], ...]:
-        """The output columns of the decoded key, after ``_key`` and before the schema's."""
-        if self.key_format == "string":
-            return ((STRING_KEY_COLUMN, "string"),)
-        return tuple((KEY_COLUMN_PREFIX + name, ctype) for name, ctype in self.key_schema)
-
-    compaction: CompactionSettings = CompactionSettings()
-    # [table]: the Iceberg catalog of the source's tables (none: the metastore's own).
-    table: TableSettings = field(default_factory=TableSettings)
-
-    @property
-    def group_id(self) -> str:
-        # Same rule as metastore.store.group_id, which checks it is unique across sources.
-        return self.consumer_group or f"ingest-{self.name}"
-
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["topics"] = list(self.topics)
-        doc["schema"] = [list(c) for c in self.schema]
-        doc["key_schema"] = [list(c) for c in self.key_schema]
-        doc["table"] = self.table.to_json()
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> SourceSpec:
-        return cls(
-            name=doc["name"],
-            topics=tuple(doc["topics"]),
-            schema=tuple((c[0], c[1]) for c in doc["schema"]),
-            event_time=doc["event_time"],
-            # Stored before URIs were canonical: one spelling per place from here on.
-            segment_store=canonical_store_uri(doc["segment_store"]),
-            start_from=doc["start_from"],
-            format=doc["format"],
-            on_parse_error=doc["on_parse_error"],
-            split=SplitLimits(**doc["split"]),
-            consumer_group=doc.get("consumer_group", ""),
-            # Specs stored before the option existed had the "fail" behaviour.
-            on_offset_out_of_range=doc.get("on_offset_out_of_range", "fail"),
-            file_partition=PartitionBy(doc.get("file_partition", PartitionBy.NONE)),
-            registry=RegistrySettings(**doc["registry"]) if doc.get("registry") else None,
-            schema_from=doc.get("schema_from", "spec"),
-            reader_schema=doc.get("reader_schema", ""),
-            key_format=doc.get("key_format", "binary"),
-            key_schema=tuple((c[0], c[1]) for c in doc.get("key_schema", ())),
-            # Specs stored before compaction existed have its defaults.
-            compaction=CompactionSettings(**doc.get("compaction", {})),
-            table=TableSettings.from_json(doc.get("table")),
-        )
-
-
-class SpecHolder:
-    """The spec a worker builds with now, and its version: the one place they are held. The
-    loop reads its split limits and gap policy, the pipeline the spec a submitted split is
-    built with, the registry the version it reports. Only an applied spec version
-    (ingest.consume.controls) changes it, on the polling thread; the pair is replaced in one
-    store, so a reader on another thread never sees one version's spec with another's number."""
-
-    __slots__ = ("_current",)
-
-    def __init__(self, spec: SourceSpec, version: int) -> None:
-        self._current = (spec, version)
-
-    @property
-    def spec(self) -> SourceSpec:
-        return self._current[0]
-
-    @property
-    def version(self) -> int:
-        return self._current[1]
-
-    def current(self) -> tuple[SourceSpec, int]:
-        """The spec and its version, read together."""
-        return self._current
-
-    def set(self, spec: SourceSpec, version: int) -> None:
-        self._current = (spec, version)
 
 
 def validate_source_name(name: object) -> str:

@@ -4,7 +4,7 @@ schema be read with another, by the rules of the Avro specification ("Schema Res
 The builder asks it once per (reader, writer id), so that the records of a writer its reader
 cannot resolve are rejects (``unresolvable_writer_schema``) instead of a Spark job that fails or
 decodes nothing; ``source apply`` asks it whether a new reader schema still reads what the
-previous one described (:mod:`ingest.evolution`).
+previous one described (:mod:`ingest.spec.evolution`).
 
 The rules, reader R and writer W:
 
