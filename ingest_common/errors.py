@@ -7,6 +7,7 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from enum import IntEnum
 from typing import ClassVar
 
@@ -85,3 +86,12 @@ def shown(value: object, limit: int = 40) -> str:
     """A value for an error line: its repr, cut short (a 400-digit number is one line, not ten)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def refuse_unknown_fields(section: str, doc: Mapping[str, object], allowed: Iterable[str]) -> None:
+    """One line naming the fields of ``doc`` that ``allowed`` does not, and what is allowed
+    (``section``: the TOML table they were found in, empty at the top level)."""
+    known = set(allowed)
+    if unknown := set(doc) - known:
+        where = f"{section}: " if section else ""
+        raise ConfigError(f"{where}unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(known))}")

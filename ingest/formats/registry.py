@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 from ingest.env_files import env_value
 from ingest.errors import ConfigError, shown
+from ingest_common.errors import refuse_unknown_fields
 
 USER_INFO_ENV = "INGEST_SCHEMA_REGISTRY_USER_INFO"
 
@@ -38,11 +39,7 @@ class RegistrySettings:
 def registry_from_dict(doc: object) -> RegistrySettings:
     if not isinstance(doc, dict):
         raise ConfigError("registry: expected a table with url = the registry's base URL")
-    unknown = set(doc) - _REGISTRY_KEYS
-    if unknown:
-        raise ConfigError(
-            f"registry: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_REGISTRY_KEYS))}"
-        )
+    refuse_unknown_fields("registry", doc, _REGISTRY_KEYS)
     if "url" not in doc:
         raise ConfigError("registry.url: missing (required: the registry's base URL)")
     url = doc["url"]

@@ -28,6 +28,7 @@ from ingest.spec.model import (
     SplitLimits,
 )
 from ingest.spec.table import TableSettings, table_from_dict
+from ingest_common.errors import refuse_unknown_fields
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
@@ -128,11 +129,7 @@ def _choice(field: str, value: object, allowed: tuple[str, ...]) -> str:
 
 
 def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceSpec:
-    unknown = set(doc) - _TOP_LEVEL_KEYS
-    if unknown:
-        raise ConfigError(
-            f"unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TOP_LEVEL_KEYS))}"
-        )
+    refuse_unknown_fields("", doc, _TOP_LEVEL_KEYS)
     schema_from = _choice("schema_from", doc.get("schema_from", "spec"), ("spec", "registry"))
     fmt = _choice("format", doc.get("format", "json"), FORMATS)
     for required in ("name", "topics", "event_time", *(("schema",) if schema_from == "spec" else ())):
@@ -170,11 +167,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     split_doc = doc.get("split", {})
     if not isinstance(split_doc, dict):
         raise ConfigError("split: expected a table")
-    unknown = set(split_doc) - _SPLIT_KEYS
-    if unknown:
-        raise ConfigError(
-            f"split: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_SPLIT_KEYS))}"
-        )
+    refuse_unknown_fields("split", split_doc, _SPLIT_KEYS)
     defaults = SplitLimits()
     limits = SplitLimits(
         max_records=_positive_int("split.max_records", split_doc.get("max_records", defaults.max_records)),
@@ -189,10 +182,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     compaction_doc = doc.get("compaction", {})
     if not isinstance(compaction_doc, dict):
         raise ConfigError("compaction: expected a table")
-    if unknown := set(compaction_doc) - _COMPACTION_KEYS:
-        raise ConfigError(
-            f"compaction: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_COMPACTION_KEYS))}"
-        )
+    refuse_unknown_fields("compaction", compaction_doc, _COMPACTION_KEYS)
     compaction = CompactionSettings(
         target_file_bytes=parse_size(
             "compaction.target_file_size",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ingest_common.errors import ConfigError, shown
+from ingest_common.errors import ConfigError, refuse_unknown_fields, shown
 from ingest_common.redact import is_secret_name
 
 CATALOG_TYPES = ("rest", "glue", "hive", "sql", "dynamodb", "bigquery")
@@ -71,10 +71,7 @@ def table_from_dict(doc: object) -> TableSettings:
     properties with a known ``type`` and no secret."""
     if not isinstance(doc, dict):
         raise ConfigError('table: expected a table, e.g. [table] catalog = { type = "rest", uri = "..." }')
-    if unknown := set(doc) - _TABLE_KEYS:
-        raise ConfigError(
-            f"table: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TABLE_KEYS))}"
-        )
+    refuse_unknown_fields("table", doc, _TABLE_KEYS)
     if "catalog" not in doc:
         return TableSettings()
     catalog = doc["catalog"]
