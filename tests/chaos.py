@@ -4,6 +4,7 @@ record must be in exactly one published segment, with its payload intact.
 
     python -m tests.chaos [--records 500000] [--duration 300] [--workers 3] [--seed 1] [--quick]
                           [--group-protocol classic|consumer] [--format json|avro] [--spark local|connect]
+                          [--kafka-security plaintext|sasl_ssl]
 
 Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replacement),
 ``stop`` (SIGSTOP past the session timeout, then SIGCONT: a zombie), ``add`` (one more
@@ -21,7 +22,9 @@ process replaces small segments all through the run, ``compact_kill`` SIGKILLs i
 and starts another, and every check reads only the current segments. With ``--format avro``
 the records are Avro in the Confluent wire format through a local schema registry, written
 with three writer schema versions in turn while the run goes on (each adds a field with a
-default; the spec's reader schema reads them all).
+default; the spec's reader schema reads them all). With ``--kafka-security sasl_ssl``
+(tests/chaos_kafka.py) every Kafka client of the run is on the broker's SASL_SSL listener with
+SCRAM-SHA-512, and the password must show in no process's log.
 
 A supervisor plays the orchestrator: it restarts workers that exit on their own or whose
 ``/healthz`` keeps failing, and counts both. Recovery after a fault is the time from the

@@ -66,11 +66,11 @@ class ScramLogin:
     ca: Path
 
 
-def kafka_clients(broker: LocalKafka, scram: ScramLogin | None = None) -> KafkaClients:
-    """The one derivation of every client's settings: the PLAINTEXT listener without ``scram``,
-    the SASL_SSL one with SCRAM-SHA-512 over TLS with it."""
+def kafka_clients(bootstrap: str, scram: ScramLogin | None = None) -> KafkaClients:
+    """The one derivation of every client's settings for the listener at ``bootstrap``: PLAINTEXT
+    without ``scram``, SASL_SSL with SCRAM-SHA-512 over TLS with it."""
     if scram is None:
-        return KafkaClients(broker.bootstrap)
+        return KafkaClients(bootstrap)
     props = {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
@@ -78,7 +78,7 @@ def kafka_clients(broker: LocalKafka, scram: ScramLogin | None = None) -> KafkaC
         "ssl.ca.location": str(scram.ca),
     }
     return KafkaClients(
-        broker.sasl_ssl_bootstrap,
+        bootstrap,
         {**props, "sasl.password": scram.password},
         {**kafka_prop_env(props), "INGEST_KAFKA_PROP_SASL_PASSWORD_FILE": str(scram.secret_file)},
         scram.password,
@@ -92,7 +92,7 @@ def chaos_broker(security: str, work: Path) -> Iterator[tuple[LocalKafka, KafkaC
         raise ValueError(f"unknown Kafka security {security!r}; known: {', '.join(KAFKA_SECURITY)}")
     if security == "plaintext":
         with LocalKafka(base_dir=work / "broker") as broker:
-            yield broker, kafka_clients(broker)
+            yield broker, kafka_clients(broker.bootstrap)
         return
     certs = make_certificates(work / "certs")
     # Characters a JAAS line must keep as they are; none that the storage tool's
@@ -104,7 +104,7 @@ def chaos_broker(security: str, work: Path) -> Iterator[tuple[LocalKafka, KafkaC
         f.write(password + "\n")  # as `echo` writes it: the line end is no part of it
     scram = ScramLogin(password, secret_file, certs.ca)
     with LocalKafka(base_dir=work / "broker", security=BrokerSecurity(certs, {SCRAM_USER: password})) as broker:
-        yield broker, kafka_clients(broker, scram)
+        yield broker, kafka_clients(broker.sasl_ssl_bootstrap, scram)
 
 
 def secret_shown(kafka: KafkaClients, log_dir: Path, outputs: Mapping[str, str]) -> tuple[int, list[str]]:
