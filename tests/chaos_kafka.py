@@ -47,13 +47,11 @@ class KafkaClients:
         return {"bootstrap.servers": self.bootstrap, **self.props, **extra}
 
     def describe(self) -> str:
+        """One line for the run's log and summary: which listener the clients use, how."""
         protocol = self.props.get("security.protocol", "PLAINTEXT")
         mechanism = self.props.get("sasl.mechanism")
-        return (
-            f"clients on {protocol}"
-            + (f" ({mechanism}, a CA made for the run)" if mechanism else "")
-            + (f" at {self.bootstrap}")
-        )
+        how = f" ({mechanism}, a CA made for the run)" if mechanism else ""
+        return f"clients on {protocol}{how} at {self.bootstrap}"
 
 
 @dataclass(frozen=True)
