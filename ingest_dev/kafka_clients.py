@@ -13,18 +13,21 @@ from ingest_dev.kafka import PROBE_LOG
 from ingest_dev.testkit import wait_until
 
 
-def create_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30) -> None:
+def create_topic(
+    bootstrap: str, name: str, partitions: int, timeout: float = 30, config: Mapping[str, Any] | None = None
+) -> None:
     """Create ``name`` with ``partitions`` partitions (replication 1) and wait until usable.
 
     Returns once the broker's metadata lists every partition with a leader.  An existing
     topic with the same partition count is accepted (idempotent); a different count raises.
+    ``config`` adds admin client settings (a secured listener's, say).
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
     deadline = time.monotonic() + timeout
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(config or {})})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1)],
         operation_timeout=timeout,
@@ -75,13 +78,21 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 10) -> 
         raise RuntimeError("delete_topics failed: " + "; ".join(errors))
 
 
-def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
-    """Every partition's log end offset (high watermark) as the broker reports it now."""
+def end_offsets(
+    bootstrap: str, topic: str, timeout: float = 10.0, config: Mapping[str, Any] | None = None
+) -> dict[int, int]:
+    """Every partition's log end offset (high watermark) as the broker reports it now; ``config``
+    adds consumer settings (a secured listener's, say)."""
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTopicPartition
 
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "ingest-end-offsets", "enable.auto.commit": False},
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "ingest-end-offsets",
+            "enable.auto.commit": False,
+            **(config or {}),
+        },
         logger=PROBE_LOG,
     )
     try:

@@ -4,6 +4,7 @@ record must be in exactly one published segment, with its payload intact.
 
     python -m tests.chaos [--records 500000] [--duration 300] [--workers 3] [--seed 1] [--quick]
                           [--group-protocol classic|consumer] [--format json|avro] [--spark local|connect]
+                          [--kafka-security plaintext|sasl_ssl]
 
 Faults (``--faults`` picks a subset): ``kill`` (SIGKILL a worker, start a replacement),
 ``stop`` (SIGSTOP past the session timeout, then SIGCONT: a zombie), ``add`` (one more
@@ -21,7 +22,9 @@ process replaces small segments all through the run, ``compact_kill`` SIGKILLs i
 and starts another, and every check reads only the current segments. With ``--format avro``
 the records are Avro in the Confluent wire format through a local schema registry, written
 with three writer schema versions in turn while the run goes on (each adds a field with a
-default; the spec's reader schema reads them all).
+default; the spec's reader schema reads them all). With ``--kafka-security sasl_ssl``
+(tests/chaos_kafka.py) every Kafka client of the run is on the broker's SASL_SSL listener with
+SCRAM-SHA-512, and the password must show in no process's log.
 
 A supervisor plays the orchestrator: it restarts workers that exit on their own or whose
 ``/healthz`` keeps failing, and counts both. Recovery after a fault is the time from the
@@ -47,30 +50,30 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ingest.ops.gc import collect_garbage
 from ingest_dev.ingest_process import IngestProcess
-from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic, end_offsets, produce_records
 from ingest_dev.postgres import LocalPostgres
 from ingest_dev.s3 import LocalS3
 from ingest_dev.spark_connect import LocalConnectServer
 from ingest_dev.testkit import wait_until
 from ingest_dev.verify import verify_exactly_once, verify_payloads
-from metastore import Metastore, MetastoreError, apply_migrations
+from metastore import Metastore, apply_migrations
 from tests.acceptance.harness import apply_spec, process_env, write_spec
 from tests.chaos_avro import AVRO_VERSIONS, avro_values, registry_beside
 from tests.chaos_compact import Compactor, audit_files, replaced_segments, unlisted_files
 from tests.chaos_config import FAULT_KINDS, SESSION_TIMEOUT_S, ChaosConfig
 from tests.chaos_fleet import Fleet, log_since, stop_worker
+from tests.chaos_kafka import KAFKA_SECURITY, chaos_broker, secret_shown
 from tests.chaos_records import ChaosProducer, expected_row, record_fields, record_value
 from tests.chaos_result import ChaosResult, Fault
 from tests.chaos_table import Committers, verify_table
 from tests.chaos_table import enable as enable_table
-from tests.chaos_watch import Monitor, OwnershipWatch
+from tests.chaos_watch import Monitor, OwnershipWatch, caught_up_to, fleet_ready, published_any
 
 PG_OUTAGE_S = 20.0
 # The "gc" fault runs gc with no grace at all: it abandons every split
@@ -149,15 +152,6 @@ def _inject(
     return name, kind
 
 
-def _caught_up(url: str, source: str, ends: Mapping[int, int]) -> bool:
-    try:
-        with Metastore(url) as store:
-            positions = {int(r["partition"]): r["next_offset"] for r in store.partitions(source)}
-    except MetastoreError:
-        return False
-    return all(positions.get(p) == end for p, end in ends.items() if end)
-
-
 def _count_kills(workers: list[IngestProcess]) -> Counter[str]:
     kills: Counter[str] = Counter()
     for worker in workers:
@@ -207,14 +201,14 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
     with (
         registry_beside(config.format == "avro", work) as registry,
         LocalPostgres() as pg,
-        LocalKafka(base_dir=work / "broker") as broker,
+        chaos_broker(config.kafka_security, work) as (broker, kafka),
         _store(config, work) as (store, s3env),
         _connect_server(config) as connect,
     ):
-        say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s")
+        say(f"broker: {broker.describe()}, started in {broker.started_in_s:.1f} s; {kafka.describe()}")
         url = pg.url
         apply_migrations(url)
-        create_topic(broker.bootstrap, TOPIC, config.partitions)
+        create_topic(kafka.bootstrap, TOPIC, config.partitions, config=kafka.props)
         extra = f'start_from = "{config.start_from}"'
         value = record_value
         if registry is not None:
@@ -233,9 +227,8 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         )
         if config.start_from == "latest":
             # Before the source reads: none of these may ever be published (verify's "unexpected").
-            before = produce_records(
-                broker.bootstrap, TOPIC, ((p % config.partitions, None, b'{"before": true}') for p in range(500))
-            )
+            early = ((p % config.partitions, None, b'{"before": true}') for p in range(500))
+            before = produce_records(kafka.bootstrap, TOPIC, early, config=kafka.props)
             say(f"start_from latest: {sum(before.values())} records produced before the fleet starts")
         apply_spec(url, spec_path)
         # A one-minute rebalance timeout (max.poll.interval.ms; the loop never blocks poll()
@@ -245,9 +238,10 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             say(f"Spark Connect server {connect.url}, listening after {connect.start_seconds:.1f} s")
         env = process_env(
             url,
-            broker.bootstrap,
+            kafka.bootstrap,
             config.group_protocol,
             INGEST_KAFKA_PROP_MAX_POLL_INTERVAL_MS="60000",
+            **kafka.worker_env,
             **s3env,
             **spark,
         )
@@ -258,9 +252,9 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             committers.start()
         compactor = Compactor(env, source, work, t0) if config.compact else None
         compact_problems: list[str] = []
-        producer = ChaosProducer(broker.bootstrap, TOPIC, config.partitions, config.records, config.duration_s, value)
+        producer = ChaosProducer(kafka.config(), TOPIC, config.partitions, config.records, config.duration_s, value)
         monitor = Monitor(url, source, producer, t0)
-        ownership = OwnershipWatch(broker.bootstrap, f"ingest-{source}", TOPIC, fleet, monitor, t0)
+        ownership = OwnershipWatch(kafka, f"ingest-{source}", TOPIC, fleet, monitor, t0)
         try:
             fleet.start(config.workers)
             if compactor is not None:
@@ -269,7 +263,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             # machine): produce only once the fleet consumes, so the faults hit production.
             say("waiting for the fleet to own every partition")
             wait_until(
-                lambda: _fleet_ready(url, source, config.workers, config.partitions),
+                lambda: fleet_ready(url, source, config.workers, config.partitions),
                 300,
                 "chaos: the workers to join and own every partition",
                 interval=1.0,
@@ -278,7 +272,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             monitor.start()
             ownership.start()
             say("fleet ready; producing; waiting for the first segment before injecting faults")
-            wait_until(lambda: _published_any(url, source), 180, "chaos: the first worker to publish", interval=1.0)
+            wait_until(lambda: published_any(url, source), 180, "chaos: the first worker to publish", interval=1.0)
             plan = _fault_plan(config, rng)
             say(f"fault plan: {', '.join(plan)}")
             for kind in plan:
@@ -316,12 +310,12 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             )
             # Caught up means at Kafka's end offsets; with a single, non-transactional producer
             # they must equal what the delivery reports say was written.
-            ends = end_offsets(broker.bootstrap, TOPIC)
+            ends = end_offsets(kafka.bootstrap, TOPIC, config=kafka.props)
             if {p: e for p, e in ends.items() if e} != {p: e for p, e in producer.ends().items() if e}:
                 producer.errors.append(f"Kafka's end offsets {ends} differ from the delivery reports {producer.ends()}")
             try:
                 caught_up = wait_until(
-                    lambda: _caught_up(url, source, ends), config.catchup_timeout_s, "the catch-up", interval=1.0
+                    lambda: caught_up_to(url, source, ends), config.catchup_timeout_s, "the catch-up", interval=1.0
                 )
             except TimeoutError:
                 caught_up = False  # reported with the verification below
@@ -366,6 +360,7 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
         # The operator's proof, after everything settled (the table committed up to date too).
         audit_code, audit_lines = audit_files(env, source)
         say(f"{replaced} segments replaced by compaction; ingest audit --files exited {audit_code}")
+        secret_checked, shown = secret_shown(kafka, work, {"ingest audit": "\n".join(audit_lines)})
         return ChaosResult(
             config=config,
             produced=producer.delivered_count(),
@@ -383,32 +378,16 @@ def run(config: ChaosConfig, log: Callable[[str], None] | None = None) -> ChaosR
             health_restarts=fleet.health_restarts,
             producer_errors=producer.errors,
             elapsed_s=time.monotonic() - t0,
-            broker=broker.describe(),
+            broker=f"{broker.describe()}; {kafka.describe()}",
             unowned_worst=ownership.worst,
             ownership_samples=ownership.samples,
             replaced=replaced,
             compact_problems=compact_problems,
             audit_code=audit_code,
             audit_lines=audit_lines,
+            secret_checked=secret_checked,
+            secret_shown=shown,
         )
-
-
-def _fleet_ready(url: str, source: str, workers: int, partitions: int) -> bool:
-    try:
-        with Metastore(url) as store:
-            live = [w for w in store.live_workers(source) if w["state"] == "running"]
-    except MetastoreError:
-        return False
-    owned = {tp for w in live for tp in w["partitions"]}
-    return len(live) >= workers and len(owned) == partitions
-
-
-def _published_any(url: str, source: str) -> bool:
-    try:
-        with Metastore(url) as store:
-            return bool(store.segments(source))
-    except MetastoreError:
-        return False
 
 
 def _iter_kinds(text: str) -> Iterator[str]:
@@ -461,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the workers' Spark: a JVM in each (default), or one Spark Connect server the run starts",
     )
     parser.add_argument(
+        "--kafka-security",
+        choices=KAFKA_SECURITY,
+        help="every client on the broker's PLAINTEXT listener (default), or on SASL_SSL (SCRAM-SHA-512, a CA made now)",
+    )
+    parser.add_argument(
         "--group-protocol",
         choices=("classic", "consumer"),
         help="consumer group protocol: classic cooperative-sticky (default) or KIP-848's consumer",
@@ -483,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "start_from": args.start_from,
         "format": args.format,
         "spark": args.spark,
+        "kafka_security": args.kafka_security,
         "compact": False if args.no_compact else None,
     }
     from dataclasses import replace

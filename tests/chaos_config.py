@@ -48,6 +48,9 @@ class ChaosConfig:
     spark: str = "local"
     # A compactor beside the workers (tests/chaos_compact.py), its replacements checked at the end.
     compact: bool = True
+    # How every client reaches the broker (tests/chaos_kafka.py): "plaintext", or "sasl_ssl"
+    # (SCRAM-SHA-512 over TLS; the password must then show in no process's log).
+    kafka_security: str = "plaintext"
 
     def __post_init__(self) -> None:
         # Without committers (a compactor) there is nothing for table_kill (compact_kill) to hit.
@@ -65,6 +68,7 @@ class ChaosConfig:
         start_from: str = "earliest",
         format: str = "json",
         spark: str = "local",
+        kafka_security: str = "plaintext",
     ) -> ChaosConfig:
         """The CI variant: ~20k records, one fault of each kind, a few minutes on a loaded 2-core machine."""
         # Production spans most of the faults (a worker restart with Spark takes ~10-30 s
@@ -88,4 +92,5 @@ class ChaosConfig:
             start_from=start_from,
             format=format,
             spark=spark,
+            kafka_security=kafka_security,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,11 +37,12 @@ def expected_row(i: int) -> dict[str, Any]:
 
 class ChaosProducer:
     """Produces ids 0..records-1 at an even pace over ``duration_s`` (bounded by both), and
-    keeps from the delivery reports which id landed at which (partition, offset)."""
+    keeps from the delivery reports which id landed at which (partition, offset). ``client``:
+    how the producer reaches the broker (its bootstrap and security settings)."""
 
     def __init__(
         self,
-        bootstrap: str,
+        client: Mapping[str, Any],
         topic: str,
         partitions: int,
         records: int,
@@ -61,7 +62,7 @@ class ChaosProducer:
         self._lock = threading.Lock()
         self._producer = Producer(
             {
-                "bootstrap.servers": bootstrap,
+                **client,
                 "acks": "all",
                 "linger.ms": 20,
                 "batch.num.messages": 2000,

@@ -57,10 +57,19 @@ class ChaosResult:
     # ``ingest audit SOURCE --files`` at the end, run as an operator would: its exit code and lines.
     audit_code: int | None = None
     audit_lines: list[str] = field(default_factory=list)
+    # On a secured broker: how many process logs and outputs were searched for the password,
+    # and the ones it showed in (none, when it is handled as a secret).
+    secret_checked: int = 0
+    secret_shown: list[str] = field(default_factory=list)
 
     @property
     def ownership_ok(self) -> bool:
         return self.ownership_samples > 0 and self.unowned_worst[0] <= UNOWNED_BOUND_S
+
+    @property
+    def secret_ok(self) -> bool:
+        """No password to keep (PLAINTEXT), or one searched for in every log and shown in none."""
+        return self.config.kafka_security == "plaintext" or (self.secret_checked > 0 and not self.secret_shown)
 
     @property
     def ok(self) -> bool:
@@ -75,13 +84,15 @@ class ChaosResult:
             and not self.table_errors
             and not self.compact_problems
             and self.audit_code == 0
+            and self.secret_ok
         )
 
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
         lines = [
             f"chaos run seed={self.config.seed} group protocol {self.config.group_protocol}, "
-            f"{self.config.store} store, {self.config.format} records, Spark {self.config.spark}: "
+            f"{self.config.store} store, {self.config.format} records, Spark {self.config.spark}, "
+            f"Kafka {self.config.kafka_security}: "
             f"{'OK' if self.ok else 'FAILED'} in {self.elapsed_s:.0f}s",
             f"  records produced {self.produced}, published rows {self.verification.rows}, "
             f"segments {self.verification.segments}, payloads checked {self.payload_rows}",
@@ -100,6 +111,14 @@ class ChaosResult:
             + f"bound {UNOWNED_BOUND_S:.0f}s, {self.ownership_samples} samples of the group): "
             + ("ok" if self.ownership_ok else "EXCEEDED"),
             f"  final gc (no grace) could not sweep: {self.final_gc_problems or 'none'}",
+            *(
+                [
+                    f"  SCRAM password shown in: {', '.join(self.secret_shown) or 'none'} "
+                    f"(of {self.secret_checked} process logs and outputs)"
+                ]
+                if self.config.kafka_security != "plaintext"
+                else []
+            ),
             *(
                 [f"  iceberg table: {self.table_rows} rows; " + ("; ".join(self.table_errors) or "exactly once")]
                 if self.config.table

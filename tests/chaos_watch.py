@@ -1,14 +1,17 @@
 """What the chaos run watches while faults go on: the published offsets (each fault's
-recovery time) and Kafka's view of who owns each partition (how long one with lag had no live owner)."""
+recovery time) and Kafka's view of who owns each partition (how long one with lag had no live owner);
+and the metastore's answers it waits for (the fleet owns every partition, a first segment, caught up)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 
 from ingest_dev.kafka_clients import end_offsets
 from metastore import Metastore, MetastoreError
 from tests.chaos_fleet import Fleet
+from tests.chaos_kafka import KafkaClients
 from tests.chaos_records import ChaosProducer
 from tests.chaos_result import Fault
 
@@ -67,11 +70,11 @@ class OwnershipWatch:
     went without a live owner (a member that runs and is not frozen) while at least one live
     worker was in the group. That is the stall the chaos run bounds (``UNOWNED_BOUND_S``)."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str, fleet: Fleet, monitor: Monitor, t0: float) -> None:
+    def __init__(self, kafka: KafkaClients, group: str, topic: str, fleet: Fleet, monitor: Monitor, t0: float) -> None:
         from confluent_kafka.admin import AdminClient
 
-        self._admin = AdminClient({"bootstrap.servers": bootstrap})
-        self._bootstrap = bootstrap
+        self._admin = AdminClient(kafka.config())
+        self._kafka = kafka
         self._group = group
         self._topic = topic
         self._fleet = fleet
@@ -110,7 +113,7 @@ class OwnershipWatch:
             try:
                 description = self._admin.describe_consumer_groups([self._group], request_timeout=5)[self._group]
                 members = description.result(timeout=10).members
-                ends = end_offsets(self._bootstrap, self._topic, timeout=5)
+                ends = end_offsets(self._kafka.bootstrap, self._topic, timeout=5, config=self._kafka.props)
             except Exception:  # the group is being formed, or the broker is busy: no sample
                 continue
             now = time.monotonic()
@@ -131,3 +134,33 @@ class OwnershipWatch:
                     self._since.setdefault(partition, now)
                 elif partition in self._since:
                     self._close(partition, self._since.pop(partition), now)
+
+
+def caught_up_to(url: str, source: str, ends: Mapping[int, int]) -> bool:
+    """Every partition's published position is at ``ends`` (what was produced)."""
+    try:
+        with Metastore(url) as store:
+            positions = {int(r["partition"]): r["next_offset"] for r in store.partitions(source)}
+    except MetastoreError:
+        return False
+    return all(positions.get(p) == end for p, end in ends.items() if end)
+
+
+def fleet_ready(url: str, source: str, workers: int, partitions: int) -> bool:
+    """At least ``workers`` run, and together they own all ``partitions``."""
+    try:
+        with Metastore(url) as store:
+            live = [w for w in store.live_workers(source) if w["state"] == "running"]
+    except MetastoreError:
+        return False
+    owned = {tp for w in live for tp in w["partitions"]}
+    return len(live) >= workers and len(owned) == partitions
+
+
+def published_any(url: str, source: str) -> bool:
+    """A first segment is published."""
+    try:
+        with Metastore(url) as store:
+            return bool(store.segments(source))
+    except MetastoreError:
+        return False

@@ -6,7 +6,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -167,6 +167,17 @@ def process_env(database_url: str, bootstrap: str, group_protocol: str = "classi
         env["INGEST_KAFKA_PROP_HEARTBEAT_INTERVAL_MS"] = "500"
     env.update(extra)
     return env
+
+
+def kafka_prop_env(props: Mapping[str, str]) -> dict[str, str]:
+    """Librdkafka properties as a worker process reads them (``INGEST_KAFKA_PROP_<NAME>``)."""
+    return {"INGEST_KAFKA_PROP_" + name.upper().replace(".", "_"): value for name, value in props.items()}
+
+
+def showing(secret: str, texts: Mapping[str, str]) -> list[str]:
+    """Which of ``texts`` (what a process showed, by where it showed it: a log, a scrape, an
+    output) show ``secret``; a secret handled right shows in none."""
+    return [where for where, text in texts.items() if secret in text]
 
 
 def assert_exactly_once(database_url: str, source: str, produced: Produced) -> Verification:

@@ -40,8 +40,10 @@ from tests.acceptance.harness import (
     ThreadWorker,
     apply_spec,
     assert_exactly_once,
+    kafka_prop_env,
     process_env,
     settings,
+    showing,
     write_spec,
 )
 from tests.fakes import RecordingRegistrar
@@ -69,10 +71,6 @@ def _group_offsets(bootstrap: str, group: str) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
 
-def _env_props(props: dict[str, str]) -> dict[str, str]:
-    return {"INGEST_KAFKA_PROP_" + name.upper().replace(".", "_"): value for name, value in props.items()}
-
-
 def test_a_worker_on_scram_publishes_exactly_once_and_its_password_shows_nowhere(
     tmp_path: Path, database_url: str, secure_kafka: SecureKafka
 ) -> None:
@@ -98,7 +96,7 @@ def test_a_worker_on_scram_publishes_exactly_once_and_its_password_shows_nowhere
     env = process_env(
         database_url,
         secure_kafka.broker.sasl_ssl_bootstrap,
-        **_env_props(props),
+        **kafka_prop_env(props),
         INGEST_KAFKA_PROP_SASL_PASSWORD_FILE=str(secret),
         INGEST_METRICS_PORT=str(port),
         INGEST_WARM_UP_RECORDS="200",
@@ -132,13 +130,13 @@ def test_a_worker_on_scram_publishes_exactly_once_and_its_password_shows_nowhere
     spark_events = "".join(p.read_text() for p in events.rglob("*") if p.is_file())
     assert "SparkListenerEnvironmentUpdate" in spark_events and "SparkListenerSQLExecutionStart" in spark_events
     assert "ingest_segments_published_total" in metrics
-    for where, text in {
+    shown = {
         "log": log,
         "status": status.stdout + status.stderr,
         "metrics": metrics,
         "spark events": spark_events,
-    }.items():
-        assert secure_kafka.scram_password not in text, where
+    }
+    assert showing(secure_kafka.scram_password, shown) == []
 
 
 def test_a_worker_on_mutual_tls_publishes_exactly_once(
@@ -249,7 +247,7 @@ def test_a_refused_credential_stops_the_worker_at_start_in_one_line(
         bootstrap, props = secure_kafka.broker.ssl_bootstrap, secure_kafka.mtls(ca=secure_kafka.certificates.rogue_ca)
     else:
         bootstrap, props = secure_kafka.broker.ssl_bootstrap, secure_kafka.mtls(rogue=True)
-    env = process_env(database_url, bootstrap, **_env_props(props))
+    env = process_env(database_url, bootstrap, **kafka_prop_env(props))
     started = time.monotonic()
     result = run_process(
         [sys.executable, "-m", "ingest", "worker", source],
@@ -280,7 +278,7 @@ def test_check_on_scram_reads_and_a_wrong_password_is_its_kafka_line(
     bootstrap = secure_kafka.broker.sasl_ssl_bootstrap
 
     def check(password: str) -> Any:
-        env = process_env(database_url, bootstrap, **_env_props(secure_kafka.scram(password=password)))
+        env = process_env(database_url, bootstrap, **kafka_prop_env(secure_kafka.scram(password=password)))
         return run_process(
             [sys.executable, "-m", "ingest", "check", source],
             env=env,
