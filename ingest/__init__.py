@@ -22,6 +22,7 @@ Module map:
 ingest (top level: the shared base, and the worker process that wires the layers)
     errors         the worker's exceptions under ingest_common's root (exit codes there)
     spec           source specs: the TOML parsed and validated, round-tripped through JSON
+    topics         a source's topics: listed or matching its topic_pattern, in the cluster's metadata
     formats        the Confluent wire format, the [registry] section, Avro reader schemas, the registry client
     table_spec     the [table] section: the Iceberg catalog of the source's tables, its secrets from the environment
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
@@ -59,6 +60,7 @@ ingest.consume (one polling thread: the consumer group's member; it reads no rec
     publish_watch  a publish unfinished past its bound makes the worker unhealthy
     build_watch    a build running past its deadline's interrupt makes the worker unhealthy
     registry_watch partitions waiting for the schema registry: held, reported (readyz, status, metrics)
+    topic_watch    a pattern source's topics: new ones registered (start_from), deleted ones retired
 
 ingest.splits (what a split's journey hands on: below every stage)
     split          a sealed split: a range of one partition's offsets, its leader epoch, its estimate

@@ -30,7 +30,9 @@ def test_a_validation_receives_about_one_batch_of_a_large_backlog(kafka_bootstra
         produce_records(kafka_bootstrap, topic, ((0, b"k", VALUE) for _ in range(PER_BATCH)))
     batch_bytes = PER_BATCH * len(VALUE)
 
-    settings = Settings.from_env({"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": kafka_bootstrap})
+    settings = Settings.from_env(
+        {"INGEST_DATABASE_URL": "postgresql://h/db", "INGEST_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    )
     received: list[int] = []
     conf = {
         **validator_config(settings, f"validator-{uuid.uuid4().hex[:8]}"),
