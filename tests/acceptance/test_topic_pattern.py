@@ -50,7 +50,7 @@ def test_a_pattern_source_takes_new_topics_and_retires_deleted_ones(
     apply_spec(database_url, spec)
     for produced in (first, second, other):
         produced.produce(300)
-    env = process_env(database_url, kafka_bootstrap, INGEST_TOPIC_REFRESH_S="2")
+    env = process_env(database_url, kafka_bootstrap, INGEST_TOPIC_REFRESH_S="2", INGEST_WARM_UP_RECORDS="0")
     workers = [IngestProcess.worker(env, name, tmp_path, f"w{i}") for i in range(2)]
     try:
         with Metastore(database_url) as store:
