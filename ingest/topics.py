@@ -11,15 +11,24 @@ at start, ``ingest check``, the writer schemas prefetched, the topic watch
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.errors import ConfigError, TopicNotFound, shown
 
 if TYPE_CHECKING:
     from ingest.config import Settings
-    from ingest.spec import SourceSpec
 
 TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+class SourceTopics(Protocol):
+    """What of a source spec (ingest.spec.SourceSpec) names its topics."""
+
+    @property
+    def topics(self) -> tuple[str, ...]: ...
+    @property
+    def topic_pattern(self) -> str: ...
+    def matches(self, topic: str) -> bool: ...
 
 
 def topics_from_dict(doc: dict[str, Any]) -> tuple[list[str], str]:
@@ -57,7 +66,7 @@ def topic_matches(topics: tuple[str, ...], pattern: str, topic: str) -> bool:
     return not topic.startswith("__") and re.search(pattern, topic) is not None
 
 
-def source_topics(spec: SourceSpec, metadata: Any, bootstrap: str) -> dict[str, int]:
+def source_topics(spec: SourceTopics, metadata: Any, bootstrap: str) -> dict[str, int]:
     """The source's topics in the cluster's metadata (confluent-kafka's ClusterMetadata) and
     their partition counts. A named topic that is missing is :class:`TopicNotFound`; a pattern
     may match none (the topics may come later). A topic the metadata carries with an error (one
@@ -77,7 +86,7 @@ def source_topics(spec: SourceSpec, metadata: Any, bootstrap: str) -> dict[str, 
     }
 
 
-def fetch_source_topics(settings: Settings, spec: SourceSpec, timeout_s: float = 10.0) -> dict[str, int]:
+def fetch_source_topics(settings: Settings, spec: SourceTopics, timeout_s: float = 10.0) -> dict[str, int]:
     """:func:`source_topics` of the cluster's metadata asked now (ingest.kafka_auth: a refusal
     of the credentials, or no answer, is KafkaUnavailable)."""
     from ingest.kafka_auth import cluster_metadata
