@@ -30,7 +30,7 @@ from ingest.formats import (
     registry_from_dict,
 )
 from ingest.table_spec import TableSettings, table_from_dict
-from ingest.topics import TOPIC_NAME_RE, topic_matches, topics_from_dict
+from ingest.topics import TOPIC_NAME_RE, subscription_pattern, topic_matches, topics_from_dict
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
@@ -139,7 +139,7 @@ class SourceSpec:
     @property
     def subscription(self) -> list[str]:
         """What the group member subscribes to: the topics, or the pattern."""
-        return [self.topic_pattern] if self.topic_pattern else list(self.topics)
+        return [subscription_pattern(self.topic_pattern)] if self.topic_pattern else list(self.topics)
 
     def matches(self, topic: str) -> bool:
         """Is ``topic`` one of the source's (named, or matching its pattern)."""

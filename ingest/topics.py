@@ -1,11 +1,13 @@
 """A source's topics: the names it lists (``topics``) or those matching its regex
 (``topic_pattern``), as the spec gives them and as the cluster's metadata has them now.
 
-A pattern is matched as librdkafka matches a subscription starting with "^" (a regex search on
-the topic's name); internal topics (names starting with "__": the group and transaction logs)
-never match. Every place that needs the source's topics asks :func:`source_topics`: the worker
-at start, ``ingest check``, the writer schemas prefetched, the topic watch
-(ingest.consume.topic_watch).
+A pattern matches a topic whose whole name it matches (as the broker matches a KIP-848
+member's regex, and Kafka's Java clients, Spark's ``subscribePattern`` and Connect's
+``topics.regex`` do); librdkafka's classic member searches instead, so the member subscribes with
+the pattern anchored at both ends (:func:`subscription_pattern`). Internal topics (names starting
+with "__": the group and transaction logs) never match. Every place that needs the source's
+topics asks :func:`source_topics`: the worker at start, ``ingest check``, the writer schemas
+prefetched, the topic watch (ingest.consume.topic_watch).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def topics_from_dict(doc: dict[str, Any]) -> tuple[list[str], str]:
             re.compile(pattern)
         except re.error as exc:
             raise ConfigError(f"topic_pattern: {shown(pattern)} is not a valid regex: {exc}") from None
+        if "(?" in pattern:
+            raise ConfigError(
+                f"topic_pattern: {shown(pattern)}: (?...) groups (non-capturing, lookaround, flags) are not"
+                " supported by librdkafka's regex"
+            )
         return [], pattern
     topics = doc["topics"]
     if not isinstance(topics, list) or not topics:
@@ -63,7 +70,17 @@ def topic_matches(topics: tuple[str, ...], pattern: str, topic: str) -> bool:
     """Is ``topic`` one of a source's: named in ``topics``, or matching ``pattern``."""
     if not pattern:
         return topic in topics
-    return not topic.startswith("__") and re.search(pattern, topic) is not None
+    return not topic.startswith("__") and re.fullmatch(pattern, topic) is not None
+
+
+def subscription_pattern(pattern: str) -> str:
+    """What the group member subscribes with for ``pattern``: the same regex anchored at both
+    ends, so that librdkafka's classic member (which searches) and the broker (which matches
+    the whole name) take the same topics as :func:`topic_matches`."""
+    body = pattern[1:]
+    if body.endswith("$") and not body.endswith("\\$"):
+        body = body[:-1]
+    return f"^({body})$"
 
 
 def source_topics(spec: SourceTopics, metadata: Any, bootstrap: str) -> dict[str, int]:

@@ -152,7 +152,7 @@ def test_a_pattern_source_checks_the_topics_that_match_now(
     for topic in (*matching, other):
         Produced(kafka_bootstrap, topic, 1).produce(3)
     _source, spec = write_spec(tmp_path, "unused")
-    spec.write_text(spec.read_text().replace('topics = ["unused"]', f'topic_pattern = "^orders\\\\.{run}-"'))
+    spec.write_text(spec.read_text().replace('topics = ["unused"]', f'topic_pattern = "^orders\\\\.{run}-.*"'))
 
     result = ingest(process_env(database_url, kafka_bootstrap), "check", "--file", str(spec), timeout=120)
 

@@ -198,10 +198,16 @@ def pattern_doc(**over: Any) -> dict[str, Any]:
 
 def test_a_topic_pattern_spec_round_trips_and_matches_like_a_kafka_subscription() -> None:
     spec = spec_from_dict(pattern_doc())
-    assert spec.topics == () and spec.subscription == [r"^orders\..*"]
+    assert spec.topics == () and spec.subscription == [r"^(orders\..*)$"]
     assert SourceSpec.from_json(spec.to_json()) == spec
     assert spec.matches("orders.eu") and spec.matches("orders.us")
     assert not spec.matches("payments.eu") and not spec.matches("ordersXeu")
+    # The whole name, as the broker (KIP-848) and Kafka's Java clients match: not a prefix.
+    prefix = spec_from_dict(pattern_doc(topic_pattern=r"^orders\."))
+    assert not prefix.matches("orders.eu") and prefix.subscription == [r"^(orders\.)$"]
+    ends = spec_from_dict(pattern_doc(topic_pattern=r"^orders\.(eu|us)$"))
+    assert ends.matches("orders.us") and not ends.matches("orders.usa")
+    assert ends.subscription == [r"^(orders\.(eu|us))$"]
     # Internal topics never match, whatever the pattern.
     assert not spec_from_dict(pattern_doc(topic_pattern="^.*")).matches("__consumer_offsets")
     assert spec_from_dict(pattern_doc(topic_pattern="^.*")).matches("clicks")
@@ -221,6 +227,7 @@ def test_a_topic_pattern_spec_round_trips_and_matches_like_a_kafka_subscription(
         (pattern_doc(topic_pattern="orders\\..*"), 'topic_pattern: expected a regex starting with "^"'),
         (pattern_doc(topic_pattern=["^orders"]), 'topic_pattern: expected a regex starting with "^"'),
         (pattern_doc(topic_pattern="^orders(["), "topic_pattern: '^orders([' is not a valid regex"),
+        (pattern_doc(topic_pattern="^(?:orders).*"), "topic_pattern: '^(?:orders).*': (?...) groups"),
         (
             pattern_doc(schema_from="registry", format="avro", registry={"url": "http://r"}),
             'schema_from = "registry" with topic_pattern: needs subject_strategy = "record"',
