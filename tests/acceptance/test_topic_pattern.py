@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ingest.ops.audit import audit_source
 from ingest.ops.status import RETIRED, source_status
 from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.kafka_clients import delete_topics
@@ -100,3 +101,7 @@ def test_a_pattern_source_takes_new_topics_and_retires_deleted_ones(
         result = verify_exactly_once(store, name, expected)
     assert result.ok, result.summary() + f" {result.range_errors[:5]} {result.offset_errors[:5]}"
     assert result.rows == 300 + 500 + 500
+    with Metastore(database_url) as store:
+        # ``ingest audit``: every partition's published ranges tile, the retired ones' too.
+        audit, _snapshot = audit_source(store, name, files=True)
+    assert audit.ok and audit.partitions == 6, audit.summary() + str(audit.findings[:3])
