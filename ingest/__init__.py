@@ -23,6 +23,7 @@ Module map:
 
 ingest (top level: the shared base, and the worker process that wires the layers)
     errors         the worker's exceptions under ingest_common's root (exit codes there)
+    topics         a source's topics: listed or matching its topic_pattern, in the cluster's metadata
     config         settings from the environment; librdkafka client configuration
     env_files      settings read from files (``NAME_FILE``, as Docker and Kubernetes mount secrets)
     kafka_java     Spark's Kafka reader's (Java client) properties, derived from the worker's librdkafka ones
@@ -71,6 +72,7 @@ ingest.consume (one polling thread: the consumer group's member; it reads no rec
     publish_watch  a publish unfinished past its bound makes the worker unhealthy
     build_watch    a build running past its deadline's interrupt makes the worker unhealthy
     registry_watch partitions waiting for the schema registry: held, reported (readyz, status, metrics)
+    topic_watch    a pattern source's topics: new ones registered (start_from), deleted ones retired
 
 ingest.splits (what a split's journey hands on: below every stage)
     split          a sealed split: a range of one partition's offsets, its leader epoch, its estimate

@@ -173,6 +173,9 @@ class Settings:
     schema_id_wait_s: float = 60.0
     # How often the owned partitions' log ends are asked of the brokers (ingest.consume.log_ends).
     log_end_interval_s: float = 0.2
+    # A pattern source (topic_pattern): how often the matching topics are asked of the cluster
+    # (librdkafka's topic.metadata.refresh.interval.ms; ingest.consume.topic_watch).
+    topic_refresh_s: float = 10.0
     # The values of SECRET_ENV_VARS that are set (for redaction only; never shown).
     environment_secrets: tuple[str, ...] = field(default=(), repr=False)
 
@@ -254,6 +257,7 @@ class Settings:
             log_end_interval_s=positive_seconds(
                 "INGEST_LOG_END_INTERVAL_S", env.get("INGEST_LOG_END_INTERVAL_S", "0.2")
             ),
+            topic_refresh_s=positive_seconds("INGEST_TOPIC_REFRESH_S", env.get("INGEST_TOPIC_REFRESH_S", "10")),
             environment_secrets=_environment_secrets(env),
         )
 

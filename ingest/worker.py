@@ -37,9 +37,10 @@ from ingest.consume.kafka import ConfluentConsumer, commit_callback
 from ingest.consume.log_offsets import AdminLogOffsets, LogOffsets
 from ingest.consume.loop import ConsumeLoop, LoopOptions
 from ingest.consume.rebalance import RebalanceHandler
+from ingest.consume.topic_watch import TopicWatch, admin_metadata
 from ingest.consume.validator import ConfluentValidator
-from ingest.errors import KafkaUnavailable, TopicNotFound
-from ingest.kafka_auth import ErrorWatch, cluster_metadata
+from ingest.errors import KafkaUnavailable
+from ingest.kafka_auth import ErrorWatch
 from ingest.kafka_java import java_client_properties, java_secret_values
 from ingest.ops.endpoints import Endpoints
 from ingest.ops.metrics import Metrics
@@ -47,6 +48,7 @@ from ingest.publish.publisher import Publisher
 from ingest.publish.queue import PublishQueue
 from ingest.spec.holder import SpecHolder
 from ingest.spec.model import SourceSpec
+from ingest.topics import fetch_source_topics
 from ingest_common.model import TopicPartition, WorkerState
 from ingest_common.redact import register_secrets
 from metastore import Metastore, SourceTerminated
@@ -67,19 +69,6 @@ _WARM_UP_QUERY_S = 10.0
 def load_source(store: Metastore, name: str) -> tuple[int, SourceSpec]:
     version, doc = store.latest_spec(name)
     return version, SourceSpec.from_json(doc)
-
-
-def topic_partitions(settings: Settings, topics: tuple[str, ...], timeout: float = 10.0) -> dict[str, int]:
-    """Partition counts of the source's topics; a clear error when one is missing, when Kafka
-    does not answer, or at once when it refuses the worker's credentials (ingest.kafka_auth)."""
-    metadata = cluster_metadata(settings, timeout)
-    counts = {}
-    for topic in topics:
-        meta = metadata.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise TopicNotFound(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}")
-        counts[topic] = len(meta.partitions)
-    return counts
 
 
 def polled_consumer(settings: Settings, conf: KafkaConf, client: str) -> Any:
@@ -107,6 +96,9 @@ def _kafka_clients(
     property librdkafka refuses fails at once, not a minute later), the admin client that asks
     where each partition's log ends (safe from every thread) and KIP-320's validator."""
     conf = consumer_config(settings, spec.group_id)
+    if spec.topic_pattern:
+        # How soon a topic that starts (or stops) matching is seen (ingest.consume.topic_watch).
+        conf["topic.metadata.refresh.interval.ms"] = int(settings.topic_refresh_s * 1000)
     consumer = ConfluentConsumer(
         polled_consumer(
             settings,
@@ -262,7 +254,8 @@ class Worker:
             desired = store.control(spec.name).desired_state
             if desired.terminal:
                 raise SourceTerminated(spec.name, desired)
-            counts = topic_partitions(settings, spec.topics)
+            # The source's topics now (a pattern may match none yet: ingest.topics).
+            counts = fetch_source_topics(settings, spec)
             # Made now (it joins the group only when it subscribes, after Spark has started) so
             # that a property librdkafka refuses fails at once, not a minute later.
             group_offsets = GroupOffsets(spec.name, self.metrics)
@@ -293,6 +286,7 @@ class Worker:
                     registrar,
                     reader,
                     on_event=lambda event: events.labels(spec.name, event.value).inc(),
+                    topics=list(counts),
                 )
                 stack.callback(sessions.stop)
                 tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
@@ -337,8 +331,22 @@ class Worker:
                 background=background,
                 metrics=self.metrics,
             )
-            handler = RebalanceHandler(ctx, watermarks=offsets, deadline_s=_callback_deadline_s(settings, spec))
-            consumer.subscribe(spec.topics, handler)
+            topics = None
+            if spec.topic_pattern:
+                topics = TopicWatch(
+                    source=spec.name,
+                    start_from=spec.start_from,
+                    metadata=admin_metadata(kafka_client(AdminClient, admin_config(settings))),
+                    claims=store,
+                    store=task_store,
+                    background=background,
+                    interval_s=settings.topic_refresh_s,
+                    registered=counts,
+                )
+            handler = RebalanceHandler(
+                ctx, watermarks=offsets, deadline_s=_callback_deadline_s(settings, spec), topics=topics
+            )
+            consumer.subscribe(spec.subscription, handler)
             # Controls arrive by NOTIFY within a fraction of a second; the heartbeat poll is the fallback.
             listener = ControlListener(settings.database_url, spec.name).start()
             stack.callback(listener.close)
@@ -368,7 +376,8 @@ class Worker:
                 source=spec.name,
                 worker=worker_id,
                 spec_version=version,
-                topics=list(spec.topics),
+                topics=spec.subscription,
+                matching=sorted(counts) if spec.topic_pattern else None,
                 group=spec.group_id,
                 spark_master=settings.spark_master,
             )

@@ -193,6 +193,9 @@ class PartitionClaim:
     # Kafka's leader epoch of the record at next_offset - 1, as its publish stored it (None:
     # unknown). The consumer seeks with it so librdkafka validates the position (KIP-320).
     leader_epoch: int | None = None
+    # Its topic was deleted (a pattern source, migrations/0024): a topic of that name now is
+    # another log, not read until a reset puts the partition in a new epoch.
+    retired: bool = False
 
 
 @dataclass(frozen=True, slots=True)

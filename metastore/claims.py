@@ -79,6 +79,15 @@ class ClaimsMixin(StoreBase):
         claims = self.claim_partitions(source, worker, tps)
         return claims | self.pin_start_offsets(source, [(c, start) for c in claims.values() if c.next_offset is None])
 
+    def retire_topic(self, source: str, topic: str) -> list[int]:
+        """Retire the partitions of a deleted topic (migrations/0024); the partitions retired
+        by this call (none when they already were)."""
+        return [int(r["partition"]) for r in self._fetch("retire_topic", source=source, topic=topic)]
+
+    def live_topics(self, source: str) -> list[str]:
+        """The source's topics with a partition that is not retired."""
+        return [str(r["topic"]) for r in self._fetch("live_topics", source=source)]
+
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None:
         """Clear the owner if this worker's claim is still the current one (status only)."""
         with wrap_exceptions(self.url):
@@ -147,6 +156,11 @@ def _claims(rows: Iterable[Row]) -> dict[TopicPartition, PartitionClaim]:
     for row in rows:
         tp = TopicPartition(row["topic"], row["partition"])
         claims[tp] = PartitionClaim(
-            tp, int(row["serial"]), row["next_offset"], row["initial_position"], row["leader_epoch"]
+            tp,
+            int(row["serial"]),
+            row["next_offset"],
+            row["initial_position"],
+            row["leader_epoch"],
+            retired=row.get("retired_at") is not None,
         )
     return claims

@@ -67,7 +67,7 @@ FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS u(t, p)
 ORDER BY t, p
 ON CONFLICT (source, topic, partition) DO UPDATE
 SET serial = ingest_partitions.serial + 1, owner = EXCLUDED.owner, assigned_at = now()
-RETURNING topic, partition, serial, next_offset, initial_position, leader_epoch;
+RETURNING topic, partition, serial, next_offset, initial_position, leader_epoch, retired_at;
 
 -- name: pin_start_offsets
 -- A claimed partition with nothing stored gets the start offset its claim resolved from the
@@ -82,6 +82,16 @@ SET next_offset = coalesce(p.next_offset, u.o),
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[], %(offsets)s::bigint[]) AS u(t, part, s, o)
 WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part AND p.serial = u.s
 RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch;
+
+-- name: retire_topic
+-- The topic was deleted from Kafka: its partitions are retired (migrations/0024), once.
+UPDATE ingest_partitions SET retired_at = now(), owner = NULL
+WHERE source = %(source)s AND topic = %(topic)s AND retired_at IS NULL
+RETURNING partition;
+
+-- name: live_topics
+-- The topics of a source with a partition that is not retired.
+SELECT DISTINCT topic FROM ingest_partitions WHERE source = %(source)s AND retired_at IS NULL ORDER BY topic;
 
 -- name: release_partition
 UPDATE ingest_partitions SET owner = NULL
@@ -140,7 +150,7 @@ LIMIT %(limit)s
 
 -- name: list_partitions
 SELECT p.topic, p.partition, p.next_offset, p.initial_position, p.serial, p.owner, p.assigned_at,
-       p.last_publish_at, p.last_segment_id, p.leader_epoch, p.epoch
+       p.last_publish_at, p.last_segment_id, p.leader_epoch, p.epoch, p.retired_at
 FROM ingest_partitions p
 WHERE p.source = %(source)s
 ORDER BY p.topic, p.partition;
@@ -226,7 +236,9 @@ FOR UPDATE;
 -- name: reset_partition
 -- The serial bump fences every publish in flight for the partition (it presents the old serial).
 -- No leader epoch is known for the new position: it is read from without validation.
-UPDATE ingest_partitions SET next_offset = %(new_offset)s, leader_epoch = NULL, serial = serial + 1, epoch = epoch + 1
+-- A retired partition (its topic deleted, then re-created) is live again in the new epoch.
+UPDATE ingest_partitions
+SET next_offset = %(new_offset)s, leader_epoch = NULL, serial = serial + 1, epoch = epoch + 1, retired_at = NULL
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s
 RETURNING serial;
 

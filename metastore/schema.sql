@@ -482,6 +482,7 @@ CREATE TABLE public.ingest_partitions (
     epoch integer DEFAULT 0 NOT NULL,
     start_offset bigint,
     leader_epoch integer,
+    retired_at timestamp with time zone,
     CONSTRAINT ingest_partitions_initial_position_check CHECK ((initial_position = ANY (ARRAY['earliest'::text, 'latest'::text]))),
     CONSTRAINT ingest_partitions_next_offset_check CHECK ((next_offset >= 0)),
     CONSTRAINT ingest_partitions_partition_check CHECK ((partition >= 0)),
@@ -505,6 +506,12 @@ COMMENT ON COLUMN public.ingest_partitions.start_offset IS 'Where epoch 0 starts
 --
 
 COMMENT ON COLUMN public.ingest_partitions.leader_epoch IS 'Kafka leader epoch of the record at next_offset - 1, set by the publish that stored next_offset; NULL when unknown (pins, resets, skipped gaps).';
+
+--
+-- Name: COLUMN ingest_partitions.retired_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_partitions.retired_at IS 'when a worker found this partition''s topic deleted (pattern sources); NULL while live';
 
 --
 -- Name: ingest_publish_conflicts; Type: TABLE; Schema: public; Owner: -

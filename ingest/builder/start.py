@@ -5,7 +5,7 @@ starts the same, so what it proves is what a worker will run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -33,16 +33,17 @@ def spark_reader(settings: Settings, spec: SourceSpec, properties: Mapping[str, 
     )
 
 
-def prefetch_writer_schemas(schemas: WriterSchemas, spec: SourceSpec) -> None:
-    """The writer schemas of the topics' subjects, so that the first builds decode with them."""
+def prefetch_writer_schemas(schemas: WriterSchemas, spec: SourceSpec, topics: Sequence[str]) -> None:
+    """The writer schemas of the topics' subjects, so that the first builds decode with them (a
+    pattern source's topic that appears later has its writers fetched by its first build)."""
     if spec.registry is None:
         return
-    subjects = [f"{t}-value" for t in spec.topics] if spec.format in ("avro", "protobuf") else []
+    subjects = [f"{t}-value" for t in topics] if spec.format in ("avro", "protobuf") else []
     if spec.registry.subject_strategy == "record" and spec.registry.record_name:
         subjects = [spec.registry.record_name]
     learned = schemas.prefetch(spec.registry, subjects, protobuf=spec.format == "protobuf")
     if spec.key_format == "avro":
-        learned += schemas.prefetch(spec.registry, [f"{t}-key" for t in spec.topics])
+        learned += schemas.prefetch(spec.registry, [f"{t}-key" for t in topics])
     log.info("writer_schemas_prefetched", source=spec.name, schemas=learned)
 
 
@@ -52,9 +53,11 @@ def start_spark_builder(
     registrar: BuildRegistrar,
     reader: KafkaReader,
     on_event: Callable[[SparkConnectEvent], None] = lambda _event: None,
+    topics: Sequence[str] | None = None,
 ) -> tuple[SparkSegmentBuilder, SessionSource]:
     """The source's builder and the session source it builds on (the caller stops it). A Spark
-    that does not start within INGEST_SPARK_START_TIMEOUT_S is :class:`SparkUnavailable`."""
+    that does not start within INGEST_SPARK_START_TIMEOUT_S is :class:`SparkUnavailable`.
+    ``topics``: those whose writer schemas are prefetched (default: the spec's named topics)."""
     from ingest.spark.start import open_session_source
 
     log.info(
@@ -73,7 +76,7 @@ def start_spark_builder(
         raise SparkUnavailable(settings.spark_master, exc) from exc
     try:
         schemas = WriterSchemas(wait_s=settings.schema_id_wait_s)
-        prefetch_writer_schemas(schemas, spec)
+        prefetch_writer_schemas(schemas, spec, spec.topics if topics is None else topics)
     except BaseException:
         sessions.stop()
         raise

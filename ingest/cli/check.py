@@ -43,6 +43,7 @@ from ingest.config import Settings, admin_config, kafka_client, validator_config
 from ingest.errors import ConfigError, ExitCode, IngestError, KafkaUnavailable
 from ingest.kafka_auth import cluster_metadata
 from ingest.spec.model import SourceSpec
+from ingest.topics import fetch_source_topics, source_topics
 from ingest_common.errors import first_line
 
 #: How long the read check waits for a record (or an error) of each topic.
@@ -145,17 +146,14 @@ def _security(settings: Settings) -> str:
 
 
 def check_kafka(settings: Settings, spec: SourceSpec) -> str:
-    from ingest.errors import TopicNotFound
-
     metadata = cluster_metadata(settings)
-    found = []
-    for topic in spec.topics:
-        meta = metadata.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise TopicNotFound(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}")
-        found.append(f"{topic} ({len(meta.partitions)} partitions)")
+    counts = source_topics(spec, metadata, settings.kafka_bootstrap)
+    found = ", ".join(f"{topic} ({n} partitions)" for topic, n in counts.items())
+    if spec.topic_pattern:
+        # A pattern may match no topic yet: the workers take each one as it appears.
+        found = f"{spec.topic_pattern!r} matches {len(counts)} topic(s)" + (f": {found}" if found else "")
     brokers = len(metadata.brokers)
-    return f"{settings.kafka_bootstrap} ({_security(settings)}, {brokers} broker(s)): {', '.join(found)}"
+    return f"{settings.kafka_bootstrap} ({_security(settings)}, {brokers} broker(s)): {found}"
 
 
 @contextlib.contextmanager
@@ -173,7 +171,7 @@ def check_read(settings: Settings, spec: SourceSpec) -> str:
     what the validator's and Spark's consumers need of the brokers."""
     done = []
     with _consumer(settings, f"{spec.group_id}-check") as consumer:
-        for topic in spec.topics:
+        for topic in fetch_source_topics(settings, spec):
             done.append(_read_one(consumer, topic))
     return "; ".join(done)
 
@@ -260,7 +258,7 @@ def check_registry(spec: SourceSpec) -> str:
         subjects = set(registry_client(registry).get_subjects())
     except Exception as exc:  # the client's transport and HTTP errors alike
         raise ConfigError(f"schema registry at {registry.url}: {first_line(exc)}") from exc
-    named = [registry.subject(t) for t in spec.topics]
+    named = sorted({registry.subject(t) for t in spec.topics or (spec.topic_pattern,)})
     missing = [s for s in named if s not in subjects]
     where = f"{registry.url}: {len(subjects)} subject(s)"
     if not missing:

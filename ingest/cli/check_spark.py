@@ -16,10 +16,11 @@ from ingest.builder.warm_up import warm_up_splits
 from ingest.config import Settings, admin_config, kafka_client
 from ingest.consume.log_offsets import AdminLogOffsets
 from ingest.errors import BuildError, KafkaUnavailable, ParseFailure
-from ingest.kafka_auth import cluster_metadata, java_refusal, spark_reader_refused
+from ingest.kafka_auth import java_refusal, spark_reader_refused
 from ingest.kafka_java import java_client_properties, java_secret_values
 from ingest.segments import store as segment_store
 from ingest.spec.model import SourceSpec
+from ingest.topics import fetch_source_topics
 from ingest_common.errors import cause_line
 from ingest_common.model import BuiltSegment, TopicPartition
 from ingest_common.redact import register_secrets
@@ -32,13 +33,13 @@ _QUERY_S = 10.0
 def build_newest(settings: Settings, spec: SourceSpec, records: int) -> str:
     properties = java_client_properties(settings.kafka_properties, settings.spark_reader_properties)
     register_secrets(java_secret_values(properties))
-    metadata = cluster_metadata(settings)
-    tps = [TopicPartition(t, p) for t in spec.topics for p in metadata.topics[t].partitions]
+    counts = fetch_source_topics(settings, spec)
+    tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
     offsets = AdminLogOffsets(kafka_client(AdminClient, admin_config(settings)))
     try:
         query = offsets.query(tps)
         if not query.wait(_QUERY_S):
-            raise KafkaUnavailable(f"the log ends of {', '.join(spec.topics)} were not answered within {_QUERY_S:g} s")
+            raise KafkaUnavailable(f"the log ends of {', '.join(counts)} were not answered within {_QUERY_S:g} s")
         ends, _errors = query.result()
     finally:
         offsets.close()
@@ -48,7 +49,9 @@ def build_newest(settings: Settings, spec: SourceSpec, records: int) -> str:
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(Metastore(settings.database_url))
         registrar = Registrar(store, f"{settings.worker_id}-check")
-        builder, sessions = start_spark_builder(settings, spec, registrar, spark_reader(settings, spec, properties))
+        builder, sessions = start_spark_builder(
+            settings, spec, registrar, spark_reader(settings, spec, properties), topics=list(counts)
+        )
         stack.callback(sessions.stop)
         rows = rejects = 0
         for split, result in zip(splits, builder.build_batch(splits, spec), strict=True):

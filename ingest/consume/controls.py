@@ -118,13 +118,13 @@ class Controls:
         version, doc = latest
         spec = SourceSpec.from_json(doc)
         current, previous = self._specs.current()
-        if (spec.topics, spec.group_id) != (current.topics, current.group_id):
+        if (spec.subscription, spec.group_id) != (current.subscription, current.group_id):
             log.warning(
                 "spec_change_needs_restart",
                 source=self._source,
                 worker=self._worker_id,
                 spec_version=version,
-                topics=list(spec.topics),
+                topics=spec.subscription,
                 group=spec.group_id,
             )
         self._specs.set(spec, version)

@@ -11,7 +11,10 @@ What an answer does to an active partition:
   where the partition was cut to (the log was truncated or re-created), stops the partition:
   the gap is measured against the stored offset and recorded, skipped or stopped on
   (ingest.consume.gaps), before Spark is asked to read what is gone.
-A partition whose answer failed keeps what it had; the next query asks again.
+A partition whose answer failed keeps what it had; the next query asks again. One whose topic
+the broker does not know (a pattern source's deleted topic, until the group takes the partition
+away: ingest.consume.topic_watch) is logged once and asked again only every
+``UNKNOWN_TOPIC_WAIT_S``.
 
 What a validation does: valid, the partition's cuts go on; truncated below the position, or
 the position gone from the log, stops the partition as above.
@@ -24,7 +27,7 @@ import structlog
 from ingest.consume.assignment import OwnedPartition
 from ingest.consume.context import LoopContext
 from ingest.consume.gaps import GapResolver
-from ingest.consume.log_offsets import LogEnd, LogOffsets, OffsetsQuery
+from ingest.consume.log_offsets import UNKNOWN_TOPIC, LogEnd, LogOffsets, OffsetsQuery
 from ingest.consume.validator import Validation, Verdict
 from ingest_common.model import TopicPartition
 
@@ -33,6 +36,8 @@ log = structlog.get_logger(__name__)
 # How often the owned partitions' log ends are asked for: what a split's age can exceed
 # max_age by, at most.
 LOG_END_INTERVAL_S = 0.2
+# How long a partition whose topic the broker does not know is not asked about again.
+UNKNOWN_TOPIC_WAIT_S = 5.0
 
 
 class LogEnds:
@@ -49,6 +54,8 @@ class LogEnds:
         self._held = False
         # The last answer for each owned partition (lag is measured against it).
         self._latest: dict[TopicPartition, LogEnd] = {}
+        # Partitions of an unknown topic: when they are asked about again.
+        self._unknown: dict[TopicPartition, float] = {}
         self._m_errors = ctx.metrics.kafka_errors.labels(ctx.source)
 
     def latest(self, tp: TopicPartition) -> LogEnd | None:
@@ -67,7 +74,7 @@ class LogEnds:
             self._query = None
             self._apply(ends, errors, now)
         if self._query is None and now >= self._due:
-            tps = [o.tp for o in self._ctx.assignment if o.active]
+            tps = [o.tp for o in self._ctx.assignment if o.active and self._unknown.get(o.tp, 0.0) <= now]
             if tps:
                 self._query = self._offsets.query(tps)
             self._due = now + self._interval_s
@@ -94,10 +101,18 @@ class LogEnds:
             self._gaps.refused(answer.tp, answer.offset, answer.text, answer.truncation)
 
     def _apply(self, ends: dict[TopicPartition, LogEnd], errors: dict[TopicPartition, str], now: float) -> None:
+        owned_tps = set(self._ctx.assignment.tps())
+        for tp in [t for t in self._unknown if t not in owned_tps or t in ends]:
+            del self._unknown[tp]
         for tp, error in errors.items():
+            if error == UNKNOWN_TOPIC:
+                if tp not in self._unknown:
+                    self._m_errors.inc()
+                    log.warning("partition_topic_unknown", source=self._ctx.source, partition=str(tp))
+                self._unknown[tp] = now + UNKNOWN_TOPIC_WAIT_S
+                continue
             self._m_errors.inc()
             log.warning("log_end_query_failed", source=self._ctx.source, partition=str(tp), error=error)
-        owned_tps = set(self._ctx.assignment.tps())
         for tp in [t for t in self._latest if t not in owned_tps]:
             del self._latest[tp]
         for tp, end in ends.items():

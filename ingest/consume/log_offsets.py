@@ -25,13 +25,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
-from confluent_kafka import IsolationLevel, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.consume.kafka import KafkaCallFailed, kafka_error_text
 from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)
+
+
+# The error of a partition whose topic the broker does not know (deleted, or not created yet).
+UNKNOWN_TOPIC = "unknown topic or partition"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,8 @@ class _AdminQuery:
                 latest = future.result(timeout=0)
                 first = earliest[(ktp.topic, ktp.partition)].result(timeout=0)
             except KafkaException as exc:
-                errors[tp] = kafka_error_text(exc)
+                code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+                errors[tp] = UNKNOWN_TOPIC if code == KafkaError.UNKNOWN_TOPIC_OR_PART else kafka_error_text(exc)
                 continue
             epoch = latest.leader_epoch
             ends[tp] = LogEnd(int(latest.offset), None if epoch is None or epoch < 0 else int(epoch), int(first.offset))

@@ -158,6 +158,8 @@ class ConsumeLoop:
             self._group_offsets.commit_due(self._consumer, set(self._assignment.tps()), now)
         self._positioner.rewinds_due(now)
         self._gaps.due(now)
+        if (topics := self._handler.topics) is not None:
+            topics.due(now)
         state = self.state
         self._gauges.update(state, now, cutting=self._cutting(holding))
         self._registry.beat(

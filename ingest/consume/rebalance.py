@@ -24,6 +24,7 @@ import structlog
 from ingest.consume.context import ClaimStore, LoopContext
 from ingest.consume.kafka import Consumer, KafkaCallFailed, start_offset
 from ingest.consume.log_offsets import Watermarks
+from ingest.consume.topic_watch import TopicWatch
 from ingest_common.backoff import Backoff, Clock
 from ingest_common.model import KillReason, PartitionClaim, RebalanceKind, TopicPartition
 from metastore.errors import MetastoreError
@@ -61,6 +62,7 @@ class RebalanceHandler:
         watermarks: Watermarks,
         deadline_s: float = 30.0,
         claim_retry: Backoff = CLAIM_RETRY,
+        topics: TopicWatch | None = None,
     ) -> None:
         self._source = ctx.source
         self._worker_id = ctx.worker_id
@@ -72,6 +74,8 @@ class RebalanceHandler:
         self._clock = ctx.clock
         self._watermarks = watermarks
         self._deadline_s = deadline_s
+        # A pattern source's topics as they come and go (the loop drives its retirements).
+        self.topics = topics
         # Waited for on the loop's clock, as the deadline is.
         self._claim_retry = claim_retry.on(ctx.clock)
         # Set when a callback could not do its job; the loop raises it after consume() returns
@@ -84,7 +88,14 @@ class RebalanceHandler:
         started = self._clock.monotonic()
         deadline = Deadline(self._deadline_s, self._clock)
         claims: dict[TopicPartition, PartitionClaim] | None = {}
-        if tps:
+        if tps and (watch := self.topics) is not None:
+            registered = self._retrying(
+                "register_topics",
+                deadline,
+                lambda: watch.register_new({tp.topic for tp in tps}, max(0.1, min(deadline.left(), 5.0))),
+            )
+            claims = None if registered is None else claims
+        if tps and claims is not None:
             claims = self._retrying(
                 "claim", deadline, lambda: self._store.claim_partitions(self._source, self._worker_id, tps)
             )
@@ -100,9 +111,10 @@ class RebalanceHandler:
         consumer.assign({tp: start_offset(claims[tp]) for tp in tps})
         for claim in claims.values():
             owned = self._assignment.add(claim)
-            if claim.next_offset is None:
-                # Claimed again by another worker before its start was stored: fenced, it
-                # takes nothing until the group moves it.
+            if claim.next_offset is None or claim.retired:
+                # Claimed again by another worker before its start was stored, or its topic was
+                # deleted and one of that name is another log (ingest.consume.topic_watch):
+                # fenced, it takes nothing until the group moves it (or a reset).
                 owned.fence()
         self._observe(RebalanceKind.ASSIGN, started)
         log.info(

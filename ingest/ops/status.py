@@ -15,6 +15,8 @@ from metastore import Metastore
 
 WAITING_FOR_REGISTRY = "WAITING_FOR_SCHEMA_REGISTRY"
 LOG_TRUNCATED = "LOG_TRUNCATED"
+# A pattern source's partition of a deleted topic (migrations/0024): no lag, never stuck.
+RETIRED = "RETIRED"
 
 
 def watermarks(
@@ -85,7 +87,8 @@ def partition_state(
 def source_status(store: Metastore, settings: Settings, source: str, errors: int = 10) -> dict[str, Any]:
     version, _spec = store.latest_spec(source)
     rows = store.partitions(source)
-    marks = watermarks(settings, [(r["topic"], r["partition"]) for r in rows])
+    # A retired partition's topic is gone: Kafka is not asked about it.
+    marks = watermarks(settings, [(r["topic"], r["partition"]) for r in rows if r["retired_at"] is None])
     last_event = {(r["topic"], r["partition"]): r["last_event_time"] for r in store.partition_status(source)}
     offset_gaps = source_gaps(store, source)
     # A partition is stopped at a gap while an unskipped gap of its current epoch starts at its
@@ -123,7 +126,9 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
             {
                 "topic": r["topic"],
                 "partition": r["partition"],
-                "state": partition_state(
+                "state": RETIRED
+                if r["retired_at"] is not None
+                else partition_state(
                     stopped_at_gap=gap is not None,
                     lag=lag,
                     last_publish_at=r["last_publish_at"],
@@ -150,6 +155,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
                 # The current segment holding the last published range (a compaction re-points it).
                 "last_segment_id": r["last_segment_id"],
                 "initial_position": r["initial_position"],
+                "retired_at": _iso(r["retired_at"]),
             }
         )
     workers = [
@@ -172,7 +178,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         {"worker": e["worker"], "kind": e["kind"], "message": e["message"], "at": _iso(e["at"])}
         for e in store.recent_errors(source, errors)
     ]
-    kafka_reachable = bool(marks) or not rows
+    kafka_reachable = bool(marks) or all(r["retired_at"] is not None for r in rows)
     control = store.control(source)
     if control.desired_state is DesiredState.SUSPENDED:
         # Paused on purpose: lag that does not shrink is what suspend means, not a stall.

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ingest.formats.registry import RegistrySettings, SchemaFrom
 from ingest.formats.wire import KEY_COLUMN_PREFIX, STRING_KEY_COLUMN
 from ingest.spec.table import TableSettings
+from ingest.topics import subscription_pattern, topic_matches
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
@@ -46,6 +47,9 @@ class SourceSpec:
     event_time: str
     segment_store: str
     start_from: StartFrom = "earliest"
+    # Instead of ``topics`` (which is then empty): every topic whose name matches this regex
+    # (librdkafka's subscription by a pattern starting with "^"), internal "__" topics excepted.
+    topic_pattern: str = ""
     format: str = "json"
     on_parse_error: ParseErrorPolicy = "reject"
     split: SplitLimits = SplitLimits()
@@ -78,6 +82,15 @@ class SourceSpec:
     table: TableSettings = field(default_factory=TableSettings)
 
     @property
+    def subscription(self) -> list[str]:
+        """What the group member subscribes to: the topics, or the pattern."""
+        return [subscription_pattern(self.topic_pattern)] if self.topic_pattern else list(self.topics)
+
+    def matches(self, topic: str) -> bool:
+        """Is ``topic`` one of the source's (named, or matching its pattern)."""
+        return topic_matches(self.topics, self.topic_pattern, topic)
+
+    @property
     def group_id(self) -> str:
         # Same rule as metastore.store.group_id, which checks it is unique across sources.
         return self.consumer_group or f"ingest-{self.name}"
@@ -100,6 +113,7 @@ class SourceSpec:
             # Stored before URIs were canonical: one spelling per place from here on.
             segment_store=canonical_store_uri(doc["segment_store"]),
             start_from=doc["start_from"],
+            topic_pattern=doc.get("topic_pattern", ""),
             format=doc["format"],
             on_parse_error=doc["on_parse_error"],
             split=SplitLimits(**doc["split"]),

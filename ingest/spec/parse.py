@@ -28,6 +28,7 @@ from ingest.spec.model import (
     SplitLimits,
 )
 from ingest.spec.table import TableSettings, table_from_dict
+from ingest.topics import TOPIC_NAME_RE, topics_from_dict
 from ingest_common.errors import refuse_unknown_fields
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
@@ -38,7 +39,6 @@ ALLOWED_TYPES = (*SCALAR_TYPES, *(f"array<{t}>" for t in SCALAR_TYPES))
 _NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # Column names become Parquet field names; keep them plain and free of the reserved prefix.
 _COLUMN_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _SIZE_RE = re.compile(r" *(\d{1,15}(?:\.\d{1,9})?) *(b|kb|kib|mb|mib|gb|gib)? *", re.IGNORECASE)
 _DURATION_RE = re.compile(r" *(\d{1,15}(?:\.\d{1,9})?) *(ms|s|m|h)? *", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
@@ -47,6 +47,7 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _TOP_LEVEL_KEYS = {
     "name",
     "topics",
+    "topic_pattern",
     "start_from",
     "format",
     "schema",
@@ -132,21 +133,19 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     refuse_unknown_fields("", doc, _TOP_LEVEL_KEYS)
     schema_from = _choice("schema_from", doc.get("schema_from", "spec"), ("spec", "registry"))
     fmt = _choice("format", doc.get("format", "json"), FORMATS)
-    for required in ("name", "topics", "event_time", *(("schema",) if schema_from == "spec" else ())):
+    for required in ("name", "event_time", *(("schema",) if schema_from == "spec" else ())):
         if required not in doc:
             raise ConfigError(f"{required}: missing (required)")
     name = validate_source_name(doc["name"])
 
-    topics = doc["topics"]
-    if not isinstance(topics, list) or not topics:
-        raise ConfigError(f"topics: expected a non-empty list of topic names, got {shown(topics)}")
-    for topic in topics:
-        if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic):
-            raise ConfigError(f"topics: {shown(topic)} is not a valid Kafka topic name")
-    if len(set(topics)) != len(topics):
-        raise ConfigError("topics: lists a topic twice")
+    topics, topic_pattern = topics_from_dict(doc)
 
     registry = registry_from_dict(doc["registry"]) if "registry" in doc else None
+    if topic_pattern and schema_from == "registry" and (registry is None or registry.subject_strategy != "record"):
+        raise ConfigError(
+            'schema_from = "registry" with topic_pattern: needs subject_strategy = "record" in [registry] '
+            "(one subject, whatever topics match later)"
+        )
     if fmt in FRAMED_FORMATS and registry is None:
         raise ConfigError(f'format = "{fmt}": needs a [registry] section with url = the schema registry\'s URL')
     if schema_from == "registry":
@@ -191,7 +190,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     )
 
     group = doc.get("consumer_group", "")
-    if not isinstance(group, str) or (group and not _TOPIC_RE.fullmatch(group)):
+    if not isinstance(group, str) or (group and not TOPIC_NAME_RE.fullmatch(group)):
         raise ConfigError(
             f"consumer_group: expected a Kafka group id of letters, digits, '.', '_' and '-', got {shown(group)}"
         )
@@ -199,6 +198,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     return SourceSpec(
         name=name,
         topics=tuple(topics),
+        topic_pattern=topic_pattern,
         schema=tuple(columns),
         event_time=event_time,
         segment_store=canonical_store_uri(
@@ -280,7 +280,8 @@ def resolve_registry_schema(spec: SourceSpec) -> SourceSpec:
     if spec.schema_from != "registry" or spec.registry is None:
         return spec
     latest: dict[str, str] = {}
-    for topic in spec.topics:
+    # A pattern source has one subject (subject_strategy = "record", spec_from_dict), whatever the topic.
+    for topic in spec.topics or (spec.topic_pattern,):
         subject = spec.registry.subject(topic)
         if subject not in latest:
             latest[subject] = latest_schema(spec.registry, topic)

@@ -6,6 +6,7 @@ tests/acceptance/test_secure_kafka.py, on its secured broker.)"""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 from ingest_dev.testkit import free_port
@@ -140,3 +141,23 @@ def test_a_bucket_that_does_not_exist_fails_the_store_check_and_one_that_does_pa
     ], refused.stdout
     assert passed.returncode == 0, (passed.stdout, passed.stderr)
     assert "written, read and deleted a file" in _lines(passed.stdout)["segment store"]
+
+
+def test_a_pattern_source_checks_the_topics_that_match_now(
+    tmp_path: Path, database_url: str, kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    matching = sorted(make_topic(partitions=1, prefix=f"orders.{run}") for _ in range(2))
+    other = make_topic(partitions=1, prefix=f"payments.{run}")
+    for topic in (*matching, other):
+        Produced(kafka_bootstrap, topic, 1).produce(3)
+    _source, spec = write_spec(tmp_path, "unused")
+    spec.write_text(spec.read_text().replace('topics = ["unused"]', f'topic_pattern = "^orders\\\\.{run}-.*"'))
+
+    result = ingest(process_env(database_url, kafka_bootstrap), "check", "--file", str(spec), timeout=120)
+
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    lines = _lines(result.stdout)
+    assert f"matches 2 topic(s): {matching[0]} (1 partitions), {matching[1]} (1 partitions)" in lines["kafka"]
+    assert other not in result.stdout
+    assert all(topic in lines["kafka read"] for topic in matching), lines["kafka read"]

@@ -314,7 +314,7 @@ def test_a_refusal_the_group_member_meets_stops_the_worker(
     its poll and the worker stops with KafkaUnavailable, instead of polling on and logging."""
     source, _produced = _source(tmp_path, database_url, secure_kafka, partitions=2, records=10)
     topic = load_spec_file(next(tmp_path.glob("*.toml")))[0].topics[0]
-    monkeypatch.setattr("ingest.worker.topic_partitions", lambda _settings, _topics: {topic: 2})
+    monkeypatch.setattr("ingest.worker.fetch_source_topics", lambda _settings, _spec: {topic: 2})
     refused = settings(
         database_url,
         secure_kafka.broker.sasl_ssl_bootstrap,

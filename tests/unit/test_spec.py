@@ -189,3 +189,63 @@ def test_compaction_target_is_a_size_defaulting_to_256_mib_and_stored_specs_with
     for bad, field in (({"target_file_size": 0}, "compaction.target_file_size"), ({"target": 1}, "compaction")):
         with pytest.raises(ConfigError, match=field):
             spec_from_dict(base(compaction=bad))
+
+
+def pattern_doc(**over: Any) -> dict[str, Any]:
+    doc = base(**{"topic_pattern": r"^orders\..*", **over})
+    del doc["topics"]
+    return doc
+
+
+def test_a_topic_pattern_spec_round_trips_and_matches_like_a_kafka_subscription() -> None:
+    spec = spec_from_dict(pattern_doc())
+    assert spec.topics == () and spec.subscription == [r"^(orders\..*)$"]
+    assert SourceSpec.from_json(spec.to_json()) == spec
+    assert spec.matches("orders.eu") and spec.matches("orders.us")
+    assert not spec.matches("payments.eu") and not spec.matches("ordersXeu")
+    # The whole name, as the broker (KIP-848) and Kafka's Java clients match: not a prefix.
+    prefix = spec_from_dict(pattern_doc(topic_pattern=r"^orders\."))
+    assert not prefix.matches("orders.eu") and prefix.subscription == [r"^(orders\.)$"]
+    ends = spec_from_dict(pattern_doc(topic_pattern=r"^orders\.(eu|us)$"))
+    assert ends.matches("orders.us") and not ends.matches("orders.usa")
+    assert ends.subscription == [r"^(orders\.(eu|us))$"]
+    # Internal topics never match, whatever the pattern.
+    assert not spec_from_dict(pattern_doc(topic_pattern="^.*")).matches("__consumer_offsets")
+    assert spec_from_dict(pattern_doc(topic_pattern="^.*")).matches("clicks")
+    named = spec_from_dict(base())
+    assert named.subscription == ["clicks"] and named.matches("clicks") and not named.matches("clicks2")
+    # Specs stored before topic_pattern existed read back as named-topic specs.
+    doc = named.to_json()
+    del doc["topic_pattern"]
+    assert SourceSpec.from_json(doc) == named
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (base(topic_pattern="^orders"), "topics / topic_pattern: give exactly one"),
+        ({k: v for k, v in base().items() if k != "topics"}, "topics / topic_pattern: give exactly one"),
+        (pattern_doc(topic_pattern="orders\\..*"), 'topic_pattern: expected a regex starting with "^"'),
+        (pattern_doc(topic_pattern=["^orders"]), 'topic_pattern: expected a regex starting with "^"'),
+        (pattern_doc(topic_pattern="^orders(["), "topic_pattern: '^orders([' is not a valid regex"),
+        (pattern_doc(topic_pattern="^(?:orders).*"), "topic_pattern: '^(?:orders).*': (?...) groups"),
+        (
+            pattern_doc(schema_from="registry", format="avro", registry={"url": "http://r"}),
+            'schema_from = "registry" with topic_pattern: needs subject_strategy = "record"',
+        ),
+    ],
+)
+def test_topic_pattern_rules_are_one_line_config_errors(doc: dict[str, Any], message: str) -> None:
+    if doc.get("schema_from") == "registry":
+        del doc["schema"]
+    with pytest.raises(ConfigError) as err:
+        spec_from_dict(doc)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_change_of_pattern_is_a_change_of_subscription() -> None:
+    # ingest.consume.controls compares subscriptions: a new pattern needs a restart, as new topics do.
+    assert (
+        spec_from_dict(pattern_doc()).subscription != spec_from_dict(pattern_doc(topic_pattern="^orders")).subscription
+    )
+    assert spec_from_dict(pattern_doc()).subscription != spec_from_dict(base()).subscription
