@@ -2,8 +2,10 @@
 
 A partition's cutter knows its **position** (where the next split starts: the stored offset it
 was positioned at, then each split's end) and what the log-end queries said (ingest.consume.
-log_offsets): the last stable offset and since when each stretch of offsets past the position
-has been in the log. A split is due when the offsets past the position reach ``max_records``,
+log_offsets): the last stable offset and since when, at the most, each stretch of offsets past
+the position has been in the log: since the previous answer, which did not hold it (the first
+answer that holds a stretch comes up to a query interval after its offsets were written; dating
+them by that answer would let a split wait ``max_age`` plus that interval). A split is due when the offsets past the position reach ``max_records``,
 when their estimated bytes reach ``max_bytes``, or when the oldest of them has waited
 ``max_age``; it is cut as ``[position, min(position + max_records, last stable offset))``,
 shortened to the offsets whose estimate fits ``max_bytes``.
@@ -70,6 +72,7 @@ class PartitionCutter:
     a new cutter: ``epoch`` + 1). Only the polling thread uses it."""
 
     __slots__ = (
+        "_answered_at",
         "_seen",
         "_stable",
         "epoch",
@@ -104,9 +107,10 @@ class PartitionCutter:
         self._stable: int | None = None
         # The leader epoch of the latest log-end answer.
         self.leader_epoch: int | None = None
-        # (last stable offset, when first seen) for each rise seen past the position: how long
-        # each stretch of offsets has been in the log.
+        # (last stable offset, the previous answer's time) for each rise seen past the position:
+        # how long, at the most, each stretch of offsets has been in the log.
         self._seen: deque[tuple[int, float]] = deque()
+        self._answered_at: float | None = None
 
     @property
     def stable(self) -> int | None:
@@ -116,11 +120,12 @@ class PartitionCutter:
     def log_end(self, end: LogEnd, now: float) -> None:
         """A query's answer. A last stable offset below the position is not taken: the caller
         checks :meth:`behind_position` first (the log was truncated or re-created)."""
+        since, self._answered_at = self._answered_at, now
         if self.position is not None and end.stable < self.position:
             return
         if self._stable is None or end.stable > self._stable:
             if self.position is not None and end.stable > self.position:
-                self._seen.append((end.stable, now))
+                self._seen.append((end.stable, now if since is None else since))
             self._stable = end.stable
         self.leader_epoch = end.leader_epoch
         if self.validated and self._moved(end.leader_epoch):
@@ -158,7 +163,8 @@ class PartitionCutter:
         return max(0, self._stable - self.position)
 
     def available_since(self) -> float | None:
-        """When the first offset not cut yet was first seen in the log (None: there is none)."""
+        """Since when, at the most, the first offset not cut yet has been in the log (None: there
+        is none)."""
         return self._seen[0][1] if self.available() and self._seen else None
 
     def due(self, limits: SplitLimits, size: OffsetSize, now: float) -> str | None:

@@ -65,18 +65,26 @@ def test_a_cut_takes_at_most_max_records_and_what_fits_max_bytes_and_tiles_the_o
     assert (rest.start, rest.end) == (160, 500) and cutter.available() == 0
 
 
-def test_the_offsets_left_by_a_cut_keep_the_time_they_appeared() -> None:
+def test_offsets_are_dated_by_the_answer_before_the_one_that_first_held_them() -> None:
+    """They were written after the previous answer was given: dating them by the first answer
+    that holds them would let a split wait ``max_age`` plus the query interval."""
     cutter = PartitionCutter(TP, 1, 0)
+    cutter.log_end(end(0), now=0.5)  # nothing past the position yet
     cutter.log_end(end(30), now=1.0)
     cutter.log_end(end(80), now=2.0)
+    cutter.log_end(end(80), now=2.5)  # nothing new
     cutter.log_end(end(120), now=3.0)
-    assert cutter.available_since() == 1.0
+    assert cutter.available_since() == 0.5  # [0, 30) was written after the answer of 0.5
+    assert cutter.due(SplitLimits(max_age_s=5.0), learned(1), now=5.5) == "age"
     cutter.cut("records", SplitLimits(max_records=50), learned(1), now=3.5)  # [0, 50)
-    assert cutter.available_since() == 2.0  # [50, 80) appeared at 2.0
+    assert cutter.available_since() == 1.0  # [50, 80): after the answer of 1.0
     cutter.cut("records", SplitLimits(max_records=30), learned(1), now=3.5)  # [50, 80)
-    assert cutter.available_since() == 3.0
+    assert cutter.available_since() == 2.5
     cutter.cut("age", SplitLimits(max_records=100), learned(1), now=3.5)
     assert cutter.available_since() is None and cutter.available() == 0
+    first = PartitionCutter(TP, 1, 0)
+    first.log_end(end(10), now=7.0)  # no answer before it: dated by itself
+    assert first.available_since() == 7.0
 
 
 def test_bytes_per_offset_start_as_a_guess_and_follow_what_builds_read() -> None:
