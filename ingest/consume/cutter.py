@@ -5,10 +5,11 @@ was positioned at, then each split's end) and what the log-end queries said (ing
 log_offsets): the last stable offset and since when, at the most, each stretch of offsets past
 the position has been in the log: since the previous answer, which did not hold it (the first
 answer that holds a stretch comes up to a query interval after its offsets were written; dating
-them by that answer would let a split wait ``max_age`` plus that interval). A split is due when the offsets past the position reach ``max_records``,
-when their estimated bytes reach ``max_bytes``, or when the oldest of them has waited
-``max_age``; it is cut as ``[position, min(position + max_records, last stable offset))``,
-shortened to the offsets whose estimate fits ``max_bytes``.
+them by that answer would let a split wait ``max_age`` plus that interval). A split is due when
+the offsets past the position reach ``max_records``, when their estimated bytes reach
+``max_bytes``, or when the oldest of them has waited ``max_age``; it is cut as
+``[position, min(position + max_records, last stable offset))``, shortened to the offsets whose
+estimate fits ``max_bytes``.
 
 Bytes are estimated, not read: the worker never sees a record. Every published split reports
 the bytes of its records' keys and values (ingest.builder.job), and :class:`OffsetSize` keeps
