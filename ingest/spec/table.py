@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,28 @@ from ingest_common.redact import is_secret_name
 CATALOG_TYPES = ("rest", "glue", "hive", "sql", "dynamodb", "bigquery")
 CATALOG_ENV_PREFIX = "INGEST_TABLE_CATALOG__"
 FILE_SUFFIX = "_FILE"
-_TABLE_KEYS = {"catalog"}
+_TABLE_KEYS = {"catalog", "mode", "key", "envelope"}
+# An upsert source's segments carry each record's change in this column: UPSERT (the row is
+# the key's new state) or DELETE (a tombstone, or a Debezium "d"); the table holds no such column.
+OP_COLUMN = "_op"
+OP_UPSERT = "u"
+OP_DELETE = "d"
+
+
+class TableMode(StrEnum):
+    # The data table is the log of records, every one appended once.
+    APPEND = "append"
+    # The data table is the current state per key: each segment's changes merged in once.
+    UPSERT = "upsert"
+
+
+class Envelope(StrEnum):
+    # The value is the row; a null value (tombstone) deletes its key.
+    NONE = "none"
+    # Debezium's change event: op c/u/r upsert ``after``, op d deletes ``before``'s key.
+    DEBEZIUM = "debezium"
+
+
 # Secrets whose property names the redaction's pattern does not know as secret.
 _SECRET_SUFFIXES = ("authorization",)
 
@@ -44,6 +66,10 @@ class TableSettings:
     metastore's own SQL catalog."""
 
     catalog: tuple[tuple[str, str], ...] = ()
+    mode: TableMode = TableMode.APPEND
+    # Upsert: the columns (value columns, or the decoded key's ``_key_...``) that name a row.
+    key: tuple[str, ...] = ()
+    envelope: Envelope = Envelope.NONE
 
     @property
     def external(self) -> bool:
@@ -57,13 +83,28 @@ class TableSettings:
         where = props.get("uri") or props.get("warehouse") or ""
         return f"the {props['type']} catalog" + (f" at {where}" if where else "")
 
+    @property
+    def upsert(self) -> bool:
+        return self.mode is TableMode.UPSERT
+
     def to_json(self) -> dict[str, Any]:
-        return {"catalog": dict(self.catalog)}
+        return {
+            "catalog": dict(self.catalog),
+            "mode": self.mode.value,
+            "key": list(self.key),
+            "envelope": self.envelope.value,
+        }
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any] | None) -> TableSettings:
-        # Specs stored before the section existed: the metastore's catalog.
-        return cls(tuple(sorted((doc or {}).get("catalog", {}).items())))
+        # Specs stored before the section existed: the metastore's catalog; before upsert: append.
+        doc = doc or {}
+        return cls(
+            tuple(sorted(doc.get("catalog", {}).items())),
+            TableMode(doc.get("mode", TableMode.APPEND)),
+            tuple(doc.get("key", ())),
+            Envelope(doc.get("envelope", Envelope.NONE)),
+        )
 
 
 def table_from_dict(doc: object) -> TableSettings:
