@@ -116,6 +116,9 @@ ingest.ops (what operators see and run; reads the metastore, never the worker's 
 
 ingest.table (published segments as Iceberg tables, each appended exactly once)
     committer      the table committer: reconcile, choose a batch, append (or replace), record
+    upsert         an upsert table's committer: per partition offsets, a batch staged on a branch, swapped in
+    merge          an upsert batch in Spark: the last change per key, MERGE INTO a branch; the maintenance
+    spark_catalog  Iceberg's Spark catalog over the metastore's catalog tables (JdbcCatalog), its extensions
     replacement    a compaction's replacement as one Iceberg overwrite snapshot: held files out, new in
     properties     the table properties the committer keeps (commit seq, segments) and the head check
     runner         the committer run as a singleton role (ingest.roles): its lock, passes

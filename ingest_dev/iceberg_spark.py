@@ -20,9 +20,8 @@ import os
 import time
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict
-
 from ingest.table.catalog import CATALOG_NAME, NAMESPACES
+from ingest.table.spark_catalog import catalog_conf
 from metastore.tables import TableKind
 
 # Iceberg's metadata column names (org.apache.iceberg.MetadataColumns): Iceberg's Spark scan
@@ -43,49 +42,6 @@ RESERVED = (
 REFUSAL = "conflict with names reserved for Iceberg metadata columns"
 # A session of the reader's own: small, one task at a time.
 READER_CONF = {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "1"}
-
-
-def jdbc_settings(database_url: str) -> tuple[str, str, str | None]:
-    """The metastore's URL or DSN (any form psycopg takes) as PgJDBC's URL, user and password."""
-    params = conninfo_to_dict(database_url)
-    host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
-    if "," in host or host.startswith("/"):
-        raise ValueError(f"the Spark reader needs one TCP host in the database URL, not {host!r}")
-    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
-    user = str(params.get("user") or os.environ.get("PGUSER") or os.environ.get("USER") or "postgres")
-    dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or user)
-    password = params.get("password") or os.environ.get("PGPASSWORD")
-    url = f"jdbc:postgresql://{f'[{host}]' if ':' in host else host}:{port}/{dbname}"
-    if params.get("sslmode"):
-        url += f"?sslmode={params['sslmode']}"
-    return url, user, None if password is None else str(password)
-
-
-def catalog_conf(database_url: str) -> dict[str, str]:
-    """The Spark settings that make ``ingest`` the metastore's Iceberg catalog (read only: the
-    catalog tables exist, created by migration 0009, and are never altered)."""
-    jdbc_url, user, password = jdbc_settings(database_url)
-    prefix = f"spark.sql.catalog.{CATALOG_NAME}"
-    conf = {
-        prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-        f"{prefix}.uri": jdbc_url,
-        f"{prefix}.jdbc.user": user,
-        # pyiceberg's schema has the iceberg_type column (Iceberg's V1); with V0 Iceberg would
-        # not filter on it, with V1 and no column it would ALTER the table.
-        f"{prefix}.jdbc.schema-version": "V1",
-        # The catalog's tables are the migration's: no CREATE TABLE IF NOT EXISTS from Java.
-        f"{prefix}.jdbc.init-catalog-tables": "false",
-        # Required by JdbcCatalog; used only to place tables it would create, which a reader never does.
-        f"{prefix}.warehouse": "file:///nonexistent-ingest-warehouse",
-        # Hadoop's default local file system for this catalog's files: the product's sessions use
-        # the raw one (no .crc files, ingest/spark/session.py), whose getScheme() Hadoop 3.4 does
-        # not implement, and Iceberg's scan planning asks every table's file system for it.
-        f"{prefix}.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
-    }
-    if password:
-        conf[f"{prefix}.jdbc.password"] = password
-    return conf
 
 
 def external_catalog_conf(properties: dict[str, str]) -> dict[str, str]:

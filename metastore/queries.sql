@@ -674,3 +674,29 @@ FROM ingest_segments WHERE source = %(source)s AND replaced_by IS NOT NULL;
 -- replacements of the same segments are refused by the metastore whatever the lock says.
 SELECT pg_try_advisory_lock((k >> 32)::int4, k::bit(32)::int4) AS locked
 FROM (SELECT hashtextextended('ingest_compact:' || %(source)s, 0) AS k) AS key;
+
+-- name: upsert_state
+-- An upsert table's recorded commit, its offsets and its cross-partition keys.
+SELECT committed_seq, upsert_offsets, cross_partition_keys, last_commit_at
+FROM ingest_tables WHERE source = %(source)s AND kind = %(kind)s;
+
+-- name: upsert_pending
+-- The current segments' ranges with offsets an upsert table has not merged yet (per partition:
+-- end beyond its next unmerged offset, absent = none merged), at most %(limit)s per partition
+-- (so a long backlog on one partition never starves another), in offset order per partition.
+SELECT segment_id, topic, partition, start_offset, end_offset, files, published_at
+FROM (SELECT r.segment_id, r.topic, r.partition, r.start_offset, r.end_offset, s.files, s.published_at,
+             row_number() OVER (PARTITION BY r.topic, r.partition ORDER BY r.start_offset) AS n
+      FROM ingest_segment_ranges r JOIN ingest_segments s ON s.id = r.segment_id
+      WHERE r.source = %(source)s AND s.replaced_by IS NULL
+        AND r.end_offset > coalesce((%(offsets)s::jsonb ->> (r.topic || '/' || r.partition))::bigint, -1)) p
+WHERE n <= %(limit)s
+ORDER BY topic, partition, start_offset;
+
+-- name: upsert_advance
+-- Commit seq of an upsert table: its offsets and cross-partition keys, only onto seq - 1.
+UPDATE ingest_tables
+SET committed_seq = %(seq)s, upsert_offsets = %(offsets)s::jsonb,
+    cross_partition_keys = cross_partition_keys + %(cross_partition_keys)s,
+    last_snapshot_id = %(snapshot_id)s, last_commit_at = %(committed_at)s
+WHERE source = %(source)s AND kind = %(kind)s AND committed_seq = %(seq)s - 1;

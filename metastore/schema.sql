@@ -824,10 +824,25 @@ CREATE TABLE public.ingest_tables (
     committed_seq bigint DEFAULT 0 NOT NULL,
     last_snapshot_id bigint,
     last_commit_at timestamp with time zone,
+    upsert_offsets jsonb DEFAULT '{}'::jsonb NOT NULL,
+    cross_partition_keys bigint DEFAULT 0 NOT NULL,
     CONSTRAINT ingest_tables_committed_seq_check CHECK ((committed_seq >= 0)),
+    CONSTRAINT ingest_tables_cross_partition_keys_check CHECK ((cross_partition_keys >= 0)),
     CONSTRAINT ingest_tables_kind_check CHECK ((kind = ANY (ARRAY['data'::text, 'rejects'::text]))),
     CONSTRAINT ingest_tables_partition_by_check CHECK ((partition_by = ANY (ARRAY['none'::text, 'hour'::text, 'day'::text, 'month'::text, 'year'::text])))
 );
+
+--
+-- Name: COLUMN ingest_tables.upsert_offsets; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_tables.upsert_offsets IS 'upsert tables: {"topic/partition": next offset not merged yet}, as of committed_seq';
+
+--
+-- Name: COLUMN ingest_tables.cross_partition_keys; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_tables.cross_partition_keys IS 'upsert tables: keys seen on more than one partition (their order is undefined), counted per commit';
 
 --
 -- Name: ingest_workers; Type: TABLE; Schema: public; Owner: -

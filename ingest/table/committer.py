@@ -64,7 +64,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
-from typing import Any
 
 import structlog
 from pyiceberg.catalog import Catalog
@@ -75,17 +74,17 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
 from ingest.spec.model import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, open_catalog, table_location
-from ingest.table.config import CommitSettings, PartitionBy, RejectsMode
+from ingest.table.config import CommitSettings, PartitionBy
 from ingest.table.errors import CommitConflicts, FileSpansPartitions, TableDiverged, TableError
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
 from ingest.table.replacement import stage_replacement
 from ingest.table.role import committer_health
-from ingest.table.schema import evolve, file_schema
+from ingest.table.schema import evolve, file_schema, transform_of
+from ingest.table.upsert import UpsertCommitter
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.tables import (
@@ -97,6 +96,7 @@ from metastore.tables import (
     TableStore,
     fence_commit,
 )
+from metastore.upserts import UpsertStore
 
 log = structlog.get_logger(__name__)
 
@@ -105,14 +105,6 @@ CONFLICT_RETRY = Backoff(0.1, 2.0)
 # Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
 # until it is killed.
 FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
-
-
-_TRANSFORMS: dict[PartitionBy, Transform[Any, Any]] = {
-    PartitionBy.HOUR: HourTransform(),
-    PartitionBy.DAY: DayTransform(),
-    PartitionBy.MONTH: MonthTransform(),
-    PartitionBy.YEAR: YearTransform(),
-}
 
 
 class FaultPoint(StrEnum):
@@ -139,7 +131,7 @@ class TableCommitter:
     ) -> None:
         self.source = source
         self.settings = settings or CommitSettings()
-        self.store = TableStore(database_url)
+        self.store = UpsertStore(database_url)
         try:
             # The catalog of the spec the committer starts with (CatalogUnavailable: one line).
             self.catalog = open_catalog(database_url, self._spec().table)
@@ -152,10 +144,19 @@ class TableCommitter:
         self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
         # (table, spec version, table schema id) whose files' schema the table already covers.
         self._schema_checked: set[tuple[TableKind, int, int]] = set()
+        # An upsert source's data table (ingest.table.upsert; its Spark session made when first due).
+        self._upsert = UpsertCommitter(
+            self.store, self.catalog, database_url, source, self.settings, self.metrics, self._spec
+        )
 
     def close(self) -> None:
         self.store.close()
         close_catalog(self.catalog)
+        self._upsert.close()
+
+    def upserts(self, kind: TableKind) -> UpsertCommitter | None:
+        """The upsert committer when ``kind`` is an upsert source's data table, else None."""
+        return self._upsert if kind is TableKind.DATA and self._spec().table.upsert else None
 
     def __enter__(self) -> TableCommitter:
         return self
@@ -208,7 +209,7 @@ class TableCommitter:
         txn = self.catalog.create_table_transaction(
             ident, schema=file_schema(first_file), location=location, properties=properties
         )
-        transform = _TRANSFORMS.get(PartitionBy(row.partition_by))
+        transform = transform_of(PartitionBy(row.partition_by))
         if row.kind is TableKind.DATA and transform is not None:
             with txn.update_spec() as update:
                 update.add_field(spec.event_time, transform, f"{spec.event_time}_{row.partition_by}")
@@ -383,6 +384,13 @@ class TableCommitter:
 
     def commit_pending(self, kind: TableKind) -> list[CommitResult]:
         """Commit until no segment is pending (each commit at most ``batch_segments``)."""
+        if (upserts := self.upserts(kind)) is not None:
+            merged = [
+                CommitResult(kind, r.seq, r.segment_ids, 0, r.seconds, r.conflicts) for r in upserts.commit_pending()
+            ]
+            self._last_commit[kind] = time.monotonic()
+            self.update_behind(kind)
+            return merged
         results: list[CommitResult] = []
         while (result := self.commit_batch(kind)) is not None:
             results.append(result)
@@ -391,7 +399,8 @@ class TableCommitter:
         return results
 
     def update_behind(self, kind: TableKind) -> tuple[int, datetime | None]:
-        behind, oldest = self.store.behind(self.source, kind)
+        upserts = self.upserts(kind)
+        behind, oldest = self.store.behind(self.source, kind) if upserts is None else upserts.behind()
         self.metrics.segments_behind.labels(self.source, kind.value).set(behind)
         age = (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         self.metrics.lag_seconds.labels(self.source, kind.value).set(max(age, 0.0))
@@ -463,12 +472,4 @@ def _expire_snapshots(source: str, keep: int, table: Table, kind: TableKind) -> 
         log.info("table_expire_skipped", source=source, table=kind.value, error=first_line(exc))
 
 
-__all__ = [
-    "COMMIT_SEGMENTS",
-    "COMMIT_SEQ",
-    "CommitResult",
-    "CommitSettings",
-    "PartitionBy",
-    "RejectsMode",
-    "TableCommitter",
-]
+__all__ = ["COMMIT_SEQ", "CommitResult", "TableCommitter"]

@@ -6,15 +6,30 @@ field ids)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Transaction
+from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, Transform, YearTransform
 
 from ingest.segments.store import filesystem
 from ingest.table.errors import SchemaChangeRefused
 from ingest_common.errors import first_line
+from ingest_common.model import PartitionBy
 from metastore.tables import PendingSegment, TableKind
+
+_TRANSFORMS: dict[PartitionBy, Transform[Any, Any]] = {
+    PartitionBy.HOUR: HourTransform(),
+    PartitionBy.DAY: DayTransform(),
+    PartitionBy.MONTH: MonthTransform(),
+    PartitionBy.YEAR: YearTransform(),
+}
+
+
+def transform_of(partition_by: PartitionBy) -> Transform[Any, Any] | None:
+    """The Iceberg transform of the event time a table is partitioned by (None: unpartitioned)."""
+    return _TRANSFORMS.get(partition_by)
 
 
 def evolve(
