@@ -131,6 +131,7 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     metrics        the committer's metrics
     errors         the tables' errors
     audit          ``ingest audit``'s check of the tables: exactly the current segments' files, once
+    upsert_audit   ``ingest audit``'s check of an upsert table: its offsets, one row per key, cross-partition keys
 
 ingest.compact (small published segments rewritten near a target size, replaced exactly once)
     plan           which segments: contiguous runs of small ones per partition, cut near the target

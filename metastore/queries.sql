@@ -422,7 +422,8 @@ ON CONFLICT (source, kind) DO NOTHING
 RETURNING kind;
 
 -- name: table_rows
-SELECT source, kind, partition_by, enabled_at, committed_seq, last_snapshot_id, last_commit_at
+SELECT source, kind, partition_by, enabled_at, committed_seq, last_snapshot_id, last_commit_at,
+       upsert_offsets, cross_partition_keys
 FROM ingest_tables WHERE source = %(source)s ORDER BY kind;
 
 -- name: table_lock

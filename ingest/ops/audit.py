@@ -56,6 +56,9 @@ class FindingKind(StrEnum):
     TABLE_DUPLICATE = "table_duplicate_file"
     TABLE_DUPLICATE_ROWS = "table_duplicate_rows"  # a table holds a replaced segment and its replacement
     TABLE_DELETE_FILE = "table_delete_file"  # a delete file hides rows of a table's files
+    UPSERT_OFFSETS = "upsert_offsets"  # an upsert table merged offsets nobody published, or disagrees with its record
+    UPSERT_DUPLICATE_KEY = "upsert_duplicate_key"  # a key has two rows in an upsert table
+    CROSS_PARTITION_KEYS = "cross_partition_keys"  # keys seen on two partitions: their order is undefined
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ as of the Iceberg snapshot the metastore recorded with that commit. Per table:
 - a file of a held replaced segment that is not in the store: ``missing_file`` (the current
   segments' files are checked by ``ingest.ops.audit``; readers of the table read these too).
 
-A segment published but not committed yet is not a finding (the committer is behind).
+A segment published but not committed yet is not a finding (the committer is behind). An upsert
+source's data table holds no segment file: ``ingest.table.upsert_audit`` checks it instead.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
 from ingest.segments import store as segment_store
+from ingest.spec.model import SourceSpec
 from ingest.table.catalog import close_catalog, identifier, source_catalog
 from ingest.table.committer import COMMIT_SEQ
+from ingest.table.upsert_audit import upsert_findings
 from ingest_common.errors import first_line
 from metastore.audits import AuditSnapshot
 from metastore.base import Row
-from metastore.tables import TableKind
+from metastore.tables import TableKind, TableStore
 
 # (kind, where, detail): ingest.ops.audit's FindingKind values (this layer does not import ops).
 TableFinding = tuple[str, str, str]
@@ -52,10 +55,16 @@ def table_findings(database_url: str, source: str, snapshot: AuditSnapshot) -> t
     if not snapshot.tables:
         return [], []
     findings: list[TableFinding] = []
+    with TableStore(database_url) as store:
+        spec = SourceSpec.from_json(store.latest_spec(source))
     catalog = source_catalog(database_url, source)
     try:
         for row in snapshot.tables:
             kind = TableKind(row["kind"])
+            if kind is TableKind.DATA and spec.table.upsert:
+                # It holds no segment file: checked for its own invariants (ingest.table.upsert_audit).
+                findings += upsert_findings(catalog, spec, row, snapshot.partitions)
+                continue
             held = [h for h in snapshot.held if h["kind"] == kind.value]
             findings += _one_table(catalog, source, kind, row, held, snapshot.segments)
             findings += _held_twice(source, kind, snapshot.held_twice)

@@ -12,13 +12,14 @@ from ingest.table.committer import COMMIT_SEQ
 from ingest.table.errors import QueryFailed, TableError
 from ingest_common.errors import first_line
 from metastore.tables import TableKind, TableNotEnabled, TableStore
+from metastore.upserts import UpsertStore
 
 
 def table_status(database_url: str, source: str) -> dict[str, Any]:
     """Per table of the source: the last committed segment, segments behind, location and the
     last commit (``--json`` has the same fields)."""
     tables: list[dict[str, Any]] = []
-    with TableStore(database_url) as store:
+    with UpsertStore(database_url) as store:
         spec = SourceSpec.from_json(store.latest_spec(source))  # SourceNotFound for an unknown source
         rows = store.tables(source)
         if not rows:
@@ -28,6 +29,18 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
             for row in rows:
                 last, appended = store.last_segment(source, row.kind)
                 behind, oldest = store.behind(source, row.kind)
+                upsert = None
+                if row.kind is TableKind.DATA and spec.table.upsert:
+                    state = store.upsert_state(source)
+                    pending = store.pending_ranges(source, state.offsets, 1000)
+                    behind = len(pending)
+                    oldest = min((r.published_at for r in pending), default=None)
+                    upsert = {
+                        "key": list(spec.table.key),
+                        "envelope": spec.table.envelope.value,
+                        "merged_offsets": dict(state.offsets),
+                        "cross_partition_keys": state.cross_partition_keys,
+                    }
                 name = ".".join(identifier(source, row.kind))
                 location = None
                 held_seq = None
@@ -52,6 +65,8 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
                         "table_commit_seq": held_seq,
                         "snapshot_id": snapshot_id,
                         "last_commit_at": row.last_commit_at.isoformat() if row.last_commit_at else None,
+                        "mode": spec.table.mode.value if row.kind is TableKind.DATA else "append",
+                        "upsert": upsert,
                     }
                 )
         finally:
@@ -75,6 +90,14 @@ def render(status: dict[str, Any]) -> list[str]:
             f"last commit {at or '-'}{ago}"
         )
         lines.append(f"  location {t['location'] or '- (created with the first commit)'}")
+        if (upsert := t.get("upsert")) is not None:
+            offsets = ", ".join(f"{k} {v}" for k, v in sorted(upsert["merged_offsets"].items())) or "-"
+            lines.append(f"  upsert by {', '.join(upsert['key'])}: merged up to {offsets}")
+            if upsert["cross_partition_keys"]:
+                lines.append(
+                    f"  {upsert['cross_partition_keys']} key(s) appeared on more than one partition: their order "
+                    "is undefined (the newest Kafka timestamp wins); `ingest audit` reports them"
+                )
         if t["table_commit_seq"] is not None and t["table_commit_seq"] != t["commits"]:
             lines.append(
                 f"  the table holds commit {t['table_commit_seq']}, the metastore recorded {t['commits']}: "

@@ -28,10 +28,11 @@ from ingest.table.catalog import identifier, source_catalog
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
 from ingest.table.merge import TABLE_PARTITION_COLUMN, delete_files
+from ingest.table.status import table_status
 from ingest_common.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish
 from metastore.tables import TableKind
 from metastore.upserts import UpsertStore
-from tests.integration.iceberg_harness import DAY0, T0, Source, committer, compact, spark_like
+from tests.integration.iceberg_harness import DAY0, T0, Source, audit_findings, committer, compact, spark_like
 
 # A change: (key, user) upserts the key's row; (key, None) deletes it.
 Change = tuple[int, str | None]
@@ -169,6 +170,11 @@ def test_changes_are_merged_once_in_kafka_order_through_compaction_and_maintenan
         assert table is not None
         assert TABLE_PARTITION_COLUMN in table.schema().column_names
         assert "_op" not in table.schema().column_names
+        assert audit_findings(database_url, src.name) == []
+        # Another engine writes a second row for key 2: the audit names it.
+        extra = table.scan(row_filter="id = 2").to_arrow()
+        table.append(extra.cast(table.schema().as_arrow()))
+        assert [line.split(":")[0] for line in audit_findings(database_url, src.name)] == ["upsert_duplicate_key"]
 
 
 def test_a_key_on_two_partitions_is_counted(database_url: str, src: UpsertSource) -> None:
@@ -182,6 +188,10 @@ def test_a_key_on_two_partitions_is_counted(database_url: str, src: UpsertSource
         c.commit_all()
     with UpsertStore(database_url) as store:
         assert store.upsert_state(src.name).cross_partition_keys == 2
+    status = table_status(database_url, src.name)["tables"][0]
+    assert status["upsert"]["cross_partition_keys"] == 2
+    assert status["segments_behind"] == 0
+    assert [line.split(":")[0] for line in audit_findings(database_url, src.name)] == ["cross_partition_keys"]
 
 
 def test_a_commit_swapped_and_not_recorded_is_reconciled_never_merged_twice(
