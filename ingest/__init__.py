@@ -130,6 +130,7 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     status         ``ingest table`` and ``ingest query`` (DuckDB)
     metrics        the committer's metrics
     errors         the tables' errors
+    faults         fault injection for tests: a committer paused at a named point, to be killed there
     audit          ``ingest audit``'s check of the tables: exactly the current segments' files, once
     upsert_audit   ``ingest audit``'s check of an upsert table: its offsets, one row per key, cross-partition keys
 

@@ -1,4 +1,5 @@
-"""What ``ingest source apply`` refuses when an Avro source's reader schema changes.
+"""What ``ingest source apply`` refuses when an Avro source's reader schema changes, or the
+``[table]`` mode, key or envelope of any source does.
 
 A source's segments, and its Iceberg table, are read as one schema: each column keeps one
 type across spec versions. So a new version of a ``format = "avro"`` spec (whether its
@@ -34,6 +35,17 @@ WIDENINGS = frozenset({("int", "long"), ("float", "double")})
 
 def evolution_problem(previous: SourceSpec, new: SourceSpec) -> str | None:
     """Why ``new`` cannot follow ``previous`` as the source's next spec version, or None."""
+    if (previous.table.mode, previous.table.key, previous.table.envelope) != (
+        new.table.mode,
+        new.table.key,
+        new.table.envelope,
+    ):
+        # An upsert table's rows are named by its key; the log's table holds every record.
+        return (
+            f"[table] mode, key or envelope changes (from {previous.table.mode.value} {list(previous.table.key)} "
+            f"to {new.table.mode.value} {list(new.table.key)}): the source's table is either the log of its "
+            "records or the last state per one key; apply it as a new source"
+        )
     if previous.format != "avro" or new.format != "avro" or not previous.reader_schema:
         return None
     before = dict(previous.schema)

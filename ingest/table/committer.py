@@ -57,12 +57,10 @@ Invariants, per table (``data``, and ``rejects`` when rejects go to a table):
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from functools import partial
 
 import structlog
@@ -79,6 +77,7 @@ from ingest.spec.model import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, open_catalog, table_location
 from ingest.table.config import CommitSettings, PartitionBy
 from ingest.table.errors import CommitConflicts, FileSpansPartitions, TableDiverged, TableError
+from ingest.table.faults import FaultPoint, pause_if
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
 from ingest.table.replacement import stage_replacement
@@ -102,13 +101,6 @@ log = structlog.get_logger(__name__)
 
 # A catalog conflict (another committer moved the table): 0.1, 0.2, ... 2 s before the next attempt.
 CONFLICT_RETRY = Backoff(0.1, 2.0)
-# Fault injection for tests: the committer logs `table_fault_pause` at this point and waits
-# until it is killed.
-FAULT_PAUSE_ENV = "INGEST_FAULT_TABLE_PAUSE_AT"
-
-
-class FaultPoint(StrEnum):
-    ICEBERG_COMMITTED = "iceberg_committed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +133,6 @@ class TableCommitter:
         self.metrics = metrics or TableMetrics(source)
         self.health = committer_health(source, self.settings)
         self._last_commit: dict[TableKind, float] = {}
-        self._fault = os.environ.get(FAULT_PAUSE_ENV, "")
         # (table, spec version, table schema id) whose files' schema the table already covers.
         self._schema_checked: set[tuple[TableKind, int, int]] = set()
         # An upsert source's data table (ingest.table.upsert; its Spark session made when first due).
@@ -287,7 +278,7 @@ class TableCommitter:
                 )
                 CONFLICT_RETRY.sleep(CONFLICT_RETRY.delay(conflicts - 1))
                 continue
-            self._pause_if(FaultPoint.ICEBERG_COMMITTED)
+            pause_if(self.source, FaultPoint.ICEBERG_COMMITTED)
             if not isinstance(self.catalog, MetastoreCatalog):
                 # Recorded after the swap: a crash before this line leaves the table one commit
                 # ahead, which the next reconcile records (its intent keeps the files till then).
@@ -375,12 +366,6 @@ class TableCommitter:
         self.store.record_commit(
             self.source, kind, seq, commit.segment_ids, commit.snapshot_id, commit.committed_at, commit.removed_ids
         )
-
-    def _pause_if(self, point: FaultPoint) -> None:
-        if self._fault == point.value:
-            log.warning("table_fault_pause", source=self.source, point=point.value)
-            while True:
-                time.sleep(1)
 
     def commit_pending(self, kind: TableKind) -> list[CommitResult]:
         """Commit until no segment is pending (each commit at most ``batch_segments``)."""

@@ -48,6 +48,7 @@ from ingest.spec.table import OP_COLUMN
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy
 from ingest.table.errors import CommitConflicts, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.faults import FaultPoint, pause_if
 from ingest.table.merge import (
     MERGE_ON_READ,
     TABLE_PARTITION_COLUMN,
@@ -318,6 +319,7 @@ class UpsertCommitter:
         table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
         spark_table = f"{self.catalog_name}.{'.'.join(identifier(self.source, self.kind))}"
         result = merge_batch(self.spark(), spark_table, branch, files, ranges, keys)
+        pause_if(self.source, FaultPoint.UPSERT_STAGED)
         if result.parent_id != head.snapshot_id:
             raise CommitFailedException(
                 f"table {self.name}: the merge's snapshot follows {result.parent_id}, not the head {head.snapshot_id}"

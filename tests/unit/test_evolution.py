@@ -117,3 +117,19 @@ def test_registry_reader_schema_over_several_topics(monkeypatch: pytest.MonkeyPa
     record = {**registry, "subject_strategy": "record", "record_name": "acme.Order"}
     spec = resolve_registry_schema(spec_from_dict({**doc, "topics": ["a", "b", "c"], "registry": record}))
     assert spec.schema == (("ts", "timestamp"), ("id", "string")) and asked == ["acme.Order"]
+
+
+def test_the_table_mode_key_and_envelope_never_change() -> None:
+    from ingest.spec.table import Envelope, TableMode, TableSettings
+
+    log = avro_spec({"id": "long"})
+    upsert = replace(log, table=TableSettings(mode=TableMode.UPSERT, key=("id",)))
+    assert evolution_problem(upsert, upsert) is None
+    for before, after in [
+        (log, upsert),
+        (upsert, log),
+        (upsert, replace(upsert, table=replace(upsert.table, key=("id", "ts")))),
+        (upsert, replace(upsert, table=replace(upsert.table, envelope=Envelope.DEBEZIUM))),
+    ]:
+        problem = evolution_problem(before, after)
+        assert problem is not None and "apply it as a new source" in problem
