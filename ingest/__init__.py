@@ -94,6 +94,7 @@ ingest.builder (the build stage: splits into Parquet files, invisible until publ
     kafka_read     Spark's Kafka batch read of each split's exact offsets (layers, read_committed)
     accounting     what a job observes per split: bad records, bytes, newest timestamp, unknown ids
     plan           the expressions that parse the records read, classify errors, name unknown ids
+    changes        upsert sources' rows: _op, tombstones keyed from the Kafka key, Debezium envelopes
     registration   every build registered in the metastore before it writes
     start          the build stage started as a worker starts it: Spark's reader, the session, writer schemas
     warm_up        the first build before joining the group: the source's newest records, thrown away

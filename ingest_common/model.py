@@ -38,6 +38,12 @@ PARSE_ERRORS = (
     "key_not_confluent_framed",
     "key_unknown_schema_id",
     "key_undecodable",
+    # Upsert sources ([table] mode = "upsert"; ingest.builder.changes): a record that is not a
+    # tombstone without its key's columns; a tombstone (null value) whose key does not give
+    # them; a Debezium event whose op is not c, u, r or d, or without the row its op names.
+    "null_key",
+    "tombstone_without_key",
+    "invalid_envelope",
 )
 
 

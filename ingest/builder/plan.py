@@ -10,7 +10,8 @@ A plan's expressions are unresolved, so one plan serves every batch of its (sche
 time, file partition): making it costs hundreds of Py4J round trips (the builder caches it).
 Every parse error a plan can give is one of ``PARSE_ERRORS``; the good rows keep the Kafka
 coordinates (``META_COLUMNS``), then the decoded key's columns (``SourceSpec.key_columns``),
-then the schema's columns.
+then the schema's columns; an upsert source's then ``_op``, its tombstones and Debezium
+envelopes read as ingest.builder.changes says.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingest.builder.changes import ENVELOPE_COLUMN, debezium_parse, upsert_rows
 from ingest.formats.avro import DECODED_FIELD, avro_reader_schema, reader_for_writer
 from ingest.formats.protobuf import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.formats.wire import HEADER_BYTES, KEY_COLUMN_PREFIX, STRING_KEY_COLUMN
 from ingest.spec.model import SourceSpec
+from ingest.spec.table import OP_COLUMN, Envelope
 from ingest_common.model import PartitionBy
 
 CORRUPT = "_corrupt"
@@ -143,6 +146,9 @@ class PlanCache:
             spec.reader_schema,
             spec.key_format,
             spec.key_schema,
+            spec.table.mode,
+            spec.table.key,
+            spec.table.envelope,
             writers.ids(),
         )
         with self._lock:
@@ -161,6 +167,10 @@ def make_plan(spec: SourceSpec, writers: Writers | None = None) -> Plan:
     parsed_key, key_error, unknown_key = _key_parse(spec, writers.keys)
     if spec.format == "protobuf":
         plan = _protobuf_plan(spec, writers.protobuf, (parsed_key, key_error))
+    elif spec.table.envelope is Envelope.DEBEZIUM:
+        decode, parsed, error = debezium_parse(_row_type(spec), CORRUPT, spec.event_time)
+        plan = _plan(spec, parsed, error, parsed_key, key_error)
+        plan = replace(plan, read_columns=(*plan.read_columns, F.col(ENVELOPE_COLUMN)), decode=decode)
     else:
         parsed, error = (
             _avro_parse(spec, writers.avro, writers.unresolvable) if spec.format == "avro" else _json_parse(spec)
@@ -195,15 +205,19 @@ def _protobuf_plan(spec: SourceSpec, files: Mapping[int, ProtoFiles], keys: tupl
     )
 
 
+def _row_type(spec: SourceSpec) -> Any:
+    """The spec's columns as a Spark struct (every field nullable)."""
+    from pyspark.sql import types as T
+
+    return T.StructType([T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema])
+
+
 def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
     """The parsed struct of format json (json_schema: after the header) and the error column."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    schema = T.StructType(
-        [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.schema]
-        + [T.StructField(CORRUPT, T.StringType(), True)]
-    )
+    schema = T.StructType([*_row_type(spec).fields, T.StructField(CORRUPT, T.StringType(), True)])
     value = F.col("_value")
     framed, _, body = _framing()
     if spec.format == "json_schema":
@@ -319,38 +333,46 @@ def _key_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any | None
     return parsed, error, unknown
 
 
-def _key_columns(spec: SourceSpec) -> tuple[Any, ...]:
+def _decoded_key(spec: SourceSpec) -> dict[str, Any]:
+    """The decoded key's output columns by name (``SourceSpec.key_columns``), unaliased."""
     from pyspark.sql import functions as F
 
     if spec.key_format == "string":
-        return (F.col("_key").cast("string").alias(STRING_KEY_COLUMN),)
-    return tuple(F.col("_k").getField(name).alias(KEY_COLUMN_PREFIX + name) for name, _ in spec.key_schema)
+        return {STRING_KEY_COLUMN: F.col("_key").cast("string")}
+    return {KEY_COLUMN_PREFIX + name: F.col("_k").getField(name) for name, _ in spec.key_schema}
 
 
 def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key_error: Any | None) -> Plan:
     from pyspark.sql import functions as F
 
-    value = F.col("_value")
     event_us = F.unix_micros(F.col("_p").getField(spec.event_time))
     # The parse's reason, else one for an event time out of range: ``error`` appears once, so
     # it is evaluated once per record (a CASE that tested it and then returned it ran it twice).
     out_of_range = (event_us < F.lit(EVENT_TIME_MIN_US)) | (event_us >= F.lit(EVENT_TIME_END_US))
     error = F.coalesce(error, F.when(out_of_range, F.lit("event_time_out_of_range")))
+    decoded_key = _decoded_key(spec)
+    if spec.table.upsert:
+        rows = upsert_rows(spec, decoded_key, error, key_error)
+        error, columns, event_time = rows.error, (*rows.columns, rows.op.alias(OP_COLUMN)), rows.event_time
+    else:
+        # A record's value is checked first: its reason wins over its key's.
+        error = error if key_error is None else F.coalesce(error, key_error)
+        columns = tuple(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)
+        event_time = F.col("_p").getField(spec.event_time)
     return Plan(
         read_columns=(
             *(F.col(c) for c in META_COLUMNS),
-            value,
+            F.col("_value"),
             parsed.alias("_p"),
             *(() if parsed_key is None else (parsed_key.alias("_k"),)),
         ),
-        # A record's value is checked first: its reason wins over its key's.
-        error=error if key_error is None else F.coalesce(error, key_error),
+        error=error,
         total=F.count(F.lit(1)).alias("total"),
         good=F.col("_error").isNull(),
         output_columns=(
             *(F.col(c) for c in META_COLUMNS),
-            *_key_columns(spec),
-            *(F.col("_p").getField(name).alias(name) for name, _ in spec.schema),
+            *(column.alias(name) for name, column in decoded_key.items()),
+            *columns,
         ),
-        file_partition=file_partition_value(F.col("_p").getField(spec.event_time), spec.file_partition),
+        file_partition=file_partition_value(event_time, spec.file_partition),
     )

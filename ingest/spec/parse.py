@@ -19,7 +19,7 @@ from typing import Any, cast
 from ingest.errors import ConfigError, shown
 from ingest.formats.avro import avro_columns, avro_reader_schema
 from ingest.formats.registry import RegistrySettings, SchemaFrom, latest_schema, registry_from_dict
-from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KEY_FORMATS
+from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KEY_COLUMN_PREFIX, KEY_FORMATS
 from ingest.spec.model import (
     CompactionSettings,
     OutOfRangePolicy,
@@ -27,7 +27,7 @@ from ingest.spec.model import (
     SourceSpec,
     SplitLimits,
 )
-from ingest.spec.table import TableSettings, table_from_dict
+from ingest.spec.table import OP_COLUMN, Envelope, TableSettings, table_from_dict
 from ingest.topics import TOPIC_NAME_RE, topics_from_dict
 from ingest_common.errors import refuse_unknown_fields
 from ingest_common.model import PartitionBy, StartFrom
@@ -195,7 +195,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
             f"consumer_group: expected a Kafka group id of letters, digits, '.', '_' and '-', got {shown(group)}"
         )
 
-    return SourceSpec(
+    spec = SourceSpec(
         name=name,
         topics=tuple(topics),
         topic_pattern=topic_pattern,
@@ -226,6 +226,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         compaction=compaction,
         table=table_from_dict(doc["table"]) if "table" in doc else TableSettings(),
     )
+    check_upsert(spec)
+    return spec
 
 
 def _key_format(doc: dict[str, Any], registry: RegistrySettings | None) -> tuple[str, list[tuple[str, str]]]:
@@ -271,6 +273,40 @@ def _check_event_time(columns: tuple[tuple[str, str], ...], event_time: str) -> 
         raise ConfigError(f"event_time: column {shown(event_time)} must have type timestamp, has {types[event_time]}")
 
 
+def check_upsert(spec: SourceSpec) -> None:
+    """An upsert source's ``[table]`` against the rest of its spec: its key names output
+    columns (a value column, or a decoded key's ``_key_...``), no column is the segments'
+    change column, the Debezium envelope is read from JSON only, and without an envelope every
+    key column can be read from the Kafka key (a tombstone has nothing else). The column checks
+    wait for the columns (``schema_from = "registry"``: resolve_registry_schema)."""
+    table = spec.table
+    if not table.upsert:
+        return
+    if table.envelope is Envelope.DEBEZIUM and spec.format != "json":
+        raise ConfigError(
+            f'table.envelope = "debezium": supported for format = "json" only, not "{spec.format}" '
+            "(Debezium's JSON converter, with or without schemas.enable)"
+        )
+    if not spec.schema:
+        return
+    values = {name for name, _ in spec.schema}
+    decoded = {name for name, _ in spec.key_columns}
+    if any(name.lower() == OP_COLUMN for name in values | decoded):
+        raise ConfigError(
+            f'schema: no column may be named {OP_COLUMN} with mode = "upsert" (the segments\' change column)'
+        )
+    for column in table.key:
+        if column not in values | decoded:
+            known = ", ".join([*(n for n, _ in spec.key_columns), *(n for n, _ in spec.schema)])
+            raise ConfigError(f"table.key: {shown(column)} is not a column of the spec's rows ({known})")
+        if table.envelope is Envelope.NONE and column not in decoded and KEY_COLUMN_PREFIX + column not in decoded:
+            raise ConfigError(
+                f"table.key: {shown(column)} cannot be read from the Kafka key: a tombstone (null value) "
+                f"carries only the key, so decode it (key_format and key_schema with field {column!r}, "
+                f"giving {KEY_COLUMN_PREFIX}{column}) or key the table on {KEY_COLUMN_PREFIX}... columns"
+            )
+
+
 def resolve_registry_schema(spec: SourceSpec) -> SourceSpec:
     """With ``schema_from = "registry"``, the spec with its reader schema and columns taken from
     the latest version of its topics' subjects, as applied: later versions reach the spec only
@@ -298,7 +334,9 @@ def resolve_registry_schema(spec: SourceSpec) -> SourceSpec:
         if not _COLUMN_RE.fullmatch(column):
             raise ConfigError(f"schema_from = registry: field {column!r} is not a valid column name")
     _check_event_time(columns, spec.event_time)
-    return replace(spec, schema=columns, reader_schema=schema)
+    resolved = replace(spec, schema=columns, reader_schema=schema)
+    check_upsert(resolved)
+    return resolved
 
 
 def _fields(schema: str) -> str:

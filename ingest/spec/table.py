@@ -109,13 +109,51 @@ class TableSettings:
 
 def table_from_dict(doc: object) -> TableSettings:
     """The ``[table]`` section, validated: ``catalog`` an inline table of pyiceberg catalog
-    properties with a known ``type`` and no secret."""
+    properties with a known ``type`` and no secret; ``mode``, and with ``upsert`` its ``key``
+    and ``envelope``."""
     if not isinstance(doc, dict):
         raise ConfigError('table: expected a table, e.g. [table] catalog = { type = "rest", uri = "..." }')
     refuse_unknown_fields("table", doc, _TABLE_KEYS)
-    if "catalog" not in doc:
-        return TableSettings()
-    catalog = doc["catalog"]
+    mode, key, envelope = _mode_key_envelope(doc)
+    catalog = tuple(sorted(_catalog(doc["catalog"]).items())) if "catalog" in doc else ()
+    return TableSettings(catalog, mode, key, envelope)
+
+
+def _mode_key_envelope(doc: Mapping[str, object]) -> tuple[TableMode, tuple[str, ...], Envelope]:
+    """``mode``, ``key`` and ``envelope`` on their own (whether the key's columns exist, and
+    how a tombstone finds them, depends on the rest of the spec: ingest.spec.parse)."""
+    modes = tuple(m.value for m in TableMode)
+    envelopes = tuple(e.value for e in Envelope)
+    mode = doc.get("mode", TableMode.APPEND.value)
+    if mode not in modes:
+        raise ConfigError(f"table.mode: {shown(mode)} is not one of {', '.join(modes)}")
+    envelope = doc.get("envelope", Envelope.NONE.value)
+    if envelope not in envelopes:
+        raise ConfigError(f"table.envelope: {shown(envelope)} is not one of {', '.join(envelopes)}")
+    if mode == TableMode.APPEND:
+        for given in ("key", "envelope"):
+            if given in doc:
+                raise ConfigError(
+                    f'table.{given}: only with mode = "upsert" (an append table keeps every record; '
+                    "no key or envelope applies)"
+                )
+        return TableMode.APPEND, (), Envelope.NONE
+    key = doc.get("key")
+    if (
+        not isinstance(key, list)
+        or not key
+        or not all(isinstance(column, str) and column for column in key)
+        or len(set(key)) != len(key)
+    ):
+        raise ConfigError(
+            'table.key: mode = "upsert" needs the columns that name a row, a non-empty list of distinct '
+            f'column names such as ["id"], got {shown(key)}'
+        )
+    return TableMode(mode), tuple(key), Envelope(envelope)
+
+
+def _catalog(catalog: object) -> dict[str, str]:
+    """``catalog``: pyiceberg catalog properties with a known ``type`` and no secret."""
     if not isinstance(catalog, dict) or not catalog:
         raise ConfigError(
             'table.catalog: expected a table of pyiceberg catalog properties, e.g. { type = "rest", uri = "..." }'
@@ -144,7 +182,7 @@ def table_from_dict(doc: object) -> TableSettings:
             f"table.catalog.uri: a password is never written in a spec; set {env_name('uri')} "
             f"(or {env_name('uri')}{FILE_SUFFIX}) to the URI with its password where the committer runs"
         )
-    return TableSettings(tuple(sorted(props.items())))
+    return props
 
 
 def env_name(prop: str) -> str:
