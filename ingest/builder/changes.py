@@ -6,7 +6,8 @@ A null value (a Kafka tombstone) is a delete, not a ``null_value`` reject: its r
 for its key, read from the Kafka key (a key column that is a value column ``x`` takes the
 decoded key's ``_key_x``), and its event time, which is the record's Kafka ``_timestamp`` (so
 the row has an event time and a file partition). A tombstone whose key is then incomplete is a
-``tombstone_without_key`` reject; any other record without its key, a ``null_key`` reject.
+``tombstone_without_key`` reject (under Debezium, a row that deletes nothing: its ``d`` event
+came first); any other record without its key, a ``null_key`` reject.
 
 ``envelope = "debezium"`` (format json): the value is a Debezium change event, bare
 (``{"before", "after", "op", ...}``) or as the JSON converter writes it with schemas
@@ -123,9 +124,17 @@ def upsert_rows(
     in_row = [decoded_key.get(name, row.getField(name)) for name in spec.table.key]
     in_tombstone = [decoded_key.get(name, from_key.get(name)) for name in spec.table.key]
     keys = () if key_error is None else (key_error,)
-    error = F.when(
-        tombstone, F.coalesce(*keys, F.when(missing(in_tombstone), F.lit("tombstone_without_key")))
-    ).otherwise(F.coalesce(value_error, *keys, F.when(missing(in_row), F.lit("null_key"))))
+    # Under Debezium a tombstone only follows its key's ``d`` event (for Kafka's log compaction):
+    # one whose key does not decode is kept as a row that deletes nothing (the merge skips a row
+    # without its key), not a reject per delete.
+    keyless = (
+        F.lit(None).cast("string")
+        if spec.table.envelope is Envelope.DEBEZIUM
+        else F.when(missing(in_tombstone), F.lit("tombstone_without_key"))
+    )
+    error = F.when(tombstone, F.coalesce(*keys, keyless)).otherwise(
+        F.coalesce(value_error, *keys, F.when(missing(in_row), F.lit("null_key")))
+    )
     op = F.when(tombstone, F.lit(OP_DELETE))
     if spec.table.envelope is Envelope.DEBEZIUM:
         op = op.when(debezium_field("op") == F.lit(_DELETE_OP), F.lit(OP_DELETE))

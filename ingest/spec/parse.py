@@ -282,6 +282,12 @@ def check_upsert(spec: SourceSpec) -> None:
     table = spec.table
     if not table.upsert:
         return
+    if table.external:
+        # The merges run on the metastore's catalog through Iceberg's JDBC catalog (ingest.table.merge).
+        raise ConfigError(
+            'table.mode = "upsert": supported in the metastore\'s Iceberg catalog only, not with table.catalog '
+            "(an append table may live in a catalog of your own)"
+        )
     if table.envelope is Envelope.DEBEZIUM and spec.format != "json":
         raise ConfigError(
             f'table.envelope = "debezium": supported for format = "json" only, not "{spec.format}" '

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 import structlog
@@ -125,6 +126,8 @@ def last_changes(rows: Any, keys: Sequence[str]) -> Any:
     from pyspark.sql import functions as F
 
     key_cols = [F.col(_quote(k)) for k in keys]
+    # A row without its key changes nothing (a Debezium tombstone whose key was not decoded).
+    rows = rows.where(reduce(lambda a, b: a & b, (c.isNotNull() for c in key_cols)))
     in_partition = Window.partitionBy(*key_cols, F.col("_topic"), F.col(TABLE_PARTITION_COLUMN)).orderBy(
         F.col("_offset").desc()
     )

@@ -73,6 +73,11 @@ def test_upsert_settings_parse_and_round_trip_and_append_is_the_default() -> Non
             {"mode": "upsert", "key": ["id"]},
             "table.key: 'id' cannot be read from the Kafka key: a tombstone (null value) carries only the key",
         ),
+        (
+            STRING_KEY,
+            {"mode": "upsert", "key": ["_key_string"], "catalog": {"type": "rest", "uri": "https://cat.example/x"}},
+            "supported in the metastore's Iceberg catalog only, not with table.catalog",
+        ),
         # The key decodes, but not the key column "name".
         (
             JSON_KEY,
