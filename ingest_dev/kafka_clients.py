@@ -217,3 +217,40 @@ def produce_records(
             f" after {timeout:.1f} s"
         )
     return log_end
+
+
+def read_records(
+    bootstrap: str, topic: str, ends: Mapping[int, int], timeout: float = 60.0
+) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """Every committed record of ``topic`` below ``ends`` (per partition), read back as
+    ``(partition, offset, key, value)`` in offset order per partition: the log as Kafka holds it
+    (read_committed). Bounded by ``timeout`` (TimeoutError)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"ingest-read-records-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        },
+        logger=PROBE_LOG,
+    )
+    records: list[tuple[int, int, bytes | None, bytes | None]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        consumer.assign([KafkaTopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
+        position = dict.fromkeys((p for p, end in ends.items() if end > 0), 0)
+        while any(position[p] < ends[p] for p in position):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"read {len(records)} records of {topic}, short of {dict(ends)}")
+            for msg in consumer.consume(1000, timeout=0.5):
+                partition, offset = msg.partition(), msg.offset()
+                if msg.error() is not None or partition is None or offset is None or offset >= ends[partition]:
+                    continue
+                records.append((partition, offset, msg.key(), msg.value()))
+                position[partition] = offset + 1
+    finally:
+        consumer.close()
+    return sorted(records, key=lambda r: (r[0], r[1]))
