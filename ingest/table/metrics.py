@@ -57,6 +57,12 @@ class TableMetrics:
             ["source"],
             registry=r,
         )
+        self.cross_partition_keys = Gauge(
+            "ingest_table_cross_partition_keys",
+            "Upsert tables: keys seen on more than one partition so far (their order is undefined)",
+            ["source"],
+            registry=r,
+        )
         for kind in kinds:
             for counter in (self.commits, self.segments_committed, self.replacements, self.commit_conflicts):
                 counter.labels(source, kind.value)

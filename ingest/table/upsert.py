@@ -394,6 +394,7 @@ class UpsertCommitter:
     def behind(self) -> tuple[int, datetime | None]:
         """Segment ranges with changes not merged yet (at most 1000 counted) and the oldest one's publish time."""
         state = self.store.upsert_state(self.source, self.kind)
+        self.metrics.cross_partition_keys.labels(self.source).set(state.cross_partition_keys)
         pending = self.store.pending_ranges(self.source, state.offsets, 1000)
         return len(pending), min((r.published_at for r in pending), default=None)
 
