@@ -39,6 +39,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +157,25 @@ def _group_stopped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
             proc.returncode = -signal.SIGKILL
 
 
-def run_compact(ctx: Context, source: str, target_size: str | None) -> dict[str, Any]:
-    """``ingest compact SOURCE --json`` as a process; its figures and the document it printed."""
-    args = ["compact", source, "--json", *(["--target-size", target_size] if target_size else [])]
+@dataclass(frozen=True)
+class TimedRun:
+    """One ``ingest`` command run as a process: its wall time, its CPU (the process tree with
+    its JVM, or its rusage when larger: both only ever miss CPU), its stdout and log."""
+
+    wall_s: float
+    cpu_s: float
+    cpu_s_process_tree: float
+    cpu_s_rusage: float
+    stdout: str
+    log_path: Path
+    sampler: TreeSampler
+
+
+def run_timed(ctx: Context, label: str, *args: str) -> TimedRun:
+    """``ingest ARGS`` as a process of its own, timed; RuntimeError unless it exits 0."""
     logs = ctx.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    stdout_path, stderr_path = logs / "compact.out", logs / "compact.log"
+    stdout_path, stderr_path = logs / f"{label}.out", logs / f"{label}.log"
     sampler = TreeSampler(interval=0.1)
     with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
         started = time.monotonic()
@@ -180,7 +194,7 @@ def run_compact(ctx: Context, source: str, target_size: str | None) -> dict[str,
                     break
                 if time.monotonic() > deadline:
                     sampler.stop()
-                    raise TimeoutError(f"ingest compact did not finish in {ctx.timeout:.0f} s; log: {stderr_path}")
+                    raise TimeoutError(f"ingest {label} did not finish in {ctx.timeout:.0f} s; log: {stderr_path}")
                 time.sleep(0.05)
     sampler.stop()
     tree_cpu = sampler.samples[-1].cpu_s if sampler.samples else 0.0
@@ -188,13 +202,22 @@ def run_compact(ctx: Context, source: str, target_size: str | None) -> dict[str,
     text = stdout_path.read_text(errors="replace")
     if proc.returncode != 0:
         tail = stderr_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"ingest compact exited with {proc.returncode}\nstdout:\n{text[-2000:]}\nstderr:\n{tail}")
+        raise RuntimeError(f"ingest {label} exited with {proc.returncode}\nstdout:\n{text[-2000:]}\nstderr:\n{tail}")
+    return TimedRun(wall, max(tree_cpu, rusage_cpu), tree_cpu, rusage_cpu, text, stderr_path, sampler)
+
+
+def run_compact(ctx: Context, source: str, target_size: str | None) -> dict[str, Any]:
+    """``ingest compact SOURCE --json`` as a process; its figures and the document it printed."""
+    args = ["compact", source, "--json", *(["--target-size", target_size] if target_size else [])]
+    timed = run_timed(ctx, "compact", *args)
+    text, wall, tree_cpu, rusage_cpu = timed.stdout, timed.wall_s, timed.cpu_s_process_tree, timed.cpu_s_rusage
+    sampler, stderr_path = timed.sampler, timed.log_path
     doc = _json_document(text)
     replaced = doc["replaced"]
     read_bytes = sum(int(r["bytes_before"]) for r in replaced)
-    cpu = max(tree_cpu, rusage_cpu)
+    cpu = timed.cpu_s
     return {
-        "exit_code": proc.returncode,
+        "exit_code": 0,
         "target_bytes": doc["target_bytes"],
         "runs": len(replaced),
         "refused": len(doc["refused"]),

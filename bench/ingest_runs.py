@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -57,7 +57,10 @@ class Context:
         return f"{prefix}_{uuid.uuid4().hex[:6]}"
 
 
-def apply_source(ctx: Context, source: str, topic: str, split: SplitConfig) -> None:
+def apply_source(
+    ctx: Context, source: str, topic: str, split: SplitConfig, spec_extra: Mapping[str, Any] | None = None
+) -> None:
+    """The bench's source over ``topic``; ``spec_extra``: more spec keys (an upsert table's, say)."""
     store_dir = ctx.work / "segments" / source
     store_dir.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
@@ -69,6 +72,7 @@ def apply_source(ctx: Context, source: str, topic: str, split: SplitConfig) -> N
         "on_parse_error": "reject",
         "schema": dict(SCHEMA),
         "split": {"max_records": split.max_records, "max_bytes": split.max_bytes, "max_age": split.max_age},
+        **(spec_extra or {}),
     }
     wire = avro.active()
     if wire is not None:
@@ -211,6 +215,7 @@ def run_throughput(
     split: SplitConfig,
     label: str,
     extra_roots: Sequence[int] = (),
+    spec_extra: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Fleet]:
     """Start ``workers`` workers on a fresh source over the pre-produced topic; time it until all is published.
 
@@ -220,7 +225,7 @@ def run_throughput(
     and the fleet, still running (the caller reuses it or stops it).
     """
     source = ctx.new_source(label)
-    apply_source(ctx, source, topic, split)
+    apply_source(ctx, source, topic, split, spec_extra)
     ctx.log(f"[{label}] {workers} worker(s), {spark_master}, source {source}")
     fleet = start_fleet(ctx, source, workers, spark_master, build_threads, prefix=label, extra_roots=extra_roots)
     try:

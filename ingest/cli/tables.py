@@ -159,7 +159,7 @@ def add_table_commands(sub: Any) -> None:
     commit.add_argument(
         "--keep-snapshots",
         default=str(DEFAULT_KEEP_SNAPSHOTS),
-        help="snapshots kept for time travel; older ones are expired, no file deleted (default: %(default)s)",
+        help="snapshots kept for time travel; older ones expire (append tables: no file deleted; default %(default)s)",
     )
     commit.set_defaults(func=cmd_table_commit)
 

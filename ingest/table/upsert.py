@@ -41,7 +41,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
-from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
+from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate, TableUpdate
 
 from ingest.spec.model import SourceSpec
 from ingest.spec.table import OP_COLUMN
@@ -316,7 +316,13 @@ class UpsertCommitter:
         if head is None:
             raise TableError(f"table {self.name} has no snapshot to merge onto")
         branch = f"{STAGE_PREFIX}{seq}_{uuid.uuid4().hex[:8]}"
-        table.manage_snapshots().create_branch(head.snapshot_id, branch).commit()
+        manage = table.manage_snapshots()
+        # Branches of attempts that never reached their swap (a crash, a conflict) would keep
+        # their snapshots, and files, from expiring. A committer still using one is refused at its
+        # swap all the same (main moves with this commit).
+        for stale in sorted(name for name in table.metadata.refs if name.startswith(STAGE_PREFIX)):
+            manage = manage.remove_branch(stale)
+        manage.create_branch(head.snapshot_id, branch).commit()
         spark_table = f"{self.catalog_name}.{'.'.join(identifier(self.source, self.kind))}"
         result = merge_batch(self.spark(), spark_table, branch, files, ranges, keys)
         pause_if(self.source, FaultPoint.UPSERT_STAGED)
@@ -336,14 +342,16 @@ class UpsertCommitter:
         """``main`` to the branch's head, the seq and the offsets, in one swap asserting ``main``
         is still ``base_id``; recorded in the swap (the metastore's catalog) or after it."""
         table = self.catalog.load_table(identifier(self.source, self.kind))
-        txn = table.transaction()
-        txn._apply(
-            (
-                SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id),  # type: ignore[call-arg]
-                RemoveSnapshotRefUpdate(ref_name=branch),  # type: ignore[call-arg]
-            ),
-            (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=base_id),),  # type: ignore[call-arg]
+        if table.snapshot_by_id(snapshot_id) is None:
+            # Expired meanwhile (its branch removed by a later committer): this attempt is stale.
+            raise CommitFailedException(f"table {self.name}: the staged snapshot {snapshot_id} is gone")
+        updates: tuple[TableUpdate, ...] = (
+            SetSnapshotRefUpdate(ref_name=MAIN_BRANCH, type=SnapshotRefType.BRANCH, snapshot_id=snapshot_id),  # type: ignore[call-arg]
         )
+        if branch in table.metadata.refs:
+            updates += (RemoveSnapshotRefUpdate(ref_name=branch),)  # type: ignore[call-arg]
+        txn = table.transaction()
+        txn._apply(updates, (AssertRefSnapshotId(ref=MAIN_BRANCH, snapshot_id=base_id),))  # type: ignore[call-arg]
         txn.set_properties(
             {
                 COMMIT_SEQ: str(commit.seq),
