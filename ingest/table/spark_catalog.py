@@ -1,7 +1,7 @@
 """Iceberg's Spark catalog over the metastore's own catalog tables: Iceberg's ``SparkCatalog``
 over its ``JdbcCatalog`` on the metastore's PostgreSQL (the rows pyiceberg's SQL catalog writes,
 migrations/0009), named ``ingest``. The upsert committer merges through it
-(ingest.table.upsert); tests and checks read the tables through it (ingest_dev.iceberg_spark)."""
+(ingest.table.upsert); tests and checks read the tables through it."""
 
 from __future__ import annotations
 
