@@ -13,7 +13,8 @@ every published segment's changes with MERGE INTO, folds the delete files back) 
 its wall time and CPU (process tree with its JVM). Then checks the table read back (pyiceberg)
 holds one row per key, each the key's last record in the topic, and ``ingest audit --files``.
 Prints one table, writes ``DIR/upsert.json``; exit 1 when a check failed. ``--quick`` (20,000
-records) is a smoke size.
+records in splits of 5,000, merged one segment per partition at a time: two merges) is the CI
+smoke test's size (tests/integration/test_bench_upsert_smoke.py).
 """
 
 from __future__ import annotations
@@ -48,16 +49,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.upsert", description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, help="records to produce (default 1,000,000; --quick 20,000)")
     parser.add_argument("--partitions", type=int, default=2, help="topic partitions, dividing 50,000 (default 2)")
-    parser.add_argument("--split-records", type=int, default=100_000, help="split max_records (default 100,000)")
-    parser.add_argument("--batch-segments", type=int, default=100, help="table-commit --batch-segments (default 100)")
+    parser.add_argument("--split-records", type=int, help="split max_records (default 100,000; --quick 5,000)")
+    parser.add_argument(
+        "--batch-segments", type=int, help="table-commit --batch-segments, per partition (default 100; --quick 1)"
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on each phase, seconds")
-    parser.add_argument("--quick", action="store_true", help="20,000 records: a smoke size")
+    parser.add_argument("--quick", action="store_true", help="20,000 records, two merges: the CI smoke test")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets upsert.json")
     parser.add_argument("--database-url", help="a running PostgreSQL database to use (migrated here)")
     parser.add_argument("--bootstrap", help="a running Kafka to use (a topic of its own is created)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs, segments)")
     args = parser.parse_args(argv)
     args.records = args.records or (20_000 if args.quick else 1_000_000)
+    args.split_records = args.split_records or (5_000 if args.quick else 100_000)
+    args.batch_segments = args.batch_segments or (1 if args.quick else 100)
     if (args.database_url is None) != (args.bootstrap is None):
         parser.error("--database-url and --bootstrap go together")
     if args.partitions <= 0 or KEYS % args.partitions:
