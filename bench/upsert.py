@@ -20,26 +20,18 @@ smoke test's size (tests/integration/test_bench_upsert_smoke.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import shutil
 import sys
-import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.compaction import run_audit, run_timed
-from bench.console import exit_on_sigterm, log
+from bench.compaction import run_audit, run_on_servers, run_timed
+from bench.console import log
 from bench.data import produce_dataset, record_key, record_value
 from bench.ingest_runs import Context, SplitConfig, run_throughput
 from ingest.table.catalog import close_catalog, identifier, source_catalog
-from ingest_dev.kafka import LocalKafka
 from ingest_dev.kafka_clients import create_topic
-from ingest_dev.postgres import LocalPostgres
-from metastore import apply_migrations
 from metastore.tables import TableKind
 
 KEYS = 50_000  # bench.data.record_key: user-00000 .. user-49999
@@ -54,6 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch-segments", type=int, help="table-commit --batch-segments, per partition (default 100; --quick 1)"
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on each phase, seconds")
+    parser.add_argument("--driver-memory", default="2g", help="Spark driver memory of the worker (default 2g)")
     parser.add_argument("--quick", action="store_true", help="20,000 records, two merges: the CI smoke test")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets upsert.json")
     parser.add_argument("--database-url", help="a running PostgreSQL database to use (migrated here)")
@@ -144,38 +137,20 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    exit_on_sigterm()
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="ingest_bench_upsert_"))
-    load_start = os.getloadavg()[0]
-    started = time.time()
-    try:
-        with contextlib.ExitStack() as servers:
-            if args.database_url is not None:
-                database_url, bootstrap = args.database_url, args.bootstrap
-            else:
-                database_url = servers.enter_context(LocalPostgres()).url
-                bootstrap = servers.enter_context(LocalKafka(base_dir=work / "broker")).bootstrap
-            apply_migrations(database_url)
-            ctx = Context(database_url, bootstrap, work, "2g", args.timeout, log)
-            result = run(ctx, args)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    result["config"] = {
-        "records": args.records,
-        "partitions": args.partitions,
-        "split_records": args.split_records,
-        "batch_segments": args.batch_segments,
-        "cpus": os.cpu_count(),
-        "load_average_start": load_start,
-        "load_average_end": os.getloadavg()[0],
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "seconds": time.time() - started,
-    }
+    result = run_on_servers(args, "upsert", run)
+    result["config"].update(
+        {
+            "records": args.records,
+            "partitions": args.partitions,
+            "split_records": args.split_records,
+            "batch_segments": args.batch_segments,
+            "quick": args.quick,
+        }
+    )
     (args.out / "upsert.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(report(result))
-    print(f"load average {load_start:.1f} at start, {result['config']['load_average_end']:.1f} at end")
+    config = result["config"]
+    print(f"load average {config['load_average_start']:.1f} at start, {config['load_average_end']:.1f} at end")
     return 0 if result["last_state_ok"] and result["audit"]["ok"] else 1
 
 
