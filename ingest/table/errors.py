@@ -54,3 +54,9 @@ class QueryFailed(TableError):
     """``ingest query``: DuckDB refused the SQL (a syntax error, an unknown column)."""
 
     exit_code = ExitCode.INVALID_INPUT
+
+
+class MergeFailed(TableError):
+    """An upsert table's Spark merge failed (a segment file unreadable, the store or the catalog
+    unreachable from Spark, Iceberg refusing a concurrent commit): nothing was swapped in, and
+    the next pass merges again from the offsets the table and the metastore agree on."""

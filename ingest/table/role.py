@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ingest.roles.health import RoleHealth, RoleNames
 from ingest.roles.runner import RolePacing
 from ingest.table.config import CommitSettings
-from ingest.table.errors import CommitConflicts
+from ingest.table.errors import CommitConflicts, MergeFailed
 from ingest_common.backoff import Backoff
 from metastore.errors import MetastoreUnavailable
 
@@ -30,6 +30,8 @@ RETRIED = (
     CommitStateUnknownException,
     CommitFailedException,
     CommitConflicts,
+    # An upsert table's Spark merge: nothing swapped in; the next pass merges again.
+    MergeFailed,
     OSError,
     # A REST catalog's 5xx: the next pass's reconcile settles what the commit did.
     ServerError,

@@ -47,7 +47,7 @@ from ingest.spec.model import SourceSpec
 from ingest.spec.table import OP_COLUMN
 from ingest.table.catalog import MetastoreCatalog, identifier, table_location
 from ingest.table.config import CommitSettings, PartitionBy
-from ingest.table.errors import CommitConflicts, SchemaChangeRefused, TableDiverged, TableError
+from ingest.table.errors import CommitConflicts, MergeFailed, SchemaChangeRefused, TableDiverged, TableError
 from ingest.table.faults import FaultPoint, pause_if
 from ingest.table.merge import (
     MERGE_ON_READ,
@@ -324,7 +324,12 @@ class UpsertCommitter:
             manage = manage.remove_branch(stale)
         manage.create_branch(head.snapshot_id, branch).commit()
         spark_table = f"{self.catalog_name}.{'.'.join(identifier(self.source, self.kind))}"
-        result = merge_batch(self.spark(), spark_table, branch, files, ranges, keys)
+        try:
+            result = merge_batch(self.spark(), spark_table, branch, files, ranges, keys)
+        except (ValueError, TableError):
+            raise
+        except Exception as exc:  # py4j's and pyspark's errors: the JVM's, whatever their class
+            raise MergeFailed(f"table {self.name}: merge of commit {seq} failed: {first_line(exc)}") from exc
         pause_if(self.source, FaultPoint.UPSERT_STAGED)
         if result.parent_id != head.snapshot_id:
             raise CommitFailedException(

@@ -263,3 +263,27 @@ def test_the_spec_json_round_trips_the_upsert_settings() -> None:
     )
     spec = replace(spec, table=TableSettings(mode=TableMode.UPSERT, key=("id",)))
     assert SourceSpec.from_json(spec.to_json()).table == spec.table
+
+
+def test_a_merge_that_fails_in_spark_is_retried_and_swaps_nothing(database_url: str, src: UpsertSource) -> None:
+    from ingest.segments.store import filesystem
+    from ingest.table.errors import MergeFailed
+    from ingest.table.role import RETRIED
+
+    src.publish_changes([(1, "a1")])
+    with committer(database_url, src.name) as c:
+        c.commit_all()  # the table exists, at commit 1
+        for n in range(3):
+            src.publish_changes([(2, f"b{n}")])
+        files = sorted(f for s in src.store.segments(src.name)[1:] for f in s["files"])
+        # The middle one: Spark reads it, the schema check (first and last files) does not.
+        fs, path = filesystem(files[1])
+        fs.delete_file(path)
+        upserts = c.upserts(TableKind.DATA)
+        assert upserts is not None
+        with pytest.raises(MergeFailed) as failed:
+            upserts.commit_batch()
+        assert isinstance(failed.value, RETRIED)
+    with UpsertStore(database_url) as store:
+        assert store.upsert_state(src.name).seq == 1
+    assert table_state(database_url, src.name) == {1: "a1"}
