@@ -112,6 +112,17 @@ def batch_of(pending: Sequence[PendingRange]) -> tuple[list[RowRange], dict[str,
     return ranges, offsets, ids, files
 
 
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A commit staged on its branch: the head it was built on, the branch's new head."""
+
+    base_id: int
+    snapshot_id: int
+    branch: str
+    keys: int
+    cross_partition_keys: int
+
+
 class UpsertCommitter:
     """One source's upsert table (kind ``data``), merged through ``spark`` (a classic session
     with Iceberg's runtime and the metastore's catalog, ingest.table.merge)."""
@@ -300,17 +311,9 @@ class UpsertCommitter:
             except Exception as exc:  # pyiceberg raises ValidationError, ValueError or ResolveError
                 raise SchemaChangeRefused(f"table {self.name}: {first_line(exc)}") from exc
 
-    @dataclass(frozen=True, slots=True)
-    class _Merged:
-        base_id: int
-        snapshot_id: int
-        branch: str
-        keys: int
-        cross_partition_keys: int
-
     def _merge(
         self, table: Table, seq: int, files: Sequence[str], ranges: Sequence[RowRange], keys: Sequence[str]
-    ) -> _Merged:
+    ) -> Staged:
         """Stage commit ``seq`` on a branch of its own at the head of ``main``."""
         head = table.current_snapshot()
         if head is None:
@@ -335,7 +338,7 @@ class UpsertCommitter:
             raise CommitFailedException(
                 f"table {self.name}: the merge's snapshot follows {result.parent_id}, not the head {head.snapshot_id}"
             )
-        return self._Merged(head.snapshot_id, result.snapshot_id, branch, result.keys, result.cross_partition_keys)
+        return Staged(head.snapshot_id, result.snapshot_id, branch, result.keys, result.cross_partition_keys)
 
     @property
     def catalog_name(self) -> str:
