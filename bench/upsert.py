@@ -14,7 +14,7 @@ its wall time and CPU (process tree with its JVM). Then checks the table read ba
 holds one row per key, each the key's last record in the topic, and ``ingest audit --files``.
 Prints one table, writes ``DIR/upsert.json``; exit 1 when a check failed. ``--quick`` (20,000
 records in splits of 5,000, merged one segment per partition at a time: two merges) is the CI
-smoke test's size (tests/integration/test_bench_upsert_smoke.py).
+smoke size (not in CI for its budget: tests/acceptance/test_upsert_cdc.py runs the same path).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="bound on each phase, seconds")
     parser.add_argument("--driver-memory", default="2g", help="Spark driver memory of the worker (default 2g)")
-    parser.add_argument("--quick", action="store_true", help="20,000 records, two merges: the CI smoke test")
+    parser.add_argument("--quick", action="store_true", help="20,000 records, two merges: a smoke size")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="gets upsert.json")
     parser.add_argument("--database-url", help="a running PostgreSQL database to use (migrated here)")
     parser.add_argument("--bootstrap", help="a running Kafka to use (a topic of its own is created)")
