@@ -74,16 +74,17 @@ class UpsertCommit:
     segment_ids: tuple[int, ...] = field(default=())
 
 
-def _advance(cur: psycopg.Cursor[Any], commit: UpsertCommit) -> None:
-    """Record ``commit`` onto ``seq - 1`` (StaleTableCommit otherwise), the table's row locked."""
+def _locked_seq(cur: psycopg.Cursor[Any], commit: UpsertCommit) -> int:
+    """The commit sequence the metastore recorded for ``commit``'s table, its row locked."""
     row = cur.execute(query("table_lock_row"), {"source": commit.source, "kind": commit.kind.value}).fetchone()
     if row is None:
         raise TableNotEnabled(commit.source)
-    recorded = int(row["committed_seq"])
-    if recorded != commit.seq - 1:
-        raise StaleTableCommit(
-            f"table {commit.source}/{commit.kind.value} commit {commit.seq}: the metastore recorded commit {recorded}"
-        )
+    return int(row["committed_seq"])
+
+
+def _advance(cur: psycopg.Cursor[Any], commit: UpsertCommit) -> None:
+    """Write ``commit`` as the table's recorded commit; the caller locked the row and checked
+    that the metastore is at ``seq - 1``."""
     cur.execute(
         query("upsert_advance"),
         {
@@ -103,6 +104,12 @@ def fence_upsert(conn: psycopg.Connection[Any], commit: UpsertCommit, url: str =
     table's metadata pointer, before its COMMIT. StaleTableCommit (the swap is rolled back)
     unless the metastore is at ``seq - 1``."""
     with wrap_exceptions(url), conn.cursor(row_factory=dict_row) as cur:
+        recorded = _locked_seq(cur, commit)
+        if recorded != commit.seq - 1:
+            raise StaleTableCommit(
+                f"table {commit.source}/{commit.kind.value} commit {commit.seq}: "
+                f"the metastore recorded commit {recorded}"
+            )
         _advance(cur, commit)
 
 
@@ -149,12 +156,7 @@ class UpsertStore(TableStore):
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-                row = cur.execute(
-                    query("table_lock_row"), {"source": commit.source, "kind": commit.kind.value}
-                ).fetchone()
-                if row is None:
-                    raise TableNotEnabled(commit.source)
-                recorded = int(row["committed_seq"])
+                recorded = _locked_seq(cur, commit)
                 if commit.seq <= recorded:
                     return False
                 if commit.seq != recorded + 1:

@@ -28,9 +28,10 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
         try:
             for row in rows:
                 last, appended = store.last_segment(source, row.kind)
-                behind, oldest = store.behind(source, row.kind)
                 upsert = None
-                if row.kind is TableKind.DATA and spec.table.upsert:
+                if row.kind is not TableKind.DATA or not spec.table.upsert:
+                    behind, oldest = store.behind(source, row.kind)
+                else:
                     state = store.upsert_state(source)
                     pending = store.pending_ranges(source, state.offsets, 1000)
                     behind = len(pending)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -147,7 +147,6 @@ class UpsertCommitter:
         self._spark: Any = None
         self._spark_owned = False
         self.kind = TableKind.DATA
-        self._last_commit = 0.0
 
     def spark(self) -> Any:
         """The merges' Spark session (ingest.table.merge.open_merge_session), started when first needed."""
@@ -380,7 +379,6 @@ class UpsertCommitter:
         results: list[UpsertResult] = []
         while (result := self.commit_batch()) is not None:
             results.append(result)
-        self._last_commit = time.monotonic()
         if results:
             self.maintain_if_due()
         return results
@@ -413,11 +411,3 @@ class UpsertCommitter:
         self.metrics.cross_partition_keys.labels(self.source).set(state.cross_partition_keys)
         pending = self.store.pending_ranges(self.source, state.offsets, 1000)
         return len(pending), min((r.published_at for r in pending), default=None)
-
-    def last_commit_at(self) -> float:
-        return self._last_commit
-
-
-def offsets_of(table: Table) -> Mapping[str, int]:
-    """The offsets an upsert table's properties say it merged up to."""
-    return {k: int(v) for k, v in json.loads(table.properties.get(UPSERT_OFFSETS, "{}")).items()}
