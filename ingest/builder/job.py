@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest.builder.accounting import SPLIT_COLUMN, Observed, SplitStats
-from ingest.builder.kafka_read import KafkaReader
+from ingest.builder.accounting import Observed, SplitStats
+from ingest.builder.kafka_read import SPLIT_COLUMN, KafkaReader
 from ingest.builder.plan import FILE_PARTITION_COLUMN, META_COLUMNS, Plan, PlanCache, Writers
 from ingest.builder.registration import BuildRegistrar
 from ingest.builder.writer_schemas import (
@@ -284,12 +284,14 @@ class SparkSegmentBuilder:
         ``out_dir``. Returns the records it read and what it observed per split."""
         from pyspark.sql import Observation
 
+        # In one order for every batch of the same partitions: a job's expressions are then
+        # the previous job's, and Spark reuses their compiled code.
+        splits = sorted(splits, key=lambda s: (s.tp, s.start))
         df = self._reader.frame(spark, splits)
         if plan.decode is not None:
             df = plan.decode(df)
         observed = Observed(splits, plan, first_bad=good and spec.on_parse_error == "fail")
-        df = df.select(*plan.read_columns).withColumn("_error", plan.error)
-        df = df.withColumn(SPLIT_COLUMN, observed.split_index())
+        df = df.select(*plan.read_columns, SPLIT_COLUMN).withColumn("_error", plan.error)
         observation = Observation(f"build-{uuid.uuid4().hex}")
         rows = df.observe(observation, *observed.expressions()).filter(plan.good if good else ~plan.good)
         if good and plan.file_partition is not None:

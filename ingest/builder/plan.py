@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.builder.changes import ENVELOPE_COLUMN, debezium_parse, upsert_rows
+from ingest.builder.kafka_read import SPLIT_COLUMN
 from ingest.formats.avro import DECODED_FIELD, avro_reader_schema, reader_for_writer
 from ingest.formats.protobuf import REASON_COLUMN, ArrowDecode, ProtoFiles
 from ingest.formats.wire import HEADER_BYTES, KEY_COLUMN_PREFIX, STRING_KEY_COLUMN
@@ -32,7 +33,10 @@ from ingest_common.model import PartitionBy
 CORRUPT = "_corrupt"
 META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
 # The read's columns as Spark types (the protobuf decode step's input schema).
-READ_DDL = "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary"
+READ_DDL = (
+    "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary, "
+    f"{SPLIT_COLUMN} int"
+)
 
 
 def spark_type(name: str) -> Any:

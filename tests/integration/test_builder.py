@@ -24,7 +24,7 @@ from ingest.splits.split import SealedSplit
 from ingest_common.model import BuiltSegment, OffsetRange
 from tests.fakes import RecordingRegistrar
 from tests.fixtures.servers import MakeTopic
-from tests.kafka_splits import Record, produce_blocks, spark_builder, split_over, values
+from tests.kafka_splits import Record, produce_blocks, spark_builder, split_of, split_over, values
 
 
 def make_spec(tmp_path: Path, policy: str = "reject", file_partition: str = "none") -> SourceSpec:
@@ -241,6 +241,33 @@ def test_a_batch_builds_each_split_into_its_own_files(
     published = [f for r in (ra, rb, rc, rd) for f in (*r.files, *r.rejects_files)]
     assert all(registrar.registered(f) for f in published)
     assert sorted(all_files(tmp_path / "store")) == sorted(Path(local(f)) for f in published)
+
+
+def test_a_batch_of_the_same_partitions_at_later_offsets_compiles_no_new_code(
+    spark: Any, kafka_bootstrap: str, tmp_path: Path, produced: dict[str, OffsetRange]
+) -> None:
+    """At equal freshness a job runs every few seconds over the same partitions: its code must
+    be the previous job's (Spark compiles an expression's code once per distinct text; a job
+    that named its offsets compiled, and the JIT recompiled, every stage anew)."""
+    spec = make_spec(tmp_path)
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
+
+    def halves(name: str) -> tuple[SealedSplit, SealedSplit]:
+        r = produced[name]
+        middle = (r.start + r.end) // 2
+        return split_of(r.tp, r.start, middle), split_of(r.tp, middle, r.end)
+
+    (first_a, second_a), (first_b, second_b) = halves("first500"), halves("a")
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    built = builder.build_batch([first_b, first_a], spec)
+    assert all(isinstance(r, BuiltSegment) for r in built), built
+    before = compiled.getCount()
+    built = builder.build_batch([second_a, second_b], spec)
+    assert all(isinstance(r, BuiltSegment) for r in built), built
+    assert [offsets_in(r.files) for r in built if isinstance(r, BuiltSegment)] == [
+        list(range(s.start, s.end)) for s in (second_a, second_b)
+    ]
+    assert compiled.getCount() == before
 
 
 def test_a_segment_keeps_dictionaries_only_for_columns_of_few_values(
