@@ -243,12 +243,12 @@ def test_a_batch_builds_each_split_into_its_own_files(
     assert sorted(all_files(tmp_path / "store")) == sorted(Path(local(f)) for f in published)
 
 
-def test_a_batch_of_the_same_partitions_at_later_offsets_compiles_no_new_code(
+def test_a_batch_of_as_many_splits_at_other_offsets_compiles_no_new_code(
     spark: Any, kafka_bootstrap: str, tmp_path: Path, produced: dict[str, OffsetRange]
 ) -> None:
-    """At equal freshness a job runs every few seconds over the same partitions: its code must
-    be the previous job's (Spark compiles an expression's code once per distinct text; a job
-    that named its offsets compiled, and the JIT recompiled, every stage anew)."""
+    """At equal freshness a job runs every few seconds, over whichever partitions sealed: its
+    code must be the previous job's (Spark compiles an expression's code once per distinct
+    text; a job that named its offsets compiled, and the JIT recompiled, every stage anew)."""
     spec = make_spec(tmp_path)
     builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
 
@@ -267,6 +267,10 @@ def test_a_batch_of_the_same_partitions_at_later_offsets_compiles_no_new_code(
     assert [offsets_in(r.files) for r in built if isinstance(r, BuiltSegment)] == [
         list(range(s.start, s.end)) for s in (second_a, second_b)
     ]
+    assert compiled.getCount() == before
+    # Other partitions, as many splits: the same code again.
+    built = builder.build_batch([split_over(produced["hours_a"]), split_over(produced["keyed"])], spec)
+    assert all(isinstance(r, BuiltSegment) for r in built), built
     assert compiled.getCount() == before
 
 
