@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -367,11 +367,16 @@ def table(result: dict[str, Any]) -> str:
 
 
 def run_on_servers(
-    args: argparse.Namespace, name: str, run: Callable[[Context, argparse.Namespace], dict[str, Any]]
+    args: argparse.Namespace,
+    name: str,
+    run: Callable[[Context, argparse.Namespace], dict[str, Any]],
+    settings: Mapping[str, Any],
+    report: Callable[[dict[str, Any]], str],
 ) -> dict[str, Any]:
     """``run`` on a private PostgreSQL and Kafka (or ``--database-url`` and ``--bootstrap``'s), in
-    a working directory of its own (kept with ``--keep``); its result with ``config`` holding the
-    machine's load and the run's times (the caller adds its own settings)."""
+    a working directory of its own (kept with ``--keep``). Its result, with ``config`` holding
+    the run's ``settings``, the machine's load and the run's times, is written to
+    ``--out``/``name``.json and printed by ``report``; returned for the caller's verdict."""
     exit_on_sigterm()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"ingest_bench_{name}_"))
@@ -393,35 +398,34 @@ def run_on_servers(
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    load_end = os.getloadavg()[0]
     result["config"] = {
+        **settings,
         "cpus": os.cpu_count(),
         "load_average_start": load_start,
-        "load_average_end": os.getloadavg()[0],
+        "load_average_end": load_end,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "seconds": time.time() - started,
     }
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(report(result))
+    print(f"load average {load_start:.1f} at start, {load_end:.1f} at end")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = run_on_servers(args, "compaction", run)
-    result["config"].update(
-        {
-            "records": args.records,
-            "partitions": args.partitions,
-            "split_records": args.split_records,
-            "max_age": args.max_age,
-            "target_size": args.target_size or "the spec's default",
-            "driver_memory": args.driver_memory,
-            "spark_master": "local[2]",
-            "quick": args.quick,
-        }
-    )
-    (args.out / "compaction.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(table(result))
-    config = result["config"]
-    print(f"load average {config['load_average_start']:.1f} at start, {config['load_average_end']:.1f} at end")
+    settings = {
+        "records": args.records,
+        "partitions": args.partitions,
+        "split_records": args.split_records,
+        "max_age": args.max_age,
+        "target_size": args.target_size or "the spec's default",
+        "driver_memory": args.driver_memory,
+        "spark_master": "local[2]",
+        "quick": args.quick,
+    }
+    result = run_on_servers(args, "compaction", run, settings, table)
     ok = result["audit"]["ok"] and result["exactly_once"]["ok"] and result["compaction"]["refused"] == 0
     return 0 if ok else 1
 

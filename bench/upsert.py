@@ -137,20 +137,14 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = run_on_servers(args, "upsert", run)
-    result["config"].update(
-        {
-            "records": args.records,
-            "partitions": args.partitions,
-            "split_records": args.split_records,
-            "batch_segments": args.batch_segments,
-            "quick": args.quick,
-        }
-    )
-    (args.out / "upsert.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(report(result))
-    config = result["config"]
-    print(f"load average {config['load_average_start']:.1f} at start, {config['load_average_end']:.1f} at end")
+    settings = {
+        "records": args.records,
+        "partitions": args.partitions,
+        "split_records": args.split_records,
+        "batch_segments": args.batch_segments,
+        "quick": args.quick,
+    }
+    result = run_on_servers(args, "upsert", run, settings, report)
     return 0 if result["last_state_ok"] and result["audit"]["ok"] else 1
 
 

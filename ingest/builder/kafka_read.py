@@ -49,6 +49,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,7 +139,7 @@ class KafkaReader:
         frames = [self._read(spark, layer, index) for layer in layers(splits)]
         return reduce(lambda a, b: a.unionByName(b), frames)
 
-    def _read(self, spark: Any, layer: Sequence[SealedSplit], index: Mapping[Any, int]) -> Any:
+    def _read(self, spark: Any, layer: Sequence[SealedSplit], index: Mapping[uuid.UUID, int]) -> Any:
         assigned: dict[str, list[int]] = {}
         starts: dict[str, dict[str, int]] = {}
         ends: dict[str, dict[str, int]] = {}
@@ -156,7 +157,7 @@ class KafkaReader:
         return spark.read.format("kafka").options(**options).load().selectExpr(*_COLUMNS, _split_of(layer, index))
 
 
-def _split_of(layer: Sequence[SealedSplit], index: Mapping[Any, int]) -> str:
+def _split_of(layer: Sequence[SealedSplit], index: Mapping[uuid.UUID, int]) -> str:
     """The row's split in a layer's read: a layer holds one split per partition, and the read
     returns no record outside its ranges, so the topic and partition say which. The mapping is
     a map literal, which Spark folds into one value its compiled code refers to: the code is
