@@ -28,12 +28,13 @@ ingest (top level: the shared base, and the worker process that wires the layers
     env_files      settings read from files (``NAME_FILE``, as Docker and Kubernetes mount secrets)
     kafka_java     Spark's Kafka reader's (Java client) properties, derived from the worker's librdkafka ones
     kafka_auth     a broker refusing the worker's credentials: one line at start, raised, never retried
-    logs           structlog set-up (JSON events, redacted) and librdkafka's log bridge
+    logs           structlog set-up (JSON events, redacted), librdkafka's log bridge, stack dumps on SIGUSR1
+    abandoned      threads given up on (a Spark start, a role's pass): the process exits without them
     worker         one worker process: settings, metastore, Spark, pipeline, consumer, loop
     __main__       ``python -m ingest``: the command line
 
 ingest.roles (part of the shared top level: a role that runs on one process at a time per source)
-    runner         run_singleton_role: the lock, standby or active, retries, each pass watched for its deadline
+    runner         run_singleton_role: the lock, standby or active, retries, passes watched (deadline, stop)
     health         its state (starting, standby, active, overrun, stopped), /healthz and /readyz
 
 ingest.formats (record formats behind a schema registry; no Spark: protobuf runs in its Python workers)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 import threading
 import traceback
@@ -101,3 +103,14 @@ def install_excepthooks() -> None:
 
     sys.excepthook = main_hook
     threading.excepthook = thread_hook
+
+
+# ``kill -USR1 PID``: what every thread of a command is doing, as jstack shows a JVM's.
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+
+def install_stack_dumps() -> None:
+    """Every thread's stack to stderr on STACK_DUMP_SIGNAL, the process going on: where a
+    process that does not stop or make progress is stuck. Frames only (files, lines,
+    functions), never a value, so nothing a secret could be in."""
+    faulthandler.register(STACK_DUMP_SIGNAL, all_threads=True)

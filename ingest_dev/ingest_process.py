@@ -24,9 +24,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+from ingest.logs import STACK_DUMP_SIGNAL
 from ingest_dev.process import ManagedProcess, log_tail
 
 REPO = Path(__file__).resolve().parents[1]
+# How a stack dump's threads begin (Python's faulthandler), and how long one is given.
+_THREAD = ("Thread 0x", "Current thread 0x")
+STACK_DUMP_WAIT_S = 1.0
 
 
 class IngestProcess(ManagedProcess):
@@ -109,17 +113,30 @@ class IngestProcess(ManagedProcess):
 
     def stop(self, timeout: float = 90.0) -> None:
         """SIGTERM (a worker publishes what it holds, bounded) and wait; :meth:`poll` then
-        gives the exit code. One still running after ``timeout`` is killed with its group (its
-        Spark JVM too), then TimeoutExpired raised: not stopping in time is a failure."""
+        gives the exit code. One still running after ``timeout`` dumps its threads' stacks into
+        its log (:meth:`stacks`), is killed with its group (its Spark JVM too), then
+        TimeoutExpired raised: not stopping in time is a failure."""
         proc = self._popen
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                proc.send_signal(STACK_DUMP_SIGNAL)
+                time.sleep(STACK_DUMP_WAIT_S)
                 self._halt(crash=True, timeout=0.0)
                 raise
         self._halt(crash=False, timeout=0.0)
+
+    def stacks(self) -> list[str]:
+        """The threads' stacks its log holds (ingest.logs.install_stack_dumps: the dump a
+        stop that timed out asked for), or none."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        first = next((i for i, line in enumerate(lines) if line.startswith(_THREAD)), len(lines))
+        return [line for line in lines[first:] if line.startswith((*_THREAD, "  File "))]
 
     def events(self, name: str | None = None) -> Iterator[dict[str, Any]]:
         """The JSON events logged so far (Spark's and the JVM's plain lines are skipped)."""

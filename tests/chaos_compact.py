@@ -43,6 +43,11 @@ KILL_DELAY_S = (0.0, 2.0)
 # pg fault); the supervisor starts another. Any other exit fails the run.
 METASTORE_UNAVAILABLE_EXIT = 7
 AUDIT_TIMEOUT_S = 300.0
+# A SIGTERM interrupts the pass (ingest.roles.runner.STOP_GRACE_S) and closes the Spark session
+# (its Connect retry bound): well within this.
+STOP_TIMEOUT_S = 120.0
+# Of a stack dump, the lines a problem quotes.
+STACK_LINES = 80
 
 _JOB_EVENTS = ("compaction_registered", "compaction_replaced", "compaction_refused", "compaction_retry")
 
@@ -72,7 +77,8 @@ class Compactor:
         self.kills = 0
         # Exit codes of compactors that ended on their own.
         self.exits: list[int] = []
-        self.late = False
+        # Not stopped within STOP_TIMEOUT_S of its SIGTERM: where its threads were.
+        self.late: list[str] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="chaos-compactor", daemon=True)
 
@@ -139,7 +145,10 @@ class Compactor:
             )
 
     def problems(self) -> list[str]:
-        late = ["the compactor did not stop within 120 s of its SIGTERM"] if self.late else []
+        late = []
+        if self.late is not None:
+            stacks = "\n".join(self.late[-STACK_LINES:]) or "(no stack dump in its log)"
+            late = [f"the compactor did not stop within {STOP_TIMEOUT_S:g} s of its SIGTERM; its threads:\n{stacks}"]
         return late + [f"a compactor exited with {code}" for code in self.exits if code != METASTORE_UNAVAILABLE_EXIT]
 
     def stop(self) -> None:
@@ -151,9 +160,9 @@ class Compactor:
         if proc is None:
             return
         try:
-            proc.stop(timeout=120)
+            proc.stop(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            self.late = True
+            self.late = proc.stacks()
         if (code := proc.poll()) not in (0, None):
             self.exits.append(code)
 

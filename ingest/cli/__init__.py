@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from ingest.cli.parser import build_parser
 from ingest.errors import ExitCode, IngestError
-from ingest.logs import configure_logging, install_excepthooks
+from ingest.logs import configure_logging, install_excepthooks, install_stack_dumps
 from ingest_common.redact import redact
 
 
@@ -36,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # only); the long-running commands configure them again from their settings.
     configure_logging(os.environ.get("INGEST_LOG_FORMAT", "auto"))
     install_excepthooks()
+    install_stack_dumps()
     try:
         return int(args.func(args))
     except IngestError as exc:

@@ -44,6 +44,7 @@ NAMES = RoleNames(
     unhealthy_event="compactor_unhealthy",
     healthy_event="compactor_healthy",
     past_deadline_event="compaction_past_deadline",
+    interrupted_event="compaction_interrupted",
 )
 
 

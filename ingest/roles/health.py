@@ -58,13 +58,15 @@ class RoleNames:
     # The setting of its pass deadline, named where the deadline is reported.
     deadline_setting: str
     # Log events: it stands by; it holds the lock; a pass failed (retried); every pass failed
-    # past the bound; a pass ended well after that; a pass ran past its deadline.
+    # past the bound; a pass ended well after that; a pass ran past its deadline; a pass
+    # interrupted by a stop ended with an error.
     standby_event: str
     active_event: str
     retry_event: str
     unhealthy_event: str
     healthy_event: str
     past_deadline_event: str
+    interrupted_event: str
 
 
 class RoleHealth:

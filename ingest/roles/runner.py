@@ -18,6 +18,10 @@ compactor): ``run_singleton_role``.
   returns, it counts as a failed pass, retried as above after a standby's poll period more (a
   standby takes the lock first); while it does not, the process stays unhealthy, so an
   orchestrator restarts it. A stop requested meanwhile ends the loop without it.
+- **Stop.** A stop requested while a pass runs asks it to stop too (``interrupt``): nothing a
+  pass leaves half done is visible, so a SIGTERM never waits for a whole backlog. The loop
+  waits ``stop_grace_s`` for it on the role's clock, then leaves it running on its daemon
+  thread (ingest.abandoned: the process exits without waiting for it).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Protocol
 
 import structlog
 
+from ingest.abandoned import abandon
 from ingest.roles.health import RoleHealth
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
@@ -42,6 +47,9 @@ STANDBY_POLL_S = 2.0
 # How often the loop looks at a running pass (its deadline; a stop once it was given up on), and
 # how often a wait between passes looks at the stop event.
 WATCH_SLICE_S = 0.1
+# How long a stop waits for the pass it interrupted: well inside an orchestrator's grace
+# period (Kubernetes' default is 30 s) once the endpoints and the Spark session are closed too.
+STOP_GRACE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,7 @@ class RolePacing:
     # After a failed pass; a good pass starts it again. Every wait is on its clock.
     retry: Backoff
     standby_poll_s: float = STANDBY_POLL_S
+    stop_grace_s: float = STOP_GRACE_S
 
     @property
     def standby_wait_s(self) -> float:
@@ -111,8 +120,10 @@ class _Outcome:
     error: BaseException | None
     # It went past its deadline (and was asked to stop, its lock released).
     late: bool = False
-    # Past its deadline and still running when a stop was requested: left behind.
-    abandoned: bool = False
+    # A stop was requested while it ran (it was asked to stop).
+    stopped: bool = False
+    # Still running when the loop gave up on it (a stop requested): why, else None.
+    abandoned: str | None = None
 
 
 class _Loop:
@@ -125,15 +136,15 @@ class _Loop:
         self._pacing = role.pacing
         self._passes = _PassThread(f"ingest-{self._names.noun}-pass")
         self._failures = 0
-        self._abandoned = False
+        self._abandoned: str | None = None
 
     def run(self) -> None:
         reason = "stop requested"
         try:
             while not self._stop.is_set():
                 self._turn()
-            if self._abandoned:
-                reason = "stop requested, a pass past its deadline still running"
+            if self._abandoned is not None:
+                reason = f"stop requested, {self._abandoned}"
         except BaseException as exc:
             reason = first_line(exc)
             raise
@@ -163,8 +174,12 @@ class _Loop:
             role.holding(False)
             outcome, wait_s = self._supervise(role.standby_pass), self._pacing.standby_wait_s
         error = outcome.error
-        if outcome.abandoned:
-            self._abandoned = True
+        if outcome.abandoned is not None:
+            self._abandoned = outcome.abandoned
+        elif outcome.stopped:
+            # Asked to stop with the loop: whatever it raised is the interrupt's doing.
+            if error is not None:
+                log.info(self._names.interrupted_event, source=self._source, error=first_line(error))
         elif error is not None and not (isinstance(error, Exception) and role.retried(error)):
             raise error
         elif outcome.late:
@@ -187,13 +202,27 @@ class _Loop:
         self._health.pass_started()
         future = self._passes.submit(work)
         late = False
+        grace_ends: float | None = None
+        clock = self._pacing.retry.clock
         while not wait([future], timeout=WATCH_SLICE_S).done:
             if not late and (running := self._health.past_deadline()) is not None:
                 late = True
                 self._give_up(running)
-            if late and self._stop.is_set():
-                return _Outcome(None, late=True, abandoned=True)
-        return _Outcome(future.exception(), late=late)
+            if not self._stop.is_set():
+                continue
+            if late:
+                return self._leave("a pass past its deadline still running", late=True)
+            if grace_ends is None:
+                grace_ends = clock.monotonic() + self._pacing.stop_grace_s
+                self._role.interrupt()
+            elif clock.monotonic() >= grace_ends:
+                return self._leave(f"a pass still running {self._pacing.stop_grace_s:g} s after it was asked to stop")
+        return _Outcome(future.exception(), late=late, stopped=grace_ends is not None)
+
+    def _leave(self, why: str, late: bool = False) -> _Outcome:
+        """The running pass is given up on: the process exits without waiting for it."""
+        abandon(self._passes.thread)
+        return _Outcome(None, late=late, abandoned=why)
 
     def _give_up(self, running_s: float) -> None:
         """The running pass is past its deadline: said once, asked to stop, the lock released."""
@@ -228,8 +257,8 @@ class _PassThread:
 
     def __init__(self, name: str) -> None:
         self._work: queue.SimpleQueue[tuple[Callable[[], None], Future[None]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
 
     def submit(self, work: Callable[[], None]) -> Future[None]:
         future: Future[None] = Future()

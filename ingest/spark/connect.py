@@ -30,8 +30,9 @@ from typing import Any
 import structlog
 from pyspark.sql.connect.client.retries import DefaultPolicy, RetryPolicyState
 
+from ingest.abandoned import abandon
 from ingest.errors import BuildError, first_line
-from ingest.spark.session import SessionSource, abandon, session_conf
+from ingest.spark.session import SessionSource, session_conf
 from ingest_common.backoff import Backoff
 from ingest_common.model import SparkConnectEvent
 

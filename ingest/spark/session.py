@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from ingest.abandoned import any_alive
 from ingest.errors import SparkDriverExited, first_line
 
 if TYPE_CHECKING:
@@ -171,18 +172,10 @@ def driver_exit_status(session: Any) -> int | None:
     return None if status is None else int(status)
 
 
-_abandoned: list[threading.Thread] = []
-
-
-def abandon(thread: threading.Thread) -> None:
-    """A thread given up on that cannot be stopped (a JVM start, a gRPC call retrying)."""
-    _abandoned.append(thread)
-
-
 def start_abandoned() -> bool:
-    """Whether a session start given up on, or an interrupt, is still running (see
-    ingest.cli.exit_process): neither can be stopped."""
-    return any(t.is_alive() for t in _abandoned) or any(i.busy for i in list(_interrupters))
+    """Whether a thread given up on (ingest.abandoned: a session start, a role's pass), or an
+    interrupt, is still running (see ingest.cli.exit_process): none can be stopped."""
+    return any_alive() or any(i.busy for i in list(_interrupters))
 
 
 def _is_connect_session(session: Any) -> bool:

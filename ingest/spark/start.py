@@ -10,10 +10,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ingest.abandoned import abandon
 from ingest.spark.session import (
     FixedSession,
     SessionSource,
-    abandon,
     is_connect,
     jars_conf,
     object_store_conf,

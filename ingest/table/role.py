@@ -47,6 +47,7 @@ NAMES = RoleNames(
     unhealthy_event="table_committer_unhealthy",
     healthy_event="table_committer_healthy",
     past_deadline_event="table_commit_past_deadline",
+    interrupted_event="table_commit_interrupted",
 )
 
 

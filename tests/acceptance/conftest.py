@@ -7,15 +7,24 @@ from typing import Any
 import pytest
 
 from ingest.builder.job import BuilderFactory, SparkSegmentBuilder
+from ingest.builder.writer_schemas import WriterSchemas
 from ingest.config import Settings
 from ingest_dev.ingest_process import kill_leftovers
 from tests.acceptance.harness import NewSource, Produced, StartWorker, ThreadWorker, apply_spec, write_spec
 from tests.fixtures.servers import MakeTopic
 
+# How long an id the registry answers 404 for is waited for before its records are rejects
+# (INGEST_SCHEMA_ID_WAIT_S, 60 s by default): the tests that produce ids no registry has wait
+# this long instead, in real time. The wait itself, an id served after its first 404:
+# tests/integration/test_writer_schema_ids.py.
+SCHEMA_ID_WAIT_S = 3.0
+
 
 @pytest.fixture
 def spark_builder(spark: Any) -> BuilderFactory:
-    return lambda registrar, reader: SparkSegmentBuilder(spark, registrar, reader)
+    return lambda registrar, reader: SparkSegmentBuilder(
+        spark, registrar, reader, writer_schemas=WriterSchemas(wait_s=SCHEMA_ID_WAIT_S)
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,8 @@ capture, port retries, cleanup."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -13,6 +15,7 @@ from typing import Self
 
 import pytest
 
+from ingest.logs import install_stack_dumps
 from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.process import ManagedProcess
 from ingest_dev.testkit import wait_until
@@ -103,6 +106,25 @@ def test_an_ingest_command_runs_in_its_own_group_logs_to_its_file_and_reports_it
         IngestProcess(["--version"], dict(os.environ), tmp_path, "version").start()
 
 
+class Stubborn(IngestProcess):
+    """This module as the command: it ignores SIGTERM (see the end of the file)."""
+
+    module = __name__
+
+
+def test_an_ingest_command_that_ignores_its_sigterm_dumps_its_stacks_and_is_killed(tmp_path: Path) -> None:
+    proc = Stubborn([], dict(os.environ), tmp_path, "stubborn").start()
+    assert wait_until(lambda: "waiting" in proc.log_path.read_text(), 60, "the command to start", interval=0.05)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.stop(timeout=0.5)
+    assert proc.poll() == -signal.SIGKILL
+    stacks = proc.stacks()
+    assert stacks[0].startswith("Current thread 0x"), stacks
+    assert any("in _ignore_sigterm_and_wait" in line for line in stacks), stacks
+    # Only the dump: none of the command's own output.
+    assert not any("waiting" in line for line in stacks), stacks
+
+
 def test_a_server_outlives_the_thread_that_started_it() -> None:
     """The kernel sends a child's parent-death signal when the *thread* that forked it ends:
     every child is forked on one thread that lives as long as the process, so a server started
@@ -118,3 +140,14 @@ def test_a_server_outlives_the_thread_that_started_it() -> None:
         assert proc.is_running()
     finally:
         proc.stop()
+
+
+def _ignore_sigterm_and_wait() -> None:
+    install_stack_dumps()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("waiting", flush=True)
+    time.sleep(120)
+
+
+if __name__ == "__main__":
+    _ignore_sigterm_and_wait()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
+from ingest import abandoned
 from ingest.roles.health import RoleHealth, RoleNames, RoleState
 from ingest.roles.runner import RolePacing, run_singleton_role
 from ingest_common.backoff import Backoff
@@ -30,6 +31,7 @@ NAMES = RoleNames(
     unhealthy_event="fake_unhealthy",
     healthy_event="fake_healthy",
     past_deadline_event="fake_past_deadline",
+    interrupted_event="fake_interrupted",
 )
 
 
@@ -63,7 +65,8 @@ class AdvisoryLock:
 class FakeRole:
     """Its clock moves only by its own waits (each a millisecond of real time) or when a test
     moves it. ``script``: what each active pass does, in order (an exception: raised; "hang":
-    wait until ``unhang`` is set), then nothing."""
+    wait until ``unhang`` is set; "until interrupted": raise Outage once interrupted), then
+    nothing."""
 
     def __init__(self, lock: AdvisoryLock, script: list[object] | None = None, deadline_s: float = 60.0) -> None:
         self.clock = FakeClock(on_sleep=lambda _s: time.sleep(0.001))
@@ -96,6 +99,9 @@ class FakeRole:
             raise step
         if step == "hang":
             self.unhang.wait()
+        if step == "until interrupted":
+            self.interrupted.wait()
+            raise Outage("interrupted")
 
     def standby_pass(self) -> None:
         self.standby_passes += 1
@@ -238,3 +244,45 @@ def test_a_stop_ends_the_role_without_the_pass_it_gave_up_on(lock: AdvisoryLock,
     run.end()
     assert role.health.healthy() == (False, "stopped: stop requested, a pass past its deadline still running")
     assert lock.holder is None
+
+
+def test_a_stop_interrupts_the_running_pass_and_ends_the_role_once_it_returns(
+    lock: AdvisoryLock, running: list[Running]
+) -> None:
+    role = FakeRole(lock, ["until interrupted"])
+    with capture_logs() as logs:
+        running.append(run := Running(role))
+        wait_until(lambda: role.active_passes, 10, "the pass")
+        assert not role.interrupted.is_set()
+        run.end()
+    # Asked to stop at once, not after a whole pass: no retry, no failure counted.
+    assert role.interrupted.is_set()
+    assert role.health.healthy() == (False, "stopped: stop requested")
+    assert lock.holder is None and role.failures == 0
+    said = [e for e in logs if e["event"] in ("fake_interrupted", "fake_retry")]
+    assert [(e["event"], e.get("error")) for e in said] == [("fake_interrupted", "interrupted")]
+
+
+def test_a_pass_that_ignores_a_stop_is_left_behind_after_the_grace(lock: AdvisoryLock, running: list[Running]) -> None:
+    role = FakeRole(lock, ["hang"])
+    running.append(run := Running(role))
+    wait_until(lambda: role.active_passes, 10, "the pass")
+    run.stop.set()
+    wait_until(lambda: role.interrupted.is_set(), 10, "the interrupt")
+    time.sleep(0.3)
+    assert run.thread.is_alive(), "the loop waits out the grace for the pass"
+    role.clock.advance(role.pacing.stop_grace_s)
+    run.end()
+    assert role.health.healthy() == (
+        False,
+        "stopped: stop requested, a pass still running 15 s after it was asked to stop",
+    )
+    assert lock.holder is None
+    # Left running on its daemon thread; the process exits without waiting for it.
+    assert "ingest-fake-pass" in _abandoned()
+    role.unhang.set()
+    wait_until(lambda: "ingest-fake-pass" not in _abandoned(), 10, "the abandoned pass to end")
+
+
+def _abandoned() -> set[str]:
+    return {thread.name for thread in abandoned.alive()}
