@@ -36,7 +36,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # only); the long-running commands configure them again from their settings.
     configure_logging(os.environ.get("INGEST_LOG_FORMAT", "auto"))
     install_excepthooks()
-    install_stack_dumps()
     try:
         return int(args.func(args))
     except IngestError as exc:
@@ -61,5 +60,6 @@ def exit_process(code: int) -> None:
 
 
 def run() -> None:
-    """The ``ingest`` console script."""
+    """The ``ingest`` console script (a process of its own: its stderr is a file)."""
+    install_stack_dumps()
     exit_process(main())

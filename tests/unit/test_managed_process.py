@@ -15,7 +15,7 @@ from typing import Self
 
 import pytest
 
-from ingest.logs import install_stack_dumps
+from ingest import cli
 from ingest_dev.ingest_process import IngestProcess
 from ingest_dev.process import ManagedProcess
 from ingest_dev.testkit import wait_until
@@ -107,7 +107,8 @@ def test_an_ingest_command_runs_in_its_own_group_logs_to_its_file_and_reports_it
 
 
 class Stubborn(IngestProcess):
-    """This module as the command: it ignores SIGTERM (see the end of the file)."""
+    """This module as the command: ``ingest``'s entry point running a command that ignores
+    SIGTERM (see the end of the file)."""
 
     module = __name__
 
@@ -142,12 +143,14 @@ def test_a_server_outlives_the_thread_that_started_it() -> None:
         proc.stop()
 
 
-def _ignore_sigterm_and_wait() -> None:
-    install_stack_dumps()
+def _ignore_sigterm_and_wait() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("waiting", flush=True)
     time.sleep(120)
+    return 0
 
 
 if __name__ == "__main__":
-    _ignore_sigterm_and_wait()
+    # The console script's entry point, with a command that ignores its SIGTERM.
+    cli.main = lambda: _ignore_sigterm_and_wait()
+    cli.run()
