@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.config import Settings, kafka_client, reader_config
@@ -17,12 +17,16 @@ WAITING_FOR_REGISTRY = "WAITING_FOR_SCHEMA_REGISTRY"
 LOG_TRUNCATED = "LOG_TRUNCATED"
 # A pattern source's partition of a deleted topic (migrations/0024): no lag, never stuck.
 RETIRED = "RETIRED"
+# What a watermark query of a partition Kafka does not know answers, at once.
+_NO_SUCH_PARTITION = (KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 def watermarks(
     settings: Settings, tps: list[tuple[str, int]], timeout: float = 5.0
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """Kafka's (low, high) watermarks per partition; empty when Kafka does not answer."""
+    """Kafka's (low, high) watermarks per partition: none for a partition Kafka does not know
+    (its topic deleted, not retired yet), and none after the first that Kafka does not answer
+    for (every other query would wait its timeout too)."""
     if not tps or not settings.kafka_bootstrap:
         return {}
     consumer = kafka_client(Consumer, reader_config(settings, "ingest-status"))
@@ -31,7 +35,9 @@ def watermarks(
         for topic, partition in tps:
             try:
                 low, high = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=timeout)
-            except KafkaException:
+            except KafkaException as exc:
+                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in _NO_SUCH_PARTITION:
+                    continue
                 return marks
             marks[(topic, partition)] = (int(low), int(high))
     finally:

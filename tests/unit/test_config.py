@@ -166,3 +166,36 @@ def test_every_consumer_the_worker_and_status_make_reads_committed(monkeypatch: 
     assert status.watermarks(Settings.from_env(BASE), [("events", 0)]) == {("events", 0): (0, 10)}
     [conf] = made
     assert conf["isolation.level"] == "read_committed" and conf["enable.auto.commit"] in ("false", False)
+
+
+def test_status_skips_a_partition_kafka_does_not_know_and_stops_at_one_it_does_not_answer_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from ingest.ops import status
+
+    # What librdkafka answers, at once, for a deleted topic's partition (seen on Apache Kafka 4.4).
+    answers = {
+        ("gone", 0): KafkaError(KafkaError._UNKNOWN_PARTITION),
+        ("events", 0): (0, 10),
+        ("events", 1): KafkaError(KafkaError._TIMED_OUT),
+        ("events", 2): (0, 7),
+    }
+    asked: list[tuple[str, int]] = []
+
+    class Reader:
+        def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+            asked.append((tp.topic, tp.partition))
+            answer = answers[(tp.topic, tp.partition)]
+            if isinstance(answer, KafkaError):
+                raise KafkaException(answer)
+            return answer
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(status, "kafka_client", lambda _factory, _conf: Reader())
+    marks = status.watermarks(Settings.from_env(BASE), list(answers))
+    assert marks == {("events", 0): (0, 10)}
+    assert asked == [("gone", 0), ("events", 0), ("events", 1)]
