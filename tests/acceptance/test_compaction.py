@@ -22,6 +22,7 @@ import pytest
 from ingest.builder.job import BuilderFactory
 from ingest.compact.job import Compactor
 from ingest.ops.gc import collect_garbage
+from ingest.roles.runner import STOP_GRACE_S
 from ingest.segments import store as segment_store
 from ingest.spark.session import FixedSession
 from ingest.table.catalog import MetastoreCatalog, identifier
@@ -61,9 +62,9 @@ class HookedStore(Metastore):
         return super().replace_segments(*args, **kwargs)
 
 
-def killed_at_pause(proc: subprocess.Popen[str], event: str, timeout_s: float = 600) -> list[str]:
-    """Read the process's log until ``event`` (or its exit, or ``timeout_s``), then SIGKILL it;
-    returns the lines read."""
+def read_until(proc: subprocess.Popen[str], event: str, timeout_s: float = 600) -> list[str]:
+    """Read the process's log until ``event`` (or its exit, or ``timeout_s``: then it is
+    killed); returns the lines read."""
     assert proc.stderr is not None
     deadline = threading.Timer(timeout_s, proc.kill)
     deadline.start()
@@ -75,9 +76,17 @@ def killed_at_pause(proc: subprocess.Popen[str], event: str, timeout_s: float = 
                 break
     finally:
         deadline.cancel()
+    return seen
+
+
+def killed_at_pause(proc: subprocess.Popen[str], event: str, timeout_s: float = 600) -> list[str]:
+    """Read the process's log until ``event`` (or its exit, or ``timeout_s``), then SIGKILL it;
+    returns the lines read."""
+    try:
+        return read_until(proc, event, timeout_s)
+    finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    return seen
 
 
 def value(i: int) -> bytes:
@@ -304,7 +313,7 @@ def samples(port: int, name: str) -> list[float]:
     return [float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{")]
 
 
-def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_exports_metrics(
+def test_a_compactor_process_killed_or_stopped_mid_job_leaves_nothing_visible_and_the_role_exports_metrics(
     tmp_path: Path, database_url: str, kafka_bootstrap: str, new_source: NewSource, spark_builder: BuilderFactory,
     start_worker: StartWorker,
 ) -> None:  # fmt: skip
@@ -330,6 +339,24 @@ def test_a_compactor_process_killed_mid_job_leaves_nothing_visible_and_the_role_
         assert all(_exists(f) for s in listed for f in s["files"])
     code, lines, _ = audit(env, source)
     assert code == 0, lines
+
+    # SIGTERM at the same point: the pass is asked to stop, does not (it waits for its kill),
+    # and the role leaves it after its grace; the process exits 0 with nothing visible.
+    proc = popen(role, env=fault, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = read_until(proc, "compaction_fault_pause")
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a failed stop must not outlive the test
+    took = time.monotonic() - stopped_at
+    assert proc.returncode == 0, err[-2000:]
+    assert STOP_GRACE_S <= took < STOP_GRACE_S + 30, took
+    with Metastore(database_url) as store:
+        assert store.segments(source) == listed
+        assert collect_garbage(store, source, grace_s=0).abandoned == 1
+    assert any("compaction_fault_pause" in line for line in seen)
 
     # The role again, without the fault: it compacts and serves its metrics and health.
     port = free_port()
