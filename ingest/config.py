@@ -471,6 +471,12 @@ def reader_config(settings: Settings, group_id: str) -> KafkaConf:
 _Client = TypeVar("_Client")
 
 
+def kafka_error(exc: KafkaException) -> KafkaError | None:
+    """The librdkafka error a KafkaException carries (its first argument), if any."""
+    error = exc.args[0] if exc.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
 def kafka_client(factory: Callable[[dict[str, Any]], _Client], conf: Mapping[str, Any]) -> _Client:
     """A librdkafka client (Consumer, AdminClient); a property librdkafka refuses (unknown
     name, bad value) is a ConfigError naming it, not a traceback. librdkafka checks every
@@ -481,8 +487,8 @@ def kafka_client(factory: Callable[[dict[str, Any]], _Client], conf: Mapping[str
     try:
         return factory({"logger": librdkafka_logger(), **conf})
     except KafkaException as exc:
-        error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+        error = kafka_error(exc)
+        if error is not None and error.code() == KafkaError._INVALID_ARG:
             raise ConfigError(
                 f"Kafka client properties (INGEST_KAFKA_PROP_*, INGEST_KAFKA_CONFIG_FILE): {error.str()}"
             ) from exc

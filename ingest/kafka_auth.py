@@ -28,7 +28,7 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ingest.config import Settings, admin_config, kafka_client
+from ingest.config import Settings, admin_config, kafka_client, kafka_error
 from ingest.errors import KafkaUnavailable
 
 log = structlog.get_logger(__name__)
@@ -104,7 +104,7 @@ def cluster_metadata(settings: Settings, timeout_s: float = 10.0) -> Any:
                 if (reason := refusal(error)) is not None:
                     raise refused(settings.kafka_bootstrap, reason) from exc
             if time.monotonic() >= deadline:
-                failure = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else str(exc)
+                failure = carried.str() if (carried := kafka_error(exc)) is not None else str(exc)
                 last = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
                 detail = f" (last error: {last[-1]})" if last else ""
                 raise KafkaUnavailable(f"Kafka unreachable at {settings.kafka_bootstrap}: {failure}{detail}") from exc

@@ -33,6 +33,7 @@ import structlog
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from ingest.config import kafka_error
 from ingest.errors import WorkerFailed
 from ingest_common.errors import IngestError
 from ingest_common.model import PartitionClaim, TopicPartition
@@ -150,8 +151,8 @@ def _tps(partitions: Iterable[KafkaTopicPartition]) -> list[TopicPartition]:
 
 
 def kafka_error_text(exc: KafkaException) -> str:
-    error = exc.args[0] if exc.args else None
-    return error.str() if isinstance(error, KafkaError) else str(exc)
+    error = kafka_error(exc)
+    return error.str() if error is not None else str(exc)
 
 
 class ConfluentConsumer:

@@ -28,6 +28,7 @@ import structlog
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from ingest.config import kafka_error
 from ingest.consume.kafka import KafkaCallFailed, kafka_error_text
 from ingest_common.model import TopicPartition
 
@@ -105,8 +106,9 @@ class _AdminQuery:
                 latest = future.result(timeout=0)
                 first = earliest[(ktp.topic, ktp.partition)].result(timeout=0)
             except KafkaException as exc:
-                code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
-                errors[tp] = UNKNOWN_TOPIC if code == KafkaError.UNKNOWN_TOPIC_OR_PART else kafka_error_text(exc)
+                error = kafka_error(exc)
+                unknown = error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                errors[tp] = UNKNOWN_TOPIC if unknown else kafka_error_text(exc)
                 continue
             epoch = latest.leader_epoch
             ends[tp] = LogEnd(int(latest.offset), None if epoch is None or epoch < 0 else int(epoch), int(first.offset))

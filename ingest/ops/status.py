@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.config import Settings, kafka_client, reader_config
+from ingest.config import Settings, kafka_client, kafka_error, reader_config
 from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
@@ -36,7 +36,7 @@ def watermarks(
             try:
                 low, high = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=timeout)
             except KafkaException as exc:
-                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() in _NO_SUCH_PARTITION:
+                if (error := kafka_error(exc)) is not None and error.code() in _NO_SUCH_PARTITION:
                     continue
                 return marks
             marks[(topic, partition)] = (int(low), int(high))
