@@ -78,7 +78,16 @@ def train() -> None:
         try:
             at = datetime(2026, 11, 23, tzinfo=UTC)
             rows = [
-                ("cds", i % 2, i, at, b"k", json.dumps({"id": i, "user": "u", "ts": "2026-11-23T10:00:00Z"}).encode())
+                # READ_DDL's columns: the Kafka coordinates, key, value, then the row's split index.
+                (
+                    "cds",
+                    i % 2,
+                    i,
+                    at,
+                    b"k",
+                    json.dumps({"id": i, "user": "u", "ts": "2026-11-23T10:00:00Z"}).encode(),
+                    0,
+                )
                 for i in range(200)
             ]
             plan = make_plan(spec)

@@ -107,9 +107,14 @@ class LocalConnectServer(ManagedProcess):
             "spark.local.dir": str(self.base_dir / "local"),
         }
         from ingest.spark.jars import spark_jars
+        from ingest.spark.session import jvm_options_args
 
         cmd = [str(self.spark_home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "Spark Connect server"]
         cmd += ["--master", self.master, "--driver-memory", self.driver_memory]
+        # The server's JVM (and any executors of its own) with the Java options of every Spark
+        # JVM the project starts: Avro's length limits, without which one poison record's
+        # claimed length is an OutOfMemoryError that ends the server (ingest.spark.session).
+        cmd += jvm_options_args()
         # The project's jar set, as the compose service has it: the workers' builds read Kafka
         # through Spark's Kafka source, and Avro sources decode with spark-avro.
         cmd += ["--jars", ",".join(str(j) for j in spark_jars())]

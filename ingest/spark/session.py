@@ -59,6 +59,49 @@ BASE_CONF = {
 # server, which owns them (they are set on its command line), and a client that tries to
 # set them only gets a CANNOT_MODIFY_CONFIG warning.
 SERVER_ONLY_CONF = frozenset({"spark.ui.enabled", "spark.ui.showConsoleProgress"})
+#: Avro's bounds on what one length in a body may claim (Avro 1.12, which Spark 4.1 ships:
+#: org.apache.avro.SystemLimitException reads these system properties once, when the class
+#: loads). Avro's BinaryDecoder allocates a string's or bytes' claimed length, and
+#: GenericDatumReader an array's or map's claimed block count, before it reads a byte of them;
+#: Avro's own default allows 2^31 - 9, so one record of a few bytes claiming 2 GiB is an
+#: OutOfMemoryError, which Spark treats as fatal (PERMISSIVE from_avro catches non-fatal errors
+#: only): the executor exits (52), under local[N] the worker's driver, under Spark Connect the
+#: server. Past these bounds Avro throws SystemLimitException (a RuntimeException), from_avro
+#: gives null and the record is an ``undecodable`` (``key_undecodable``) reject.
+#: Strings and bytes, 64 MiB: no field is longer than the Kafka record holding it (1 MiB by
+#: default, the broker's message.max.bytes / the topic's max.message.bytes), so this rejects
+#: nothing a broker capped at 64 MiB delivers; a lying length under it costs one transient
+#: array of at most 64 MiB per task decoding it (2 tasks under local[2], in a 2 GiB heap).
+#: Collections, 10M items: a claimed count allocates an array of that many references (40 MB,
+#: compressed oops) up front; a real array of 10M items is 10M objects, more than one build
+#: should hold per record anyway. Raise them with the same -D options in
+#: spark.driver.extraJavaOptions / spark.executor.extraJavaOptions (they follow ours on the
+#: command line, and the last -D of a property wins); docs/spark.md#avro-length-limits.
+AVRO_MAX_LENGTH = 64 * 1024**2
+AVRO_MAX_COLLECTION_ITEMS = 10_000_000
+AVRO_LIMITS = {
+    "org.apache.avro.limits.string.maxLength": AVRO_MAX_LENGTH,
+    "org.apache.avro.limits.bytes.maxLength": AVRO_MAX_LENGTH,
+    "org.apache.avro.limits.collectionItems.maxLength": AVRO_MAX_COLLECTION_ITEMS,
+}
+AVRO_LIMIT_OPTIONS = " ".join(f"-D{name}={value}" for name, value in AVRO_LIMITS.items())
+#: Java options every Spark JVM the project starts is launched with: the driver's (pyspark hands
+#: a session's settings to spark-submit as --conf when it launches the JVM: they only count
+#: then) and the executors'. Spark's *default*JavaOptions ("for administrators", prepended to
+#: the extraJavaOptions), so an operator's extraJavaOptions in spark-defaults.conf (the Kafka
+#: OAuth allowed-URLs one of docs/configuration.md) keeps working beside them. A Connect
+#: server's command line carries the same (:func:`jvm_options_args`).
+JVM_OPTIONS_CONF = {
+    "spark.driver.defaultJavaOptions": AVRO_LIMIT_OPTIONS,
+    "spark.executor.defaultJavaOptions": AVRO_LIMIT_OPTIONS,
+}
+
+
+def jvm_options_args() -> list[str]:
+    """:data:`JVM_OPTIONS_CONF` as spark-submit arguments (a Spark Connect server's command line)."""
+    return [arg for key, value in JVM_OPTIONS_CONF.items() for arg in ("--conf", f"{key}={value}")]
+
+
 # Only for local[N]: the executors live in this JVM, so the driver needs no address others can
 # reach. A standalone cluster's executors must connect back, so Spark picks the address there.
 LOCAL_DRIVER_CONF = {
@@ -297,7 +340,9 @@ def is_connect(master: str) -> bool:
 def session_conf(master: str, extra_conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The settings the worker's session is created with. Anything else (jars such as
     hadoop-aws, fs.s3a.* credentials) comes from spark-defaults.conf in SPARK_CONF_DIR when
-    this process is the driver (local, spark://), or from the Connect server's command line."""
+    this process is the driver (local, spark://), or from the Connect server's command line.
+    A driver this process launches, and its executors, get :data:`JVM_OPTIONS_CONF` (a Connect
+    server has its own JVM: those go on its command line)."""
     if is_connect(master):
         conf = {k: v for k, v in BASE_CONF.items() if k not in SERVER_ONLY_CONF}
     else:
@@ -305,5 +350,9 @@ def session_conf(master: str, extra_conf: Mapping[str, str] | None = None) -> di
         if master.startswith("local"):
             conf.update(LOCAL_DRIVER_CONF)
         conf["spark.driver.memory"] = os.environ.get("INGEST_SPARK_DRIVER_MEMORY", "2g")
-    conf.update(extra_conf or {})
+        conf.update(JVM_OPTIONS_CONF)
+    extra = dict(extra_conf or {})
+    for key in set(JVM_OPTIONS_CONF) & set(conf) & set(extra):  # the caller's own go after ours
+        extra[key] = f"{conf[key]} {extra[key]}"
+    conf.update(extra)
     return conf

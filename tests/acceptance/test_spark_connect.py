@@ -7,6 +7,9 @@ Workers run as processes: a Connect session puts PySpark into remote mode proces
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 import sys
 import textwrap
 from pathlib import Path
@@ -26,6 +29,8 @@ from tests.acceptance.harness import (
     sample_value,
     write_spec,
 )
+from tests.fixtures.servers import MakeTopic
+from tests.integration.test_avro_poison import assert_rows_and_rejects, produce_poison
 
 pytestmark = pytest.mark.process
 
@@ -195,3 +200,58 @@ def test_a_revoke_never_waits_for_an_unresponsive_connect_server(tmp_path: Path,
     # The callback returned without waiting for the server (well under a second when it works).
     assert float(trip[1]) < 5.0, out
     assert "INTERRUPT_PENDING False" in out, out
+
+
+# A Connect session puts PySpark in remote mode process-wide: the builds run in a process of their own.
+POISON_BUILDS = """
+import json, pickle, sys
+from ingest.spark.start import create_session
+from ingest.spec.parse import spec_from_dict
+from ingest_common.model import TopicPartition
+from tests.fakes import RecordingRegistrar
+from tests.kafka_splits import spark_builder, split_of
+
+args = json.loads(sys.argv[1])
+spark = create_session(args["url"], "poison-test")
+builder = spark_builder(spark, args["bootstrap"], RecordingRegistrar())
+spec, tp = spec_from_dict(args["spec"]), TopicPartition(args["topic"], 0)
+results = [builder.build_batch([split_of(tp, args["start"], args["end"])], spec)[0] for _ in range(2)]
+with open(args["out"], "wb") as out:
+    pickle.dump(results, out)
+spark.stop()
+"""
+
+
+def test_lying_avro_lengths_are_rejects_and_the_server_lives_on(
+    spark_connect: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
+) -> None:
+    """tests/integration/test_avro_poison.py's records built by the Connect server (started
+    with Avro's length limits on its command line, ingest_dev.spark_connect): without them the
+    first lying length is an OutOfMemoryError, the server's JVM exits and every worker's builds
+    with it. Here the poisons are rejects, twice: the server survived the first build."""
+    topic = make_topic(partitions=1, prefix="poison")
+    poison = produce_poison(kafka_bootstrap, topic, schema_registry_url, tmp_path / "store")
+    out = tmp_path / "results.pickle"
+    args = {
+        "url": spark_connect,
+        "bootstrap": kafka_bootstrap,
+        "spec": poison.spec,
+        "topic": topic,
+        "start": poison.offsets.start,
+        "end": poison.offsets.end,
+        "out": str(out),
+    }
+    proc = run_process(
+        [sys.executable, "-c", POISON_BUILDS, json.dumps(args)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with out.open("rb") as f:
+        results = pickle.load(f)  # written by the script above
+    assert len(results) == 2
+    for segment in results:  # the second: the server survived the first
+        assert_rows_and_rejects(segment, poison)

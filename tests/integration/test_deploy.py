@@ -21,6 +21,7 @@ import yaml
 from ingest.compact.metrics import CompactionMetrics
 from ingest.ops.metrics import Metrics
 from ingest.spark.jars import spark_jars_dir
+from ingest.spark.session import AVRO_LIMIT_OPTIONS, JVM_OPTIONS_CONF
 from ingest.table.metrics import TableMetrics
 from ingest_dev.process import popen
 from ingest_dev.testkit import free_port, port_open, wait_until
@@ -139,6 +140,8 @@ def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> No
     the memory differ; ``python`` is this interpreter, as it is the image's."""
     (script,) = (s for n, s in shell_commands(rendered_compose()["services"]) if n == "spark-connect")
     assert "spark.connect.grpc.binding.port=15002" in script
+    # Avro's length limits on the server's JVM (ingest.spark.session; tests/integration/test_avro_poison.py).
+    assert all(f'--conf "{key}={value}"' in script for key, value in JVM_OPTIONS_CONF.items()), script
     port = free_port()
     script = script.replace("spark.connect.grpc.binding.port=15002", f"spark.connect.grpc.binding.port={port}")
     bin_dir = tmp_path / "bin"
@@ -168,6 +171,9 @@ def test_the_compose_spark_connect_command_starts_a_server(tmp_path: Path) -> No
             return port_open(port)
 
         wait_until(listening, 300, "the Spark Connect server to listen", interval=1)
+        # bash, spark-submit and spark-class exec: the process is the server's JVM, with the limits.
+        jvm_args = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode().split("\0")
+        assert set(AVRO_LIMIT_OPTIONS.split()) <= set(jvm_args), jvm_args
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from ingest.segments.store import arrow_uri
-from ingest.spark.session import BASE_CONF, SERVER_ONLY_CONF, session_conf
+from ingest.spark.session import (
+    AVRO_LIMIT_OPTIONS,
+    BASE_CONF,
+    JVM_OPTIONS_CONF,
+    SERVER_ONLY_CONF,
+    jvm_options_args,
+    session_conf,
+)
 
 
 def test_local_binds_the_driver_to_loopback_and_sizes_its_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,8 +32,25 @@ def test_a_standalone_cluster_leaves_the_driver_address_to_spark() -> None:
 def test_connect_sends_only_runtime_settings() -> None:
     conf = session_conf("sc://spark-connect:15002", {"spark.sql.shuffle.partitions": "8"})
     assert not set(conf) & SERVER_ONLY_CONF
-    assert not any(k.startswith("spark.driver.") for k in conf)
+    assert not any(k.startswith(("spark.driver.", "spark.executor.")) for k in conf)
     assert conf["spark.sql.session.timeZone"] == "UTC" and conf["spark.sql.shuffle.partitions"] == "8"
+
+
+@pytest.mark.parametrize("master", ["local[2]", "spark://master:7077"])
+def test_a_driver_launched_here_and_its_executors_bound_avro_lengths(master: str) -> None:
+    """Java options the JVMs start with (tests/integration/test_avro_poison.py: what they prevent)."""
+    conf = session_conf(master)
+    for key in ("spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions"):
+        assert conf[key] == AVRO_LIMIT_OPTIONS
+    assert AVRO_LIMIT_OPTIONS.split() == [
+        "-Dorg.apache.avro.limits.string.maxLength=67108864",
+        "-Dorg.apache.avro.limits.bytes.maxLength=67108864",
+        "-Dorg.apache.avro.limits.collectionItems.maxLength=10000000",
+    ]
+    # A caller's own options of the same key follow ours (the last -D of a property wins).
+    theirs = session_conf(master, {"spark.driver.defaultJavaOptions": "-Dx=1"})["spark.driver.defaultJavaOptions"]
+    assert theirs == f"{AVRO_LIMIT_OPTIONS} -Dx=1"
+    assert jvm_options_args() == [a for k, v in JVM_OPTIONS_CONF.items() for a in ("--conf", f"{k}={v}")]
 
 
 def test_s3a_store_uris_name_the_same_objects_for_pyarrow() -> None:
