@@ -39,8 +39,9 @@ ingest.roles (part of the shared top level: a role that runs on one process at a
 
 ingest.formats (record formats behind a schema registry; no Spark: protobuf runs in its Python workers)
     wire           the formats a spec names, the Confluent wire format's header, the decoded key's columns
+    types          column types (Spark's DDL: scalars, decimal, array, map, struct): parsed, widened, as Spark types
     registry       the [registry] section, the registry client, a subject's latest Avro schema
-    avro           Avro reader schemas: a spec's columns, one writer's resolution, a registry record's columns
+    avro           Avro reader schemas: a spec's columns, one writer's decode pair, a registry record's columns
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
     protobuf_schemas a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
     protobuf       the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
@@ -95,6 +96,7 @@ ingest.builder (the build stage: splits into Parquet files, invisible until publ
     kafka_read     Spark's Kafka batch read of each split's exact offsets (layers, read_committed)
     accounting     what a job observes per split: bad records, bytes, newest timestamp, unknown ids
     plan           the expressions that parse the records read, classify errors, name unknown ids
+    value_checks   values no segment may carry (strings not UTF-8, times outside years 1-9999): rejects
     changes        upsert sources' rows: _op, tombstones keyed from the Kafka key, Debezium envelopes
     registration   every build registered in the metastore before it writes
     start          the build stage started as a worker starts it: Spark's reader, the session, writer schemas
@@ -122,6 +124,7 @@ ingest.table (published segments as Iceberg tables, each appended exactly once)
     merge          an upsert batch in Spark: the last change per key, MERGE INTO a branch; the maintenance
     spark_catalog  Iceberg's Spark catalog over the metastore's catalog tables (JdbcCatalog), its extensions
     replacement    a compaction's replacement as one Iceberg overwrite snapshot: held files out, new in
+    refusals       segments the table cannot take: found by halving a batch, kept pending, retried, reported
     properties     the table properties the committer keeps (commit seq, segments) and the head check
     runner         the committer run as a singleton role (ingest.roles): its lock, passes
     role           the committer's role: pacing, the errors a pass retries, its names and health

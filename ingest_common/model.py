@@ -20,6 +20,9 @@ PARSE_ERRORS = (
     "missing_event_time",
     # An event time outside years 1-9999 (UTC), which no Python datetime holds.
     "event_time_out_of_range",
+    # Any other timestamp or date of the value, at any depth, outside years 1-9999
+    # (ingest.builder.value_checks; a string of an Avro value that is not UTF-8 is invalid_utf8).
+    "timestamp_out_of_range",
     # Formats avro and json_schema (the Confluent wire format): no zero magic byte and 4-byte
     # schema id; an id the registry does not know; an Avro body that does not decode; a writer
     # schema that Avro's resolution rules cannot read as the reader schema (checked per id).

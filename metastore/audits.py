@@ -24,6 +24,7 @@ class AuditSnapshot:
     tables: list[Row]  # table_rows: each Iceberg table's recorded commit
     held: list[Row]  # table_held: the segments each table holds
     held_twice: list[Row]  # table_held_twice: held segments a held segment replaced
+    refused: list[Row]  # table_refusals: pending segments a table could not take (migrations/0026)
 
 
 class AuditsMixin(StoreBase):
@@ -54,7 +55,14 @@ class AuditsMixin(StoreBase):
                 tables = conn.execute(query("table_rows"), params).fetchall()
                 held = conn.execute(query("table_held"), params).fetchall()
                 twice = conn.execute(query("table_held_twice"), params).fetchall()
-        return AuditSnapshot(partitions, segments, gaps, tables, held, twice)
+                refused = conn.execute(query("table_refusals"), params).fetchall()
+        return AuditSnapshot(partitions, segments, gaps, tables, held, twice, refused)
+
+    def table_refusals(self, source: str) -> list[Row]:
+        """The pending segments the source's tables could not take because of their files
+        (``table_refusals``; ingest.table.refusals): kind, segment_id, error, attempts, first_at,
+        last_at."""
+        return self._fetch("table_refusals", source=source)
 
     def record_audit(
         self,

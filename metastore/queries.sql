@@ -468,6 +468,28 @@ INSERT INTO ingest_table_segments (source, kind, segment_id, seq)
 SELECT %(source)s, %(kind)s, u.id, %(seq)s FROM unnest(%(segment_ids)s::bigint[]) AS u(id)
 ON CONFLICT (source, kind, segment_id) DO NOTHING;
 
+-- name: table_refuse
+-- A pending segment the table could not take because of its files (migrations/0026): its error,
+-- counted per attempt.
+INSERT INTO ingest_table_refusals (source, kind, segment_id, error)
+VALUES (%(source)s, %(kind)s, %(segment_id)s, %(error)s)
+ON CONFLICT (source, kind, segment_id) DO UPDATE
+SET error = EXCLUDED.error, attempts = ingest_table_refusals.attempts + 1, last_at = now();
+
+-- name: table_refusals
+-- The segments the tables of a source refused and still lack: current, not held by that table.
+SELECT r.kind, r.segment_id, r.error, r.attempts, r.first_at, r.last_at
+FROM ingest_table_refusals r JOIN ingest_segments s ON s.id = r.segment_id
+WHERE r.source = %(source)s AND s.replaced_by IS NULL
+  AND NOT EXISTS (SELECT 1 FROM ingest_table_segments t
+                  WHERE t.source = r.source AND t.kind = r.kind AND t.segment_id = r.segment_id)
+ORDER BY r.kind, r.segment_id;
+
+-- name: table_clear_refusals
+-- Segments a table holds now, or that are no longer pending: no longer refused.
+DELETE FROM ingest_table_refusals
+WHERE source = %(source)s AND kind = %(kind)s AND segment_id = ANY(%(segment_ids)s::bigint[]);
+
 -- name: table_superseded
 -- For each of the segments ids: the segments the table holds (seq set, not removed) among those
 -- it replaced, directly or through replacements the table never held, with their files of the

@@ -786,6 +786,27 @@ CREATE SEQUENCE public.ingest_table_intents_id_seq
 ALTER SEQUENCE public.ingest_table_intents_id_seq OWNED BY public.ingest_table_intents.id;
 
 --
+-- Name: ingest_table_refusals; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.ingest_table_refusals (
+    source text NOT NULL,
+    kind text NOT NULL,
+    segment_id bigint NOT NULL,
+    error text NOT NULL,
+    attempts integer DEFAULT 1 NOT NULL,
+    first_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ingest_table_refusals_attempts_check CHECK ((attempts > 0))
+);
+
+--
+-- Name: TABLE ingest_table_refusals; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON TABLE public.ingest_table_refusals IS 'published segments a table could not take because of their files: pending, retried, reported';
+
+--
 -- Name: ingest_table_segments; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1044,6 +1065,13 @@ ALTER TABLE ONLY public.ingest_table_intents
     ADD CONSTRAINT ingest_table_intents_pkey PRIMARY KEY (id);
 
 --
+-- Name: ingest_table_refusals ingest_table_refusals_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_table_refusals
+    ADD CONSTRAINT ingest_table_refusals_pkey PRIMARY KEY (source, kind, segment_id);
+
+--
 -- Name: ingest_table_segments ingest_table_segments_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1257,6 +1285,20 @@ ALTER TABLE ONLY public.ingest_splits
 
 ALTER TABLE ONLY public.ingest_table_intents
     ADD CONSTRAINT ingest_table_intents_source_kind_fkey FOREIGN KEY (source, kind) REFERENCES public.ingest_tables(source, kind);
+
+--
+-- Name: ingest_table_refusals ingest_table_refusals_segment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_table_refusals
+    ADD CONSTRAINT ingest_table_refusals_segment_id_fkey FOREIGN KEY (segment_id) REFERENCES public.ingest_segments(id);
+
+--
+-- Name: ingest_table_refusals ingest_table_refusals_source_kind_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.ingest_table_refusals
+    ADD CONSTRAINT ingest_table_refusals_source_kind_fkey FOREIGN KEY (source, kind) REFERENCES public.ingest_tables(source, kind);
 
 --
 -- Name: ingest_table_segments ingest_table_segments_segment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -111,6 +111,7 @@ def _recorded_seq(cur: psycopg.Cursor[Row], commit: TableCommit) -> int:
 def _write(cur: psycopg.Cursor[Row], commit: TableCommit) -> None:
     params: dict[str, Any] = {"source": commit.source, "kind": commit.kind.value, "seq": commit.seq}
     cur.execute(query("table_record_segments"), {**params, "segment_ids": list(commit.segment_ids)})
+    cur.execute(query("table_clear_refusals"), {**params, "segment_ids": list(commit.segment_ids)})
     if commit.removed_ids:
         cur.execute(query("table_record_removed"), {**params, "segment_ids": list(commit.removed_ids)})
     cur.execute(
@@ -202,14 +203,17 @@ class TableStore(StoreBase):
             raise SourceNotFound(source)
         return dict(rows[0]["spec"])
 
-    def next_batch(self, source: str, kind: TableKind, limit: int) -> list[PendingSegment]:
+    def next_batch(
+        self, source: str, kind: TableKind, limit: int, skip: frozenset[int] = frozenset()
+    ) -> list[PendingSegment]:
         """The table committer's next batch: up to ``limit`` pending segments with files of this
         kind to append, or one replacement of segments the table holds (committed alone),
-        whichever comes first. Segments without any file (offsets without records, or no
-        rejects) that replace nothing the table holds are recorded as held on the way: there is
-        nothing of them to append, so nothing to append twice. Every page is read in one
-        REPEATABLE READ snapshot: a replacement committed between two pages would put a segment
-        and the segments it replaced in one batch."""
+        whichever comes first; the segments ``skip`` names (refused by the table, not due for
+        another try) are passed over and stay pending. Segments without any file (offsets
+        without records, or no rejects) that replace nothing the table holds are recorded as
+        held on the way: there is nothing of them to append, so nothing to append twice. Every
+        page is read in one REPEATABLE READ snapshot: a replacement committed between two pages
+        would put a segment and the segments it replaced in one batch."""
         batch: list[PendingSegment] = []
         empty: list[int] = []
         after = 0
@@ -218,16 +222,17 @@ class TableStore(StoreBase):
             with conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 while len(batch) < limit:
-                    pending = self.pending(source, kind, limit, after_id=after)
+                    page = self.pending(source, kind, limit, after_id=after)
+                    pending = [s for s in page if s.id not in skip]
                     empty += [s.id for s in pending if not s.files and not s.supersedes]
                     if replacing := next((s for s in pending if s.supersedes), None):
                         batch += [s for s in pending if s.files and s.id < replacing.id][: limit - len(batch)]
                         batch = batch or [replacing]
                         break
                     batch += [s for s in pending if s.files][: limit - len(batch)]
-                    if len(pending) < limit:
+                    if len(page) < limit:
                         break
-                    after = pending[-1].id
+                    after = page[-1].id
         self.record_empty(source, kind, empty)
         return batch
 
@@ -251,6 +256,25 @@ class TableStore(StoreBase):
             )
             for r in rows
         ]
+
+    def pending_segment(self, source: str, kind: TableKind, segment_id: int) -> PendingSegment | None:
+        """The segment as :meth:`pending` gives it, if it is still pending (None: the table
+        holds it, or compaction replaced it)."""
+        found = self.pending(source, kind, 1, after_id=segment_id - 1)
+        return found[0] if found and found[0].id == segment_id else None
+
+    def refuse(self, source: str, kind: TableKind, segment_id: int, error: str) -> None:
+        """Record that the table could not take the segment (migrations/0026): it stays pending."""
+        self._fetch_none("table_refuse", source=source, kind=kind.value, segment_id=segment_id, error=error[:2000])
+
+    def clear_refusals(self, source: str, kind: TableKind, segment_ids: Sequence[int]) -> None:
+        if segment_ids:
+            self._fetch_none("table_clear_refusals", source=source, kind=kind.value, segment_ids=list(segment_ids))
+
+    def refusals(self, source: str) -> list[Row]:
+        """The segments the source's tables refused and still lack (``table_refusals``): kind,
+        segment_id, error, attempts, first_at, last_at."""
+        return self._fetch("table_refusals", source=source)
 
     def held(self, source: str) -> list[Row]:
         """Every segment a table of the source holds (``table_held``): kind, segment_id, current, files."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from ingest.formats.wire import KEY_COLUMN_PREFIX
+from ingest.formats.wire import KAFKA_TIMESTAMP, KEY_COLUMN_PREFIX
 from ingest.spec.model import SourceSpec
 from ingest.spec.table import OP_DELETE, OP_UPSERT, Envelope
 
@@ -79,7 +79,10 @@ def debezium_parse(row_type: Any, corrupt: str, event_time: str) -> tuple[Callab
         .when(malformed, F.lit("type_mismatch"))
         .when(op.isNull() | ~op.isin(*_UPSERT_OPS, _DELETE_OP), F.lit("invalid_envelope"))
         .when(F.col("_p").isNull(), F.lit("invalid_envelope"))
-        .when(F.col("_p").getField(event_time).isNull(), F.lit("missing_event_time"))
+        .when(
+            F.lit(False) if event_time == KAFKA_TIMESTAMP else F.col("_p").getField(event_time).isNull(),
+            F.lit("missing_event_time"),
+        )
     )
     return decode, row, error
 
@@ -141,6 +144,6 @@ def upsert_rows(
     return UpsertRows(
         error=error,
         columns=tuple(values[name].alias(name) for name, _ in spec.schema),
-        event_time=values[spec.event_time],
+        event_time=values.get(spec.event_time, F.col(KAFKA_TIMESTAMP)),
         op=op.otherwise(F.lit(OP_UPSERT)),
     )

@@ -23,15 +23,17 @@ from typing import Any
 
 from ingest.builder.changes import ENVELOPE_COLUMN, debezium_parse, upsert_rows
 from ingest.builder.kafka_read import SPLIT_COLUMN
-from ingest.formats.avro import DECODED_FIELD, avro_reader_schema, reader_for_writer
+from ingest.builder.value_checks import key_reason, value_reasons
+from ingest.formats.avro import DECODED_FIELD, avro_reader_schema, decode_schemas
 from ingest.formats.protobuf import REASON_COLUMN, ArrowDecode, ProtoFiles
-from ingest.formats.wire import HEADER_BYTES, KEY_COLUMN_PREFIX, STRING_KEY_COLUMN
+from ingest.formats.types import spark_type
+from ingest.formats.wire import HEADER_BYTES, KAFKA_TIMESTAMP, KEY_COLUMN_PREFIX, STRING_KEY_COLUMN
 from ingest.spec.model import SourceSpec
 from ingest.spec.table import OP_COLUMN, Envelope
 from ingest_common.model import PartitionBy
 
 CORRUPT = "_corrupt"
-META_COLUMNS = ("_topic", "_partition", "_offset", "_timestamp", "_key")
+META_COLUMNS = ("_topic", "_partition", "_offset", KAFKA_TIMESTAMP, "_key")
 # The read's columns as Spark types (the protobuf decode step's input schema).
 READ_DDL = (
     "_topic string, _partition int, _offset bigint, _timestamp timestamp, _key binary, _value binary, "
@@ -39,22 +41,14 @@ READ_DDL = (
 )
 
 
-def spark_type(name: str) -> Any:
-    from pyspark.sql import types as T
+def event_time_column(spec: SourceSpec) -> Any:
+    """A row's event time: the Kafka record's timestamp (``event_time = "_timestamp"``) or a
+    column of the parsed value."""
+    from pyspark.sql import functions as F
 
-    scalars = {
-        "string": T.StringType(),
-        "long": T.LongType(),
-        "int": T.IntegerType(),
-        "double": T.DoubleType(),
-        "float": T.FloatType(),
-        "boolean": T.BooleanType(),
-        "timestamp": T.TimestampType(),
-        "date": T.DateType(),
-    }
-    if name.startswith("array<") and name.endswith(">"):
-        return T.ArrayType(scalars[name[6:-1]])
-    return scalars[name]
+    if spec.event_time == KAFKA_TIMESTAMP:
+        return F.col(KAFKA_TIMESTAMP)
+    return F.col("_p").getField(spec.event_time)
 
 
 @dataclass(frozen=True)
@@ -228,7 +222,7 @@ def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
         value = body
     text = value.cast("string")
     parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    event_time = F.col("_p").getField(spec.event_time)
+    event_time = event_time_column(spec)
     corrupt = F.col("_p").getField(CORRUPT)
     # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
     error = F.when(F.col("_value").isNull(), F.lit("null_value"))
@@ -267,8 +261,8 @@ def _avro_decode(
     )
     parsed: Any = None
     for sid, writer in sorted(writers.items()):
-        reader = reader_for_writer(reader_schema, writer)
-        decoded = from_avro(body, writer, {"mode": "PERMISSIVE", "avroSchema": reader})
+        inlined, reader = decode_schemas(reader_schema, writer)
+        decoded = from_avro(body, inlined, {"mode": "PERMISSIVE", "avroSchema": reader})
         parsed = (F.when if parsed is None else parsed.when)(framed & (schema_id == F.lit(sid)), decoded)
     known = schema_id.isin(*sorted(writers)) if writers else F.lit(False)
     return (no_writer if parsed is None else parsed), framed, schema_id, known
@@ -287,7 +281,7 @@ def _avro_parse(spec: SourceSpec, writers: Mapping[int, str], unresolvable: froz
         )
         .when(~known, F.lit("unknown_schema_id"))
         .when(F.col("_p").isNull() | F.col("_p").getField(DECODED_FIELD).isNull(), F.lit("undecodable"))
-        .when(F.col("_p").getField(spec.event_time).isNull(), F.lit("missing_event_time"))
+        .when(event_time_column(spec).isNull(), F.lit("missing_event_time"))
         .otherwise(F.lit(None).cast("string"))
     )
     return parsed, error
@@ -349,11 +343,13 @@ def _decoded_key(spec: SourceSpec) -> dict[str, Any]:
 def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key_error: Any | None) -> Plan:
     from pyspark.sql import functions as F
 
-    event_us = F.unix_micros(F.col("_p").getField(spec.event_time))
+    event_us = F.unix_micros(event_time_column(spec))
     # The parse's reason, else one for an event time out of range: ``error`` appears once, so
     # it is evaluated once per record (a CASE that tested it and then returned it ran it twice).
     out_of_range = (event_us < F.lit(EVENT_TIME_MIN_US)) | (event_us >= F.lit(EVENT_TIME_END_US))
-    error = F.coalesce(error, F.when(out_of_range, F.lit("event_time_out_of_range")))
+    # Then values no segment may carry (ingest.builder.value_checks): not UTF-8, out of range.
+    error = F.coalesce(error, F.when(out_of_range, F.lit("event_time_out_of_range")), *value_reasons(spec))
+    key_error = key_reason(spec, key_error)
     decoded_key = _decoded_key(spec)
     if spec.table.upsert:
         rows = upsert_rows(spec, decoded_key, error, key_error)
@@ -362,7 +358,7 @@ def _plan(spec: SourceSpec, parsed: Any, error: Any, parsed_key: Any | None, key
         # A record's value is checked first: its reason wins over its key's.
         error = error if key_error is None else F.coalesce(error, key_error)
         columns = tuple(F.col("_p").getField(name).alias(name) for name, _ in spec.schema)
-        event_time = F.col("_p").getField(spec.event_time)
+        event_time = event_time_column(spec)
     return Plan(
         read_columns=(
             *(F.col(c) for c in META_COLUMNS),

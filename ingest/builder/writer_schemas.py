@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from ingest.errors import BuildError, ConfigError, WorkerFailed, first_line
-from ingest.formats.avro import reader_for_writer
+from ingest.formats.avro import decode_schemas
 from ingest.formats.avro_resolution import resolution_problem
 from ingest.formats.protobuf import ProtoFiles
 from ingest.formats.protobuf_schemas import ReferenceNotFound, schema_files
@@ -245,7 +245,7 @@ def resolvable(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[dict[int, 
 @functools.lru_cache(maxsize=1024)
 def _problem(source: str, reader: str, sid: int, writer: str) -> str | None:
     """Checked (and logged) once per (reader, writer): schemas are immutable once registered."""
-    problem = resolution_problem(writer, reader_for_writer(reader, writer))
+    problem = resolution_problem(*decode_schemas(reader, writer))
     if problem is not None:
         log.warning("unresolvable_writer_schema", source=source, schema_id=sid, problem=problem)
     return problem

@@ -52,9 +52,13 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
         keep_snapshots=positive_int("--keep-snapshots", args.keep_snapshots, maximum=100_000),
         pass_deadline_s=settings.table_pass_deadline_s,
     )
+    # Logs go to stderr, --once's too: its stdout is its result (--json: one document).
+    configure_logging(settings.log_format)
     with TableCommitter(settings.database_url, args.source, commit_settings) as committer:
         if args.once:
             results = committer.commit_all()
+            # Segments the tables cannot take: left pending (exit 1), the others committed.
+            refused = [(k, i, e) for k in committer.kinds() for i, e in committer.refusals.of(k).items()]
             emit(
                 args,
                 {
@@ -70,16 +74,17 @@ def cmd_table_commit(args: argparse.Namespace) -> int:
                         }
                         for r in results
                     ],
+                    "refused": [{"table": k.value, "segment_id": i, "error": e} for k, i, e in refused],
                 },
                 [
                     f"{r.kind.value} commit {r.seq}: segments {r.segment_ids[0]}..{r.segment_ids[-1]} "
                     f"({len(r.segment_ids)}), {r.files} file(s), {r.seconds * 1000:.0f} ms"
                     for r in results
                 ]
+                + [f"{k.value} table refused segment {i} (left pending): {e}" for k, i, e in refused]
                 or [f"source {args.source}: nothing to commit"],
             )
-            return 0
-        configure_logging(settings.log_format)
+            return 1 if refused else 0
         stop = threading.Event()
 
         def _stop(signum: int, _frame: Any) -> None:

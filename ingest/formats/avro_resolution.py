@@ -59,7 +59,7 @@ def resolution_problem(writer: str, reader: str) -> str | None:
     return None
 
 
-def _full_name(doc: dict[str, Any], namespace: str) -> tuple[str, str]:
+def full_name(doc: dict[str, Any], namespace: str) -> tuple[str, str]:
     """A named type's full name and the namespace its own children inherit."""
     name = str(doc["name"])
     if "." in name:
@@ -77,7 +77,7 @@ def _names(doc: Any, namespace: str = "", into: dict[str, Any] | None = None) ->
     elif isinstance(doc, dict):
         kind = doc.get("type")
         if kind in _NAMED:
-            full, namespace = _full_name(doc, namespace)
+            full, namespace = full_name(doc, namespace)
             names[full] = {**doc, "_namespace": namespace}
             for field in doc.get("fields", []) if kind in ("record", "error") else []:
                 _names(field["type"], namespace, names)

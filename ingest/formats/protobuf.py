@@ -95,6 +95,10 @@ def parse_header(value: bytes) -> tuple[int, tuple[int, ...], int]:
     return sid, tuple(indexes), pos
 
 
+#: The column types a Protobuf field is decoded into (and arrays of them).
+PROTOBUF_SCALARS = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
+
+
 def arrow_type(ctype: str) -> pa.DataType:
     """The Arrow type Spark reads as the column type of a spec (timestamps in the session's UTC)."""
     if ctype.startswith("array<"):
@@ -330,7 +334,9 @@ class Decoder:
         n_columns = len(self.columns)
         out: list[list[Any]] = [[] for _ in range(n_columns)]
         reasons: list[str | None] = []
-        event_at = [name for name, _ in self.columns].index(self.event_time)
+        names = [name for name, _ in self.columns]
+        # The Kafka timestamp (no column of the message) is never missing.
+        event_at = names.index(self.event_time) if self.event_time in names else None
         nulls = (None,) * n_columns
         for value in batch.column("_value").to_pylist():
             row: Sequence[Any] = nulls
@@ -359,7 +365,7 @@ class Decoder:
                             except _Unresolvable:
                                 reason, row = "unresolvable", nulls
                             else:
-                                if row[event_at] is None:
+                                if event_at is not None and row[event_at] is None:
                                     reason, row = "missing_event_time", nulls
             reasons.append(reason)
             for column, cell in zip(out, row, strict=True):

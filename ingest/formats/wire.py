@@ -16,6 +16,8 @@ KEY_FORMATS = ("binary", "string", "avro", "json_schema")
 #: with "_", so they clash with none. A string key is the one column ``_key_string``.
 KEY_COLUMN_PREFIX = "_key_"
 STRING_KEY_COLUMN = "_key_string"
+#: The Kafka record's timestamp column of every row; a spec's ``event_time`` may name it.
+KAFKA_TIMESTAMP = "_timestamp"
 HEADER_BYTES = 5
 MAGIC_BYTE = 0
 

@@ -56,6 +56,7 @@ class FindingKind(StrEnum):
     TABLE_DUPLICATE = "table_duplicate_file"
     TABLE_DUPLICATE_ROWS = "table_duplicate_rows"  # a table holds a replaced segment and its replacement
     TABLE_DELETE_FILE = "table_delete_file"  # a delete file hides rows of a table's files
+    TABLE_REFUSED = "table_refused_segment"  # a table cannot take a pending segment's files (pending, retried)
     UPSERT_OFFSETS = "upsert_offsets"  # an upsert table merged offsets nobody published, or disagrees with its record
     UPSERT_DUPLICATE_KEY = "upsert_duplicate_key"  # a key has two rows in an upsert table
     CROSS_PARTITION_KEYS = "cross_partition_keys"  # keys seen on two partitions: their order is undefined
@@ -127,6 +128,7 @@ def audit_source(store: Metastore, source: str, *, files: bool = False) -> tuple
     result.partitions, result.segments = len(partitions), len(segments)
     result.findings += tiling_findings(partitions, segments, gaps)
     result.findings += record_findings(segments)
+    result.findings += refused_findings(source, snapshot.refused)
     if files:
         for segment in segments:
             result.findings += file_findings(segment, result)
@@ -147,6 +149,20 @@ def record_result(store: Metastore, result: AuditResult) -> None:
         by_kind=result.by_kind(),
         first_lines=[f.line() for f in result.findings[:RECORDED_LINES]],
     )
+
+
+def refused_findings(source: str, refused: Sequence[Row]) -> list[Finding]:
+    """Each pending segment a table of the source refused (ingest.table.refusals): the table
+    lacks its records until the committer can take it."""
+    return [
+        Finding(
+            FindingKind.TABLE_REFUSED,
+            f"{r['kind']} table of {source} segment {r['segment_id']}",
+            f"the table cannot take its files ({r['attempts']} attempt(s) since {r['first_at'].isoformat()}): "
+            f"{r['error']}; it stays pending (the table lacks its records), retried by the committer",
+        )
+        for r in refused
+    ]
 
 
 # -- the metastore: tiling ------------------------------------------------------------------

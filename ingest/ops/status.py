@@ -203,6 +203,18 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         }
         for r in store.recent_resets(source, 5)
     ]
+    # Pending segments a table cannot take (ingest.table.refusals): the table lacks their records.
+    refused = [
+        {
+            "table": r["kind"],
+            "segment_id": r["segment_id"],
+            "error": r["error"],
+            "attempts": r["attempts"],
+            "first_at": _iso(r["first_at"]),
+            "last_at": _iso(r["last_at"]),
+        }
+        for r in store.table_refusals(source)
+    ]
     return {
         "source": source,
         "state": state,
@@ -218,6 +230,7 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         "recent_errors": recent,
         "desired_state": control.desired_state,
         "recent_resets": resets,
+        "table_refused_segments": refused,
     }
 
 

@@ -146,6 +146,12 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
             )
     problems += [gap_line(g) for g in status["offset_gaps"] if g["acknowledged_at"] is None]
     problems += [
+        f"{r['table']} table: segment {r['segment_id']} REFUSED since {when(r['first_at'], now)}, "
+        f"{r['attempts']} attempt(s): {r['error']}; it stays pending (the table lacks its records), "
+        "the committer appends the segments after it and retries it"
+        for r in status.get("table_refused_segments", [])
+    ]
+    problems += [
         f"error {when(e['at'], now)} {e['worker']} {e['kind']}: {e['message']}" for e in status["recent_errors"]
     ]
     for r in status.get("recent_resets", []):

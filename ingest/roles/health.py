@@ -11,7 +11,11 @@ loop is in and the ``/healthz`` and ``/readyz`` of its process, served by
   its deadline is asked to stop and the role's lock released (ingest.roles.runner); until the
   pass returns the process stays unhealthy, so an orchestrator restarts it if it never does. A
   standby is healthy: it is ready to take over the moment the active one's lock is released.
-- Ready: healthy, active (holding the source's lock) and its last pass did not fail. A standby
+- Noted: a problem the role rides out without failing its passes, which a restart would not
+  cure (the table committer: segments its table refused, kept pending and retried) is named
+  by both probes; /healthz stays 200, /readyz answers 503 while it lasts.
+- Ready: healthy, active (holding the source's lock), its last pass did not fail and nothing is
+  noted. A standby
   answers 503 ``standby: another <role> holds the lock of source '<source>'``, so that the two
   are told apart; a Deployment running two must not make this its readinessProbe (a standby is
   not a fault), only its liveness probe /healthz.
@@ -99,6 +103,7 @@ class RoleHealth:
         self._last_error = ""
         self._reported = False
         self._stopped_reason = ""
+        self._note = ""
 
     @property
     def state(self) -> RoleState:
@@ -173,6 +178,11 @@ class RoleHealth:
                 self._reported = True
                 log.error(self.names.unhealthy_event, source=self.source, reason=self._failing())
 
+    def note(self, problem: str) -> None:
+        """A problem the passes ride out (see the module's docstring); "" when there is none."""
+        with self._lock:
+            self._note = problem
+
     def past_deadline(self) -> float | None:
         """Seconds the running pass has gone without a step ending, once past its deadline."""
         with self._lock:
@@ -210,7 +220,7 @@ class RoleHealth:
             stalled = now - self._progress_at
             if self._step_at is None and stalled > self._stall_bound:
                 return False, f"{self._state.value}: no pass or {self.names.step} ended for {stalled:.0f} s"
-            return True, self._state.value
+            return True, f"{self._state.value}: {self._note}" if self._note else self._state.value
 
     def ready(self) -> tuple[bool, str]:
         ok, reason = self.healthy()
@@ -219,4 +229,4 @@ class RoleHealth:
                 return False, reason
             if self._state is RoleState.STANDBY:
                 return False, f"standby: another {self.names.noun} holds the lock of source {self.source!r}"
-            return self._state is RoleState.ACTIVE, reason
+            return self._state is RoleState.ACTIVE and not self._note, reason

@@ -7,7 +7,8 @@ reader schema comes from ``[schema]`` or from the registry's latest version) is 
 one line, when:
 
 - a column both versions have changes type other than by the widening Iceberg and Parquet
-  readers accept (``int`` to ``long``, ``float`` to ``double``); or
+  readers accept (``int`` to ``long``, ``float`` to ``double``, a decimal's precision raised,
+  a struct gaining fields, at any depth: ingest.formats.types.widens); or
 - the previous reader schema came from the registry (a schema writers used) and the new
   reader schema cannot resolve records written with it by Avro's rules
   (ingest.formats.avro_resolution): e.g. a registry version adding a field without a default, which
@@ -25,12 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ingest.errors import ConfigError
-from ingest.formats.avro import reader_for_writer
+from ingest.formats.avro import decode_schemas
 from ingest.formats.avro_resolution import resolution_problem
+from ingest.formats.types import widens
 from ingest.spec.model import SourceSpec
-
-#: Column type changes every reader of earlier segments and of the table accepts.
-WIDENINGS = frozenset({("int", "long"), ("float", "double")})
 
 
 def evolution_problem(previous: SourceSpec, new: SourceSpec) -> str | None:
@@ -51,17 +50,16 @@ def evolution_problem(previous: SourceSpec, new: SourceSpec) -> str | None:
     before = dict(previous.schema)
     for column, ctype in new.schema:
         old = before.get(column)
-        if old is not None and old != ctype and (old, ctype) not in WIDENINGS:
+        if old is not None and not widens(old, ctype):
             return (
                 f"column {column!r} changes type from {old} to {ctype}: earlier segments and the table "
-                "could no longer be read as one schema (allowed: adding or dropping columns, int to long, "
-                "float to double; or apply it as a new source)"
+                "could no longer be read as one schema (allowed: adding or dropping columns or struct fields, "
+                "int to long, float to double, a decimal's precision raised; or apply it as a new source)"
             )
     if previous.schema_from != "registry":
         # A spec's reader schema (every field nullable) is no schema a writer used.
         return None
-    reader = reader_for_writer(new.reader_schema, previous.reader_schema)
-    problem = resolution_problem(previous.reader_schema, reader)
+    problem = resolution_problem(*decode_schemas(new.reader_schema, previous.reader_schema))
     if problem is not None:
         return f"the new reader schema cannot read records written with the previous one: {problem}"
     return None

@@ -18,8 +18,10 @@ from typing import Any, cast
 
 from ingest.errors import ConfigError, shown
 from ingest.formats.avro import avro_columns, avro_reader_schema
+from ingest.formats.protobuf import PROTOBUF_SCALARS
 from ingest.formats.registry import RegistrySettings, SchemaFrom, latest_schema, registry_from_dict
-from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KEY_COLUMN_PREFIX, KEY_FORMATS
+from ingest.formats.types import column_type
+from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KAFKA_TIMESTAMP, KEY_COLUMN_PREFIX, KEY_FORMATS
 from ingest.spec.model import (
     CompactionSettings,
     OutOfRangePolicy,
@@ -33,8 +35,6 @@ from ingest_common.errors import refuse_unknown_fields
 from ingest_common.model import PartitionBy, StartFrom
 from ingest_common.store_uri import canonical_store_uri
 
-SCALAR_TYPES = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
-ALLOWED_TYPES = (*SCALAR_TYPES, *(f"array<{t}>" for t in SCALAR_TYPES))
 # Every pattern is matched whole (fullmatch): "$" would also accept a trailing newline.
 _NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # Column names become Parquet field names; keep them plain and free of the reserved prefix.
@@ -162,6 +162,7 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
         raise ConfigError(f"event_time: expected the name of a timestamp column, got {shown(event_time)}")
     if columns:
         _check_event_time(tuple(columns), event_time)
+    _check_format_types(fmt, columns)
 
     split_doc = doc.get("split", {})
     if not isinstance(split_doc, dict):
@@ -257,20 +258,39 @@ def _columns(schema: object, field: str = "schema") -> list[tuple[str, str]]:
                 f"{field}.{column}: invalid column name (letter first, then letters, digits, _; "
                 "names starting with _ are reserved for _topic, _partition, _offset, _timestamp, _key)"
             )
-        if not isinstance(ctype, str) or ctype.strip().lower() not in ALLOWED_TYPES:
-            raise ConfigError(f"{field}.{column}: type {shown(ctype)} is not one of {', '.join(ALLOWED_TYPES)}")
-        columns.append((column, ctype.strip().lower()))
+        columns.append((column, column_type(f"{field}.{column}", ctype)))
     if len({c.lower() for c, _ in columns}) != len(columns):
         raise ConfigError(f"{field}: column names must be unique ignoring case")
     return columns
 
 
 def _check_event_time(columns: tuple[tuple[str, str], ...], event_time: str) -> None:
+    """``event_time`` names a timestamp column, or the Kafka record's timestamp."""
+    if event_time == KAFKA_TIMESTAMP:
+        return
     types = dict(columns)
     if event_time not in types:
-        raise ConfigError(f"event_time: {shown(event_time)} is not a column of [schema]")
+        raise ConfigError(
+            f"event_time: {shown(event_time)} is not a column of [schema] "
+            f'(or "{KAFKA_TIMESTAMP}": the Kafka record\'s timestamp)'
+        )
     if types[event_time] != "timestamp":
-        raise ConfigError(f"event_time: column {shown(event_time)} must have type timestamp, has {types[event_time]}")
+        raise ConfigError(
+            f"event_time: column {shown(event_time)} must have type timestamp, has {types[event_time]} "
+            f'(or use "{KAFKA_TIMESTAMP}": the Kafka record\'s timestamp)'
+        )
+
+
+def _check_format_types(fmt: str, columns: list[tuple[str, str]]) -> None:
+    """Format protobuf decodes into the scalar column types and arrays of them only."""
+    if fmt != "protobuf":
+        return
+    for column, ctype in columns:
+        if ctype.removeprefix("array<").removesuffix(">") not in PROTOBUF_SCALARS:
+            raise ConfigError(
+                f'schema.{column}: type {ctype} is not read from format = "protobuf" yet '
+                f"(its columns: {', '.join(PROTOBUF_SCALARS)} and arrays of them)"
+            )
 
 
 def check_upsert(spec: SourceSpec) -> None:

@@ -76,10 +76,11 @@ from pyiceberg.table.snapshots import Snapshot
 from ingest.spec.model import SourceSpec
 from ingest.table.catalog import MetastoreCatalog, close_catalog, identifier, open_catalog, table_location
 from ingest.table.config import CommitSettings, PartitionBy
-from ingest.table.errors import CommitConflicts, FileSpansPartitions, TableDiverged, TableError
+from ingest.table.errors import CommitConflicts, SegmentsRefused, TableDiverged, TableError, file_refused
 from ingest.table.faults import FaultPoint, pause_if
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ, NO_REBASE, at_commit, segment_ids
+from ingest.table.refusals import Refusals
 from ingest.table.replacement import stage_replacement
 from ingest.table.role import committer_health
 from ingest.table.schema import evolve, file_schema, transform_of
@@ -132,6 +133,8 @@ class TableCommitter:
             raise
         self.metrics = metrics or TableMetrics(source)
         self.health = committer_health(source, self.settings)
+        # Segments the table cannot take: set aside, pending, retried (ingest.table.refusals).
+        self.refusals = Refusals(self.store, source, self.health, self.metrics, self.settings.refused_retry)
         self._last_commit: dict[TableKind, float] = {}
         # (table, spec version, table schema id) whose files' schema the table already covers.
         self._schema_checked: set[tuple[TableKind, int, int]] = set()
@@ -250,13 +253,15 @@ class TableCommitter:
 
     def commit_batch(self, kind: TableKind) -> CommitResult | None:
         """One Iceberg commit of up to ``batch_segments`` pending segments (None: none pending).
-        Catalog conflicts are retried from the reconcile step, at most ``max_attempts`` times."""
+        Catalog conflicts are retried from the reconcile step, at most ``max_attempts`` times; a
+        batch the table cannot take is halved until the segment it refuses is set aside
+        (ingest.table.refusals), and the others are committed."""
         conflicts = 0
-        for _attempt in range(self.settings.max_attempts):
+        while conflicts < self.settings.max_attempts:
             started = time.monotonic()
             table = self.load(kind)
             seq = self.reconcile(kind, table) + 1
-            batch = self.store.next_batch(self.source, kind, self.settings.batch_segments)
+            batch = self.refusals.next_batch(kind, self.settings.batch_segments)
             if not batch:
                 return None
             replacing = batch[0].supersedes
@@ -278,12 +283,17 @@ class TableCommitter:
                 )
                 CONFLICT_RETRY.sleep(CONFLICT_RETRY.delay(conflicts - 1))
                 continue
+            except SegmentsRefused as exc:  # its files, not an outage: the same batch fails again
+                self.health.progressed()
+                self.refusals.failed(kind, batch, exc)
+                continue
             pause_if(self.source, FaultPoint.ICEBERG_COMMITTED)
             if not isinstance(self.catalog, MetastoreCatalog):
                 # Recorded after the swap: a crash before this line leaves the table one commit
                 # ahead, which the next reconcile records (its intent keeps the files till then).
                 self._record(committed, kind, seq, batch)
             ids = tuple(s.id for s in batch)
+            self.refusals.committed(kind, ids)
             _expire_snapshots(self.source, self.settings.keep_snapshots, committed, kind)
             self.health.progressed()
             seconds = time.monotonic() - started
@@ -344,14 +354,8 @@ class TableCommitter:
                 # duplicates would make each commit cost as much as the whole table.
                 check_duplicate_files=False,
             )
-        except ValueError as exc:
-            if "partition" in str(exc).lower():
-                raise FileSpansPartitions(
-                    f"table {'.'.join(identifier(self.source, kind))}: a file of segments {ids[0]}..{ids[-1]} "
-                    f"spans several partitions of its transform ({first_line(exc)}); it was built before "
-                    "the spec's file_partition cut files this finely"
-                ) from exc
-            raise TableError(f"table {'.'.join(identifier(self.source, kind))}: {first_line(exc)}") from exc
+        except (ValueError, ArithmeticError) as exc:
+            raise file_refused(".".join(identifier(self.source, kind)), tuple(ids), exc) from exc
         txn.set_properties({COMMIT_SEQ: str(seq), COMMIT_SEGMENTS: ",".join(map(str, ids)), COMMIT_REPLACED: ""})
         return self._commit(txn, kind, seq, batch)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ingest.config import TABLE_PASS_DEADLINE_S
+from ingest_common.backoff import Backoff
 from ingest_common.errors import ConfigError
 from ingest_common.model import PartitionBy
 
@@ -22,6 +23,9 @@ DEFAULT_KEEP_SNAPSHOTS = 25
 # A committer whose every pass has failed this long reports itself unhealthy (/healthz 503):
 # long past a PostgreSQL restart or failover, short of an alert's patience.
 DEFAULT_UNHEALTHY_AFTER_S = 60.0
+# A segment the table refused (its files, not an outage: ingest.table.refusals) is tried again,
+# alone, after 10 s, 20 s, 40 s, ... at most every 10 minutes; each try reads its files' footers.
+REFUSED_RETRY = Backoff(10.0, 600.0)
 
 
 class RejectsMode(StrEnum):
@@ -46,6 +50,8 @@ class CommitSettings:
     # A pass that goes this long without a commit attempt ending has its lock released and
     # makes /healthz answer 503 (ingest.roles.runner; INGEST_TABLE_PASS_DEADLINE_S).
     pass_deadline_s: float = TABLE_PASS_DEADLINE_S
+    # When a segment the table refused is tried again (its clock: when it is due).
+    refused_retry: Backoff = REFUSED_RETRY
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_segments <= 1000:

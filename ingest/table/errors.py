@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingest_common.errors import ExitCode, IngestError
+from ingest_common.errors import ExitCode, IngestError, first_line
 from metastore.tables import TableNotEnabled
 
 __all__ = [
@@ -11,9 +11,11 @@ __all__ = [
     "FileSpansPartitions",
     "QueryFailed",
     "SchemaChangeRefused",
+    "SegmentsRefused",
     "TableDiverged",
     "TableError",
     "TableNotEnabled",
+    "file_refused",
 ]
 
 
@@ -43,6 +45,18 @@ class FileSpansPartitions(TableError):
     registered as written (never rewritten), so it cannot be appended to that table."""
 
 
+class SegmentsRefused(TableError):
+    """The table cannot take a file of these segments, whatever the servers do: a value its
+    column statistics cannot hold (a string that is not UTF-8, a timestamp outside years
+    1-9999), a file that does not read as Parquet. Nothing was appended. The committer finds
+    the segment among them, keeps it pending and reported (``ingest status``, ``ingest table``,
+    ``ingest audit``, /healthz), appends the others and tries it again on a backoff."""
+
+    def __init__(self, message: str, segment_ids: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.segment_ids = segment_ids
+
+
 class CatalogUnavailable(TableError):
     """The Iceberg catalog the spec's ``[table]`` names did not answer when it was opened (or
     refused the credentials it was given): one line naming it, exit 11."""
@@ -60,3 +74,17 @@ class MergeFailed(TableError):
     """An upsert table's Spark merge failed (a segment file unreadable, the store or the catalog
     unreachable from Spark, Iceberg refusing a concurrent commit): nothing was swapped in, and
     the next pass merges again from the offsets the table and the metastore agree on."""
+
+
+def file_refused(name: str, ids: tuple[int, ...], exc: ValueError | ArithmeticError) -> TableError:
+    """What pyiceberg's refusal (reading the footers) of a file of segments ``ids`` of table
+    ``name`` is: a file spanning partitions of the table's transform (the committer stops), or
+    a file whose values the table's statistics cannot hold, or that does not read
+    (:class:`SegmentsRefused`: the committer sets the segment aside, ingest.table.refusals)."""
+    segments = f"segment {ids[0]}" if len(ids) == 1 else f"segments {ids[0]}..{ids[-1]}"
+    if isinstance(exc, ValueError) and "partition value" in str(exc).lower():
+        return FileSpansPartitions(
+            f"table {name}: a file of {segments} spans several partitions of its transform ({first_line(exc)}); "
+            "it was built before the spec's file_partition cut files this finely"
+        )
+    return SegmentsRefused(f"table {name}: a file of {segments} cannot be added: {first_line(exc)}", ids)

@@ -51,6 +51,12 @@ class TableMetrics:
             labels,
             registry=r,
         )
+        self.segments_refused = Gauge(
+            "ingest_table_segments_refused",
+            "Published segments the table could not take because of their files (kept pending, retried)",
+            labels,
+            registry=r,
+        )
         self.committer_active = Gauge(
             "ingest_table_committer_active",
             "1 while this process holds the source's committer lock (one committer per source)",
@@ -66,4 +72,5 @@ class TableMetrics:
         for kind in kinds:
             for counter in (self.commits, self.segments_committed, self.replacements, self.commit_conflicts):
                 counter.labels(source, kind.value)
+            self.segments_refused.labels(source, kind.value).set(0)
         self.committer_active.labels(source).set(0)

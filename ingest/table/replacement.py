@@ -23,9 +23,8 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table, TableProperties, Transaction
 
-from ingest.table.errors import FileSpansPartitions, TableDiverged, TableError
+from ingest.table.errors import TableDiverged, file_refused
 from ingest.table.properties import COMMIT_REPLACED, COMMIT_SEGMENTS, COMMIT_SEQ
-from ingest_common.errors import first_line
 from metastore.tables import PendingSegment
 
 
@@ -71,13 +70,8 @@ def stage_replacement(txn: Transaction, table: Table, name: str, segment: Pendin
         txn.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
     try:
         added = [parquet_file_to_data_file(table.io, txn.table_metadata, uri) for uri in new]
-    except ValueError as exc:
-        if "partition" in str(exc).lower():
-            raise FileSpansPartitions(
-                f"table {name}: a file of segment {segment.id} spans several partitions of its transform "
-                f"({first_line(exc)})"
-            ) from exc
-        raise TableError(f"table {name}: {first_line(exc)}") from exc
+    except (ValueError, ArithmeticError) as exc:
+        raise file_refused(name, (segment.id,), exc) from exc
     with txn.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
         for data_file in old:
             overwrite.delete_data_file(data_file)

@@ -25,6 +25,7 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
         if not rows:
             raise TableNotEnabled(source)
         catalog = open_catalog(database_url, spec.table)
+        refusals = store.refusals(source)
         try:
             for row in rows:
                 last, appended = store.last_segment(source, row.kind)
@@ -68,6 +69,12 @@ def table_status(database_url: str, source: str) -> dict[str, Any]:
                         "last_commit_at": row.last_commit_at.isoformat() if row.last_commit_at else None,
                         "mode": spec.table.mode.value if row.kind is TableKind.DATA else "append",
                         "upsert": upsert,
+                        # Pending segments it cannot take (ingest.table.refusals).
+                        "refused_segments": [
+                            {"segment_id": r["segment_id"], "error": r["error"], "attempts": r["attempts"]}
+                            for r in refusals
+                            if r["kind"] == row.kind.value
+                        ],
                     }
                 )
         finally:
@@ -99,6 +106,11 @@ def render(status: dict[str, Any]) -> list[str]:
                     f"  {upsert['cross_partition_keys']} key(s) appeared on more than one partition: their order "
                     "is undefined (the newest Kafka timestamp wins); `ingest audit` reports them"
                 )
+        for r in t.get("refused_segments", []):
+            lines.append(
+                f"  segment {r['segment_id']} refused ({r['attempts']} attempt(s)): {r['error']}; "
+                "pending, retried by the committer"
+            )
         if t["table_commit_seq"] is not None and t["table_commit_seq"] != t["commits"]:
             lines.append(
                 f"  the table holds commit {t['table_commit_seq']}, the metastore recorded {t['commits']}: "

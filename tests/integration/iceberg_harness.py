@@ -78,6 +78,7 @@ class Source:
         self.catalog = catalog
         self.store = Metastore(database_url)
         self.columns = dict(COLUMNS)
+        self.event_time = "ts"
         self.file_partition = "none"
         self.apply()
         self.store.register_partitions(name, T0.topic, list(range(partitions)), "earliest")
@@ -92,7 +93,7 @@ class Source:
             "name": self.name,
             "topics": [T0.topic],
             "schema": self.columns,
-            "event_time": "ts",
+            "event_time": self.event_time,
             "segment_store": self.root,
             "file_partition": self.file_partition,
             **({"table": {"catalog": self.catalog}} if self.catalog else {}),
@@ -160,6 +161,19 @@ class Source:
                 self.name, self.version, "w", segment, (PublishRange(OffsetRange(tp, start, end), self.serials[tp]),)
             )
         )
+        self.next[tp] = end
+        return segment_id
+
+    def publish_built(self, built: BuiltSegment, end: int, partition: int = 0) -> int:
+        """Publish a segment a real builder built (its files where it wrote them) over the
+        partition's next offsets up to ``end``."""
+        tp = TopicPartition(T0.topic, partition)
+        dirs = build_dirs(self.root, self.name, built.split_id)
+        self.store.register_build(
+            "w", BuildRegistration(built.split_id, self.name, dirs.staging, dirs.data, dirs.rejects, (built.split_id,))
+        )
+        ranges = (PublishRange(OffsetRange(tp, self.next[tp], end), self.serials[tp]),)
+        segment_id = self.store.publish(SegmentToPublish(self.name, self.version, "w", built, ranges))
         self.next[tp] = end
         return segment_id
 

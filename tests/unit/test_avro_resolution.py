@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ingest.formats.avro import avro_reader_schema, reader_for_writer
+from ingest.formats.avro import avro_reader_schema, decode_schemas
 from ingest.formats.avro_resolution import resolution_problem
 
 
@@ -119,10 +119,10 @@ def test_named_references_nested_and_recursive_records() -> None:
 def test_a_spec_reader_resolves_any_writer_whose_common_fields_have_compatible_types() -> None:
     """The spec's reader: every column nullable with a null default, named like the writer."""
     spec_reader = avro_reader_schema((("id", "long"), ("ts", "timestamp"), ("region", "string")))
-    assert resolution_problem(V1, reader_for_writer(spec_reader, V1)) is None
-    assert resolution_problem(V2, reader_for_writer(spec_reader, V2)) is None
+    assert resolution_problem(*decode_schemas(spec_reader, V1)) is None
+    assert resolution_problem(*decode_schemas(spec_reader, V2)) is None
     changed = V2.replace('"region", "type": "string"', '"region", "type": "long"')
-    problem = resolution_problem(changed, reader_for_writer(spec_reader, changed))
+    problem = resolution_problem(*decode_schemas(spec_reader, changed))
     assert problem == "field 'region': the writer's long matches no branch of the reader's union[null, string]"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from bench import avro_wire as avro
 from bench import data
-from ingest.formats.avro import avro_columns, avro_reader_schema, reader_for_writer
+from ingest.formats.avro import avro_columns, avro_reader_schema, decode_schemas
 from ingest.formats.wire import schema_id
 
 
@@ -25,10 +25,10 @@ def test_records_are_framed_and_decode_to_the_json_records_values(monkeypatch: p
     as_json = json.loads(data.record_value(7))
     assert value[0] == 0 and schema_id(value) == 42
     columns = tuple(data.SCHEMA.items())
-    reader = reader_for_writer(avro_reader_schema(columns), avro.WRITER_SCHEMA)
+    writer, reader = decode_schemas(avro_reader_schema(columns), avro.WRITER_SCHEMA)
     decoded = fastavro.schemaless_reader(
         io.BytesIO(value[5:]),
-        fastavro.parse_schema(json.loads(avro.WRITER_SCHEMA)),
+        fastavro.parse_schema(json.loads(writer)),
         fastavro.parse_schema(json.loads(reader)),
     )
     assert isinstance(decoded, dict)

@@ -10,7 +10,8 @@ import pytest
 
 from ingest.config import Settings
 from ingest.errors import ConfigError
-from ingest.formats.avro import DECODED_FIELD, avro_columns, reader_for_writer
+from ingest.formats.avro import DECODED_FIELD, avro_columns, decode_schemas
+from ingest.formats.avro_resolution import resolution_problem
 from ingest.formats.registry import USER_INFO_ENV
 from ingest.formats.wire import schema_id
 from ingest.spec.model import SourceSpec
@@ -113,8 +114,16 @@ def test_registry_schemas_map_to_columns_or_name_the_field() -> None:
         ("tags", "array<string>"),
     )
     schema["fields"].append({"name": "nested", "type": {"type": "record", "name": "N", "fields": []}})
-    with pytest.raises(ConfigError, match="field 'nested' has Avro type"):
+    # A record without fields (like a field of type null) has no column.
+    assert len(avro_columns(json.dumps(schema))) == 4
+    schema["fields"].append({"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 39}})
+    with pytest.raises(ConfigError, match=r"field 'price' is decimal\(39,0\), which has no column type"):
         avro_columns(json.dumps(schema))
+
+
+def reader_for_writer(reader: str, writer: str) -> str:
+    """The reader half of decode_schemas."""
+    return decode_schemas(reader, writer)[1]
 
 
 def test_the_reader_follows_each_writer_name_and_timestamp_precision() -> None:
@@ -126,7 +135,7 @@ def test_the_reader_follows_each_writer_name_and_timestamp_precision() -> None:
         "fields": [{"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}}],
     }
     reader = json.loads(reader_for_writer(spec.reader_schema, json.dumps(writer)))
-    assert (reader["name"], reader["namespace"]) == ("Order", "acme")
+    assert reader["name"] == "ingest.w.v"
     assert reader["fields"][1]["type"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
     assert reader["fields"][-1] == {"name": DECODED_FIELD, "type": "boolean", "default": True}
     # A registry's reader (not nullable here) in micros follows a millis writer, and the
@@ -157,3 +166,49 @@ def test_registry_credentials_from_the_environment_are_redacted() -> None:
     finally:
         redact.forget_secrets()
     assert "reg-s3cret" not in text, text
+
+
+def test_nested_writers_are_read_at_every_depth_in_their_precision_and_names() -> None:
+    """A spec's nested columns against a writer whose records, enums and micros timestamps sit
+    inside records, arrays and maps, one record type used twice: each use its own reader."""
+    micros = {"type": "long", "logicalType": "timestamp-micros"}
+    inner = {
+        "type": "record",
+        "name": "Inner",
+        "fields": [
+            {"name": "at", "type": micros},
+            {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+        ],
+    }
+    writer = {
+        "type": "record",
+        "name": "Outer",
+        "namespace": "acme",
+        "fields": [
+            {"name": "times", "type": {"type": "array", "items": micros}},
+            {"name": "inner", "type": inner},
+            {"name": "inners", "type": {"type": "map", "values": "Inner"}},
+        ],
+    }
+    spec = spec_from_dict(
+        spec_doc(
+            schema={
+                "ts": "timestamp",
+                "times": "array<timestamp>",
+                "inner": "struct<at:timestamp,kind:string>",
+                "inners": "map<string,struct<kind:string>>",
+            }
+        )
+    )
+    inlined, adapted = decode_schemas(spec.reader_schema, json.dumps(writer))
+    assert resolution_problem(inlined, adapted) is None
+    reader = json.loads(adapted)
+    fields = {f["name"]: f["type"] for f in reader["fields"]}
+    assert fields["times"][1]["items"] == ["null", micros]
+    at, kind = fields["inner"][1]["fields"]
+    assert at["type"] == ["null", micros]
+    assert kind["type"][1]["type"] == "enum"
+    # The second use of Inner reads only its kind: a reader of its own, under another name.
+    values_reader = fields["inners"][1]["values"][1]
+    assert [f["name"] for f in values_reader["fields"]] == ["kind"]
+    assert values_reader["name"] != fields["inner"][1]["name"]

@@ -286,3 +286,19 @@ def test_a_pass_that_ignores_a_stop_is_left_behind_after_the_grace(lock: Advisor
 
 def _abandoned() -> set[str]:
     return {thread.name for thread in abandoned.alive()}
+
+
+def test_a_noted_problem_keeps_the_role_healthy_and_unready_naming_it(
+    lock: AdvisoryLock, running: list[Running]
+) -> None:
+    """What the table committer notes while its table refuses a segment: a restart would not cure
+    it, so /healthz stays 200; /readyz says it with 503."""
+    role = FakeRole(lock)
+    running.append(run := Running(role))
+    wait_until(lambda: len(role.active_passes) >= 2, 10, "active passes")
+    role.health.note("table data refused segment(s) 7 (1 attempt(s): bad)")
+    assert role.health.healthy() == (True, "active: table data refused segment(s) 7 (1 attempt(s): bad)")
+    assert role.health.ready() == (False, "active: table data refused segment(s) 7 (1 attempt(s): bad)")
+    role.health.note("")
+    assert role.health.healthy() == role.health.ready() == (True, "active")
+    run.end()
