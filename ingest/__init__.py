@@ -98,6 +98,7 @@ ingest.builder (the build stage: splits into Parquet files, invisible until publ
     plan           the expressions that parse the records read, classify errors, name unknown ids
     value_checks   values no segment may carry (strings not UTF-8, times outside years 1-9999): rejects
     changes        upsert sources' rows: _op, tombstones keyed from the Kafka key, Debezium envelopes
+    debezium_types Debezium's semantic types (io.debezium.time.*, Connect decimals) read as their columns mean
     registration   every build registered in the metastore before it writes
     start          the build stage started as a worker starts it: Spark's reader, the session, writer schemas
     warm_up        the first build before joining the group: the source's newest records, thrown away

@@ -43,10 +43,12 @@ PARSE_ERRORS = (
     "key_undecodable",
     # Upsert sources ([table] mode = "upsert"; ingest.builder.changes): a record that is not a
     # tombstone without its key's columns; a tombstone (null value) whose key does not give
-    # them; a Debezium event whose op is not c, u, r or d, or without the row its op names.
+    # them; a Debezium event whose op is not c, u, r or d, or without the row its op names;
+    # a Debezium truncate (op t), which the upsert table does not apply (docs/configuration.md).
     "null_key",
     "tombstone_without_key",
     "invalid_envelope",
+    "debezium_truncate",
 )
 
 
@@ -205,6 +207,9 @@ class PartitionClaim:
     # Its topic was deleted (a pattern source, migrations/0024): a topic of that name now is
     # another log, not read until a reset puts the partition in a new epoch.
     retired: bool = False
+    # Kafka's id of the topic whose log next_offset is in (KIP-516, migrations/0027; None: not
+    # known yet). A topic re-created under the name has another: the partition is stopped.
+    topic_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +219,8 @@ class StoredPosition:
     serial: int
     next_offset: int | None
     leader_epoch: int | None
+    # Kafka's id of the topic whose log next_offset is in (None: not known yet).
+    topic_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,12 @@ came first); any other record without its key, a ``null_key`` reject.
 ``envelope = "debezium"`` (format json): the value is a Debezium change event, bare
 (``{"before", "after", "op", ...}``) or as the JSON converter writes it with schemas
 (``{"schema", "payload": {...}}``). Ops c, u and r upsert ``after``; op d deletes ``before``
-(kept whole, though only its key matters). Any other op, or no row for its op, is an
-``invalid_envelope`` reject. The spec's columns are the row's.
+(kept whole, though only its key matters: with PostgreSQL's default replica identity it holds
+the key alone, and a delete without its event time takes the record's Kafka timestamp). A
+truncate (op t) is a ``debezium_truncate`` reject: the upsert table is not emptied. Any other
+op, or no row for its op, is an ``invalid_envelope`` reject. The spec's columns are the row's;
+its temporal and decimal columns are read by the semantic types the JSON converter's
+``schema`` section names (ingest.builder.debezium_types).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
+from ingest.builder.debezium_types import converted, field_schema, schema_section_type, semantic_columns
+from ingest.formats.types import spark_type
 from ingest.formats.wire import KAFKA_TIMESTAMP, KEY_COLUMN_PREFIX
 from ingest.spec.model import SourceSpec
 from ingest.spec.table import OP_DELETE, OP_UPSERT, Envelope
@@ -31,6 +37,7 @@ from ingest.spec.table import OP_DELETE, OP_UPSERT, Envelope
 ENVELOPE_COLUMN = "_e"
 _UPSERT_OPS = ("c", "u", "r")
 _DELETE_OP = "d"
+_TRUNCATE_OP = "t"
 
 
 @dataclass(frozen=True)
@@ -44,21 +51,34 @@ class UpsertRows:
     op: Any
 
 
-def debezium_parse(row_type: Any, corrupt: str, event_time: str) -> tuple[Callable[[Any], Any], Any, Any]:
+def debezium_parse(
+    columns: tuple[tuple[str, str], ...], corrupt: str, event_time: str
+) -> tuple[Callable[[Any], Any], Any, Any]:
     """A Debezium JSON event: the step that parses it once into ``ENVELOPE_COLUMN`` (before
-    the plan's expressions), the row its op names (``_p``) and the value's error column.
-    ``row_type``: the spec's columns as a Spark struct; ``corrupt``: the name from_json gives
-    the text of a value that does not parse to it; ``event_time``: the row's event time."""
+    the plan's expressions), the row its op names (``_p``, its temporal and decimal columns
+    read by their semantic types: ingest.builder.debezium_types) and the value's error column.
+    ``columns``: the spec's; ``corrupt``: the name from_json gives the text of a value that does
+    not parse to it; ``event_time``: the row's event time (a delete's row, often its key only,
+    takes the record's Kafka timestamp when it lacks one)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    semantic = semantic_columns(columns)
+    row_type = T.StructType(
+        [T.StructField(n, T.StringType() if n in semantic else spark_type(t), True) for n, t in columns]
+    )
     change = [
         T.StructField("before", row_type, True),
         T.StructField("after", row_type, True),
         T.StructField("op", T.StringType(), True),
     ]
     schema = T.StructType(
-        [*change, T.StructField("payload", T.StructType(change), True), T.StructField(corrupt, T.StringType(), True)]
+        [
+            *change,
+            T.StructField("payload", T.StructType(change), True),
+            T.StructField("schema", schema_section_type(), True),
+            T.StructField(corrupt, T.StringType(), True),
+        ]
     )
     text = F.col("_value").cast("string")
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt}
@@ -67,9 +87,28 @@ def debezium_parse(row_type: Any, corrupt: str, event_time: str) -> tuple[Callab
         return df.withColumn(ENVELOPE_COLUMN, F.from_json(text, schema, options))
 
     op = debezium_field("op")
-    row = F.when(op.isin(*_UPSERT_OPS), debezium_field("after")).when(op == F.lit(_DELETE_OP), debezium_field("before"))
+    side = F.when(op == F.lit(_DELETE_OP), F.lit("before")).otherwise(F.lit("after"))
+    raw = F.when(op.isin(*_UPSERT_OPS), debezium_field("after")).when(op == F.lit(_DELETE_OP), debezium_field("before"))
     event = F.col(ENVELOPE_COLUMN)
+    section = event.getField("schema")
+    row = F.when(
+        raw.isNotNull(),
+        F.struct(
+            *(
+                (
+                    converted(raw.getField(n), t, field_schema(section, side, n)) if n in semantic else raw.getField(n)
+                ).alias(n)
+                for n, t in columns
+            )
+        ),
+    )
     malformed = event.getField(corrupt).isNotNull()
+    unconverted = [raw.getField(n).isNotNull() & F.col("_p").getField(n).isNull() for n, _ in columns if n in semantic]
+    missing_time = (
+        F.lit(False)
+        if event_time == KAFKA_TIMESTAMP
+        else (op != F.lit(_DELETE_OP)) & F.col("_p").getField(event_time).isNull()
+    )
     # A tombstone's reason (if any) is upsert_rows': an envelope is always an upsert source's.
     error = (
         F.when(~F.is_valid_utf8(F.col("_value")), F.lit("invalid_utf8"))
@@ -77,12 +116,11 @@ def debezium_parse(row_type: Any, corrupt: str, event_time: str) -> tuple[Callab
         .when(event.isNull(), F.lit("invalid_json"))
         .when(malformed & F.json_object_keys(text).isNull(), F.lit("invalid_json"))
         .when(malformed, F.lit("type_mismatch"))
+        .when(op == F.lit(_TRUNCATE_OP), F.lit("debezium_truncate"))
         .when(op.isNull() | ~op.isin(*_UPSERT_OPS, _DELETE_OP), F.lit("invalid_envelope"))
-        .when(F.col("_p").isNull(), F.lit("invalid_envelope"))
-        .when(
-            F.lit(False) if event_time == KAFKA_TIMESTAMP else F.col("_p").getField(event_time).isNull(),
-            F.lit("missing_event_time"),
-        )
+        .when(raw.isNull(), F.lit("invalid_envelope"))
+        .when(reduce(lambda a, b: a | b, unconverted, F.lit(False)), F.lit("type_mismatch"))
+        .when(missing_time, F.lit("missing_event_time"))
     )
     return decode, row, error
 
@@ -120,6 +158,12 @@ def upsert_rows(
         values[name] = (
             row.getField(name) if stand_in is None else F.when(tombstone, stand_in).otherwise(row.getField(name))
         )
+
+    if spec.table.envelope is Envelope.DEBEZIUM and spec.event_time in values:
+        # A delete's row is often its key alone (PostgreSQL's REPLICA IDENTITY DEFAULT).
+        at = values[spec.event_time]
+        deleted = debezium_field("op") == F.lit(_DELETE_OP)
+        values[spec.event_time] = F.when(deleted & at.isNull(), F.col(KAFKA_TIMESTAMP)).otherwise(at)
 
     def missing(key: list[Any]) -> Any:
         return reduce(lambda a, b: a | b, (F.lit(True) if k is None else k.isNull() for k in key))

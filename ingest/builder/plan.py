@@ -166,7 +166,7 @@ def make_plan(spec: SourceSpec, writers: Writers | None = None) -> Plan:
     if spec.format == "protobuf":
         plan = _protobuf_plan(spec, writers.protobuf, (parsed_key, key_error))
     elif spec.table.envelope is Envelope.DEBEZIUM:
-        decode, parsed, error = debezium_parse(_row_type(spec), CORRUPT, spec.event_time)
+        decode, parsed, error = debezium_parse(spec.schema, CORRUPT, spec.event_time)
         plan = _plan(spec, parsed, error, parsed_key, key_error)
         plan = replace(plan, read_columns=(*plan.read_columns, F.col(ENVELOPE_COLUMN)), decode=decode)
     else:

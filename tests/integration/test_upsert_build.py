@@ -63,7 +63,7 @@ DEBEZIUM: list[tuple[bytes | None, bytes | None, str]] = [
     # (its key null: the table's merge skips it), never a reject per delete.
     (key(2), None, "d"),
     (None, None, "d"),
-    (key(3), change("t", after=row(3, "cy")), "invalid_envelope"),
+    (key(3), change("t", after=row(3, "cy")), "debezium_truncate"),
     (key(3), change("c", before=row(3, "cy")), "invalid_envelope"),
     (key(3), change("d", after=row(3, "cy"), wrapped=True), "invalid_envelope"),
     (key(3), change("c", after=row(3, "cy", ts=None)), "missing_event_time"),
