@@ -32,7 +32,8 @@ PARSE_ERRORS = (
     "unresolvable_writer_schema",
     # Format protobuf: a message-index path the writer's file does not have; a field or value
     # the reader column cannot hold (a bytes field for a string column, an enum number the
-    # writer's enum does not define, a writer schema that cannot be read).
+    # writer's enum does not define, an integer past ±2^53 into double or ±2^24 into float, a
+    # writer schema that cannot be read). A proto2 string that is not UTF-8 is invalid_utf8.
     "unknown_message_index",
     "unresolvable",
     # A key that does not decode with key_format (after the value's reasons): a framed key

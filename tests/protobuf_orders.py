@@ -15,6 +15,17 @@ versions of one file, as two services' builds would register them:
 
 ``Order`` is the file's second message: its records carry the index list [1], not the one
 byte of [0]. Each version lives in its own descriptor pool, as it would in its own service.
+
+And values no column may hold, in a file of its own (proto2, whose strings are not checked as
+UTF-8 when parsed; the same file as proto3 is parsed with the check):
+
+    // acme/reading.proto
+    syntax = "proto2"; import "google/protobuf/timestamp.proto";
+    message Reading { optional int64 id = 1; optional google.protobuf.Timestamp ts = 2;
+                      optional string name = 3; repeated string tags = 4; optional Place place = 5;
+                      optional int64 big = 6; optional uint64 huge = 7; optional int32 small = 8;
+                      repeated int64 bigs = 9;
+                      message Place { optional string city = 1; } }
 """
 
 from __future__ import annotations
@@ -147,3 +158,68 @@ def frame(sid: int, indexes: list[int], body: bytes) -> bytes:
     buf = io.BytesIO()
     ProtobufSerializer._encode_varints(buf, indexes)
     return b"\x00" + sid.to_bytes(4, "big") + buf.getvalue() + body
+
+
+def reading_file(syntax: str = "proto2") -> descriptor_pb2.FileDescriptorProto:
+    f = descriptor_pb2.FileDescriptorProto(name="acme/reading.proto", package="acme", syntax=syntax)
+    f.dependency.append("google/protobuf/timestamp.proto")
+    reading = f.message_type.add(name="Reading")
+    _field(reading, "id", 1, _F.TYPE_INT64)
+    _field(reading, "ts", 2, _F.TYPE_MESSAGE, ".google.protobuf.Timestamp")
+    _field(reading, "name", 3, _F.TYPE_STRING)
+    _field(reading, "tags", 4, _F.TYPE_STRING, repeated=True)
+    _field(reading, "place", 5, _F.TYPE_MESSAGE, ".acme.Reading.Place")
+    _field(reading, "big", 6, _F.TYPE_INT64)
+    _field(reading, "huge", 7, _F.TYPE_UINT64)
+    _field(reading, "small", 8, _F.TYPE_INT32)
+    _field(reading, "bigs", 9, _F.TYPE_INT64, repeated=True)
+    _field(reading.nested_type.add(name="Place"), "city", 1, _F.TYPE_STRING)
+    return f
+
+
+#: The spec's columns for Reading: integers read into floating-point columns.
+READING_COLUMNS = {
+    "id": "long",
+    "ts": "timestamp",
+    "name": "string",
+    "tags": "array<string>",
+    "place__city": "string",
+    "big": "double",
+    "huge": "double",
+    "small": "float",
+    "bigs": "array<double>",
+}
+
+
+def reading_class(syntax: str = "proto2") -> Any:
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(reading_file(syntax))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("acme.Reading"))
+
+
+def reading_files(syntax: str = "proto2") -> tuple[bytes, ...]:
+    return (timestamp_pb2.DESCRIPTOR.serialized_pb, reading_file(syntax).SerializeToString())
+
+
+def reading(cls: Any, i: int, **fields: Any) -> Any:
+    values = {
+        "id": i,
+        "name": f"r-{i}",
+        "tags": ["a"],
+        "place": cls.Place(city="here"),
+        "big": i,
+        "huge": i,
+        "small": i,
+    }
+    msg = cls(**{**values, **fields})
+    msg.ts.FromDatetime(when(i))
+    return msg
+
+
+def string_field(number: int, raw: bytes) -> bytes:
+    """A length-delimited field as it is on the wire, whatever its bytes (the message API only
+    sets UTF-8 strings); appended to a message, it replaces a singular field (a message field:
+    merges into it) and adds an element to a repeated one."""
+    assert len(raw) < 128
+    return bytes([number << 3 | 2, len(raw)]) + raw

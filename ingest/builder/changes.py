@@ -51,6 +51,14 @@ class UpsertRows:
     op: Any
 
 
+def json_options(corrupt: str) -> dict[str, str]:
+    """from_json's options for a record's value or key: PERMISSIVE (a value that does not parse
+    is a reject, never a failed job), its text kept in ``corrupt``. A JSON string may be as long
+    as the record holding it: Jackson's default cap (20,000,000 characters) would make a valid
+    record with a longer string a ``type_mismatch``."""
+    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt, "maxStringLen": str(2**31 - 1)}
+
+
 def debezium_parse(
     columns: tuple[tuple[str, str], ...], corrupt: str, event_time: str
 ) -> tuple[Callable[[Any], Any], Any, Any]:
@@ -81,7 +89,7 @@ def debezium_parse(
         ]
     )
     text = F.col("_value").cast("string")
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt}
+    options = json_options(corrupt)
 
     def decode(df: Any) -> Any:
         return df.withColumn(ENVELOPE_COLUMN, F.from_json(text, schema, options))

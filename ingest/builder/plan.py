@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.builder.changes import ENVELOPE_COLUMN, debezium_parse, upsert_rows
+from ingest.builder.changes import ENVELOPE_COLUMN, debezium_parse, json_options, upsert_rows
 from ingest.builder.kafka_read import SPLIT_COLUMN
 from ingest.builder.value_checks import key_reason, value_reasons
 from ingest.formats.avro import DECODED_FIELD, avro_reader_schema, decode_schemas
@@ -221,7 +221,7 @@ def _json_parse(spec: SourceSpec) -> tuple[Any, Any]:
     if spec.format == "json_schema":
         value = body
     text = value.cast("string")
-    parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    parsed = F.from_json(text, schema, json_options(CORRUPT))
     event_time = event_time_column(spec)
     corrupt = F.col("_p").getField(CORRUPT)
     # Cheap checks first; the second parse (json_object_keys) runs for bad rows only.
@@ -317,7 +317,7 @@ def _key_parse(spec: SourceSpec, writers: Mapping[int, str]) -> tuple[Any | None
             [T.StructField(name, spark_type(ctype), True) for name, ctype in spec.key_schema]
             + [T.StructField(CORRUPT, T.StringType(), True)]
         )
-        parsed = F.from_json(body.cast("string"), schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+        parsed = F.from_json(body.cast("string"), schema, json_options(CORRUPT))
         known = F.lit(True)
         decoded = F.is_valid_utf8(body) & F.col("_k").isNotNull() & F.col("_k").getField(CORRUPT).isNull()
     else:

@@ -18,7 +18,13 @@ and uint32 to long; every integer and float to double), enums as their names, re
 as arrays, ``google.protobuf.Timestamp`` as timestamp and the wrappers
 (``google.protobuf.Int64Value`` ...) as their value.
 
-Every record gets exactly one outcome: columns, or one reason of ``PROTOBUF_REASONS``.
+Every record gets exactly one outcome: columns, or one reason of ``PROTOBUF_REASONS``. A value
+no column may hold is its own record's reason, checked as it is read (never when the batch's
+Arrow arrays are built, where one value would fail the whole batch, and its build for ever):
+an integer into ``double`` past +-2**53 or into ``float`` past +-2**24, where not every integer
+is exact (``unresolvable``; no value is rounded), and a ``string`` field whose bytes are not
+UTF-8, which a proto2 file does not check (upb then gives ``bytes``;
+``invalid_utf8``; a proto3 one is ``undecodable``).
 
 This module runs in Spark's Python workers: it imports only the standard library, pyarrow
 and protobuf (and is imported by name, so the workers need the ``ingest`` package).
@@ -41,6 +47,7 @@ PROTOBUF_REASONS = (
     "unknown_message_index",
     "undecodable",
     "unresolvable",
+    "invalid_utf8",
     "missing_event_time",
 )
 REASON_COLUMN = "_reason"
@@ -55,6 +62,8 @@ _WRAPPERS = {
 # The range google.protobuf.Timestamp allows: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
 _MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
 _INT64_MAX = 2**63 - 1
+# Every integer up to these (either sign) is exact in a double and in a float; past them not.
+_EXACT_IN = {"double": 2**53, "float": 2**24}
 
 #: One writer schema, as fetched: its FileDescriptorProtos serialized, dependencies first, the
 #: writer's own file last. Empty: the registry's schema could not be read (its records are
@@ -115,8 +124,20 @@ def arrow_type(ctype: str) -> pa.DataType:
     }[ctype]
 
 
-class _Unresolvable(Exception):
+class _BadValue(Exception):
+    """A value of the message no column may hold: its record is a reject with ``reason``."""
+
+    reason = "unresolvable"
+
+
+class _Unresolvable(_BadValue):
     """A value the reader column cannot hold."""
+
+
+class _InvalidUtf8(_BadValue):
+    """A string field's bytes that are not UTF-8."""
+
+    reason = "invalid_utf8"
 
 
 # -- resolution: one writer message against the spec's columns
@@ -124,12 +145,20 @@ class _Unresolvable(Exception):
 Extract = Callable[[Any], Any]
 
 
-def _scalar_kinds() -> dict[str, set[int]]:
+def _integer_kinds() -> tuple[set[int], set[int], set[int]]:
+    """The integer field types: 32-bit signed; the other 64-bit signed and 32-bit unsigned; 64-bit unsigned."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
     i32 = {F.TYPE_INT32, F.TYPE_SINT32, F.TYPE_SFIXED32}
     i64 = {F.TYPE_INT64, F.TYPE_SINT64, F.TYPE_SFIXED64, F.TYPE_UINT32, F.TYPE_FIXED32}
     u64 = {F.TYPE_UINT64, F.TYPE_FIXED64}
+    return i32, i64, u64
+
+
+def _scalar_kinds() -> dict[str, set[int]]:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    i32, i64, u64 = _integer_kinds()
     return {
         "int": i32,
         "long": i32 | i64 | u64,
@@ -173,10 +202,37 @@ def _convert(fd: Any, ctype: str) -> Extract | None:
             return value
 
         return in_long
+    if ctype in _EXACT_IN:
+        i32, i64, u64 = _integer_kinds()
+        # An int32 is exact in a double; any wider integer is checked, as is any into a float.
+        if fd.type in (i64 | u64 if ctype == "double" else i32 | i64 | u64):
+            return _exact_integer(_EXACT_IN[ctype])
+    if fd.type == F.TYPE_STRING:
+        return _utf8
     return _same
 
 
 def _same(value: Any) -> Any:
+    return value
+
+
+def _exact_integer(limit: int) -> Extract:
+    """An integer into a floating-point column: only within +-``limit``, where it is exact
+    (pyarrow, building the column, refuses any other, and would fail the whole batch)."""
+
+    def exact(value: int) -> int:
+        if not -limit <= value <= limit:
+            raise _Unresolvable(value)
+        return value
+
+    return exact
+
+
+def _utf8(value: str | bytes) -> str:
+    # upb gives bytes, not str, for a string field whose bytes are not UTF-8 (a proto2 file
+    # does not check them when parsing; a proto3 one does: DecodeError).
+    if isinstance(value, bytes):
+        raise _InvalidUtf8(value)
     return value
 
 
@@ -362,8 +418,8 @@ class Decoder:
                         else:
                             try:
                                 row = [extract(msg) for extract in found.extractors]
-                            except _Unresolvable:
-                                reason, row = "unresolvable", nulls
+                            except _BadValue as bad:
+                                reason, row = bad.reason, nulls
                             else:
                                 if event_at is not None and row[event_at] is None:
                                     reason, row = "missing_event_time", nulls

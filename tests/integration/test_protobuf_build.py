@@ -1,7 +1,9 @@
 """A Protobuf build against a real registry, Kafka and Spark: two writer versions of one file (the
 message second in it, an import registered as a reference, the well-known Timestamp), nested
 messages, a repeated field and an enum decoded in the Spark job into the spec's columns, and
-bad records, each a reject with its reason, rows + rejects == records."""
+bad records, each a reject with its reason, rows + rejects == records; values no column may hold
+(an integer past a floating-point column's exact range, a proto2 string that is not UTF-8),
+each a reject of its own record, not a failed job."""
 
 from __future__ import annotations
 
@@ -19,7 +21,17 @@ from tests.acceptance.test_registry_formats import NEVER_REGISTERED_ID
 from tests.fakes import RecordingRegistrar
 from tests.fixtures.servers import MakeTopic
 from tests.kafka_splits import produce, spark_builder, split_over, values
-from tests.protobuf_orders import ORDER_COLUMNS, OrderVersion, framed, order, when
+from tests.protobuf_orders import (
+    ORDER_COLUMNS,
+    READING_COLUMNS,
+    OrderVersion,
+    framed,
+    order,
+    reading,
+    reading_class,
+    string_field,
+    when,
+)
 
 
 def test_two_writer_versions_and_bad_records_in_one_job(
@@ -83,3 +95,47 @@ def test_two_writer_versions_and_bad_records_in_one_job(
     rejects = [r for f in segment.rejects_files for r in pq.read_table(f).to_pylist()]
     assert Counter(r["_error"] for r in rejects) == Counter({reason: len(vs) for reason, vs in bad.items()})
     assert sorted(r["_value"] or b"" for r in rejects) == sorted(v or b"" for v in bad_values)
+
+
+def test_values_no_column_holds_are_rejects_of_their_own_records(
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
+) -> None:
+    topic = make_topic(partitions=1, prefix="pb")
+    cls = reading_class()
+    encode = framed(schema_registry_url, cls, SerializationContext(topic, MessageField.VALUE))
+    good = [encode(reading(cls, i, big=2**53 - i, small=-(2**24) + i)) for i in range(20)]
+    bad = {
+        "unresolvable": [
+            encode(reading(cls, 20, big=2**53 + 1)),
+            encode(reading(cls, 21, huge=2**64 - 1)),
+            encode(reading(cls, 22, small=2**24 + 1)),
+            encode(reading(cls, 23, bigs=[0, -(2**60)])),
+        ],
+        "invalid_utf8": [
+            encode(reading(cls, 24)) + string_field(3, b"\xff"),
+            encode(reading(cls, 25)) + string_field(5, string_field(1, b"\xc0\x80")),
+        ],
+    }
+    bad_values = [value for values in bad.values() for value in values]
+    spec = spec_from_dict(
+        {
+            "name": "readings",
+            "topics": [topic],
+            "event_time": "ts",
+            "segment_store": str(tmp_path / "store"),
+            "format": "protobuf",
+            "schema": READING_COLUMNS,
+            "registry": {"url": schema_registry_url},
+        }
+    )
+    offsets = produce(kafka_bootstrap, TopicPartition(topic, 0), values([*good[:10], *bad_values, *good[10:]]))
+    builder = spark_builder(spark, kafka_bootstrap, RecordingRegistrar())
+    segment = builder.build(split_over(offsets), spec)
+
+    assert (segment.row_count, segment.rejects_count) == (len(good), len(bad_values))
+    assert dict(segment.parse_errors) == {reason: len(vs) for reason, vs in bad.items()}
+    rows = sorted((r for f in segment.files for r in pq.read_table(f).to_pylist()), key=lambda r: r["id"])
+    assert [(r["id"], r["big"], r["small"]) for r in rows] == [(i, 2.0**53 - i, -(2.0**24) + i) for i in range(20)]
+    rejects = [r for f in segment.rejects_files for r in pq.read_table(f).to_pylist()]
+    assert Counter(r["_error"] for r in rejects) == Counter({reason: len(vs) for reason, vs in bad.items()})
+    assert sorted(r["_value"] for r in rejects) == sorted(bad_values)

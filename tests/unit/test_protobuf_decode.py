@@ -13,7 +13,19 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ingest.formats.protobuf import MAX_INDEXES, BadFraming, Decoder, parse_header
-from tests.protobuf_orders import ORDER_COLUMNS, OrderVersion, frame, order, when, writer_files
+from tests.protobuf_orders import (
+    ORDER_COLUMNS,
+    READING_COLUMNS,
+    OrderVersion,
+    frame,
+    order,
+    reading,
+    reading_class,
+    reading_files,
+    string_field,
+    when,
+    writer_files,
+)
 
 indexes = st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=MAX_INDEXES)
 
@@ -63,12 +75,14 @@ def test_bad_headers(value: bytes) -> None:
 V1, V2 = OrderVersion.make(1), OrderVersion.make(2)
 
 
-def decode(decoder: Decoder, values: list[bytes | None]) -> list[dict[str, Any]]:
+def decode(
+    decoder: Decoder, values: list[bytes | None], columns: dict[str, str] = ORDER_COLUMNS
+) -> list[dict[str, Any]]:
     batch = pa.record_batch(
         {"_offset": pa.array(range(len(values)), pa.int64()), "_value": pa.array(values, pa.binary())}
     )
     out = decoder.decode(batch)
-    assert out.schema.names == ["_offset", "_value", *ORDER_COLUMNS, "_reason"]
+    assert out.schema.names == ["_offset", "_value", *columns, "_reason"]
     return out.to_pylist()
 
 
@@ -160,3 +174,61 @@ def test_wrappers_are_their_value_and_null_when_unset() -> None:
     )
     out = decoder.decode(batch).to_pylist()
     assert [(r["n"], r["t"], r["_reason"]) for r in out] == [(41, "a", None), (None, "b", None)]
+
+
+def test_an_integer_a_floating_point_column_does_not_hold_exactly_is_a_reject_of_its_own() -> None:
+    """Into double only within +-2**53, into float within +-2**24 (where every integer is exact;
+    2**60 is exact in a double, but past the range all the same): pyarrow would refuse any
+    other, failing the batch."""
+    cls = reading_class()
+    decoder = Decoder({4: reading_files()}, tuple(READING_COLUMNS.items()), "ts")
+    good = {
+        1: reading(cls, 1, big=2**53, huge=2**53, small=2**24, bigs=[-(2**53), 2**53]),
+        2: reading(cls, 2, big=-(2**53), small=-(2**24)),
+    }
+    bad = [
+        reading(cls, 3, big=2**53 + 1),
+        reading(cls, 4, big=-(2**53) - 1),
+        reading(cls, 5, huge=2**64 - 1),
+        reading(cls, 6, small=2**24 + 1),
+        reading(cls, 7, small=-(2**31)),
+        reading(cls, 8, bigs=[1, 2**60]),
+    ]
+    messages = [good[1], *bad, good[2]]
+    rows = decode(decoder, [frame(4, [0], m.SerializeToString()) for m in messages], READING_COLUMNS)
+    assert [row["_reason"] for row in rows] == [None, *["unresolvable"] * len(bad), None]
+    assert all(row[c] is None for row in rows[1:-1] for c in READING_COLUMNS)
+    first, last = rows[0], rows[-1]
+    assert (first["id"], first["big"], first["huge"], first["small"], first["bigs"]) == (
+        1,
+        2.0**53,
+        2.0**53,
+        2.0**24,
+        [-(2.0**53), 2.0**53],
+    )
+    assert (last["id"], last["big"], last["small"], last["ts"]) == (2, -(2.0**53), -(2.0**24), when(2))
+
+
+@pytest.mark.parametrize("syntax, reason", [("proto2", "invalid_utf8"), ("proto3", "undecodable")])
+def test_a_string_that_is_not_utf8_is_a_reject_of_its_own(syntax: str, reason: str) -> None:
+    """proto2 does not check a string's bytes when parsing (upb gives them as bytes): a singular,
+    a repeated and a nested string; proto3 does (the body does not decode)."""
+    cls = reading_class(syntax)
+    decoder = Decoder({4: reading_files(syntax)}, tuple(READING_COLUMNS.items()), "ts")
+
+    def body(i: int) -> bytes:
+        return bytes(reading(cls, i).SerializeToString())
+
+    bad = [
+        body(2) + string_field(3, b"\xff\xfe"),
+        body(3) + string_field(4, b"\xc3\x28"),
+        body(4) + string_field(5, string_field(1, b"\xed\xa0\x80")),  # a UTF-16 surrogate
+    ]
+    bodies = [body(1), *bad, body(5) + string_field(4, "é".encode())]
+    rows = decode(decoder, [frame(4, [0], b) for b in bodies], READING_COLUMNS)
+    assert [row["_reason"] for row in rows] == [None, *[reason] * len(bad), None]
+    assert all(row[c] is None for row in rows[1:-1] for c in READING_COLUMNS)
+    assert [(row["id"], row["name"], row["tags"], row["place__city"]) for row in (rows[0], rows[-1])] == [
+        (1, "r-1", ["a"], "here"),
+        (5, "r-5", ["a", "é"], "here"),
+    ]
