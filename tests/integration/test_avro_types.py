@@ -9,10 +9,12 @@ Parquet file field by field, as tests/avro_values.py says it must read."""
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -20,17 +22,18 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from ingest.errors import ConfigError
 from ingest.formats.avro import avro_columns
 from ingest.formats.types import spark_type
+from ingest.segments.store import ensure_parent
 from ingest.spec.parse import resolve_registry_schema, spec_from_dict
 from ingest.table.catalog import identifier, source_catalog
 from ingest.table.config import PartitionBy, RejectsMode
 from ingest.table.enable import enable_table
-from ingest_common.model import TopicPartition
+from ingest_common.model import BuiltSegment, TopicPartition
 from metastore.tables import TableKind
 from tests.acceptance.test_registry_formats import serializer
 from tests.avro_values import Values, public_schema
 from tests.fakes import RecordingRegistrar
 from tests.fixtures.servers import MakeTopic
-from tests.integration.iceberg_harness import Source, committer
+from tests.integration.iceberg_harness import DAY0, Source, committer
 from tests.kafka_splits import produce, spark_builder, split_over, values
 
 _TS_MICROS = {"type": "long", "logicalType": "timestamp-micros"}
@@ -242,3 +245,48 @@ def _doc(topic: str, tmp_path: Path, registry_url: str) -> dict[str, Any]:
         "schema_from": "registry",
         "registry": {"url": registry_url},
     }
+
+
+def test_a_field_added_inside_a_nested_record_evolves_the_table(database_url: str, tmp_path: Path) -> None:
+    """A spec version whose struct gains a field (a registry version adding a field to a nested
+    record): the table's struct gains it at the first commit of such a segment, and the rows
+    committed before read it as null."""
+    src = Source(database_url, f"file://{tmp_path}/store", name="nested")
+    try:
+        published = []
+        for version, (ctype, address) in enumerate(
+            [
+                ("struct<city:string>", pa.struct([("city", pa.string())])),
+                ("struct<city:string,zip:long>", pa.struct([("city", pa.string()), ("zip", pa.int64())])),
+            ]
+        ):
+            src.columns, src.event_time = {"address": ctype}, "_timestamp"
+            src.apply()
+            start = src.next[TopicPartition("events", 0)]
+            cities = [{"city": f"c{version}", **({"zip": 1000 + version} if version else {})}]
+            table = pa.table(
+                {
+                    "_topic": ["events"],
+                    "_partition": pa.array([0], pa.int32()),
+                    "_offset": [start],
+                    "_timestamp": pa.array([DAY0], pa.timestamp("us", tz="UTC")),
+                    "_key": pa.array([None], pa.binary()),
+                    "address": pa.array(cities, address),
+                }
+            )
+            split = uuid.uuid4()
+            uri = f"{src.root}/nested/{split}/part-0.parquet"
+            ensure_parent(uri)
+            pq.write_table(table, uri.removeprefix("file://"))
+            built = BuiltSegment(
+                split_id=split, location=uri.rpartition("/")[0], files=(uri,), row_count=1, size_bytes=1
+            )
+            published.append(src.publish_built(built, start + 1))
+        enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+        with committer(database_url, src.name) as c:
+            c.commit_all()
+        table = source_catalog(database_url, src.name).load_table(identifier(src.name, TableKind.DATA))
+        rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["_offset"])
+    finally:
+        src.store.close()
+    assert [r["address"] for r in rows] == [{"city": "c0", "zip": None}, {"city": "c1", "zip": 1001}]
