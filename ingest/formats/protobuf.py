@@ -15,8 +15,10 @@ does a field with presence (``optional``, a message, a wrapper) that is not set;
 field without presence gives its value (its default when not sent). What a column can hold:
 the field's own type or one Avro would promote to it (int32 to long, float and double; int64
 and uint32 to long; every integer and float to double), enums as their names, repeated fields
-as arrays, ``google.protobuf.Timestamp`` as timestamp and the wrappers
-(``google.protobuf.Int64Value`` ...) as their value.
+as arrays, ``google.protobuf.Timestamp`` as timestamp, the wrappers
+(``google.protobuf.Int64Value`` ...) as their value, bytes as binary, a message as a struct (by
+field name, at any depth), a map field as a map. A ``__`` path through a repeated message or a
+map names no one value: every record of that writer message is ``unresolvable``.
 
 Every record gets exactly one outcome: columns, or one reason of ``PROTOBUF_REASONS``. A value
 no column may hold is its own record's reason, checked as it is read (never when the batch's
@@ -38,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
+from ingest.formats.types import Array, ColumnType, Map, Scalar, Struct, parse_type
 
 #: The reasons this decoder gives (a subset of ingest_common.model.PARSE_ERRORS).
 PROTOBUF_REASONS = (
@@ -104,24 +108,54 @@ def parse_header(value: bytes) -> tuple[int, tuple[int, ...], int]:
     return sid, tuple(indexes), pos
 
 
-#: The column types a Protobuf field is decoded into (and arrays of them).
-PROTOBUF_SCALARS = ("string", "long", "int", "double", "float", "boolean", "timestamp", "date")
+#: The scalar column types a Protobuf field is decoded into; arrays, maps and structs of them
+#: hold repeated fields, map fields and messages, at any depth.
+PROTOBUF_SCALARS = ("string", "long", "int", "double", "float", "boolean", "binary", "timestamp", "date")
+_ARROW_SCALARS = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "binary": pa.binary(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+}
+
+
+def protobuf_type_problem(ctype: str) -> str | None:
+    """Why a column of this type can hold no Protobuf field (None: it can)."""
+
+    def walk(t: ColumnType) -> str | None:
+        if isinstance(t, Scalar):
+            return None if t.name in PROTOBUF_SCALARS else t.name
+        if isinstance(t, Array):
+            return walk(t.element)
+        if isinstance(t, Map):
+            return walk(t.key) or walk(t.value)
+        if isinstance(t, Struct):
+            return next((p for p in (walk(f) for _, f in t.fields) if p), None)
+        return "decimal"
+
+    return walk(parse_type(ctype))
 
 
 def arrow_type(ctype: str) -> pa.DataType:
     """The Arrow type Spark reads as the column type of a spec (timestamps in the session's UTC)."""
-    if ctype.startswith("array<"):
-        return pa.list_(arrow_type(ctype[6:-1]))
-    return {
-        "string": pa.string(),
-        "long": pa.int64(),
-        "int": pa.int32(),
-        "double": pa.float64(),
-        "float": pa.float32(),
-        "boolean": pa.bool_(),
-        "timestamp": pa.timestamp("us", tz="UTC"),
-        "date": pa.date32(),
-    }[ctype]
+    return _arrow(parse_type(ctype))
+
+
+def _arrow(t: ColumnType) -> pa.DataType:
+    if isinstance(t, Scalar):
+        return _ARROW_SCALARS[t.name]
+    if isinstance(t, Array):
+        return pa.list_(_arrow(t.element))
+    if isinstance(t, Map):
+        return pa.map_(_arrow(t.key), _arrow(t.value))
+    if isinstance(t, Struct):
+        return pa.struct([(name, _arrow(f)) for name, f in t.fields])
+    raise ValueError(f"no Protobuf column type {t}")
 
 
 class _BadValue(Exception):
@@ -242,14 +276,24 @@ def _timestamp_micros(ts: Any) -> int:
     return int(ts.seconds * 1_000_000 + ts.nanos // 1000)
 
 
-def _field_path(desc: Any, column: str) -> list[Any] | None:
+class _Through:
+    """A ``__`` path that goes through a field no path may cross (a repeated message, a map, a
+    scalar): every record of the writer message is ``unresolvable``, never a null column."""
+
+
+_THROUGH = _Through()
+
+
+def _field_path(desc: Any, column: str) -> list[Any] | _Through | None:
     """The fields a column names: its own name at the top level, else a ``__`` path through
     singular messages. None: the writer has no such field."""
     if column in desc.fields_by_name:
         return [desc.fields_by_name[column]]
     path = []
     for part in column.split("__"):
-        if desc is None or part not in desc.fields_by_name:
+        if desc is None:
+            return _THROUGH
+        if part not in desc.fields_by_name:
             return None
         fd = desc.fields_by_name[part]
         path.append(fd)
@@ -285,38 +329,92 @@ def resolve(desc: Any, ctype_of: Sequence[tuple[str, str]]) -> list[Extract] | N
         if path is None:
             extractors.append(_null)
             continue
+        if isinstance(path, _Through):
+            return None
         *parents, last = path
-        if ctype.startswith("array<"):
-            # A map is a repeated message (its entries): no column type holds it.
-            each = _convert(last, ctype[6:-1])
-            if each is None or not _is_repeated(last):
-                return None
-            extractors.append(_getter(parents, last.name, False, _each(each)))
-        else:
-            convert = _convert(last, ctype)
-            if convert is None or _is_repeated(last):
-                return None
-            extractors.append(_getter(parents, last.name, bool(last.has_presence), convert))
+        read = _field(last, parse_type(ctype))
+        if read is None:
+            return None
+        extractors.append(_within(tuple(p.name for p in parents), read))
     return extractors
 
 
-def _each(convert: Extract) -> Extract:
-    return lambda values: [convert(v) for v in values]
+def _is_map(fd: Any) -> bool:
+    return bool(_is_repeated(fd) and fd.message_type is not None and fd.message_type.GetOptions().map_entry)
 
 
-def _getter(parents: Sequence[Any], name: str, presence: bool, convert: Extract) -> Extract:
-    steps = tuple(p.name for p in parents)
-    if not steps and not presence:
+def _field(fd: Any, ctype: ColumnType) -> Extract | None:
+    """How field ``fd`` of a message becomes a value of ``ctype``, read from the message: a
+    map field as a map, a repeated field as an array, a message as a struct (by field name, at
+    any depth), a field with presence that is not set as null. None: the column cannot hold it."""
+    name = fd.name
+    if _is_map(fd):
+        if not isinstance(ctype, Map):
+            return None
+        entry = fd.message_type.fields_by_name
+        key, value = _value(entry["key"], ctype.key), _value(entry["value"], ctype.value)
+        if key is None or value is None:
+            return None
+        return lambda msg: [(key(k), value(v)) for k, v in getattr(msg, name).items()]
+    if _is_repeated(fd):
+        if not isinstance(ctype, Array):
+            return None
+        each = _value(fd, ctype.element)
+        if each is None:
+            return None
+        return lambda msg: [each(v) for v in getattr(msg, name)]
+    convert = _value(fd, ctype)
+    if convert is None:
+        return None
+    if not fd.has_presence:
         return lambda msg: convert(getattr(msg, name))
+    return lambda msg: convert(getattr(msg, name)) if msg.HasField(name) else None
+
+
+def _value(fd: Any, ctype: ColumnType) -> Extract | None:
+    """How one value of field ``fd`` (a scalar, or a message) becomes a value of ``ctype``."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    if isinstance(ctype, Struct):
+        return _struct(fd.message_type, ctype) if _is_plain_message(fd) or _is_message_element(fd) else None
+    if ctype == Scalar("binary"):
+        return _same if fd.type == F.TYPE_BYTES else None
+    if isinstance(ctype, Scalar):
+        return _convert(fd, ctype.name)
+    return None
+
+
+def _is_message_element(fd: Any) -> bool:
+    """A repeated message field's element, or a map's message value: a message of its own."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    return fd.type == F.TYPE_MESSAGE and fd.message_type.full_name not in (_TIMESTAMP, *_WRAPPERS)
+
+
+def _struct(desc: Any, ctype: Struct) -> Extract | None:
+    """A message as a struct: each struct field read from the message's field of that name
+    (null when the writer has none)."""
+    parts: list[tuple[str, Extract]] = []
+    for name, inner in ctype.fields:
+        fd = desc.fields_by_name.get(name)
+        read = _null if fd is None else _field(fd, inner)
+        if read is None:
+            return None
+        parts.append((name, read))
+    return lambda msg: {name: read(msg) for name, read in parts}
+
+
+def _within(steps: tuple[str, ...], read: Extract) -> Extract:
+    """``read`` applied to the message at the end of a ``__`` path (null when a step is not set)."""
+    if not steps:
+        return read
 
     def get(msg: Any) -> Any:
         for step in steps:
             if not msg.HasField(step):
                 return None
             msg = getattr(msg, step)
-        if presence and not msg.HasField(name):
-            return None
-        return convert(getattr(msg, name))
+        return read(msg)
 
     return get
 

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from ingest.errors import ConfigError, shown
 from ingest.formats.avro import avro_columns, avro_reader_schema
-from ingest.formats.protobuf import PROTOBUF_SCALARS
+from ingest.formats.protobuf import PROTOBUF_SCALARS, protobuf_type_problem
 from ingest.formats.registry import RegistrySettings, SchemaFrom, latest_schema, registry_from_dict
 from ingest.formats.types import column_type
 from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KAFKA_TIMESTAMP, KEY_COLUMN_PREFIX, KEY_FORMATS
@@ -282,14 +282,15 @@ def _check_event_time(columns: tuple[tuple[str, str], ...], event_time: str) -> 
 
 
 def _check_format_types(fmt: str, columns: list[tuple[str, str]]) -> None:
-    """Format protobuf decodes into the scalar column types and arrays of them only."""
+    """Format protobuf decodes into its scalar column types and arrays, maps and structs of them."""
     if fmt != "protobuf":
         return
     for column, ctype in columns:
-        if ctype.removeprefix("array<").removesuffix(">") not in PROTOBUF_SCALARS:
+        problem = protobuf_type_problem(ctype)
+        if problem is not None:
             raise ConfigError(
-                f'schema.{column}: type {ctype} is not read from format = "protobuf" yet '
-                f"(its columns: {', '.join(PROTOBUF_SCALARS)} and arrays of them)"
+                f'schema.{column}: type {ctype} is not read from format = "protobuf" ({problem}: no Protobuf '
+                f"field is read into it; its types: {', '.join(PROTOBUF_SCALARS)} and arrays, maps, structs of them)"
             )
 
 

@@ -139,3 +139,48 @@ def test_values_no_column_holds_are_rejects_of_their_own_records(
     rejects = [r for f in segment.rejects_files for r in pq.read_table(f).to_pylist()]
     assert Counter(r["_error"] for r in rejects) == Counter({reason: len(vs) for reason, vs in bad.items()})
     assert sorted(r["_value"] for r in rejects) == sorted(bad_values)
+
+
+def test_protobufs_own_example_nested_into_structs_arrays_and_maps(
+    spark: Any, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, schema_registry_url: str
+) -> None:
+    """addressbook.proto (repeated messages holding repeated messages, an enum, a Timestamp)
+    and a message of maps and bytes, through the registry and Spark's mapInArrow into nested
+    columns, read back from the segment's Parquet file."""
+    from tests.unit.test_protobuf_nested import PERSON, addressbook_classes, person_message, person_read
+
+    person, _, extras = addressbook_classes()
+    topic = make_topic(partitions=1, prefix="pb")
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    encode = framed(schema_registry_url, extras, ctx)
+    records = []
+    for i in range(5):
+        msg = extras(counts={"n": i}, blob=bytes([i, 255]), owner=person_message(person, i))
+        msg.by_name[f"k{i}"].CopyFrom(person_message(person, i + 10))
+        records.append(encode(msg))
+    spec = spec_from_dict(
+        {
+            "name": "extras",
+            "topics": [topic],
+            "event_time": "_timestamp",
+            "segment_store": str(tmp_path / "store"),
+            "format": "protobuf",
+            "schema": {
+                "counts": "map<string,long>",
+                "blob": "binary",
+                "by_name": f"map<string,{PERSON}>",
+                "owner": PERSON,
+            },
+            "registry": {"url": schema_registry_url},
+        }
+    )
+    offsets = produce(kafka_bootstrap, TopicPartition(topic, 0), values(records))
+    segment = spark_builder(spark, kafka_bootstrap, RecordingRegistrar()).build(split_over(offsets), spec)
+    assert (segment.row_count, segment.rejects_count) == (5, 0), segment.parse_errors
+    rows = sorted(
+        (r for f in segment.files for r in pq.read_table(f.removeprefix("file://")).to_pylist()),
+        key=lambda r: r["_offset"],
+    )
+    assert [(r["counts"], r["blob"], r["by_name"], r["owner"]) for r in rows] == [
+        ([("n", i)], bytes([i, 255]), [(f"k{i}", person_read(i + 10))], person_read(i)) for i in range(5)
+    ]

@@ -103,5 +103,10 @@ def test_the_event_time_may_be_the_kafka_timestamp_and_says_so_when_it_is_not_a_
 
 
 def test_protobuf_refuses_the_types_its_decoder_does_not_fill() -> None:
-    with pytest.raises(ConfigError, match=r'schema\.a: type struct<b:int> is not read from format = "protobuf"'):
-        _spec({"a": "struct<b:int>"}, format="protobuf")
+    with pytest.raises(
+        ConfigError, match=r'schema\.a: type struct<b:decimal\(5,1\)> is not read from format = "protobuf"'
+    ):
+        _spec({"a": "struct<b:decimal(5,1)>"}, format="protobuf")
+    assert _spec({"a": "map<string,array<struct<b:binary>>>"}, format="protobuf").schema[1][1] == (
+        "map<string,array<struct<b:binary>>>"
+    )
