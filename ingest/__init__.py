@@ -43,8 +43,10 @@ ingest.formats (record formats behind a schema registry; no Spark: protobuf runs
     registry       the [registry] section, the registry client, a subject's latest Avro schema
     avro           Avro reader schemas: a spec's columns, one writer's decode pair, a registry record's columns
     avro_resolution  Avro's schema resolution rules: can a writer schema be read with a reader schema
+    json_schema    a registry's JSON Schema as the spec's columns (schema_from = "registry")
     protobuf_schemas a Protobuf writer schema's FileDescriptorProtos and imports, from the registry
     protobuf       the Confluent Protobuf framing, decoded in Spark's Python workers (mapInArrow)
+    protobuf_fields  a writer message's fields into the spec's columns (nested too); values no column holds
 
 ingest.spec (source specs, as applied and as a worker holds them)
     model          the spec's dataclasses, round-tripped through JSON (how the metastore stores them)

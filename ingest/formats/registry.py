@@ -72,8 +72,9 @@ def registry_client(settings: RegistrySettings, env: Mapping[str, str] | None = 
     return SchemaRegistryClient(conf)
 
 
-def latest_schema(settings: RegistrySettings, topic: str) -> str:
-    """The latest Avro schema of the topic's subject (``schema_from = "registry"``, at apply)."""
+def latest_schema(settings: RegistrySettings, topic: str, schema_type: str = "AVRO") -> str:
+    """The latest schema of the topic's subject (``schema_from = "registry"``, at apply): an
+    Avro schema, or a JSON Schema (``schema_type = "JSON"``)."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     subject = settings.subject(topic)
@@ -84,6 +85,8 @@ def latest_schema(settings: RegistrySettings, topic: str) -> str:
     except Exception as exc:  # the client's transport errors are not part of its API
         raise ConfigError(f"schema_from = registry: cannot reach the registry at {settings.url}: {exc}") from exc
     schema = registered.schema
-    if schema.schema_type not in (None, "AVRO"):
-        raise ConfigError(f"schema_from = registry: subject {subject!r} holds a {schema.schema_type} schema, not Avro")
+    if (schema.schema_type or "AVRO") != schema_type:
+        raise ConfigError(
+            f"schema_from = registry: subject {subject!r} holds a {schema.schema_type} schema, not {schema_type}"
+        )
     return str(schema.schema_str)

@@ -18,7 +18,8 @@ from typing import Any, cast
 
 from ingest.errors import ConfigError, shown
 from ingest.formats.avro import avro_columns, avro_reader_schema
-from ingest.formats.protobuf import PROTOBUF_SCALARS, protobuf_type_problem
+from ingest.formats.json_schema import json_schema_columns
+from ingest.formats.protobuf_fields import PROTOBUF_SCALARS, protobuf_type_problem
 from ingest.formats.registry import RegistrySettings, SchemaFrom, latest_schema, registry_from_dict
 from ingest.formats.types import column_type
 from ingest.formats.wire import FORMATS, FRAMED_FORMATS, KAFKA_TIMESTAMP, KEY_COLUMN_PREFIX, KEY_FORMATS
@@ -149,8 +150,8 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> SourceS
     if fmt in FRAMED_FORMATS and registry is None:
         raise ConfigError(f'format = "{fmt}": needs a [registry] section with url = the schema registry\'s URL')
     if schema_from == "registry":
-        if fmt != "avro":
-            raise ConfigError('schema_from = "registry": only with format = "avro"')
+        if fmt not in ("avro", "json_schema"):
+            raise ConfigError('schema_from = "registry": only with format = "avro" or "json_schema"')
         if "schema" in doc:
             raise ConfigError('schema: not allowed with schema_from = "registry" (the columns come from the registry)')
         columns: list[tuple[str, str]] = []
@@ -343,25 +344,28 @@ def resolve_registry_schema(spec: SourceSpec) -> SourceSpec:
     if spec.schema_from != "registry" or spec.registry is None:
         return spec
     latest: dict[str, str] = {}
+    avro = spec.format == "avro"
     # A pattern source has one subject (subject_strategy = "record", spec_from_dict), whatever the topic.
     for topic in spec.topics or (spec.topic_pattern,):
         subject = spec.registry.subject(topic)
         if subject not in latest:
-            latest[subject] = latest_schema(spec.registry, topic)
+            latest[subject] = latest_schema(spec.registry, topic, "AVRO" if avro else "JSON")
     (first, schema), *others = latest.items()
+    fields = _fields if avro else json_schema_columns
     for subject, other in others:
-        if _fields(other) != _fields(schema):
+        if fields(other) != fields(schema):
             raise ConfigError(
                 f"schema_from = registry: the latest schemas of subjects {first!r} and {subject!r} have "
                 "different fields; every topic's subject must give one reader schema "
                 '(or use subject_strategy = "record", or a [schema] table)'
             )
-    columns = avro_columns(schema)
+    columns = avro_columns(schema) if avro else json_schema_columns(schema)
     for column, _ in columns:
         if not _COLUMN_RE.fullmatch(column):
             raise ConfigError(f"schema_from = registry: field {column!r} is not a valid column name")
     _check_event_time(columns, spec.event_time)
-    resolved = replace(spec, schema=columns, reader_schema=schema)
+    # A JSON Schema source's records are read as format json reads them: no reader schema.
+    resolved = replace(spec, schema=columns, reader_schema=schema if avro else "")
     check_upsert(resolved)
     return resolved
 

@@ -92,7 +92,8 @@ def test_registry_reader_schema_over_several_topics(monkeypatch: pytest.MonkeyPa
     }
     asked: list[str] = []
 
-    def latest_schema(settings: RegistrySettings, topic: str) -> str:
+    def latest_schema(settings: RegistrySettings, topic: str, schema_type: str = "AVRO") -> str:
+        assert schema_type == "AVRO"
         asked.append(settings.subject(topic))
         return latest[settings.subject(topic)]
 

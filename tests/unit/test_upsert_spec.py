@@ -109,7 +109,7 @@ def test_a_registry_sources_key_is_checked_once_its_columns_are_known(monkeypatc
     ]
     record = json.dumps({"type": "record", "name": "User", "fields": fields})
 
-    def latest_schema(settings: RegistrySettings, topic: str) -> str:
+    def latest_schema(settings: RegistrySettings, topic: str, schema_type: str = "AVRO") -> str:
         return record
 
     monkeypatch.setattr(spec_parse, "latest_schema", latest_schema)
