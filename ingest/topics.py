@@ -13,6 +13,7 @@ prefetched, the topic watch (ingest.consume.topic_watch).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.errors import ConfigError, TopicNotFound, shown
@@ -45,15 +46,14 @@ def topics_from_dict(doc: dict[str, Any]) -> tuple[list[str], str]:
                 f'topic_pattern: expected a regex starting with "^" (how Kafka clients tell a pattern '
                 f"from a topic name), got {shown(pattern)}"
             )
+        # First: Python warns of what it reads as a nested set ([[:alpha:]]), which this refuses.
+        problem = dialect_problem(pattern)
+        if problem is not None:
+            raise ConfigError(f"topic_pattern: {shown(pattern)}: {problem}")
         try:
             re.compile(pattern)
         except re.error as exc:
             raise ConfigError(f"topic_pattern: {shown(pattern)} is not a valid regex: {exc}") from None
-        if "(?" in pattern:
-            raise ConfigError(
-                f"topic_pattern: {shown(pattern)}: (?...) groups (non-capturing, lookaround, flags) are not"
-                " supported by librdkafka's regex"
-            )
         return [], pattern
     topics = doc["topics"]
     if not isinstance(topics, list) or not topics:
@@ -64,6 +64,56 @@ def topics_from_dict(doc: dict[str, Any]) -> tuple[list[str], str]:
     if len(set(topics)) != len(topics):
         raise ConfigError("topics: lists a topic twice")
     return topics, ""
+
+
+_POSIX_CLASS = re.compile(r"\[[:=.]")
+
+
+def dialect_problem(pattern: str) -> str | None:
+    r"""Why ``pattern`` may be read otherwise by one of the three engines that match it, or None.
+
+    The worker checks topics with Python's ``re``; librdkafka's classic member matches with the
+    C library's POSIX extended regex (there ``\d`` is the letter d and a backslash inside a
+    bracket is a backslash); a KIP-848 member's pattern is matched by the broker (RE2/J). So a
+    pattern keeps to what all three read alike: literal characters, ``.``, ``^``, ``$``, ``|``,
+    groups ``( )``, brackets such as ``[a-z0-9._-]`` or ``[^.]`` with no backslash or
+    ``[:class:]`` in them, the greedy quantifiers ``* + ? {n} {n,} {n,m}``, and a backslash
+    before punctuation only (``\.``). ``[0-9]`` reads as Python's ``\d`` does."""
+    if "(?" in pattern:
+        return "(?...) groups (non-capturing, lookaround, flags) are read by no POSIX regex (librdkafka's)"
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1 : i + 2]
+            if nxt.isalnum():
+                return (
+                    f"\\{nxt} means another thing to POSIX regex (librdkafka's classic member: \\d is the letter d)"
+                    " than to Python and the broker: use a bracket such as [0-9] or [A-Za-z0-9_]"
+                )
+            i += 2
+            continue
+        if c == "[":
+            end = i + 1
+            if pattern.startswith("^", end):
+                end += 1
+            if pattern.startswith("]", end):  # a ] first in a bracket is one of its characters
+                end += 1
+            close = pattern.find("]", end)
+            inside = pattern[i + 1 : close if close >= 0 else n]
+            if "\\" in inside:
+                return (
+                    "a backslash inside [...] is a backslash to POSIX regex (librdkafka's), an escape to Python:"
+                    " leave it out (a - goes last, a ] first)"
+                )
+            if _POSIX_CLASS.search(inside):
+                return "[:class:] names are POSIX only (Python reads them as characters): use ranges such as [0-9a-z]"
+            i = close + 1 if close >= 0 else n
+            continue
+        if c in "*+?}" and pattern[i + 1 : i + 2] in ("?", "+"):
+            return "lazy or possessive quantifiers (*? +? ?? *+ ...) are not POSIX regex (librdkafka's)"
+        i += 1
+    return None
 
 
 def topic_matches(topics: tuple[str, ...], pattern: str, topic: str) -> bool:
@@ -83,16 +133,25 @@ def subscription_pattern(pattern: str) -> str:
     return f"^({body})$"
 
 
-def source_topics(spec: SourceTopics, metadata: Any, bootstrap: str) -> dict[str, int]:
+def source_topics(
+    spec: SourceTopics, metadata: Any, bootstrap: str, refused: Callable[[str], bool] | None = None
+) -> dict[str, int]:
     """The source's topics in the cluster's metadata (confluent-kafka's ClusterMetadata) and
     their partition counts. A named topic that is missing is :class:`TopicNotFound`; a pattern
     may match none (the topics may come later). A topic the metadata carries with an error (one
-    being deleted or created) is not one yet."""
+    being deleted or created) is not one yet. A named topic Kafka may not show the principal is
+    "not authorized" (KafkaUnavailable: ingest.kafka_auth), not missing: the metadata carries it
+    with TOPIC_AUTHORIZATION_FAILED, or leaves it out and ``refused`` (asked of such a topic:
+    ingest.kafka_auth.describe_refused) says so."""
     if not spec.topic_pattern:
         counts = {}
         for topic in spec.topics:
             meta = metadata.topics.get(topic)
             if meta is None or meta.error is not None or not meta.partitions:
+                from ingest.kafka_auth import refuses_topic, topic_not_authorized
+
+                if refuses_topic(meta.error) if meta is not None else refused is not None and refused(topic):
+                    raise topic_not_authorized(topic, bootstrap)
                 raise TopicNotFound(f"topic {topic!r} does not exist on {bootstrap}")
             counts[topic] = len(meta.partitions)
         return counts
@@ -105,7 +164,8 @@ def source_topics(spec: SourceTopics, metadata: Any, bootstrap: str) -> dict[str
 
 def fetch_source_topics(settings: Settings, spec: SourceTopics, timeout_s: float = 10.0) -> dict[str, int]:
     """:func:`source_topics` of the cluster's metadata asked now (ingest.kafka_auth: a refusal
-    of the credentials, or no answer, is KafkaUnavailable)."""
-    from ingest.kafka_auth import cluster_metadata
+    of the credentials, of a topic, or no answer, is KafkaUnavailable)."""
+    from ingest.kafka_auth import cluster_metadata, describe_refused
 
-    return source_topics(spec, cluster_metadata(settings, timeout_s), settings.kafka_bootstrap)
+    metadata = cluster_metadata(settings, timeout_s)
+    return source_topics(spec, metadata, settings.kafka_bootstrap, lambda t: describe_refused(settings, t, timeout_s))
