@@ -16,6 +16,15 @@ What is a refusal: librdkafka's ``_AUTHENTICATION`` (SASL) and ``_SSL`` (the TLS
 failed: the broker's certificate is not trusted, or does not match the host), and a
 ``_TRANSPORT`` error carrying a TLS alert (the broker rejected the client certificate: with TLS
 1.3 the client learns it only on its first read).
+
+A broker with an authorizer that accepts the credentials may still refuse the principal a topic
+or the group (Kafka's ACLs): ``TOPIC_AUTHORIZATION_FAILED`` and ``GROUP_AUTHORIZATION_FAILED``
+are "not authorized" (:func:`topic_not_authorized`, :func:`group_not_authorized`, exit 4),
+naming the ACL the worker's principal lacks, never "does not exist". What a worker needs:
+READ on each of its topics (READ includes DESCRIBE: metadata, the log ends) and READ on its
+consumer group (which includes DESCRIBE: the group's coordinator, ``ingest check``'s describe).
+A principal that may not describe a topic is not told whether it exists: the cluster's metadata
+just leaves it out, and :func:`describe_refused` asks for that topic alone to tell the two apart.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import time
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 from ingest.config import Settings, admin_config, kafka_client, kafka_error
@@ -108,3 +117,54 @@ def cluster_metadata(settings: Settings, timeout_s: float = 10.0) -> Any:
                 last = [e.str() for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
                 detail = f" (last error: {last[-1]})" if last else ""
                 raise KafkaUnavailable(f"Kafka unreachable at {settings.kafka_bootstrap}: {failure}{detail}") from exc
+
+
+def topic_not_authorized(topic: str, bootstrap: str, operation: str = "DESCRIBE") -> KafkaUnavailable:
+    """Kafka refused the principal ``operation`` on ``topic`` (TOPIC_AUTHORIZATION_FAILED)."""
+    whether = (
+        "; a principal that may not describe a topic is not told whether it exists" if operation == "DESCRIBE" else ""
+    )
+    return KafkaUnavailable(
+        f"topic {topic!r}: not authorized (TOPIC_AUTHORIZATION_FAILED from Kafka at {bootstrap}): the"
+        f" principal the worker's Kafka properties authenticate as has no ACL allowing {operation} on topic"
+        f" {topic!r} (the worker needs READ on it, which includes DESCRIBE){whether}"
+    )
+
+
+def group_not_authorized(group: str, bootstrap: str) -> KafkaUnavailable:
+    """Kafka refused the principal the consumer group ``group`` (GROUP_AUTHORIZATION_FAILED)."""
+    return KafkaUnavailable(
+        f"consumer group {group!r}: not authorized (GROUP_AUTHORIZATION_FAILED from Kafka at {bootstrap}): the"
+        f" principal the worker's Kafka properties authenticate as has no ACL allowing READ on group {group!r}"
+        " (the worker's group member joins it; READ includes DESCRIBE)"
+    )
+
+
+def refuses_topic(error: KafkaError | None) -> bool:
+    """Is ``error`` (a topic's in the metadata, a fetch's) an ACL's refusal of the topic."""
+    return error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def not_authorized(
+    error: KafkaError, bootstrap: str, *, group: str, topic: str | None = None, operation: str = "READ"
+) -> KafkaUnavailable | None:
+    """The "not authorized" error for a librdkafka error that is an ACL's refusal of ``topic``
+    (``operation`` on it) or of ``group``, else None."""
+    if refuses_topic(error) and topic is not None:
+        return topic_not_authorized(topic, bootstrap, operation)
+    if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return group_not_authorized(group, bootstrap)
+    return None
+
+
+def describe_refused(settings: Settings, topic: str, timeout_s: float = 10.0) -> bool:
+    """Whether Kafka refuses the worker's principal to describe ``topic`` (a topic the
+    cluster's metadata left out: missing, or not the principal's to see). Asked with
+    DescribeTopics, which never creates a topic (a metadata request naming it would, from a
+    client allowed to and a broker with ``auto.create.topics.enable``)."""
+    admin = kafka_client(AdminClient, admin_config(settings))
+    try:
+        admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic].result()
+    except KafkaException as exc:
+        return refuses_topic(kafka_error(exc))
+    return False

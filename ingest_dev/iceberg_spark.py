@@ -20,8 +20,8 @@ import os
 import time
 from typing import Any
 
-from ingest.table.catalog import CATALOG_NAME, NAMESPACES
-from ingest.table.spark_catalog import catalog_conf
+from ingest.table.catalog import CATALOG_NAME
+from ingest.table.spark_catalog import catalog_conf, quoted, spark_table_name
 from metastore.tables import TableKind
 
 # Iceberg's metadata column names (org.apache.iceberg.MetadataColumns): Iceberg's Spark scan
@@ -72,8 +72,9 @@ def external_reader_session() -> Any:
 
 
 def spark_table(source: str, kind: TableKind = TableKind.DATA) -> str:
-    """The table's name in Spark: catalog ``ingest``, the pyiceberg namespace, the source."""
-    return f"{CATALOG_NAME}.{NAMESPACES[kind]}.{source}"
+    """The table's name in Spark: catalog ``ingest``, the pyiceberg namespace, the source, each
+    quoted (a source named ``dbz-mysql`` or ``order``)."""
+    return spark_table_name(source, kind)
 
 
 def read_table(spark: Any, table: str, coordinates: bool) -> dict[str, Any]:
@@ -89,7 +90,7 @@ def read_table(spark: Any, table: str, coordinates: bool) -> dict[str, Any]:
     for column in (c for c in columns if c in RESERVED):
         try:
             # Not an aggregate: Iceberg answers count(column) from the manifests' metrics, no scan.
-            spark.sql(f"SELECT `{column}` FROM {table} LIMIT 1").collect()
+            spark.sql(f"SELECT {quoted(column)} FROM {table} LIMIT 1").collect()
         except Exception as exc:  # Spark's AnalysisException or py4j's error carrying Iceberg's ValidationException
             if REFUSAL not in str(exc):
                 raise

@@ -8,9 +8,13 @@ The checks, in order:
 
 - ``metastore``: reachable, its schema current (exit 7 or 8);
 - ``kafka``: the brokers answer the worker's admin settings and accept its credentials, and the
-  spec's topics exist (exit 4, 5);
+  spec's topics exist (exit 4, 5; a topic Kafka's ACLs do not let the principal describe is
+  "not authorized", exit 4: Kafka does not tell such a principal whether it exists);
 - ``kafka read``: the worker's consumer settings read a record of each topic (the topic's READ
-  permission, the TLS and SASL settings of a fetch), in no group;
+  permission, the TLS and SASL settings of a fetch) with the source's own group id, as the
+  worker's group member has it (a least-privilege ACL allows READ on that group alone), without
+  joining the group: partitions assigned, never subscribed, no offset committed
+  (``enable.auto.commit`` is pinned off), so the running members see no rebalance;
 - ``consumer group``: the source's group can be described (its permission; who is in it now);
 - ``spark reader``: the Java client properties of Spark's Kafka reader can be derived from the
   worker's (exit 2 naming what cannot: ingest.kafka_java);
@@ -24,7 +28,8 @@ The checks, in order:
   would, then deleted (what Kafka refusing the reader's credentials looks like: exit 4).
 
 A check that cannot run because an earlier one failed (no topic to read) is skipped, and says
-which.
+which. Kafka's ACL refusals (TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED) are "not
+authorized" lines naming the topic or group and the ACL missing (ingest.kafka_auth).
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ from enum import Enum
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ingest.config import Settings, admin_config, kafka_client, validator_config
+from ingest.config import Settings, admin_config, kafka_client, kafka_error, validator_config
 from ingest.errors import ConfigError, ExitCode, IngestError, KafkaUnavailable
-from ingest.kafka_auth import cluster_metadata
+from ingest.kafka_auth import cluster_metadata, describe_refused, not_authorized, refuses_topic, topic_not_authorized
 from ingest.spec.model import SourceSpec
 from ingest.topics import fetch_source_topics, source_topics
 from ingest_common.errors import first_line
@@ -50,6 +55,10 @@ from ingest_common.errors import first_line
 READ_WAIT_S = 10.0
 #: How many of the newest records the ``--spark`` check builds.
 SPARK_CHECK_RECORDS = 10
+#: A describe of the group answered by a coordinator that is not ready yet: asked again.
+_COORDINATOR_MOVING = frozenset(
+    {KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
 
 
 class CheckStatus(Enum):
@@ -147,7 +156,7 @@ def _security(settings: Settings) -> str:
 
 def check_kafka(settings: Settings, spec: SourceSpec) -> str:
     metadata = cluster_metadata(settings)
-    counts = source_topics(spec, metadata, settings.kafka_bootstrap)
+    counts = source_topics(spec, metadata, settings.kafka_bootstrap, lambda topic: describe_refused(settings, topic))
     found = ", ".join(f"{topic} ({n} partitions)" for topic, n in counts.items())
     if spec.topic_pattern:
         # A pattern may match no topic yet: the workers take each one as it appears.
@@ -167,17 +176,23 @@ def _consumer(settings: Settings, group_id: str) -> Iterator[Consumer]:
 
 
 def check_read(settings: Settings, spec: SourceSpec) -> str:
-    """A record of each topic (its fullest partition's earliest), read committed, in no group:
-    what the validator's and Spark's consumers need of the brokers."""
+    """A record of each topic (its fullest partition's earliest), read committed: what the
+    validator's and Spark's consumers need of the brokers. With the source's group id (a
+    least-privilege ACL allows that group alone: librdkafka looks its coordinator up as soon as
+    a consumer has a group id, and a group the principal may not use is an error of every
+    poll), but outside the group: assign() only, so no JoinGroup or heartbeat, and no offset is
+    committed (PROTOCOL_PROPERTIES pins auto commit off) or fetched (every position is given)."""
     done = []
-    with _consumer(settings, f"{spec.group_id}-check") as consumer:
+    with _consumer(settings, spec.group_id) as consumer:
         for topic in fetch_source_topics(settings, spec):
-            done.append(_read_one(consumer, topic))
+            done.append(_read_one(consumer, topic, spec.group_id, settings.kafka_bootstrap))
     return "; ".join(done)
 
 
-def _read_one(consumer: Consumer, topic: str) -> str:
+def _read_one(consumer: Consumer, topic: str, group: str, bootstrap: str) -> str:
     meta = consumer.list_topics(topic, timeout=READ_WAIT_S).topics[topic]
+    if refuses_topic(meta.error):
+        raise topic_not_authorized(topic, bootstrap)
     best: tuple[int, int, int] | None = None
     for partition in meta.partitions:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=READ_WAIT_S)
@@ -197,6 +212,9 @@ def _read_one(consumer: Consumer, topic: str) -> str:
                 continue
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                refusal = not_authorized(error, bootstrap, group=group, topic=message.topic() or topic)
+                if refusal is not None:
+                    raise refusal
                 raise KafkaUnavailable(f"reading {topic}[{tp.partition}] failed: {error.str()}")
             if error is None:
                 return f"{topic}: read offset {message.offset()} of partition {message.partition()}"
@@ -213,12 +231,20 @@ def _read_one(consumer: Consumer, topic: str) -> str:
 def check_group(settings: Settings, spec: SourceSpec) -> str:
     admin = kafka_client(AdminClient, admin_config(settings))
     group = spec.group_id
-    try:
-        description = admin.describe_consumer_groups([group], request_timeout=READ_WAIT_S)[group].result()
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else exc
-        text = error.str() if isinstance(error, KafkaError) else str(error)
-        raise KafkaUnavailable(f"consumer group {group!r}: {text}") from exc
+    deadline = time.monotonic() + READ_WAIT_S
+    while True:
+        try:
+            description = admin.describe_consumer_groups([group], request_timeout=READ_WAIT_S)[group].result()
+            break
+        except KafkaException as exc:
+            error = kafka_error(exc)
+            if error is not None and (refusal := not_authorized(error, settings.kafka_bootstrap, group=group)):
+                raise refusal from exc
+            if error is not None and error.code() in _COORDINATOR_MOVING and time.monotonic() < deadline:
+                time.sleep(0.5)  # a coordinator still loading the group log (a broker just started)
+                continue
+            text = error.str() if error is not None else str(exc)
+            raise KafkaUnavailable(f"consumer group {group!r}: {text}") from exc
     state = str(description.state).rsplit(".", 1)[-1].lower()
     return f"{group}: {state}, {len(description.members)} member(s)"
 

@@ -22,7 +22,7 @@ import structlog
 
 from ingest.spec.table import OP_COLUMN, OP_DELETE
 from ingest.table.catalog import CATALOG_NAME
-from ingest.table.spark_catalog import EXTENSIONS_CONF, catalog_conf
+from ingest.table.spark_catalog import EXTENSIONS_CONF, catalog_conf, quoted, sql_string
 
 log = structlog.get_logger(__name__)
 
@@ -96,10 +96,6 @@ def open_merge_session(database_url: str, source: str, segment_store: str) -> tu
     return session, owned
 
 
-def _quote(name: str) -> str:
-    return f"`{name}`"
-
-
 def batch_rows(spark: Any, files: Sequence[str], ranges: Sequence[RowRange]) -> Any:
     """The batch's changes as the table's columns plus ``_op``: the rows of ``ranges`` from
     ``files`` (any spec version's: columns a file lacks are null)."""
@@ -125,7 +121,7 @@ def last_changes(rows: Any, keys: Sequence[str]) -> Any:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    key_cols = [F.col(_quote(k)) for k in keys]
+    key_cols = [F.col(quoted(k)) for k in keys]
     # A row without its key changes nothing (a Debezium tombstone whose key was not decoded).
     rows = rows.where(reduce(lambda a, b: a & b, (c.isNotNull() for c in key_cols)))
     in_partition = Window.partitionBy(*key_cols, F.col("_topic"), F.col(TABLE_PARTITION_COLUMN)).orderBy(
@@ -152,12 +148,14 @@ def merge_batch(
 ) -> MergeResult:
     """Apply the batch's changes to ``table``'s branch ``branch`` (created by the committer at
     the table's head): a key's winning change deletes its row (``_op`` "d") or becomes its row.
-    Returns the branch's new head and what the batch held."""
+    ``table``: its name in Spark SQL, its parts quoted
+    (ingest.table.spark_catalog.spark_table_name). Returns the branch's new head and what the
+    batch held."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     activate(spark)
-    target = f"{table}.branch_{branch}"
+    target = f"{table}.{quoted('branch_' + branch)}"
     columns = [c for c in spark.table(target).columns]
     changes = last_changes(batch_rows(spark, files, ranges), keys).persist(StorageLevel.MEMORY_AND_DISK)
     try:
@@ -167,11 +165,11 @@ def merge_batch(
             raise ValueError(f"the segments have no key column {missing[0]!r}")
         # Keys whose row in the table came from another partition: their order is undefined too.
         held = spark.table(target).select(
-            *(F.col(_quote(k)).alias(f"_t_{k}") for k in keys),
+            *(F.col(quoted(k)).alias(f"_t_{k}") for k in keys),
             F.col("_topic").alias("_t_topic"),
             F.col(TABLE_PARTITION_COLUMN).alias("_t_partition"),
         )
-        on = [changes[_quote(k)] == held[_quote(f"_t_{k}")] for k in keys]
+        on = [changes[quoted(k)] == held[quoted(f"_t_{k}")] for k in keys]
         moved = (held["_t_topic"] != changes["_topic"]) | (held["_t_partition"] != changes[TABLE_PARTITION_COLUMN])
         counts = (
             changes.join(held, on, "left")
@@ -183,17 +181,18 @@ def merge_batch(
         )
         changes.createOrReplaceTempView(_BATCH_VIEW)
         shared = [c for c in columns if c in source_columns]
-        on_keys = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
+        on_keys = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+        op, delete = f"s.{quoted(OP_COLUMN)}", sql_string(OP_DELETE)
         spark.sql(
-            f"MERGE INTO {target} t USING {_BATCH_VIEW} s ON {on_keys} "
-            f"WHEN MATCHED AND s.{OP_COLUMN} = '{OP_DELETE}' THEN DELETE "
-            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{_quote(c)} = s.{_quote(c)}' for c in shared)} "
-            f"WHEN NOT MATCHED AND s.{OP_COLUMN} <> '{OP_DELETE}' THEN INSERT ({', '.join(map(_quote, shared))}) "
-            f"VALUES ({', '.join(f's.{_quote(c)}' for c in shared)})"
+            f"MERGE INTO {target} t USING {quoted(_BATCH_VIEW)} s ON {on_keys} "
+            f"WHEN MATCHED AND {op} = {delete} THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{quoted(c)} = s.{quoted(c)}' for c in shared)} "
+            f"WHEN NOT MATCHED AND {op} <> {delete} THEN INSERT ({', '.join(map(quoted, shared))}) "
+            f"VALUES ({', '.join(f's.{quoted(c)}' for c in shared)})"
         )
-        head = spark.sql(f"SELECT snapshot_id FROM {table}.refs WHERE name = '{branch}'").collect()
+        head = spark.sql(f"SELECT snapshot_id FROM {table}.`refs` WHERE name = {sql_string(branch)}").collect()
         snapshot_id = int(head[0]["snapshot_id"])
-        parent = spark.sql(f"SELECT parent_id FROM {table}.snapshots WHERE snapshot_id = {snapshot_id}").collect()
+        parent = spark.sql(f"SELECT parent_id FROM {table}.`snapshots` WHERE snapshot_id = {snapshot_id:d}").collect()
         parent_id = parent[0]["parent_id"] if parent else None
     finally:
         changes.unpersist()
@@ -212,7 +211,7 @@ class MaintenanceResult:
 
 def delete_files(spark: Any, table: str) -> int:
     """The delete files of the table's current snapshot."""
-    return int(spark.sql(f"SELECT count(*) AS n FROM {table}.delete_files").collect()[0]["n"])
+    return int(spark.sql(f"SELECT count(*) AS n FROM {table}.`delete_files`").collect()[0]["n"])
 
 
 def maintain(
@@ -225,22 +224,22 @@ def maintain(
     staged meanwhile is refused at its swap (its base is no longer the head) and redone."""
     activate(spark)
     # Whole: the namespace is named as the catalog is, and a procedure reads "ingest.x" as
-    # table x of catalog ingest.
-    ident = table
+    # table x of catalog ingest. A string the procedure parses as a name: its quotes stay.
+    ident = sql_string(table)
     before = delete_files(spark, table)
     opts = {"delete-file-threshold": "1", "min-input-files": "1", **(options or {})}
-    opts_sql = ", ".join(f"'{k}', '{v}'" for k, v in opts.items())
-    data = spark.sql(
-        f"CALL {CATALOG_NAME}.system.rewrite_data_files(table => '{ident}', options => map({opts_sql}))"
-    ).collect()[0]
-    deletes = spark.sql(
-        f"CALL {CATALOG_NAME}.system.rewrite_position_delete_files(table => '{ident}', "
-        "options => map('rewrite-all', 'true'))"
-    ).collect()[0]
-    expired = spark.sql(
-        f"CALL {CATALOG_NAME}.system.expire_snapshots(table => '{ident}', "
-        f"older_than => current_timestamp(), retain_last => {int(keep_snapshots)})"
-    ).collect()[0]
+    opts_sql = ", ".join(f"{sql_string(k)}, {sql_string(v)}" for k, v in opts.items())
+
+    def call(procedure: str, arguments: str) -> Any:
+        # Every name quoted, the arguments' too: ``table`` is a reserved word (and so is
+        # ``current_timestamp``: hence now(), the same function).
+        return spark.sql(f"CALL {quoted(CATALOG_NAME)}.`system`.{quoted(procedure)}({arguments})").collect()[0]
+
+    data = call("rewrite_data_files", f"`table` => {ident}, `options` => map({opts_sql})")
+    deletes = call("rewrite_position_delete_files", f"`table` => {ident}, `options` => map('rewrite-all', 'true')")
+    expired = call(
+        "expire_snapshots", f"`table` => {ident}, `older_than` => now(), `retain_last` => {int(keep_snapshots):d}"
+    )
     return MaintenanceResult(
         before,
         int(data["rewritten_data_files_count"]),

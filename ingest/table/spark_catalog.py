@@ -1,7 +1,12 @@
 """Iceberg's Spark catalog over the metastore's own catalog tables: Iceberg's ``SparkCatalog``
 over its ``JdbcCatalog`` on the metastore's PostgreSQL (the rows pyiceberg's SQL catalog writes,
 migrations/0009), named ``ingest``. The upsert committer merges through it
-(ingest.table.upsert); tests and checks read the tables through it."""
+(ingest.table.upsert); tests and checks read the tables through it.
+
+Every name in the SQL text built here and in ingest.table.merge is quoted (:func:`quoted`): a
+source is ``[a-z][a-z0-9_-]{0,62}`` (``dbz-mysql``, ``order``) and a column may be any
+``[A-Za-z][A-Za-z0-9_]*`` (``select``), which Spark's parser reads as an expression or a keyword
+unquoted."""
 
 from __future__ import annotations
 
@@ -9,10 +14,27 @@ import os
 
 from psycopg.conninfo import conninfo_to_dict
 
-from ingest.table.catalog import CATALOG_NAME
+from ingest.table.catalog import CATALOG_NAME, identifier
+from metastore.tables import TableKind
 
 # Iceberg's SQL extensions (MERGE INTO, branches, procedures): a static setting of the session.
 EXTENSIONS_CONF = {"spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"}
+
+
+def quoted(name: str) -> str:
+    """``name`` as one identifier of Spark SQL: in backticks, a backtick in it doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a string literal of Spark SQL (its backslash escapes on, Spark's default)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def spark_table_name(source: str, kind: TableKind = TableKind.DATA) -> str:
+    """A source's table in Spark SQL, every part quoted (catalog ``ingest``, the pyiceberg
+    namespace, the source), as ``"`ingest`.`ingest`.`dbz-mysql`"``."""
+    return ".".join(quoted(part) for part in (CATALOG_NAME, *identifier(source, kind)))
 
 
 def jdbc_settings(database_url: str) -> tuple[str, str, str | None]:

@@ -60,6 +60,7 @@ from ingest.table.merge import (
 from ingest.table.metrics import TableMetrics
 from ingest.table.properties import COMMIT_SEQ
 from ingest.table.schema import file_schema, transform_of
+from ingest.table.spark_catalog import spark_table_name
 from ingest_common.backoff import Backoff
 from ingest_common.errors import first_line
 from metastore.tables import StaleTableCommit, TableKind
@@ -325,9 +326,8 @@ class UpsertCommitter:
         for stale in sorted(name for name in table.metadata.refs if name.startswith(STAGE_PREFIX)):
             manage = manage.remove_branch(stale)
         manage.create_branch(head.snapshot_id, branch).commit()
-        spark_table = f"{self.catalog_name}.{'.'.join(identifier(self.source, self.kind))}"
         try:
-            result = merge_batch(self.spark(), spark_table, branch, files, ranges, keys)
+            result = merge_batch(self.spark(), spark_table_name(self.source, self.kind), branch, files, ranges, keys)
         except (ValueError, TableError):
             raise
         except Exception as exc:  # py4j's and pyspark's errors: the JVM's, whatever their class
@@ -338,12 +338,6 @@ class UpsertCommitter:
                 f"table {self.name}: the merge's snapshot follows {result.parent_id}, not the head {head.snapshot_id}"
             )
         return Staged(head.snapshot_id, result.snapshot_id, branch, result.keys, result.cross_partition_keys)
-
-    @property
-    def catalog_name(self) -> str:
-        from ingest.table.catalog import CATALOG_NAME
-
-        return CATALOG_NAME
 
     def _swap(self, base_id: int, snapshot_id: int, branch: str, commit: UpsertCommit, cross_total: int) -> None:
         """``main`` to the branch's head, the seq and the offsets, in one swap asserting ``main``
@@ -389,7 +383,7 @@ class UpsertCommitter:
         from ingest.table.merge import delete_files
 
         spark = self.spark()
-        name = f"{self.catalog_name}.{'.'.join(identifier(self.source, self.kind))}"
+        name = spark_table_name(self.source, self.kind)
         count = delete_files(spark, name)
         if count == 0 or (count < MAINTAIN_AFTER_DELETE_FILES and not force):
             return

@@ -30,6 +30,7 @@ from ingest.table.enable import enable_table
 from ingest.table.merge import TABLE_PARTITION_COLUMN, delete_files
 from ingest.table.status import table_status
 from ingest_common.model import BuildRegistration, BuiltSegment, OffsetRange, PublishRange, SegmentToPublish
+from ingest_dev.iceberg_spark import spark_table
 from metastore.tables import TableKind
 from metastore.upserts import UpsertStore
 from tests.integration.iceberg_harness import DAY0, T0, Source, audit_findings, committer, compact, spark_like
@@ -40,9 +41,15 @@ Change = tuple[int | None, str | None]
 
 
 class UpsertSource(Source):
-    """A source with an upsert table keyed by ``id``, whose segments hold changes."""
+    """A source with an upsert table keyed by ``key`` (a long column, ``id`` unless given),
+    whose segments hold changes."""
+
+    def __init__(self, *args: Any, key: str = "id", **kwargs: Any) -> None:
+        self.key = key
+        super().__init__(*args, **kwargs)
 
     def apply(self) -> None:
+        self.columns = {self.key: "long", "user": "string", "ts": "timestamp"}
         doc = {
             "name": self.name,
             "topics": [T0.topic],
@@ -51,7 +58,7 @@ class UpsertSource(Source):
             "segment_store": self.root,
         }
         spec = spec_from_dict(doc)
-        spec = replace(spec, table=TableSettings(mode=TableMode.UPSERT, key=("id",)))
+        spec = replace(spec, table=TableSettings(mode=TableMode.UPSERT, key=(self.key,)))
         self.version, _ = self.store.apply_source(self.name, spec.to_json(), "")
         self.log: list[tuple[int, int, Change]] = []
 
@@ -73,7 +80,7 @@ class UpsertSource(Source):
             "_offset": offsets,
             "_timestamp": stamps,
             "_key": [None if k is None else str(k).encode() for k, _ in changes],
-            "id": [k for k, _ in changes],
+            self.key: [k for k, _ in changes],
             "user": [u for _, u in changes],
             "ts": stamps,
             "_op": [OP_UPSERT if u is not None else OP_DELETE for _, u in changes],
@@ -115,25 +122,26 @@ def src(database_url: str, tmp_path: Any) -> Iterator[UpsertSource]:
     source.store.close()
 
 
-def table_state(database_url: str, source: str) -> dict[int, str]:
+def table_state(database_url: str, source: str, key: str = "id") -> dict[int, str]:
     """The table as pyiceberg reads it (position deletes applied): key -> user; a key twice fails."""
     catalog = source_catalog(database_url, source)
-    rows = catalog.load_table(identifier(source, TableKind.DATA)).scan(selected_fields=("id", "user")).to_arrow()
-    ids = rows["id"].to_pylist()
+    rows = catalog.load_table(identifier(source, TableKind.DATA)).scan(selected_fields=(key, "user")).to_arrow()
+    ids = rows[key].to_pylist()
     assert len(ids) == len(set(ids)), "a key is in the table twice"
     return dict(zip(ids, rows["user"].to_pylist(), strict=True))
 
 
-def spark_state(spark: Any, database_url: str, source: str) -> dict[int, str]:
+def spark_state(spark: Any, database_url: str, source: str, key: str = "id") -> dict[int, str]:
     from ingest.table.merge import merge_session_conf
+    from ingest.table.spark_catalog import quoted, spark_table_name
 
     session = spark.newSession()
-    for key, value in merge_session_conf(database_url).items():
-        if key.startswith("spark.sql.catalog."):
-            session.conf.set(key, value)
-    rows = session.sql(f"SELECT id, user FROM ingest.ingest.{source}").collect()
-    assert len(rows) == len({r["id"] for r in rows}), "a key is in the table twice"
-    return {r["id"]: r["user"] for r in rows}
+    for name, value in merge_session_conf(database_url).items():
+        if name.startswith("spark.sql.catalog."):
+            session.conf.set(name, value)
+    rows = session.sql(f"SELECT {quoted(key)}, `user` FROM {spark_table_name(source)}").collect()
+    assert len(rows) == len({r[key] for r in rows}), "a key is in the table twice"
+    return {r[key]: r["user"] for r in rows}
 
 
 def test_changes_are_merged_once_in_kafka_order_through_compaction_and_maintenance(
@@ -178,6 +186,45 @@ def test_changes_are_merged_once_in_kafka_order_through_compaction_and_maintenan
         extra = table.scan(row_filter="id = 2").to_arrow()
         table.append(extra.cast(table.schema().as_arrow()))
         assert [line.split(":")[0] for line in audit_findings(database_url, src.name)] == ["upsert_duplicate_key"]
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [("dbz-mysql", "id"), ("order", "select")],
+    ids=["a-dash", "keywords"],
+)
+def test_a_source_and_key_named_as_sql_would_not_read_them_merge(
+    database_url: str, tmp_path: Any, spark: Any, name: str, key: str
+) -> None:
+    """Source names are ``[a-z][a-z0-9_-]{0,62}``, columns ``[A-Za-z][A-Za-z0-9_]*``: a source
+    ``dbz-mysql`` (unquoted, Spark reads ``dbz - mysql``), a source ``order`` keyed by a column
+    ``select``: reserved words, which Spark takes unquoted as names only while
+    ``spark.sql.ansi.enforceReservedKeywords`` is off (its default; a spark-defaults.conf may
+    turn it on, as here). Every statement the committer gives Spark names them: the merge, its
+    branch's refs and snapshots, the delete files and the maintenance's procedures."""
+    src = UpsertSource(database_url, tmp_path.as_uri(), name=name, partitions=2, key=key)
+    enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
+    try:
+        src.publish_changes([(1, "a1"), (2, "b1"), (1, "a2")], partition=0)
+        src.publish_changes([(10, "x1")], partition=1)
+        with committer(database_url, src.name) as c:
+            upserts = c.upserts(TableKind.DATA)
+            assert upserts is not None
+            upserts.spark().conf.set("spark.sql.ansi.enforceReservedKeywords", "true")
+            assert [r.seq for r in c.commit_all()] == [1]
+            src.publish_changes([(2, None), (3, "c1")], partition=0)
+            src.publish_changes([(10, "x2")], partition=1)
+            assert [r.seq for r in c.commit_all()] == [2]
+            expected = {1: "a2", 3: "c1", 10: "x2"}
+            assert table_state(database_url, src.name, key) == src.expected() == expected
+            table = spark_table(src.name)
+            assert delete_files(upserts.spark(), table) > 0, "the second merge wrote position deletes"
+            upserts.maintain_if_due(force=True)
+            assert delete_files(upserts.spark(), table) == 0
+        assert spark_state(spark, database_url, src.name, key) == expected
+        assert audit_findings(database_url, src.name) == []
+    finally:
+        src.store.close()
 
 
 def test_a_key_on_two_partitions_is_counted(database_url: str, src: UpsertSource) -> None:
