@@ -169,3 +169,12 @@ def fetch_source_topics(settings: Settings, spec: SourceTopics, timeout_s: float
 
     metadata = cluster_metadata(settings, timeout_s)
     return source_topics(spec, metadata, settings.kafka_bootstrap, lambda t: describe_refused(settings, t, timeout_s))
+
+
+def kafka_topic_id(description: Any) -> str | None:
+    """A TopicDescription's (``AdminClient.describe_topics``) topic id (KIP-516) as Kafka prints
+    it (base64, 22 characters); None for the all-zero id of a cluster that gives topics none."""
+    uuid = getattr(description, "topic_id", None)
+    if uuid is None or (uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0):
+        return None
+    return str(uuid)

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from ingest.builder.job import BuilderFactory, SegmentBuilder
+from ingest.builder.kafka_read import KafkaReader
 from ingest.builder.queue import BuildQueue
 from ingest.builder.registration import Registrar
 from ingest.builder.start import spark_reader, start_spark_builder
@@ -179,7 +180,12 @@ class Worker:
 
     @staticmethod
     def _warm_up(
-        builder: SegmentBuilder, spec: SourceSpec, offsets: LogOffsets, tps: list[TopicPartition], records: int
+        builder: SegmentBuilder,
+        spec: SourceSpec,
+        offsets: LogOffsets,
+        tps: list[TopicPartition],
+        records: int,
+        reader: KafkaReader | None = None,
     ) -> None:
         """Before joining the group: a cold JVM makes the first splits slow, and a failure
         here (e.g. an unwritable store) is reported by the real builds, with retries; Kafka
@@ -190,7 +196,12 @@ class Worker:
             query = offsets.query(tps)
             query.wait(_WARM_UP_QUERY_S)
             ends, _errors = query.result()
-            splits = warm_up_splits({tp: (e.earliest, e.stable) for tp, e in ends.items()}, records)
+            # Every topic's id in the reads' group id from the start (ingest.builder.kafka_read):
+            # the consumers the warm-up pools serve the real reads.
+            ids = {tp.topic: e.topic_id for tp, e in ends.items() if e.topic_id is not None}
+            if reader is not None:
+                reader.topics.know(ids)
+            splits = warm_up_splits({tp: (e.earliest, e.stable) for tp, e in ends.items()}, records, topic_ids=ids)
             if not splits:
                 log.info("spark_warm_up_skipped", source=spec.name, reason="no records in the source's topics")
                 return
@@ -290,7 +301,7 @@ class Worker:
                 )
                 stack.callback(sessions.stop)
                 tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
-                self._warm_up(builder, spec, offsets, tps, settings.warm_up_records)
+                self._warm_up(builder, spec, offsets, tps, settings.warm_up_records, reader)
             # Connect now, not in the first publish (whose latency would then include it); a
             # failure is the publisher's to retry.
             with contextlib.suppress(MetastoreUnavailable):

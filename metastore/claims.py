@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ingest_common.model import PartitionClaim, StartFrom, StoredPosition, TopicPartition
@@ -30,14 +30,23 @@ class ClaimsMixin(StoreBase):
             )
 
     def claim_partitions(
-        self, source: str, worker: str, tps: Sequence[TopicPartition]
+        self,
+        source: str,
+        worker: str,
+        tps: Sequence[TopicPartition],
+        topic_ids: Mapping[str, str | None] | None = None,
     ) -> dict[TopicPartition, PartitionClaim]:
         """In one transaction: bump the serial of each partition, record the owner, read
         the stored offset. A partition without a row is created (starting from earliest).
-        A claim with no stored offset is pinned by :meth:`pin_start_offsets` before it is read."""
+        A claim with no stored offset is pinned by :meth:`pin_start_offsets` before it is read.
+
+        ``topic_ids``: Kafka's id of each topic, asked before the claim (migrations/0027). It is
+        recorded where the row has none, or nothing stored to read from; a stored id is kept
+        and returned (the caller compares it with Kafka's: another one is a re-created topic)."""
         if not tps:
             return {}
         ordered = sorted(set(tps))
+        ids = topic_ids or {}
         with wrap_exceptions(self.url):
             conn = self._connection()
             with conn.transaction():
@@ -48,6 +57,7 @@ class ClaimsMixin(StoreBase):
                         "worker": worker,
                         "topics": [tp.topic for tp in ordered],
                         "partitions": [tp.partition for tp in ordered],
+                        "topic_ids": [ids.get(tp.topic) for tp in ordered],
                     },
                 ).fetchall()
         return _claims(rows)
@@ -138,11 +148,21 @@ class ClaimsMixin(StoreBase):
         return (int(rows[0]["serial"]), rows[0]["next_offset"]) if rows else None
 
     def stored_position(self, source: str, tp: TopicPartition) -> StoredPosition | None:
-        """(serial, next_offset, leader_epoch) of one partition, or None if it has no row."""
+        """(serial, next_offset, leader_epoch, topic_id) of one partition, or None if it has no row."""
         rows = self._fetch("stored_position", source=source, topic=tp.topic, partition=tp.partition)
         if not rows:
             return None
-        return StoredPosition(int(rows[0]["serial"]), rows[0]["next_offset"], rows[0]["leader_epoch"])
+        row = rows[0]
+        return StoredPosition(int(row["serial"]), row["next_offset"], row["leader_epoch"], row["topic_id"])
+
+    def record_topic_id(self, source: str, tp: TopicPartition, serial: int, topic_id: str) -> str | None:
+        """Record Kafka's id of the partition's topic while ``serial`` is the current claim,
+        where none is stored or the stored offset is 0 (nothing of any log lies below it).
+        Returns the id stored now (another one: the topic was re-created); None: fenced."""
+        rows = self._fetch(
+            "record_topic_id", source=source, topic=tp.topic, partition=tp.partition, serial=serial, topic_id=topic_id
+        )
+        return str(rows[0]["topic_id"]) if rows and rows[0]["topic_id"] is not None else None
 
     def partitions(self, source: str) -> list[Row]:
         return self._fetch("list_partitions", source=source)
@@ -162,5 +182,6 @@ def _claims(rows: Iterable[Row]) -> dict[TopicPartition, PartitionClaim]:
             row["initial_position"],
             row["leader_epoch"],
             retired=row.get("retired_at") is not None,
+            topic_id=row.get("topic_id"),
         )
     return claims

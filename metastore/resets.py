@@ -3,7 +3,7 @@ offset gaps (records no longer in Kafka's log)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ingest_common.model import PartitionReset, ResetResult, TopicPartition
@@ -26,6 +26,7 @@ class ResetsMixin(StoreBase):
         target: str,
         confirmed: bool,
         earliest: dict[TopicPartition, int] | None = None,
+        topic_ids: Mapping[str, str | None] | None = None,
     ) -> ResetResult:
         """Set stored offsets, in one transaction that also bumps each changed partition's
         serial (so every publish in flight for it is refused) and the source's reset
@@ -35,6 +36,11 @@ class ResetsMixin(StoreBase):
         replays records and ``confirmed`` is false, nothing is written and the plan is
         returned with ``reset_id`` None. ``earliest``: Kafka's low watermarks where known
         (what a partition that never published would start from).
+
+        ``topic_ids``: Kafka's id of each topic, asked before the offsets were (migrations/0027):
+        stored with each partition reset (a topic missing: NULL, the next claim records it).
+        A partition whose stored id is not Kafka's (its topic was re-created) is reset even to
+        the offset it holds: it is read in the new topic from there.
         """
         bad = sorted(str(tp) + f"={offset}" for tp, offset in targets.items() if offset < 0)
         if bad:
@@ -54,10 +60,11 @@ class ResetsMixin(StoreBase):
                     raise InvalidReset(
                         f"source {source!r} has no partition {', '.join(map(str, unknown))} (known: {known})"
                     )
+                ids = topic_ids or {}
                 plan = tuple(
                     _plan_partition(tp, rows[tp], offset, (earliest or {}).get(tp))
                     for tp, offset in sorted(targets.items())
-                    if rows[tp]["next_offset"] != offset
+                    if rows[tp]["next_offset"] != offset or ids.get(tp.topic) not in (None, rows[tp]["topic_id"])
                 )
                 result = ResetResult(plan)
                 if not plan or (result.changes_data and not confirmed):
@@ -75,6 +82,7 @@ class ResetsMixin(StoreBase):
                             "topic": p.tp.topic,
                             "partition": p.tp.partition,
                             "new_offset": p.new_offset,
+                            "topic_id": ids.get(p.tp.topic),
                         },
                     ).fetchone()
                     assert new_serial is not None
@@ -128,6 +136,32 @@ class ResetsMixin(StoreBase):
             partition=tp.partition,
             from_offset=from_offset,
             to_offset=to_offset,
+        )
+
+    def record_topic_recreation(
+        self,
+        source: str,
+        worker: str,
+        tp: TopicPartition,
+        from_offset: int,
+        to_offset: int,
+        old_topic_id: str,
+        new_topic_id: str,
+    ) -> None:
+        """The partition stopped at ``to_offset`` (its stored offset): its topic was deleted and
+        re-created (Kafka's id for it is ``new_topic_id``, the stored offset was read from
+        ``old_topic_id``), so the new log's ``[from_offset, to_offset)`` holds records never
+        read. Recorded with reason ``topic_recreated`` and both ids; never skipped."""
+        self._fetch(
+            "record_topic_recreation",
+            source=source,
+            worker=worker,
+            topic=tp.topic,
+            partition=tp.partition,
+            from_offset=from_offset,
+            to_offset=to_offset,
+            old_topic_id=old_topic_id,
+            new_topic_id=new_topic_id,
         )
 
     def skip_gap(

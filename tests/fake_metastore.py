@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -151,6 +151,10 @@ class MemoryMetastore(CompactionFake, FakeStore):
         self.error_rows: list[dict[str, Any]] = []
         self.gaps: list[tuple[TopicPartition, int, int, bool]] = []
         self.truncations: list[tuple[TopicPartition, int, int]] = []
+        # Kafka's topic id stored with each partition's offset (migration 0027; absent: NULL), and
+        # the re-created topics recorded: (partition, from, to, old id, new id).
+        self.topic_ids: dict[TopicPartition, str | None] = {}
+        self.recreations: list[tuple[TopicPartition, int, int, str, str]] = []
         # Set to make every call wait until it is cleared (a metastore that hangs).
         self.hang = threading.Event()
         self.released = threading.Event()
@@ -188,7 +192,11 @@ class MemoryMetastore(CompactionFake, FakeStore):
                     self.initial[tp] = initial
 
     def claim_partitions(
-        self, source: str, worker: str, tps: Sequence[TopicPartition]
+        self,
+        source: str,
+        worker: str,
+        tps: Sequence[TopicPartition],
+        topic_ids: Mapping[str, str | None] | None = None,
     ) -> dict[TopicPartition, PartitionClaim]:
         with self.lock:
             self._call(source)
@@ -198,8 +206,16 @@ class MemoryMetastore(CompactionFake, FakeStore):
                     self.serials[tp], self.next_offsets[tp], self.initial[tp] = 0, None, "earliest"
                 self.serials[tp] += 1
                 self.owners[tp] = worker
+                found = (topic_ids or {}).get(tp.topic)
+                if found is not None and (self.topic_ids.get(tp) is None or self.next_offsets[tp] is None):
+                    self.topic_ids[tp] = found
                 claims[tp] = PartitionClaim(
-                    tp, self.serials[tp], self.next_offsets[tp], self.initial[tp], self.leader_epochs.get(tp)
+                    tp,
+                    self.serials[tp],
+                    self.next_offsets[tp],
+                    self.initial[tp],
+                    self.leader_epochs.get(tp),
+                    topic_id=self.topic_ids.get(tp),
                 )
             return claims
 
@@ -215,7 +231,9 @@ class MemoryMetastore(CompactionFake, FakeStore):
                     continue
                 if self.next_offsets[tp] is None:
                     self.next_offsets[tp] = offset
-                pinned[tp] = PartitionClaim(tp, claim.serial, self.next_offsets[tp], self.initial[tp])
+                pinned[tp] = PartitionClaim(
+                    tp, claim.serial, self.next_offsets[tp], self.initial[tp], topic_id=self.topic_ids.get(tp)
+                )
             return pinned
 
     def release_partition(self, source: str, worker: str, claim: PartitionClaim) -> None:
@@ -234,12 +252,39 @@ class MemoryMetastore(CompactionFake, FakeStore):
             self._call(source)
             if tp not in self.serials:
                 return None
-            return StoredPosition(self.serials[tp], self.next_offsets[tp], self.leader_epochs.get(tp))
+            return StoredPosition(
+                self.serials[tp], self.next_offsets[tp], self.leader_epochs.get(tp), self.topic_ids.get(tp)
+            )
 
-    def reset(self, tp: TopicPartition, offset: int) -> None:
-        """What ``ingest reset`` does to one partition: new offset, serial bumped, generation moved."""
+    def record_topic_id(self, source: str, tp: TopicPartition, serial: int, topic_id: str) -> str | None:
+        with self.lock:
+            self._call(source)
+            if self.serials.get(tp) != serial:
+                return None
+            if self.topic_ids.get(tp) is None or not self.next_offsets.get(tp):
+                self.topic_ids[tp] = topic_id
+            return self.topic_ids[tp]
+
+    def record_topic_recreation(
+        self,
+        source: str,
+        worker: str,
+        tp: TopicPartition,
+        from_offset: int,
+        to_offset: int,
+        old_topic_id: str,
+        new_topic_id: str,
+    ) -> None:
+        with self.lock:
+            self._call(source)
+            self.recreations.append((tp, from_offset, to_offset, old_topic_id, new_topic_id))
+
+    def reset(self, tp: TopicPartition, offset: int, topic_id: str | None = None) -> None:
+        """What ``ingest reset`` does to one partition: new offset, serial bumped, generation
+        moved, the topic id Kafka gave it (None: not known) stored."""
         with self.lock:
             self.next_offsets[tp] = offset
+            self.topic_ids[tp] = topic_id
             self.leader_epochs[tp] = None
             self.serials[tp] += 1
             c = self.control_state
@@ -254,7 +299,9 @@ class MemoryMetastore(CompactionFake, FakeStore):
             for tp, serial in sorted(held, key=lambda h: h[0]):
                 if self.serials.get(tp, serial) != serial and self.owners.get(tp) == worker:
                     self.serials[tp] += 1
-                    claims[tp] = PartitionClaim(tp, self.serials[tp], self.next_offsets[tp], self.initial[tp])
+                    claims[tp] = PartitionClaim(
+                        tp, self.serials[tp], self.next_offsets[tp], self.initial[tp], topic_id=self.topic_ids.get(tp)
+                    )
             return claims
 
     def record_gap(self, source: str, worker: str, tp: TopicPartition, from_offset: int, to_offset: int) -> None:

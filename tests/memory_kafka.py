@@ -50,6 +50,8 @@ class MemoryBroker:
     epochs: dict[TopicPartition, int] = field(default_factory=dict)
     # The first offset of each partition's open transaction: its last stable offset.
     open_transactions: dict[TopicPartition, int] = field(default_factory=dict)
+    # Each topic's id (KIP-516); a topic absent has none (as a cluster without ids: not compared).
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
     def produce(self, tp: TopicPartition, *values: bytes | None, key: bytes | None = b"k") -> None:
         log = self.logs.setdefault(tp, [])
@@ -82,6 +84,16 @@ class MemoryBroker:
         later = [r.offset for r in log if r.leader_epoch > epoch]
         return min(later) if later else len(log)
 
+    def recreate(self, topic: str, topic_id: str) -> None:
+        """The topic deleted and created again under its name: every partition's log empty,
+        its leader epoch 0 again, a new id."""
+        for tp in [tp for tp in self.logs if tp.topic == topic]:
+            self.logs[tp] = []
+            self.epochs.pop(tp, None)
+            self.earliest.pop(tp, None)
+            self.open_transactions.pop(tp, None)
+        self.topic_ids[topic] = topic_id
+
     def delete_before(self, tp: TopicPartition, offset: int) -> None:
         self.earliest[tp] = offset
 
@@ -95,7 +107,7 @@ class MemoryBroker:
         return self.open_transactions.get(tp, self.high(tp))
 
     def log_end(self, tp: TopicPartition) -> LogEnd:
-        return LogEnd(self.stable(tp), self.epochs.get(tp, 0), self.low(tp))
+        return LogEnd(self.stable(tp), self.epochs.get(tp, 0), self.low(tp), self.topic_ids.get(tp.topic))
 
     def read(self, tp: TopicPartition, start: int, end: int) -> list[MemoryRecord]:
         """What a read_committed reader gets of ``[start, end)``, or DataLoss when offsets of
@@ -123,6 +135,12 @@ class MemoryLogOffsets:
         if tp in self.failing:
             raise KafkaCallFailed(f"watermarks of {tp}: injected failure")
         return self.broker.low(tp), self.broker.stable(tp)
+
+    def topic_ids(self, topics: Sequence[str], timeout_s: float) -> dict[str, str | None]:
+        if any(tp.topic in topics for tp in self.failing):
+            raise KafkaCallFailed(f"ids of {', '.join(topics)}: injected failure")
+        known = set(self.broker.topic_ids) | {tp.topic for tp in self.broker.logs}
+        return {topic: self.broker.topic_ids.get(topic) for topic in topics if topic in known}
 
     def close(self) -> None:
         return None

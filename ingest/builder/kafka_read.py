@@ -28,7 +28,12 @@ How the reader is set, and why:
   others: on a long-lived Spark (a Connect server, a cluster's executors) two workers of one
   source with a ``client.id`` each, or a worker restarted with new properties, would fail
   every build of the partitions the other had read. The reader only assigns partitions and
-  never commits: the id never joins a group.
+  never commits: the id never joins a group. Each read's id also ends with a digest of the
+  ids (KIP-516) of every topic the reader has read, as the splits carry them
+  (:class:`ReadTopics`): a topic deleted and re-created under its name is another log at the
+  same offsets, and a consumer or the fetched records the pool kept for the old one must never
+  serve a read of the new one. The digest changes only when a topic is first read or read
+  under a new id, so between those every read shares one id and the pool is reused as before.
 - ``kafka.fetch.max.wait.ms``: :data:`FETCH_MAX_WAIT_MS`, not Kafka's 500. With Kafka's, every
   task held one fetch for the whole wait (a fetch the broker answers only when it has records
   or the wait is over), so every job's read of a range, however small and pooled consumer or
@@ -49,9 +54,10 @@ import hashlib
 import hmac
 import json
 import secrets
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.kafka_java import JAVA_SECRET_PROPERTIES
@@ -89,6 +95,35 @@ FETCH_MAX_WAIT_MS = 20
 _SECRET_KEY = secrets.token_bytes(32)
 
 
+class ReadTopics:
+    """The (topic, topic id) pairs a reader has read, for the group id of each read: the
+    reader's own, then a digest of every pair seen so far (none: the reader's alone). A read
+    of a topic under an id never seen before (a new topic, or one re-created under its name)
+    gets a group id no earlier read had, so Spark's pool serves it nothing of another log;
+    pairs are never forgotten, so the id moves only then. Build threads share it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, str]] = set()
+        self._digest = ""
+
+    def know(self, topic_ids: Mapping[str, str]) -> None:
+        """Topics read from now on (a worker's, at its start): one group id from the first read."""
+        self._add(set(topic_ids.items()))
+
+    def group_id(self, group_id: str, splits: Sequence[SealedSplit]) -> str:
+        digest = self._add({(s.tp.topic, s.topic_id) for s in splits if s.topic_id is not None})
+        return f"{group_id}-{digest}" if digest else group_id
+
+    def _add(self, pairs: set[tuple[str, str]]) -> str:
+        with self._lock:
+            if not pairs <= self._seen:
+                self._seen |= pairs
+                text = json.dumps(sorted(self._seen))
+                self._digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+            return self._digest
+
+
 def _digest(options: Mapping[str, str]) -> str:
     """12 hex digits that change with any of the reader's client properties."""
     hidden = {k for k in options if k.removeprefix("kafka.") in JAVA_SECRET_PROPERTIES or is_secret_name(k)}
@@ -103,6 +138,8 @@ class KafkaReader:
     """The options of every read: ``kafka.*`` client properties and the source's own."""
 
     options: tuple[tuple[str, str], ...]
+    # The topics (and their ids) read so far: each read's group id ends with their digest.
+    topics: ReadTopics = field(default_factory=ReadTopics, compare=False, repr=False)
 
     @staticmethod
     def of(
@@ -147,8 +184,10 @@ class KafkaReader:
             assigned.setdefault(split.tp.topic, []).append(split.tp.partition)
             starts.setdefault(split.tp.topic, {})[str(split.tp.partition)] = split.start
             ends.setdefault(split.tp.topic, {})[str(split.tp.partition)] = split.end
+        options = dict(self.options)
         options = {
-            **dict(self.options),
+            **options,
+            "kafka.group.id": self.topics.group_id(options["kafka.group.id"], layer),
             "assign": json.dumps(assigned, sort_keys=True),
             "startingOffsets": json.dumps(starts, sort_keys=True),
             "endingOffsets": json.dumps(ends, sort_keys=True),

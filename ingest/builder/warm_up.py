@@ -30,10 +30,14 @@ log = structlog.get_logger(__name__)
 
 
 def warm_up_splits(
-    logs: Mapping[TopicPartition, tuple[int, int]], records: int, partitions: int = 2
+    logs: Mapping[TopicPartition, tuple[int, int]],
+    records: int,
+    partitions: int = 2,
+    topic_ids: Mapping[str, str] | None = None,
 ) -> list[SealedSplit]:
     """Splits of the newest ``records`` offsets, dealt over up to ``partitions`` partitions of
-    those that hold any (``logs``: each partition's earliest and last stable offset)."""
+    those that hold any (``logs``: each partition's earliest and last stable offset), with
+    their topics' ids where known (the read's group id is the real builds': their pool)."""
     holding = sorted((tp for tp, (low, stable) in logs.items() if stable > low), key=lambda tp: -logs[tp][1])
     chosen = holding[:partitions]
     if not chosen or records <= 0:
@@ -53,6 +57,7 @@ def warm_up_splits(
             sealed_at=now,
             seal_reason="warm_up",
             kill_switch=KillSwitch(),
+            topic_id=(topic_ids or {}).get(tp.topic),
         )
         for tp in chosen
     ]

@@ -131,14 +131,26 @@ def cmd_reset(args: argparse.Namespace) -> int:
     import socket
 
     from ingest.errors import ResetNotConfirmed
+    from ingest.ops.status import topic_ids
 
     settings = load_settings()
     with Metastore(settings.database_url) as store:
         store.latest_spec(args.source)  # SourceNotFound for an unknown source
-        targets, earliest = _reset_targets(args.to, store.partitions(args.source), settings)
+        rows = store.partitions(args.source)
+        # The topics' ids (KIP-516), stored with the new offsets, asked before the watermarks: a
+        # topic re-created in between then reads as re-created again, never the other way.
+        ids = topic_ids(settings, sorted({r["topic"] for r in rows}))
+        targets, earliest = _reset_targets(args.to, rows, settings)
         actor = f"{getpass.getuser()}@{socket.gethostname()}"
         result = store.reset_offsets(
-            args.source, targets, actor=actor, reason=args.reason, target=args.to, confirmed=args.yes, earliest=earliest
+            args.source,
+            targets,
+            actor=actor,
+            reason=args.reason,
+            target=args.to,
+            confirmed=args.yes,
+            earliest=earliest,
+            topic_ids=ids,
         )
     if not result.partitions:
         emit(

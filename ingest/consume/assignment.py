@@ -67,6 +67,10 @@ class OwnedPartition:
     # A metastore read or write for this partition runs in the background (ingest.consume.background):
     # nothing else is started for it until its result is applied.
     busy: bool = False
+    # Kafka's id of the topic the stored offset is in, as the metastore holds it for this claim
+    # (the claim's, then each stored position read; None: none held yet). A log-end answer
+    # naming another stops the partition (ingest.consume.log_ends).
+    topic_id: str | None = None
 
     @property
     def tp(self) -> TopicPartition:
@@ -138,6 +142,7 @@ class OwnedPartition:
     def reclaimed(self, claim: PartitionClaim) -> None:
         """``ingest reset`` moved the serial: a new claim, whatever the state (the caller repositions)."""
         self.claim = claim
+        self.topic_id = claim.topic_id
         self.failures = 0
         self.published_end = None
         self.state = PartitionState.ACTIVE
@@ -182,7 +187,7 @@ class Assignment:
 
     def add(self, claim: PartitionClaim) -> OwnedPartition:
         cutter = PartitionCutter(claim.tp, claim.serial, claim.next_offset, position_epoch=claim.leader_epoch)
-        owned = OwnedPartition(claim, cutter)
+        owned = OwnedPartition(claim, cutter, topic_id=claim.topic_id)
         self._owned[(claim.tp.topic, claim.tp.partition)] = owned
         return owned
 

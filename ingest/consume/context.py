@@ -11,7 +11,7 @@ some partitions (``Killer``), read what is in flight (``InFlight``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -50,6 +50,17 @@ class GapStore(StateStore, Protocol):
     def skip_gap(
         self, source: str, worker: str, tp: TopicPartition, serial: int, from_offset: int, to_offset: int
     ) -> int: ...
+    def record_topic_id(self, source: str, tp: TopicPartition, serial: int, topic_id: str) -> str | None: ...
+    def record_topic_recreation(
+        self,
+        source: str,
+        worker: str,
+        tp: TopicPartition,
+        from_offset: int,
+        to_offset: int,
+        old_topic_id: str,
+        new_topic_id: str,
+    ) -> None: ...
 
 
 class ControlStore(Protocol):
@@ -91,7 +102,11 @@ class ClaimStore(Protocol):
     """The rebalance callbacks' connection, on the polling thread: claims and releases."""
 
     def claim_partitions(
-        self, source: str, worker: str, tps: Sequence[TopicPartition]
+        self,
+        source: str,
+        worker: str,
+        tps: Sequence[TopicPartition],
+        topic_ids: Mapping[str, str | None] | None = None,
     ) -> dict[TopicPartition, PartitionClaim]: ...
     def pin_start_offsets(
         self, source: str, pins: Sequence[tuple[PartitionClaim, int]]

@@ -81,6 +81,7 @@ class PartitionCutter:
         "position",
         "position_epoch",
         "serial",
+        "topic_id",
         "tp",
         "validated",
         "validating",
@@ -106,8 +107,10 @@ class PartitionCutter:
         self.validated = position_epoch is None or position is None
         self.validating = False
         self._stable: int | None = None
-        # The leader epoch of the latest log-end answer.
+        # The leader epoch of the latest log-end answer, and its topic id (the caller takes only
+        # answers whose id is the partition's: ingest.consume.log_ends).
         self.leader_epoch: int | None = None
+        self.topic_id: str | None = None
         # (last stable offset, the previous answer's time) for each rise seen past the position:
         # how long, at the most, each stretch of offsets has been in the log.
         self._seen: deque[tuple[int, float]] = deque()
@@ -129,6 +132,7 @@ class PartitionCutter:
                 self._seen.append((end.stable, now if since is None else since))
             self._stable = end.stable
         self.leader_epoch = end.leader_epoch
+        self.topic_id = end.topic_id
         if self.validated and self._moved(end.leader_epoch):
             self.validated = False
 
@@ -200,6 +204,7 @@ class PartitionCutter:
             seal_reason=reason,
             kill_switch=KillSwitch(),
             epoch=self.epoch,
+            topic_id=self.topic_id,
         )
         self.position = end
         if self.leader_epoch is not None:

@@ -17,6 +17,17 @@ skip the new records, re-reading would publish offsets twice); ``ingest reset`` 
 A truncation above the stored offset only touched records not published: re-read from the
 stored offset (validated again).
 
+A topic deleted and re-created under the same name is another log whose offsets and leader
+epochs start again where the old one's did, so neither tells it from the old. Kafka's topic id
+(KIP-516) does: every measurement first compares the id the metastore holds with the partition's
+offset with Kafka's, asked after the watermarks (migrations/0027). None held yet: Kafka's is
+recorded (serial-guarded) and the measurement goes on. Another one: the new log's offsets
+``[0, next_offset)`` hold records never read and the records published below next_offset are
+no longer the log's, so the range is recorded as a gap with reason ``topic_recreated`` and both
+ids, and the partition stops under either policy, as for a truncation; ``ingest reset`` resumes
+it in the new topic (and records its id). At a stored offset of 0 nothing of either log lies
+below it: the new id is recorded and the partition reads on.
+
 The measurement and the record run in the background (:meth:`GapResolver._measure`); the
 verdict is applied on the polling thread (:meth:`GapResolver._apply`).
 """
@@ -37,7 +48,7 @@ from ingest.consume.kafka import KafkaCallFailed, Truncation
 from ingest.consume.log_offsets import Watermarks
 from ingest.consume.positioning import Positioner, Reason
 from ingest_common.backoff import Backoff
-from ingest_common.model import ConflictReason, GapAction, KillReason, TopicPartition
+from ingest_common.model import ConflictReason, GapAction, KillReason, StoredPosition, TopicPartition
 from metastore.errors import PublishConflict
 
 log = structlog.get_logger(__name__)
@@ -53,6 +64,7 @@ class Verdict(enum.Enum):
     IN_RANGE = "in_range"  # the stored offset is in the log: only a later position was refused
     PAST_END = "past_end"  # the stored offset is past the log end (unclean leader election, re-created topic)
     TRUNCATED = "truncated"  # the log was truncated below the stored offset: recorded, stays stopped
+    RECREATED = "recreated"  # the topic was re-created (another topic id): recorded, stays stopped
     STOPPED = "stopped"  # recorded, partition stays stopped (policy fail)
     SKIPPED = "skipped"  # recorded and skipped (policy earliest): consume from `low`
     CONFLICT = "conflict"  # the record/skip was refused (serial or offset moved)
@@ -68,9 +80,11 @@ class GapResult:
     stored_serial: int | None = None
     gap_id: int | None = None
     reason: str = ""
-    # TRUNCATED: where the lost range starts, and what librdkafka reported.
+    # TRUNCATED, RECREATED: where the lost range starts; what librdkafka reported.
     lost_from: int = 0
     truncation: Truncation | None = None
+    # RECREATED: the topic id stored with the offset, and Kafka's now.
+    topic_ids: tuple[str, str] | None = None
 
 
 class GapResolver:
@@ -129,16 +143,23 @@ class GapResolver:
     def _measure(
         self, tp: TopicPartition, serial: int, refused: int | None, skip: bool, truncation: Truncation | None = None
     ) -> GapResult:
-        if truncation is not None:
-            return self._measure_truncation(tp, serial, truncation)
-        state = self._store.partition_state(self._source, tp)
-        if state is None or state[0] != serial:
-            return GapResult(Verdict.FENCED, stored_serial=state[0] if state else None)
-        stored = state[1] if state[1] is not None else refused
+        position = self._store.stored_position(self._source, tp)
+        if position is None or position.serial != serial:
+            return GapResult(Verdict.FENCED, stored_serial=position.serial if position else None)
         try:
             low, high = self._watermarks.watermarks(tp, WATERMARK_TIMEOUT_S)
+            # After the watermarks: the id they are known under (ingest.consume.log_offsets).
+            ids = self._watermarks.topic_ids([tp.topic], WATERMARK_TIMEOUT_S)
         except KafkaCallFailed as exc:
             return GapResult(Verdict.RETRY, reason=str(exc))
+        if tp.topic not in ids:
+            return GapResult(Verdict.RETRY, reason=f"topic {tp.topic} is not known to the broker")
+        changed = self._topic_changed(tp, serial, position, ids[tp.topic], low, high)
+        if changed is not None:
+            return changed
+        if truncation is not None:
+            return self._measure_truncation(tp, position, truncation, low, high)
+        stored = position.next_offset if position.next_offset is not None else refused
         if stored is None or stored < 0 or low <= stored <= high:
             return GapResult(Verdict.IN_RANGE, stored, low, high)
         if stored > high:
@@ -152,15 +173,27 @@ class GapResolver:
             return GapResult(Verdict.CONFLICT, stored, low, high, reason=exc.reason)
         return GapResult(Verdict.STOPPED, stored, low, high)
 
-    def _measure_truncation(self, tp: TopicPartition, serial: int, truncation: Truncation) -> GapResult:
-        position = self._store.stored_position(self._source, tp)
-        if position is None or position.serial != serial:
-            return GapResult(Verdict.FENCED, stored_serial=position.serial if position else None)
+    def _topic_changed(
+        self, tp: TopicPartition, serial: int, position: StoredPosition, found: str | None, low: int, high: int
+    ) -> GapResult | None:
+        """Kafka's topic id ``found`` against the one stored with the offset: None when they are
+        one (or Kafka gives none, or none was stored: recorded now), else the verdict."""
+        if found is None or position.topic_id == found:
+            return None
+        stored_id = self._store.record_topic_id(self._source, tp, serial, found)
+        if stored_id is None:
+            return GapResult(Verdict.FENCED)
+        if stored_id == found:
+            log.info("topic_id_recorded", topic_id=found, stored_offset=position.next_offset, **self._fields(tp))
+            return None
+        stored = position.next_offset or 0
+        self._store.record_topic_recreation(self._source, self._worker_id, tp, 0, stored, stored_id, found)
+        return GapResult(Verdict.RECREATED, stored, low, high, lost_from=0, topic_ids=(stored_id, found))
+
+    def _measure_truncation(
+        self, tp: TopicPartition, position: StoredPosition, truncation: Truncation, low: int, high: int
+    ) -> GapResult:
         stored = position.next_offset
-        try:
-            low, high = self._watermarks.watermarks(tp, WATERMARK_TIMEOUT_S)
-        except KafkaCallFailed as exc:
-            return GapResult(Verdict.RETRY, reason=str(exc))
         if stored is None or not _below(truncation, stored, position.leader_epoch):
             return GapResult(Verdict.IN_RANGE, stored, low, high)
         end = truncation.end_offset
@@ -212,6 +245,8 @@ class GapResolver:
             )
         elif verdict is Verdict.TRUNCATED:
             self._truncated(owned, result)
+        elif verdict is Verdict.RECREATED:
+            self._recreated(owned, result)
         elif verdict is Verdict.CONFLICT:
             log.warning("offset_gap_conflict", reason=result.reason, **lost, **fields)
             if result.reason == ConflictReason.SERIAL:
@@ -264,6 +299,31 @@ class GapResolver:
             f" [{lost_from}, {stored}) were published from records no longer in the log, which holds others"
             " there now (an unclean leader election or a lost broker log); partition stopped, nothing skipped;"
             " `ingest reset` resumes it",
+        )
+
+    def _recreated(self, owned: OwnedPartition, result: GapResult) -> None:
+        owned.gap_settled()
+        tp, stored = owned.tp, result.stored or 0
+        old, new = result.topic_ids or ("?", "?")
+        self._metrics.offset_gap_records.labels(self._source, GapAction.STOPPED).inc(stored - result.lost_from)
+        log.error(
+            "topic_recreated",
+            from_offset=result.lost_from,
+            to_offset=stored,
+            stored_topic_id=old,
+            topic_id=new,
+            high_watermark=result.high,
+            action="partition stopped, nothing skipped: the topic was deleted and re-created, the new log's offsets"
+            " [from_offset, to_offset) hold records never read and those published there are no longer the log's;"
+            " `ingest reset` resumes it in the new topic",
+            **self._fields(tp),
+        )
+        self._registry.error(
+            "TOPIC_RECREATED",
+            f"{tp}: the topic was deleted and re-created: Kafka's topic id is {new}, the stored offset {stored} was"
+            f" read from topic id {old}; the new log's offsets [{result.lost_from}, {stored}) hold records never"
+            " read (resuming at the stored offset would skip them); partition stopped, nothing skipped;"
+            " `ingest reset` resumes it in the new topic (--to earliest reads it from its start)",
         )
 
 

@@ -10,7 +10,11 @@ What an answer does to an active partition:
 - an earliest offset past the lowest offset not yet published, or a last stable offset below
   where the partition was cut to (the log was truncated or re-created), stops the partition:
   the gap is measured against the stored offset and recorded, skipped or stopped on
-  (ingest.consume.gaps), before Spark is asked to read what is gone.
+  (ingest.consume.gaps), before Spark is asked to read what is gone;
+- a topic id (asked after the offsets: ingest.consume.log_offsets) other than the one the
+  metastore holds with the partition's offset (or none held yet) stops it the same way before
+  any offset of the answer is taken: the gap resolver records the id, or finds the topic
+  re-created and keeps the partition stopped. No split is cut from another topic's log.
 A partition whose answer failed keeps what it had; the next query asks again. One whose topic
 the broker does not know (a pattern source's deleted topic, until the group takes the partition
 away: ingest.consume.topic_watch) is logged once and asked again only every
@@ -129,7 +133,14 @@ class LogEnds:
             return
         unpublished = owned.published_end if owned.published_end is not None else owned.claim.next_offset
         floor = cutter.position if unpublished is None else min(unpublished, cutter.position)
-        if end.earliest > floor:
+        if end.topic_id is not None and end.topic_id != owned.topic_id:
+            self._gaps.refused(
+                owned.tp,
+                floor,
+                f"the topic's id is {end.topic_id}, the partition's offset was stored with"
+                f" {owned.topic_id or 'no topic id'}",
+            )
+        elif end.earliest > floor:
             self._gaps.refused(
                 owned.tp, floor, f"offsets [{floor}, {end.earliest}) are no longer in the log (earliest {end.earliest})"
             )

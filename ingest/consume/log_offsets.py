@@ -3,10 +3,17 @@ record: the worker's other boundary to Kafka (its group member is ingest.consume
 
 A query asks, for every partition at once, the **last stable offset** (ListOffsets latest
 under ``read_committed``: below it every transaction is decided, so a reader that reads to it
-never waits for one) with the leader's epoch, and the **earliest** offset still in the log.
-Splits are cut from them (ingest.consume.cutter); the earliest offset moving past where a
-partition is read is an offset gap (ingest.consume.gaps), found before Spark is asked to
-read what is gone.
+never waits for one) with the leader's epoch, and the **earliest** offset still in the log;
+then, once those are answered, each topic's **id** (KIP-516). Splits are cut from them
+(ingest.consume.cutter); the earliest offset moving past where a partition is read is an
+offset gap, and a topic id other than the one stored with the partition's offset a re-created
+topic (ingest.consume.gaps), both found before Spark is asked to read what is gone or another
+log's records.
+
+The ids are asked *after* the offsets: topic ids are never reused, so an id that is still the
+stored one once the offsets were answered was the topic's when they were, and the offsets are
+that topic's log's. (Asked before, a topic re-created in between would pass its offsets off as
+the old one's.)
 
 :meth:`LogOffsets.query` never blocks: the answers arrive on librdkafka's background thread
 and the polling thread picks them up at a later step. :meth:`LogOffsets.watermarks` blocks,
@@ -30,6 +37,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from ingest.config import kafka_error
 from ingest.consume.kafka import KafkaCallFailed, kafka_error_text
+from ingest.topics import kafka_topic_id
 from ingest_common.model import TopicPartition
 
 log = structlog.get_logger(__name__)
@@ -49,6 +57,9 @@ class LogEnd:
     leader_epoch: int | None
     # The first offset still in the log (retention, delete_records moved it).
     earliest: int
+    # Kafka's id of the topic (KIP-516), asked after the offsets were answered (None: the
+    # cluster gives topics no id, or the answer does not tell it: nothing to compare).
+    topic_id: str | None = None
 
 
 class OffsetsQuery(Protocol):
@@ -68,6 +79,11 @@ class Watermarks(Protocol):
         """(earliest, last stable offset) asked of the broker. Raises KafkaCallFailed."""
         ...
 
+    def topic_ids(self, topics: Sequence[str], timeout_s: float) -> dict[str, str | None]:
+        """Kafka's id of each topic it knows (KIP-516; None: a cluster that gives topics no
+        id); a topic it does not know is left out. Raises KafkaCallFailed (no answer)."""
+        ...
+
 
 class LogOffsets(Watermarks, Protocol):
     def query(self, tps: Sequence[TopicPartition]) -> OffsetsQuery:
@@ -77,41 +93,94 @@ class LogOffsets(Watermarks, Protocol):
     def close(self) -> None: ...
 
 
+# Asks the ids of some topics (confluent-kafka's describe_topics): a future per topic.
+Describe = Callable[[list[str]], dict[str, Future[Any]]]
+
+
+def _error_text(exc: KafkaException) -> str:
+    """UNKNOWN_TOPIC for a topic the broker does not know, else the error's text."""
+    error = kafka_error(exc)
+    unknown = error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    return UNKNOWN_TOPIC if unknown else kafka_error_text(exc)
+
+
 class _AdminQuery:
     def __init__(
         self,
         latest: dict[Any, Future[Any]],
         earliest: dict[Any, Future[Any]],
         on_errors: Callable[[set[str]], None] = lambda _topics: None,
+        describe: Describe | None = None,
     ) -> None:
         self._latest = latest
         self._earliest = earliest
         self._on_errors = on_errors
+        # The topics' ids, asked once the offsets are answered (None: not asked for, or not yet).
+        self._describe = describe
+        self._ids: dict[str, Future[Any]] | None = None
+
+    def _offsets(self) -> list[Future[Any]]:
+        return [*self._latest.values(), *self._earliest.values()]
+
+    def _ids_asked(self) -> list[Future[Any]]:
+        """Once every offset is answered: the ids' futures (asked now, the first time)."""
+        if self._describe is None or not all(f.done() for f in self._offsets()):
+            return []
+        if self._ids is None:
+            topics = sorted({k.topic for k in self._latest})
+            try:
+                self._ids = self._describe(topics) if topics else {}
+            except KafkaException as exc:
+                failed: Future[Any] = Future()
+                failed.set_exception(exc)
+                self._ids = dict.fromkeys(topics, failed)
+        return list(self._ids.values())
 
     def done(self) -> bool:
-        return all(f.done() for f in self._latest.values()) and all(f.done() for f in self._earliest.values())
+        if not all(f.done() for f in self._offsets()):
+            return False
+        return all(f.done() for f in self._ids_asked())
 
     def wait(self, timeout_s: float) -> bool:
         """Wait until done, at most ``timeout_s``; whether it is done."""
-        futures_wait([*self._latest.values(), *self._earliest.values()], timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        futures_wait(self._offsets(), timeout=timeout_s)
+        futures_wait(self._ids_asked(), timeout=max(0.0, deadline - time.monotonic()))
         return self.done()
 
     def result(self) -> tuple[dict[TopicPartition, LogEnd], dict[TopicPartition, str]]:
         ends: dict[TopicPartition, LogEnd] = {}
         errors: dict[TopicPartition, str] = {}
         earliest = {(k.topic, k.partition): f for k, f in self._earliest.items()}
+        ids: dict[str, str | None] = {}
+        id_errors: dict[str, str] = {}
+        for topic, future in (self._ids or {}).items():
+            if not future.done():
+                id_errors[topic] = "the topic's id: no answer yet"
+                continue
+            try:
+                ids[topic] = kafka_topic_id(future.result(timeout=0))
+            except KafkaException as exc:
+                id_errors[topic] = _error_text(exc)
         for ktp, future in self._latest.items():
             tp = TopicPartition(ktp.topic, ktp.partition)
             try:
                 latest = future.result(timeout=0)
                 first = earliest[(ktp.topic, ktp.partition)].result(timeout=0)
             except KafkaException as exc:
-                error = kafka_error(exc)
-                unknown = error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                errors[tp] = UNKNOWN_TOPIC if unknown else kafka_error_text(exc)
+                errors[tp] = _error_text(exc)
+                continue
+            if self._describe is not None and tp.topic not in ids:
+                # Offsets whose topic's id is not known are not taken: they may be another log's.
+                errors[tp] = id_errors.get(tp.topic, "no topic id in the answer")
                 continue
             epoch = latest.leader_epoch
-            ends[tp] = LogEnd(int(latest.offset), None if epoch is None or epoch < 0 else int(epoch), int(first.offset))
+            ends[tp] = LogEnd(
+                int(latest.offset),
+                None if epoch is None or epoch < 0 else int(epoch),
+                int(first.offset),
+                ids.get(tp.topic),
+            )
         if errors:
             self._on_errors({tp.topic for tp in errors})
         return ends, errors
@@ -137,7 +206,35 @@ class AdminLogOffsets:
         self._refreshed_at = 0.0
 
     def query(self, tps: Sequence[TopicPartition]) -> OffsetsQuery:
-        return self._query(tps, self._stale)
+        return self._query(tps, self._stale, self._describe)
+
+    def _describe(self, topics: list[str]) -> dict[str, Future[Any]]:
+        from confluent_kafka import TopicCollection
+
+        futures: dict[str, Future[Any]] = self._admin.describe_topics(
+            TopicCollection(topics), request_timeout=self._timeout_s
+        )
+        return futures
+
+    def topic_ids(self, topics: Sequence[str], timeout_s: float) -> dict[str, str | None]:
+        asked = sorted(set(topics))
+        if not asked:
+            return {}
+        try:
+            futures = self._describe(asked)
+        except KafkaException as exc:
+            raise KafkaCallFailed(f"ids of topics {', '.join(asked)}: {kafka_error_text(exc)}") from exc
+        futures_wait(list(futures.values()), timeout=timeout_s)
+        ids: dict[str, str | None] = {}
+        for topic, future in futures.items():
+            if not future.done():
+                raise KafkaCallFailed(f"id of topic {topic}: no answer within {timeout_s:g} s")
+            try:
+                ids[topic] = kafka_topic_id(future.result(timeout=0))
+            except KafkaException as exc:
+                if _error_text(exc) != UNKNOWN_TOPIC:
+                    raise KafkaCallFailed(f"id of topic {topic}: {kafka_error_text(exc)}") from exc
+        return ids
 
     def _stale(self, topics: set[str]) -> None:
         """Refresh the topics' metadata in the background (throttled)."""
@@ -158,7 +255,9 @@ class AdminLogOffsets:
                 self._refreshing = False
                 self._refreshed_at = time.monotonic()
 
-    def _query(self, tps: Sequence[TopicPartition], on_errors: Callable[[set[str]], None]) -> _AdminQuery:
+    def _query(
+        self, tps: Sequence[TopicPartition], on_errors: Callable[[set[str]], None], describe: Describe | None = None
+    ) -> _AdminQuery:
         from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
         ktps = [KafkaTopicPartition(tp.topic, tp.partition) for tp in tps]
@@ -173,7 +272,7 @@ class AdminLogOffsets:
             request_timeout=self._timeout_s,
         )
         earliest = self._admin.list_offsets(dict.fromkeys(ktps, earliest_spec), request_timeout=self._timeout_s)
-        return _AdminQuery(latest, earliest, on_errors)
+        return _AdminQuery(latest, earliest, on_errors, describe)
 
     def watermarks(self, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
         deadline = time.monotonic() + timeout_s

@@ -99,6 +99,7 @@ class Positioner:
             )
             return
         epoch = state.leader_epoch if state.next_offset is not None else None
+        owned.topic_id = state.topic_id
         self.reposition(owned, state.next_offset, Reason.REWIND, epoch)
 
     def _read_failed(self, owned: OwnedPartition) -> None:

@@ -8,6 +8,12 @@
   under the claim: the start is resolved once per partition, never again, so repositioning before the
   first publish (a failed split, a re-assignment, a resume) can never skip what was produced
   since.
+  The topics' ids (KIP-516) are asked of Kafka before the claim, which records each where the
+  partition's row has none (migrations/0027) and returns the stored one: a partition whose
+  stored id is not Kafka's is another log now (the topic was deleted and re-created under its
+  name) and is stopped at once, before anything validates or cuts it; the gap resolver records
+  it (ingest.consume.gaps). Ids Kafka does not give in time are left to the first log-end
+  answer (ingest.consume.log_ends): nothing is cut before one confirmed the partition's id.
 - revoke / lost: trip the kill switch of every in-flight split of those partitions and
   forget them. Partitions that stay assigned keep everything (their splits in flight too). ``on_lost`` does
   nothing else; ``on_revoke`` also clears the owner in the metastore (status only).
@@ -95,9 +101,12 @@ class RebalanceHandler:
                 lambda: watch.register_new({tp.topic for tp in tps}, max(0.1, min(deadline.left(), 5.0))),
             )
             claims = None if registered is None else claims
+        ids: dict[str, str | None] = {}
         if tps and claims is not None:
+            # Before the claim: an offset pinned after it is then never older than its id.
+            ids = self._topic_ids({tp.topic for tp in tps}, deadline)
             claims = self._retrying(
-                "claim", deadline, lambda: self._store.claim_partitions(self._source, self._worker_id, tps)
+                "claim", deadline, lambda: self._store.claim_partitions(self._source, self._worker_id, tps, ids)
             )
         if claims is not None:
             claims = self._pin_starts(claims, deadline)
@@ -116,6 +125,17 @@ class RebalanceHandler:
                 # deleted and one of that name is another log (ingest.consume.topic_watch):
                 # fenced, it takes nothing until the group moves it (or a reset).
                 owned.fence()
+            elif (found := ids.get(claim.tp.topic)) is not None and claim.topic_id not in (None, found):
+                # The topic was deleted and re-created: its log is not the stored offset's.
+                log.warning(
+                    "topic_id_changed",
+                    source=self._source,
+                    partition=str(claim.tp),
+                    stored_topic_id=claim.topic_id,
+                    topic_id=found,
+                    next_offset=claim.next_offset,
+                )
+                owned.refuse(claim.next_offset)
         self._observe(RebalanceKind.ASSIGN, started)
         log.info(
             "partitions_assigned",
@@ -163,6 +183,15 @@ class RebalanceHandler:
                     offset=pinned[claim.tp].next_offset,
                 )
         return claims | pinned
+
+    def _topic_ids(self, topics: set[str], deadline: Deadline) -> dict[str, str | None]:
+        """Kafka's id of each topic, asked once within the deadline; none where Kafka does not
+        answer in time (the log-end answers confirm them before anything is cut)."""
+        try:
+            return self._watermarks.topic_ids(sorted(topics), max(0.1, min(deadline.left(), WATERMARK_TIMEOUT_S)))
+        except KafkaCallFailed as exc:
+            log.warning("topic_ids_unknown", source=self._source, topics=sorted(topics), error=str(exc))
+            return {}
 
     def _retrying(self, what: str, deadline: Deadline, call: Callable[[], T]) -> T | None:
         """``call`` until it succeeds, retried on metastore and Kafka call failures while the

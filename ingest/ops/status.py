@@ -3,18 +3,25 @@ watermarks beside it when Kafka answers."""
 
 from __future__ import annotations
 
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from ingest.config import Settings, kafka_client, kafka_error, reader_config
+from ingest.config import Settings, admin_config, kafka_client, kafka_error, reader_config
+from ingest.topics import kafka_topic_id
 from ingest_common.model import DesiredState, WorkerState
 from metastore import Metastore
 
 WAITING_FOR_REGISTRY = "WAITING_FOR_SCHEMA_REGISTRY"
 LOG_TRUNCATED = "LOG_TRUNCATED"
+# A topic deleted and re-created under the partition's topic name (migrations/0027).
+TOPIC_RECREATED = "TOPIC_RECREATED"
+# The gaps whose partition stays stopped at their end (the stored offset): those before it are
+# no longer the log's records.
+_STOPPED_AT_END = ("log_truncated", "topic_recreated")
 # A pattern source's partition of a deleted topic (migrations/0024): no lag, never stuck.
 RETIRED = "RETIRED"
 # What a watermark query of a partition Kafka does not know answers, at once.
@@ -45,6 +52,29 @@ def watermarks(
     return marks
 
 
+def topic_ids(settings: Settings, topics: list[str], timeout: float = 5.0) -> dict[str, str | None]:
+    """Kafka's id (KIP-516, as Kafka prints it) of each topic it knows now (None: a cluster that
+    gives topics no id); a topic Kafka does not know, or all when it does not answer, left out."""
+    if not topics or not settings.kafka_bootstrap:
+        return {}
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = kafka_client(AdminClient, admin_config(settings))
+    try:
+        futures = admin.describe_topics(TopicCollection(sorted(set(topics))), request_timeout=timeout)
+    except KafkaException:
+        return {}
+    ids: dict[str, str | None] = {}
+    for topic, future in futures.items():
+        try:
+            description = future.result(timeout=timeout)
+        except (KafkaException, FutureTimeout):
+            continue
+        ids[topic] = kafka_topic_id(description)
+    return ids
+
+
 def partition_state(
     *,
     stopped_at_gap: bool,
@@ -56,9 +86,15 @@ def partition_state(
     past_log_end: bool = False,
     waiting_for_registry: bool = False,
     log_truncated: bool = False,
+    topic_recreated: bool = False,
 ) -> str:
-    """LOG_TRUNCATED, OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored offset is past the
-    log end), WAITING_FOR_SCHEMA_REGISTRY, STUCK or OK.
+    """TOPIC_RECREATED, LOG_TRUNCATED, OFFSET_OUT_OF_RANGE (stopped at a gap, or the stored
+    offset is past the log end), WAITING_FOR_SCHEMA_REGISTRY, STUCK or OK.
+
+    TOPIC_RECREATED: a worker found Kafka's id of the partition's topic (KIP-516) other than the
+    one stored with its offset: the topic was deleted and re-created under its name, and the new
+    log's offsets below the stored one hold records never read. It stopped the partition; an
+    unskipped gap with reason ``topic_recreated`` ends at the stored offset, naming both ids.
 
     LOG_TRUNCATED: a worker found Kafka's log truncated below the stored offset (KIP-320: the
     leader epoch stored with it ends below it) and stopped the partition; an unskipped gap with
@@ -78,6 +114,8 @@ def partition_state(
     schema registry that does not answer: paused, nothing rejected or skipped, it resumes by
     itself. More specific than STUCK, which it would become.
     """
+    if topic_recreated:
+        return TOPIC_RECREATED
     if log_truncated:
         return LOG_TRUNCATED
     if stopped_at_gap or past_log_end:
@@ -102,13 +140,14 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
     stopped_at = {
         (g["topic"], g["partition"], g["epoch"], g["from_offset"]): g
         for g in offset_gaps
-        if not g["skipped"] and g["reason"] != "log_truncated"
+        if not g["skipped"] and g["reason"] not in _STOPPED_AT_END
     }
-    # ... or stopped by a truncation below its stored offset, where such a gap ends.
-    truncated_at = {
-        (g["topic"], g["partition"], g["epoch"], g["to_offset"]): g
+    # ... or stopped by a truncation below its stored offset, or a re-created topic, where such
+    # a gap ends.
+    stopped_below = {
+        (g["topic"], g["partition"], g["epoch"], g["to_offset"], g["reason"]): g
         for g in offset_gaps
-        if not g["skipped"] and g["reason"] == "log_truncated"
+        if not g["skipped"] and g["reason"] in _STOPPED_AT_END
     }
     live = store.live_workers(source)
     started = {w["worker"]: w["started_at"] for w in live}
@@ -125,7 +164,8 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
         lag = None if high is None else max(0, high - (next_offset if next_offset is not None else (low or 0)))
         total_lag += lag or 0
         gap = stopped_at.get((r["topic"], r["partition"], r["epoch"], next_offset))
-        truncated = truncated_at.get((r["topic"], r["partition"], r["epoch"], next_offset))
+        truncated = stopped_below.get((r["topic"], r["partition"], r["epoch"], next_offset, "log_truncated"))
+        recreated = stopped_below.get((r["topic"], r["partition"], r["epoch"], next_offset, "topic_recreated"))
         past_log_end = high is not None and next_offset is not None and next_offset > high
         registry_error = registry_waits.get((r["owner"], f"{r['topic']}[{r['partition']}]"))
         partitions.append(
@@ -144,10 +184,20 @@ def source_status(store: Metastore, settings: Settings, source: str, errors: int
                     past_log_end=past_log_end,
                     waiting_for_registry=registry_error is not None,
                     log_truncated=truncated is not None,
+                    topic_recreated=recreated is not None,
                 ),
                 "registry_error": registry_error,
                 "lost_range": None if gap is None else [gap["from_offset"], gap["to_offset"]],
                 "truncated_range": None if truncated is None else [truncated["from_offset"], truncated["to_offset"]],
+                # The topic re-created: the range of the new log never read, the stored id and Kafka's.
+                "topic_recreated": None
+                if recreated is None
+                else {
+                    "range": [recreated["from_offset"], recreated["to_offset"]],
+                    "old_topic_id": recreated["old_topic_id"],
+                    "new_topic_id": recreated["new_topic_id"],
+                },
+                "topic_id": r["topic_id"],
                 "leader_epoch": r["leader_epoch"],
                 "past_log_end": past_log_end,
                 "next_offset": next_offset,
@@ -255,6 +305,8 @@ def _state(
         return "UNHEALTHY", "NO_WORKERS"
     if not kafka_reachable:
         return "UNHEALTHY", "UNABLE_TO_CONNECT_TO_STREAM"
+    if any(p["state"] == TOPIC_RECREATED for p in partitions):
+        return "UNHEALTHY", TOPIC_RECREATED
     if any(p["state"] == LOG_TRUNCATED for p in partitions):
         return "UNHEALTHY", LOG_TRUNCATED
     if any(p["state"] == "OFFSET_OUT_OF_RANGE" for p in partitions):
@@ -287,6 +339,9 @@ def source_gaps(store: Metastore, source: str) -> list[dict[str, Any]]:
             "lost_records": g["to_offset"] - g["from_offset"],
             "skipped": g["skipped"],
             "reason": g["reason"],
+            # A re-created topic's gap: the topic id stored with the offset, and Kafka's then.
+            "old_topic_id": g.get("old_topic_id"),
+            "new_topic_id": g.get("new_topic_id"),
             "worker": g["worker"],
             "detected_at": _iso(g["detected_at"]),
             "skipped_at": _iso(g["skipped_at"]),

@@ -138,7 +138,15 @@ def render(status: dict[str, Any], now: datetime | None = None) -> list[str]:
                 f" {hi}: offsets [{lo}, {hi}) were published from records no longer in the log (an unclean leader"
                 " election or a lost broker log); stopped, nothing skipped; `ingest reset` resumes it"
             )
-        if p["past_log_end"]:
+        if (recreated := p.get("topic_recreated")) is not None:
+            lo, hi = recreated["range"]
+            problems.append(
+                f"partition {p['topic']}[{p['partition']}]: TOPIC_RECREATED, the topic was deleted and re-created:"
+                f" Kafka's topic id is {recreated['new_topic_id']}, next offset {hi} was read from topic id"
+                f" {recreated['old_topic_id']}; the new log's offsets [{lo}, {hi}) hold records never read;"
+                " stopped, nothing skipped; `ingest reset` resumes it in the new topic"
+            )
+        if p["past_log_end"] and p.get("topic_recreated") is None:
             problems.append(
                 f"partition {p['topic']}[{p['partition']}]: OFFSET_OUT_OF_RANGE, next offset {p['next_offset']} is"
                 f" past the log end {p['high_watermark']} (an unclean leader election or a re-created topic);"
@@ -175,6 +183,14 @@ def gap_line(g: dict[str, Any]) -> str:
     epoch = f" epoch {g['epoch']}" if g.get("epoch") else ""
     return (
         f"gap {g['id']}: {g['topic']}[{g['partition']}]{epoch} [{g['from_offset']}, {g['to_offset']}) "
-        f"{g['lost_records']} record(s) lost{' (log truncated)' if g.get('reason') == 'log_truncated' else ''},"
+        f"{g['lost_records']} record(s) lost{_gap_reason(g)},"
         f" detected {g['detected_at']}, {action}, {ack}"
     )
+
+
+def _gap_reason(g: dict[str, Any]) -> str:
+    if g.get("reason") == "log_truncated":
+        return " (log truncated)"
+    if g.get("reason") == "topic_recreated":
+        return f" (topic re-created: id {g.get('old_topic_id')} -> {g.get('new_topic_id')})"
+    return ""

@@ -16,6 +16,9 @@ Invariants:
   least the epoch of the record at ``end - 1``. It is stored with ``end`` by the publish, and
   the next reader's seek to ``end`` is validated with it (KIP-320): a log truncated below
   ``end`` under any later leader is found (ingest.consume.kafka).
+- ``topic_id`` is Kafka's id of the topic (KIP-516) the log-end answer it was cut from named:
+  the one stored with the partition's offset. Spark's reader keys its pooled consumers with it
+  (ingest.builder.kafka_read), so a re-created topic's reads never meet the old log's.
 - A sealed split is immutable; only its kill switch changes state.
 """
 
@@ -49,6 +52,8 @@ class SealedSplit:
     kill_switch: KillSwitch = field(compare=False)
     # The partition's cut generation (see the module's invariants).
     epoch: int = 0
+    # Kafka's id of the topic the split was cut from (None: not known).
+    topic_id: str | None = None
 
     @property
     def range(self) -> OffsetRange:

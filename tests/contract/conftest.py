@@ -72,6 +72,7 @@ def _values(n: int) -> list[bytes]:
 def _memory() -> Iterator[Backend]:
     broker = MemoryBroker()
     tp, other = TopicPartition("t", 0), TopicPartition("t", 1)
+    broker.topic_ids["t"] = "M2VtbW9yeVRvcGljSWQxMQ"
     broker.produce(tp)
     broker.produce(other)
     backend: Backend

@@ -57,6 +57,18 @@ def test_the_log_end_is_the_last_stable_offset_and_the_earliest_offset_still_in_
     assert (other.stable, other.earliest) == (0, 0)
 
 
+def test_the_log_end_names_the_topics_id_and_a_topic_the_broker_does_not_know_has_none(backend: Backend) -> None:
+    """KIP-516: every topic has an id of its own (a topic re-created under its name another);
+    the log-end answer carries it, as the ids asked on their own give it."""
+    backend.produce(3)  # a partition the broker has written to is led (a new one may not be yet)
+    backend.produce_to(backend.other, 1)
+    ids = backend.offsets.topic_ids([backend.tp.topic, "no-such-topic-here"], 10.0)
+    assert list(ids) == [backend.tp.topic]
+    topic_id = ids[backend.tp.topic]
+    assert topic_id is not None and len(topic_id) == 22  # as Kafka prints it: base64, no padding
+    assert log_end(backend, backend.tp).topic_id == topic_id == log_end(backend, backend.other).topic_id
+
+
 def test_the_last_stable_offset_stops_at_an_open_transaction_and_passes_its_marker_once_decided(
     backend: Backend,
 ) -> None:

@@ -173,6 +173,38 @@ def test_skipping_a_gap_is_guarded_like_a_publish(store: Any) -> None:
     assert store.partition_state("src", P0) == (1, 50)
 
 
+A_ID, B_ID = "AAAAAAAAAAAAAAAAAAAAAQ", "BBBBBBBBBBBBBBBBBBBBBQ"
+
+
+def test_a_claim_records_the_topic_id_where_none_is_and_returns_a_stored_one_unchanged(store: Any) -> None:
+    """KIP-516 (migrations/0027): the id Kafka gave before the claim is recorded where the row
+    has none, or nothing to read from yet; once an offset is stored with it, a claim keeps it
+    and returns it, so the claimer sees a re-created topic (another id) for what it is."""
+    first = store.claim_partitions("src", "w1", [P0, P1], {"t": A_ID})
+    assert {c.topic_id for c in first.values()} == {A_ID}
+    pinned = store.pin_start_offsets("src", [(first[P0], 5)])
+    assert pinned[P0].topic_id == A_ID
+    # P1 has nothing stored yet: its id follows Kafka's; P0's stays, whatever Kafka says now.
+    again = store.claim_partitions("src", "w2", [P0, P1], {"t": B_ID})
+    assert (again[P0].topic_id, again[P1].topic_id) == (A_ID, B_ID)
+    assert store.claim_partitions("src", "w1", [P0])[P0].topic_id == A_ID  # Kafka not asked: kept
+    assert store.stored_position("src", P0).topic_id == A_ID
+
+
+def test_a_topic_id_is_recorded_under_the_current_claim_only_where_none_or_offset_0_is_stored(store: Any) -> None:
+    c = claim(store, "w1", [P0, P1])
+    assert store.stored_position("src", P0).topic_id is None
+    assert store.record_topic_id("src", P0, c[P0].serial + 1, A_ID) is None  # a stale serial: fenced
+    assert store.record_topic_id("src", P0, c[P0].serial, A_ID) == A_ID
+    publish(store, (P0, c[P0].serial, 0, 10))
+    assert store.record_topic_id("src", P0, c[P0].serial, B_ID) == A_ID  # another topic's: kept
+    assert store.stored_position("src", P0).topic_id == A_ID
+    assert store.record_topic_id("src", P1, c[P1].serial, A_ID) == A_ID
+    assert store.record_topic_id("src", P1, c[P1].serial, B_ID) == B_ID  # at offset 0 nothing lies below
+    store.record_topic_recreation("src", "w1", P0, 0, 10, A_ID, B_ID)  # recorded, the partition stays
+    assert store.stored_position("src", P0).next_offset == 10
+
+
 def test_release_clears_the_owner_only_for_the_current_claim(store: Any) -> None:
     old = store.claim_partitions("src", "w1", [P0])[P0]
     store.claim_partitions("src", "w2", [P0])
