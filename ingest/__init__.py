@@ -96,7 +96,7 @@ ingest.builder (the build stage: splits into Parquet files, invisible until publ
     queue          the build queue: a future per split; batches, linger, retries, registry waits
     job            the Spark job over a batch of splits: read, parse, write, account
     kafka_read     Spark's Kafka batch read of each split's exact offsets (layers, read_committed)
-    accounting     what a job observes per split: bad records, bytes, newest timestamp, unknown ids
+    accounting     a job's aggregates per split (offsets, bad records, bytes, ...), held against its range
     plan           the expressions that parse the records read, classify errors, name unknown ids
     value_checks   values no segment may carry (strings not UTF-8, times outside years 1-9999): rejects
     changes        upsert sources' rows: _op, tombstones keyed from the Kafka key, Debezium envelopes

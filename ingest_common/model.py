@@ -268,6 +268,9 @@ class BuiltSegment:
     # offset: ingest.consume.cutter), and the newest record's Kafka timestamp (ms; None: none).
     record_bytes: int = 0
     last_timestamp_ms: int | None = None
+    # The offsets of the split's range that hold no record the build read (transaction markers,
+    # aborted records, compacted-away offsets): end - start - records. None: not observed.
+    holes: int | None = None
 
     @property
     def records(self) -> int:

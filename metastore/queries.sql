@@ -61,13 +61,22 @@ ON CONFLICT (source, topic, partition) DO NOTHING;
 -- name: claim_partitions
 -- A partition with no row appeared after its topic was registered (the topic grew): it
 -- starts from earliest so none of its records are skipped.
-INSERT INTO ingest_partitions (source, topic, partition, initial_position, serial, owner, assigned_at)
-SELECT %(source)s, t, p, 'earliest', 1, %(worker)s, now()
-FROM unnest(%(topics)s::text[], %(partitions)s::int[]) AS u(t, p)
+-- topic_ids: Kafka's id of each partition's topic, asked before this claim (NULL: not known).
+-- It is recorded where none is (migrations/0027), or where nothing was read yet (no stored
+-- offset); a stored id is never replaced here: the caller compares it with Kafka's. A retired
+-- partition's row keeps its own (a topic of that name now is another log).
+INSERT INTO ingest_partitions (source, topic, partition, initial_position, serial, owner, assigned_at, topic_id)
+SELECT %(source)s, t, p, 'earliest', 1, %(worker)s, now(), i
+FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(topic_ids)s::text[]) AS u(t, p, i)
 ORDER BY t, p
 ON CONFLICT (source, topic, partition) DO UPDATE
-SET serial = ingest_partitions.serial + 1, owner = EXCLUDED.owner, assigned_at = now()
-RETURNING topic, partition, serial, next_offset, initial_position, leader_epoch, retired_at;
+SET serial = ingest_partitions.serial + 1, owner = EXCLUDED.owner, assigned_at = now(),
+    topic_id = CASE
+        WHEN ingest_partitions.retired_at IS NULL
+             AND (ingest_partitions.topic_id IS NULL OR ingest_partitions.next_offset IS NULL)
+        THEN coalesce(EXCLUDED.topic_id, ingest_partitions.topic_id)
+        ELSE ingest_partitions.topic_id END
+RETURNING topic, partition, serial, next_offset, initial_position, leader_epoch, retired_at, topic_id;
 
 -- name: pin_start_offsets
 -- A claimed partition with nothing stored gets the start offset its claim resolved from the
@@ -81,7 +90,7 @@ SET next_offset = coalesce(p.next_offset, u.o),
     start_offset = CASE WHEN p.next_offset IS NULL AND p.start_offset IS NULL THEN u.o ELSE p.start_offset END
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[], %(offsets)s::bigint[]) AS u(t, part, s, o)
 WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part AND p.serial = u.s
-RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch;
+RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch, p.topic_id;
 
 -- name: retire_topic
 -- The topic was deleted from Kafka: its partitions are retired (migrations/0024), once.
@@ -108,7 +117,7 @@ ORDER BY topic, partition
 FOR UPDATE;
 
 -- name: publish_segment
--- The whole publish transaction (migrations/0007, 0008, 0011, 0020): lock, check, insert, advance;
+-- The whole publish transaction (migrations/0007, 0008, 0011, 0020, 0028): lock, check, insert, advance;
 -- a split already published answers with its segment. One row:
 -- segment_id set, or the first failing check (reason, topic, partition, expected, actual).
 SELECT * FROM ingest_publish_segment(
@@ -119,7 +128,8 @@ SELECT * FROM ingest_publish_segment(
     p_rejects_location => %(rejects_location)s::text, p_rejects_files => %(rejects_files)s::text[],
     p_rejects_count => %(rejects_count)s, p_skipped_count => %(skipped_count)s,
     p_topics => %(topics)s::text[], p_partitions => %(partitions)s::int[], p_serials => %(serials)s::bigint[],
-    p_starts => %(starts)s::bigint[], p_ends => %(ends)s::bigint[], p_leader_epochs => %(leader_epochs)s::int[]);
+    p_starts => %(starts)s::bigint[], p_ends => %(ends)s::bigint[], p_leader_epochs => %(leader_epochs)s::int[],
+    p_holes => %(holes)s::bigint);
 
 -- name: lock_ranges
 -- Lock the ranges' partition rows and return the checks that fail (none: go ahead).
@@ -150,7 +160,7 @@ LIMIT %(limit)s
 
 -- name: list_partitions
 SELECT p.topic, p.partition, p.next_offset, p.initial_position, p.serial, p.owner, p.assigned_at,
-       p.last_publish_at, p.last_segment_id, p.leader_epoch, p.epoch, p.retired_at
+       p.last_publish_at, p.last_segment_id, p.leader_epoch, p.epoch, p.retired_at, p.topic_id
 FROM ingest_partitions p
 WHERE p.source = %(source)s
 ORDER BY p.topic, p.partition;
@@ -163,9 +173,20 @@ SELECT serial, next_offset FROM ingest_partitions
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: stored_position
--- Where a rewind re-reads from: the stored offset and the leader epoch of the record before it.
-SELECT serial, next_offset, leader_epoch FROM ingest_partitions
+-- Where a rewind re-reads from: the stored offset and the leader epoch of the record before it,
+-- and the id of the topic whose log it is in (migrations/0027).
+SELECT serial, next_offset, leader_epoch, topic_id FROM ingest_partitions
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
+
+-- name: record_topic_id
+-- Kafka's id of the partition's topic, recorded while the claim's serial is the current one
+-- where no id is stored, or where nothing lies below the stored offset (0: no log's records
+-- are behind it, so the new topic's are all ahead). Another stored id is left alone: the
+-- topic was re-created (the caller records that). Returns the id stored now; no row: fenced.
+UPDATE ingest_partitions
+SET topic_id = CASE WHEN topic_id IS NULL OR coalesce(next_offset, 0) = 0 THEN %(topic_id)s ELSE topic_id END
+WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s AND serial = %(serial)s
+RETURNING topic_id;
 
 -- name: heartbeat
 -- A worker id is reused by the next process (a Kubernetes pod's container restart keeps the pod
@@ -227,7 +248,7 @@ LEFT JOIN LATERAL (SELECT findings, finished_at FROM ingest_audits
 WHERE s.name = %(name)s;
 
 -- name: lock_source_partitions
-SELECT topic, partition, serial, next_offset, initial_position, last_segment_id
+SELECT topic, partition, serial, next_offset, initial_position, last_segment_id, topic_id
 FROM ingest_partitions
 WHERE source = %(source)s
 ORDER BY topic, partition
@@ -237,8 +258,11 @@ FOR UPDATE;
 -- The serial bump fences every publish in flight for the partition (it presents the old serial).
 -- No leader epoch is known for the new position: it is read from without validation.
 -- A retired partition (its topic deleted, then re-created) is live again in the new epoch.
+-- topic_id: Kafka's id of the topic the new offset is in, as the reset asked it (NULL: not
+-- known; the next claim records it): a re-created topic is read from here on (migrations/0027).
 UPDATE ingest_partitions
-SET next_offset = %(new_offset)s, leader_epoch = NULL, serial = serial + 1, epoch = epoch + 1, retired_at = NULL
+SET next_offset = %(new_offset)s, leader_epoch = NULL, serial = serial + 1, epoch = epoch + 1, retired_at = NULL,
+    topic_id = %(topic_id)s
 WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s
 RETURNING serial;
 
@@ -281,7 +305,7 @@ UPDATE ingest_partitions p SET serial = p.serial + 1, assigned_at = now()
 FROM unnest(%(topics)s::text[], %(partitions)s::int[], %(serials)s::bigint[]) AS u(t, part, s)
 WHERE p.source = %(source)s AND p.topic = u.t AND p.partition = u.part
   AND p.owner = %(worker)s AND p.serial <> u.s
-RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch;
+RETURNING p.topic, p.partition, p.serial, p.next_offset, p.initial_position, p.leader_epoch, p.topic_id;
 
 -- name: listen_controls
 LISTEN ingest_control;
@@ -310,6 +334,21 @@ SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), work
 WHERE NOT ingest_offset_gaps.skipped
 RETURNING id;
 
+-- name: record_topic_recreation
+-- The partition's topic was deleted and re-created (migrations/0027): Kafka's id for it is not
+-- the one stored with next_offset. The new log's offsets [from_offset, to_offset) hold records
+-- never read, and the records published there are no longer the log's. Recorded with both ids,
+-- never skipped (the partition stays stopped); seen again in the same epoch, the same row.
+INSERT INTO ingest_offset_gaps (source, topic, partition, from_offset, to_offset, worker, reason,
+                                old_topic_id, new_topic_id)
+VALUES (%(source)s, %(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(worker)s, 'topic_recreated',
+        %(old_topic_id)s, %(new_topic_id)s)
+ON CONFLICT (source, topic, partition, epoch, from_offset) DO UPDATE
+SET to_offset = greatest(ingest_offset_gaps.to_offset, EXCLUDED.to_offset), worker = EXCLUDED.worker,
+    reason = 'topic_recreated', old_topic_id = EXCLUDED.old_topic_id, new_topic_id = EXCLUDED.new_topic_id
+WHERE NOT ingest_offset_gaps.skipped
+RETURNING id;
+
 -- name: insert_skipped_gap
 -- Runs inside the transaction that moves next_offset past the gap (skip_offsets), with the
 -- partition's row locked, so the epoch the trigger fills is the partition's. A stop recorded
@@ -326,7 +365,7 @@ WHERE source = %(source)s AND topic = %(topic)s AND partition = %(partition)s;
 
 -- name: list_gaps
 SELECT id, topic, partition, from_offset, to_offset, skipped, worker, detected_at, skipped_at,
-       acknowledged_at, acknowledged_by, epoch, reason
+       acknowledged_at, acknowledged_by, epoch, reason, old_topic_id, new_topic_id
 FROM ingest_offset_gaps WHERE source = %(source)s ORDER BY id;
 
 -- name: ack_gaps
@@ -589,7 +628,7 @@ SELECT f FROM ingest_segments s, unnest(s.files || s.rejects_files) AS f WHERE s
 -- the segments readers see, with their ranges and the tables that record them as held. This
 -- WHERE clause is the one place that says which segments are current (every published one
 -- until compaction marks segments it replaced).
-SELECT s.id, s.location, s.files, s.rejects_files, s.row_count, s.rejects_count, s.skipped_count,
+SELECT s.id, s.location, s.files, s.rejects_files, s.row_count, s.rejects_count, s.skipped_count, s.holes,
        coalesce((SELECT json_agg(json_build_object('topic', r.topic, 'partition', r.partition, 'epoch', r.epoch,
                                                   'start', r.start_offset, 'end', r.end_offset)
                                  ORDER BY r.topic, r.partition)

@@ -66,6 +66,19 @@ $$;
 --
 
 CREATE FUNCTION public.ingest_publish_segment(p_source text, p_split_id uuid, p_spec_version integer, p_worker text, p_location text, p_files text[], p_row_count bigint, p_size_bytes bigint, p_min_event_time timestamp with time zone, p_max_event_time timestamp with time zone, p_rejects_location text, p_rejects_files text[], p_rejects_count bigint, p_skipped_count bigint, p_topics text[], p_partitions integer[], p_serials bigint[], p_starts bigint[], p_ends bigint[], p_leader_epochs integer[]) RETURNS TABLE(segment_id bigint, reason text, topic text, partition integer, expected bigint, actual bigint)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM ingest_publish_segment(
+        p_source, p_split_id, p_spec_version, p_worker, p_location, p_files, p_row_count, p_size_bytes,
+        p_min_event_time, p_max_event_time, p_rejects_location, p_rejects_files, p_rejects_count,
+        p_skipped_count, p_topics, p_partitions, p_serials, p_starts, p_ends, p_leader_epochs, NULL::bigint);
+$$;
+
+--
+-- Name: ingest_publish_segment(text, uuid, integer, text, text, text[], bigint, bigint, timestamp with time zone, timestamp with time zone, text, text[], bigint, bigint, text[], integer[], bigint[], bigint[], bigint[], integer[], bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.ingest_publish_segment(p_source text, p_split_id uuid, p_spec_version integer, p_worker text, p_location text, p_files text[], p_row_count bigint, p_size_bytes bigint, p_min_event_time timestamp with time zone, p_max_event_time timestamp with time zone, p_rejects_location text, p_rejects_files text[], p_rejects_count bigint, p_skipped_count bigint, p_topics text[], p_partitions integer[], p_serials bigint[], p_starts bigint[], p_ends bigint[], p_leader_epochs integer[], p_holes bigint) RETURNS TABLE(segment_id bigint, reason text, topic text, partition integer, expected bigint, actual bigint)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -113,10 +126,11 @@ BEGIN
 
     INSERT INTO ingest_segments (
         source, split_id, spec_version, worker, location, files, row_count, size_bytes,
-        min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count)
+        min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count, holes)
     VALUES (
         p_source, p_split_id, p_spec_version, p_worker, p_location, p_files, p_row_count, p_size_bytes,
-        p_min_event_time, p_max_event_time, p_rejects_location, p_rejects_files, p_rejects_count, p_skipped_count)
+        p_min_event_time, p_max_event_time, p_rejects_location, p_rejects_files, p_rejects_count, p_skipped_count,
+        p_holes)
     RETURNING id INTO new_id;
 
     INSERT INTO ingest_segment_ranges (segment_id, source, topic, partition, start_offset, end_offset)
@@ -200,6 +214,7 @@ BEGIN
            coalesce(sum(s.row_count), 0) AS row_count,
            coalesce(sum(s.rejects_count), 0) AS rejects_count,
            coalesce(sum(s.skipped_count), 0) AS skipped_count,
+           CASE WHEN count(s.holes) = count(*) THEN sum(s.holes) END AS holes,
            min(s.min_event_time) AS min_event_time,
            max(s.max_event_time) AS max_event_time,
            CASE WHEN count(DISTINCT s.rejects_location) = 1 THEN min(s.rejects_location) END AS rejects_location
@@ -261,13 +276,13 @@ BEGIN
 
     INSERT INTO ingest_segments (
         source, split_id, spec_version, worker, location, files, row_count, size_bytes,
-        min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count)
+        min_event_time, max_event_time, rejects_location, rejects_files, rejects_count, skipped_count, holes)
     VALUES (
         p_source, p_split_id, old.spec_version, p_worker, p_location, p_files, p_row_count, p_size_bytes,
         old.min_event_time, old.max_event_time, old.rejects_location,
         coalesce((SELECT array_agg(f ORDER BY s.id, u.n) FROM ingest_segments s, unnest(s.rejects_files)
                   WITH ORDINALITY AS u(f, n) WHERE s.id = ANY(p_old_ids)), '{}'),
-        old.rejects_count, old.skipped_count)
+        old.rejects_count, old.skipped_count, old.holes)
     RETURNING id INTO new_id;
 
     -- The old ranges leave the unique index before the new ones enter it.
@@ -440,10 +455,12 @@ CREATE TABLE public.ingest_offset_gaps (
     acknowledged_by text,
     epoch integer NOT NULL,
     reason text DEFAULT 'retention'::text NOT NULL,
+    old_topic_id text,
+    new_topic_id text,
     CONSTRAINT ingest_offset_gaps_check CHECK ((to_offset > from_offset)),
     CONSTRAINT ingest_offset_gaps_from_offset_check CHECK ((from_offset >= 0)),
     CONSTRAINT ingest_offset_gaps_partition_check CHECK ((partition >= 0)),
-    CONSTRAINT ingest_offset_gaps_reason_check CHECK ((reason = ANY (ARRAY['retention'::text, 'log_truncated'::text])))
+    CONSTRAINT ingest_offset_gaps_reason_check CHECK ((reason = ANY (ARRAY['retention'::text, 'log_truncated'::text, 'topic_recreated'::text])))
 );
 
 --
@@ -483,6 +500,7 @@ CREATE TABLE public.ingest_partitions (
     start_offset bigint,
     leader_epoch integer,
     retired_at timestamp with time zone,
+    topic_id text,
     CONSTRAINT ingest_partitions_initial_position_check CHECK ((initial_position = ANY (ARRAY['earliest'::text, 'latest'::text]))),
     CONSTRAINT ingest_partitions_next_offset_check CHECK ((next_offset >= 0)),
     CONSTRAINT ingest_partitions_partition_check CHECK ((partition >= 0)),
@@ -512,6 +530,12 @@ COMMENT ON COLUMN public.ingest_partitions.leader_epoch IS 'Kafka leader epoch o
 --
 
 COMMENT ON COLUMN public.ingest_partitions.retired_at IS 'when a worker found this partition''s topic deleted (pattern sources); NULL while live';
+
+--
+-- Name: COLUMN ingest_partitions.topic_id; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_partitions.topic_id IS 'Kafka''s id of the topic (KIP-516, as Kafka prints it) whose log next_offset is in: set by the claim that first knew it and by resets; NULL until known.';
 
 --
 -- Name: ingest_publish_conflicts; Type: TABLE; Schema: public; Owner: -
@@ -572,7 +596,9 @@ CREATE TABLE public.ingest_segments (
     replaced_by bigint,
     replaced_at timestamp with time zone,
     files_deleted_at timestamp with time zone,
+    holes bigint,
     CONSTRAINT ingest_segments_files_deleted_check CHECK (((files_deleted_at IS NULL) OR (replaced_by IS NOT NULL))),
+    CONSTRAINT ingest_segments_holes_check CHECK ((holes >= 0)),
     CONSTRAINT ingest_segments_rejects_count_check CHECK ((rejects_count >= 0)),
     CONSTRAINT ingest_segments_replaced_check CHECK (((replaced_by IS NULL) = (replaced_at IS NULL))),
     CONSTRAINT ingest_segments_row_count_check CHECK ((row_count >= 0)),
@@ -597,6 +623,12 @@ COMMENT ON COLUMN public.ingest_segments.replaced_at IS 'when it was replaced';
 --
 
 COMMENT ON COLUMN public.ingest_segments.files_deleted_at IS 'when gc deleted the files of this replaced segment that no current segment lists';
+
+--
+-- Name: COLUMN ingest_segments.holes; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.ingest_segments.holes IS 'offsets of the segment''s ranges that hold no record (transaction markers, aborted records, compacted-away offsets): the covered offsets less rows, rejects and skipped; NULL when not recorded (published by an earlier release)';
 
 --
 -- Name: ingest_partition_status; Type: VIEW; Schema: public; Owner: -

@@ -22,9 +22,9 @@ class SegmentsMixin(StoreBase):
         locks the partition rows in a fixed order, checks for each that the serial is the
         one seen at assign and that the range starts at the stored next offset, then inserts
         the segment and advances the offsets (``ingest_publish_segment``, migrations 0007,
-        0008, 0011; 0020 stores each range's leader epoch with its end). Idempotent by
-        split id: a split already published answers with its
-        segment's id, whatever the checks say now (a retry after a lost reply).
+        0008, 0011; 0020 stores each range's leader epoch with its end, 0028 the segment's
+        holes). Idempotent by split id: a split already published answers with its segment's
+        id, whatever the checks say now (a retry after a lost reply).
 
         Raises PublishConflict (nothing of the segment written, conflict recorded) or
         CommitOutcomeUnknown (the connection broke before the reply came back: the server's
@@ -53,6 +53,7 @@ class SegmentsMixin(StoreBase):
             "starts": [r.range.start for r in ranges],
             "ends": [r.range.end for r in ranges],
             "leader_epochs": [r.leader_epoch for r in ranges],
+            "holes": seg.holes,
         }
         row = self._commit_one("publish_segment", params, f"publishing split {seg.split_id}")
         if row["segment_id"] is None:

@@ -9,11 +9,14 @@ any, only when the policy keeps them. A job's fixed cost (planning; on a young J
 the planner's code) is paid once per batch, not per split.
 
 Invariants, per build: its directories and splits are registered in the metastore before
-anything is written (ingest.builder.registration); per split: every record Spark read is a row
-of its files, a reject or a skipped record (ingest.builder.accounting), anything else is a
-BuildError. Every failure deletes what the build wrote. One split's failure (killed, bad input
-under ``fail``, a schema id the registry has not served yet) does not fail the others of its
-batch. A build that runs past its deadline is interrupted and fails (it is retried).
+anything is written (ingest.builder.registration); per split: every offset Spark read lies in
+its range ``[start, end)``, and every record it read is a row of its files, a reject or a
+skipped record (ingest.builder.accounting), anything else is a BuildError; the offsets of its
+range that hold no record are its segment's ``holes``. Every failure deletes what the build
+wrote. One split's failure (killed, bad input under ``fail``, a schema id the registry has not
+served yet) does not fail the others of its batch; a split that read outside its range (or more
+records than its offsets) fails its batch (the build queue retries each split alone). A build
+that runs past its deadline is interrupted and fails (it is retried).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from ingest.builder.accounting import Observed, SplitStats
+from ingest.builder.accounting import Observed, SplitStats, check_counts, check_ranges
 from ingest.builder.kafka_read import SPLIT_COLUMN, KafkaReader
 from ingest.builder.plan import FILE_PARTITION_COLUMN, META_COLUMNS, Plan, PlanCache, Writers
 from ingest.builder.registration import BuildRegistrar
@@ -250,15 +253,15 @@ class SparkSegmentBuilder:
         for rerun in range(_MAX_SCHEMA_RERUNS + 1):
             plan = self._plans.get(spec, self._writers(spec))
             total, stats = self._write(spark, plan, splits, spec, good=True, out_dir=data_dir)
+            # Before the files are attributed: a record read outside its split's range is
+            # named as such, not as a file that lies in no split.
+            check_ranges(splits, stats)
             if spec.registry is None or rerun == _MAX_SCHEMA_RERUNS or not self._learned(spec, list(stats.values())):
                 break
             # New writers: their records were read as unknown ids; read them again with them.
             segment_store.delete_files(data_dir)
         data = output_files.attribute(data_dir, splits, spec.event_time)
-        written = sum(f.rows for files in data.values() for f in files)
-        bad = sum(s.bad for s in stats.values())
-        if written + bad != total:
-            raise BuildError(f"Spark read {total} records of {len(splits)} splits, wrote {written} and {bad} bad")
+        check_counts(splits, total, stats, {split.id: sum(f.rows for f in data[split.id]) for split in splits})
         waiting = _waiting(self.writer_schemas, spec, splits, stats)
         for split_id in waiting:
             segment_store.delete_files(*(f.uri for f in data[split_id]))
@@ -267,6 +270,7 @@ class SparkSegmentBuilder:
         short = [s for s in ready if stats[s.id].bad and not s.kill_switch.tripped]
         if short and spec.on_parse_error == "reject":
             _, again = self._write(spark, plan, short, spec, good=False, out_dir=rejects_dir)
+            check_ranges(short, again)
             if any(again[s.id].bad != stats[s.id].bad for s in short):
                 raise BuildError("the rejects job read other bad records than the first job")
             rejected.update(output_files.attribute(rejects_dir, short))
@@ -368,6 +372,7 @@ class SparkSegmentBuilder:
             parse_errors=tuple((reason, counts[reason]) for reason in PARSE_ERRORS if counts.get(reason)),
             record_bytes=stats.record_bytes,
             last_timestamp_ms=stats.last_timestamp_ms,
+            holes=split.offsets - rows - errors,
         )
 
 

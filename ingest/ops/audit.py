@@ -6,7 +6,10 @@ skipped gaps of that epoch tile ``[start, end)`` with no hole and no overlap. Ep
 at the offset the partition's first claim pinned (``ingest_partitions.start_offset``), epoch
 N > 0 at its N-th reset's ``new_offset``; an epoch ends at the next reset's ``old_offset``,
 the current one at ``next_offset`` (migrations/0013_audit.sql). A segment never claims more
-records (rows, rejects, skipped) than the offsets its ranges cover.
+records (rows, rejects, skipped) than the offsets its ranges cover; one that records its holes
+(the offsets with no record: transaction markers, aborted records, compacted-away offsets;
+migrations/0028_segment_holes.sql) accounts for each offset exactly: records + holes = the
+offsets covered. The holes are totalled in the report.
 
 With ``files``: every data and rejects file a current segment lists exists, the row counts
 of its footers add up to the segment's ``row_count`` / ``rejects_count``, and each file's
@@ -46,7 +49,7 @@ class FindingKind(StrEnum):
     OVERLAP = "overlap"  # offsets in two current segments (or a segment and a skipped gap)
     OUTSIDE = "outside"  # a range or gap outside its epoch's [start, end), or in no known epoch
     EPOCHS = "epochs"  # the reset ledger disagrees with the partition's epoch, or an epoch has no start
-    RECORDS = "records"  # a segment claims more records than its ranges cover
+    RECORDS = "records"  # a segment claims more records than its ranges cover, or records + holes differ from them
     MISSING_FILE = "missing_file"
     UNREADABLE_FILE = "unreadable_file"
     ROW_COUNT = "row_count"  # the footers' rows differ from the segment's count
@@ -83,6 +86,10 @@ class AuditResult:
     partitions: int = 0
     segments: int = 0
     files_read: int = 0
+    # The current segments' holes (offsets with no record), and how many segments record none
+    # (published by an earlier release).
+    holes: int = 0
+    holes_unrecorded: int = 0
     tables: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
@@ -100,7 +107,11 @@ class AuditResult:
         if self.tables:
             checked += f", table(s) {', '.join(self.tables)}"
         verdict = "OK" if self.ok else f"{len(self.findings)} finding(s)"
-        return f"audit {self.source}: {verdict} ({checked})"
+        # Holes: offsets with no record (transaction markers, aborted records, compacted away).
+        holes = f"{self.holes} hole(s)"
+        if self.holes_unrecorded:
+            holes += f", {self.holes_unrecorded} segment(s) with none recorded"
+        return f"audit {self.source}: {verdict} ({checked}); {holes}"
 
     def document(self) -> dict[str, Any]:
         return {
@@ -112,6 +123,8 @@ class AuditResult:
             "partitions": self.partitions,
             "segments": self.segments,
             "files_read": self.files_read,
+            "holes": self.holes,
+            "holes_unrecorded": self.holes_unrecorded,
             "by_kind": self.by_kind(),
             "findings": [f.document() for f in self.findings],
         }
@@ -126,6 +139,8 @@ def audit_source(store: Metastore, source: str, *, files: bool = False) -> tuple
     snapshot = store.audit_snapshot(source)
     partitions, segments, gaps = snapshot.partitions, snapshot.segments, snapshot.gaps
     result.partitions, result.segments = len(partitions), len(segments)
+    result.holes = sum(int(s["holes"]) for s in segments if s["holes"] is not None)
+    result.holes_unrecorded = sum(1 for s in segments if s["holes"] is None)
     result.findings += tiling_findings(partitions, segments, gaps)
     result.findings += record_findings(segments)
     result.findings += refused_findings(source, snapshot.refused)
@@ -265,18 +280,26 @@ def _tile(where: str, start: int | None, end: int | None, pieces: Sequence[_Piec
 
 
 def record_findings(segments: Iterable[Row]) -> Iterator[Finding]:
-    """A segment's rows, rejects and skipped records each take one offset its ranges cover."""
+    """A segment's rows, rejects and skipped records each take one offset its ranges cover;
+    with its holes recorded, they and the holes take every one."""
     for s in segments:
         covered = sum(int(r["end"]) - int(r["start"]) for r in s["ranges"])
         records = int(s["row_count"]) + int(s["rejects_count"]) + int(s["skipped_count"])
+        counts = f"{s['row_count']} row(s) + {s['rejects_count']} reject(s) + {s['skipped_count']} skipped"
+        holes = s["holes"]
         if not s["ranges"]:
             yield Finding(FindingKind.OUTSIDE, f"segment {s['id']}", "the segment has no offset range")
         elif records > covered:
             yield Finding(
                 FindingKind.RECORDS,
                 f"segment {s['id']}",
-                f"{s['row_count']} row(s) + {s['rejects_count']} reject(s) + {s['skipped_count']} skipped "
-                f"= {records} record(s) in ranges covering {covered} offset(s)",
+                f"{counts} = {records} record(s) in ranges covering {covered} offset(s)",
+            )
+        elif holes is not None and records + int(holes) != covered:
+            yield Finding(
+                FindingKind.RECORDS,
+                f"segment {s['id']}",
+                f"{counts} + {holes} hole(s) = {records + int(holes)} offset(s) in ranges covering {covered}",
             )
 
 

@@ -155,6 +155,7 @@ class Source:
             rejects_location=dirs.rejects if rejects else None,
             rejects_files=rejects_files,
             rejects_count=rejects,
+            holes=holes,
         )
         segment_id = self.store.publish(
             SegmentToPublish(

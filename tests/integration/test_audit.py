@@ -66,7 +66,7 @@ def test_epochs_gaps_and_pinned_starts_tile_and_a_hole_in_one_epoch_is_found(
     # Retention took [17, 20) before it was read: a skipped gap of epoch 0.
     src.store.skip_gap(src.name, "w", T0, src.serials[T0], 17, 20)
     src.next[T0] = 20
-    src.publish(3, holes=1)
+    holed = src.publish(3, holes=1)
     # Replay [10, 24) in epoch 1; skip [6, 50) of partition 1 in its epoch 1.
     src.publish(6, partition=1)
     for tp, offset in ((T0, 10), (T1, 50)):
@@ -85,6 +85,7 @@ def test_epochs_gaps_and_pinned_starts_tile_and_a_hole_in_one_epoch_is_found(
     code, doc = audit(database_url, src.name, monkeypatch, capsys, "--files")
     assert (code, lines(doc)) == (0, [])
     assert doc["ok"] and doc["partitions"] == 3 and doc["segments"] == 7 and doc["files_read"] == 8
+    assert (doc["holes"], doc["holes_unrecorded"]) == (1, 0)
     with Metastore(database_url) as store:
         rows = {(r["topic"], r["partition"]): r for r in store.audit_partitions(src.name)}
         assert [rows[(tp.topic, tp.partition)]["start_offset"] for tp in (T0, T1, T2)] == [0, 0, 100]
@@ -96,17 +97,23 @@ def test_epochs_gaps_and_pinned_starts_tile_and_a_hole_in_one_epoch_is_found(
     sql(database_url, "DELETE FROM ingest_segments WHERE id = %s", replayed)
     # Partition 2's recorded start moved before its first range: a hole there too.
     sql(database_url, "UPDATE ingest_partitions SET start_offset = 90 WHERE source = %s AND partition = 2", src.name)
+    # A segment whose holes and records do not make up its range; one with no holes recorded
+    # (an earlier release's) is counted apart, not a finding.
+    sql(database_url, "UPDATE ingest_segments SET holes = 2 WHERE id = %s", holed)
+    sql(database_url, "UPDATE ingest_segments SET holes = NULL WHERE source = %s AND holes = 0", src.name)
     code, doc = audit(database_url, src.name, monkeypatch, capsys)
     assert code == 1
     assert lines(doc) == [
         "hole: events[0] epoch 1: offsets [10, 14) are in no segment and no skipped gap",
         "hole: events[2] epoch 0: offsets [90, 100) are in no segment and no skipped gap",
+        f"records: segment {holed}: 3 row(s) + 0 reject(s) + 0 skipped + 2 hole(s) = 5 offset(s) in ranges covering 4",
     ]
+    assert (doc["holes"], doc["holes_unrecorded"]) == (2, 5)
     with Metastore(database_url) as store:
         last = store.last_audit(src.name)
-        assert last is not None and last["findings"] == 2 and last["by_kind"] == {"hole": 2}
+        assert last is not None and last["findings"] == 3 and last["by_kind"] == {"hole": 2, "records": 1}
         exported = store.control(src.name).last_audit  # what workers export with their heartbeat
-        assert exported is not None and (exported.findings, exported.finished_at) == (2, last["finished_at"])
+        assert exported is not None and (exported.findings, exported.finished_at) == (3, last["finished_at"])
     src.store.close()
 
 
@@ -160,6 +167,9 @@ def test_overlaps_and_strays_are_found(
         f"outside: events[0] epoch 3: segment {first} [0, 10) lies in an epoch the partition never had",
         f"records: segment {second}: 30 row(s) + 0 reject(s) + 0 skipped = 30 record(s) "
         "in ranges covering 10 offset(s)",
+        # Its range stretched to 20 offsets: its 10 records and no holes no longer make it up.
+        f"records: segment {third}: 10 row(s) + 0 reject(s) + 0 skipped + 0 hole(s) = 10 offset(s) "
+        "in ranges covering 20",
     ]
     src.store.close()
 

@@ -1,16 +1,19 @@
 """How the build reads its splits' exact offset ranges from a real Kafka (ingest.builder.kafka_read)
 and accounts for every record it read (ingest.builder.accounting), with real Spark: consecutive
-splits of a partition in one batch, transactions (aborted, and one still open past the last
-stable offset), a compacted log's holes, offsets gone from the log, and a kill switch tripped
-while the job reads."""
+splits of a partition in one batch, a record read outside its split's range, transactions
+(aborted, and one still open past the last stable offset) and a compacted log's holes recorded
+per segment, offsets gone from the log, and a kill switch tripped while the job reads."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +124,7 @@ def test_every_record_of_each_split_is_a_row_a_reject_or_skipped(
         assert (r.row_count, r.rejects_count, r.skipped_count) == (len(records) - bad, bad, 0), offsets
         assert (s.row_count, s.rejects_count, s.skipped_count) == (len(records) - bad, 0, bad), offsets
         assert r.records == s.records == offsets.end - offsets.start
+        assert r.holes == s.holes == 0
         rows = read(r.files, ["_offset", "_timestamp"])
         rejects = read(r.rejects_files, ["_offset", "_timestamp"])
         everything = list(range(offsets.start, offsets.end))
@@ -129,6 +133,61 @@ def test_every_record_of_each_split_is_a_row_a_reject_or_skipped(
         assert r.record_bytes == s.record_bytes == sum(len(k or b"") + len(v or b"") for k, v in records)
         newest = max(x["_timestamp"] for x in rows + rejects)
         assert r.last_timestamp_ms == s.last_timestamp_ms == int(newest.timestamp() * 1000)
+
+
+# --------------------------------------------------------------------------- a split's range
+
+
+def misreading(start: int, end: int, times: int = 1) -> Callable[..., Any]:
+    """``KafkaReader.frame`` reading each split's range with its bounds moved by ``start`` and
+    ``end``, ``times`` over, as a reader returning records outside the split's range (or some
+    twice) would; each row keeps its split's index."""
+    frame = KafkaReader.frame
+
+    def read(self: KafkaReader, spark: Any, splits: Sequence[SealedSplit]) -> Any:
+        moved = [replace(s, start=s.start + start, end=s.end + end) for s in splits]
+        frames = [frame(self, spark, moved) for _ in range(times)]
+        return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+    return read
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "times", "read"),
+    [
+        (-1, 0, 1, "read offsets {start_1}..{last}, outside its range"),
+        (1, 1, 1, "read offsets {start1}..{end}, outside its range"),
+        (0, 0, 2, "read 40 records (38 rows, 2 bad), more than its 20 offsets"),
+    ],
+    ids=["one-before-start", "one-at-end", "each-twice"],
+)
+def test_a_split_that_reads_outside_its_range_or_too_much_fails_the_build_with_one_line(
+    spark: Any,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start: int,
+    end: int,
+    times: int,
+    read: str,
+) -> None:
+    """Spark reads an offset outside the split's range, or each of its records twice; the odd
+    ones out are bad records (under ``skip`` the rows and the bad ones still add up to what
+    the job read): the split fails with one line naming it, its range and what it read, and
+    nothing is left in the store."""
+    records = [b"{", *(value(i) for i in range(19)), b"{", b"{", *(value(i) for i in range(19, 28))]
+    offsets = produce_blocks(kafka_bootstrap, make_topic(partitions=1), [(0, values(records))])[0]
+    split = split_of(offsets.tp, offsets.start + 1, offsets.start + 21)  # 19 good records, then a bad one
+    monkeypatch.setattr(KafkaReader, "frame", misreading(start, end, times))
+    [result] = spark_builder(spark, kafka_bootstrap, RecordingRegistrar()).build_batch(
+        [split], make_spec(tmp_path, "skip")
+    )
+    assert isinstance(result, BuildError), result
+    what = read.format(start_1=split.start - 1, last=split.end - 1, start1=split.start + 1, end=split.end)
+    line = f"split {split.id} of {split.tp} [{split.start}, {split.end}) {what}"
+    assert line in str(result) and "\n" not in str(result), str(result)
+    assert [p for p in (tmp_path / "store").rglob("*") if p.is_file()] == []
 
 
 # --------------------------------------------------------------------------- transactions
@@ -179,6 +238,8 @@ def test_aborted_records_are_never_read_and_an_open_transaction_is_not_waited_fo
     assert (aborted.records, aborted.files) == (0, ())
     assert [r["id"] for r in read(again.files, ["_offset", "id"])] == list(range(10, 20))
     assert [r.records for r in results] == [10, 0, 10]
+    # Each commit's marker, and the aborted transaction's 10 records and its marker.
+    assert [r.holes for r in results] == [1, 11, 1]
 
 
 # --------------------------------------------------------------------------- compaction
@@ -248,7 +309,9 @@ def test_a_compacted_logs_holes_inside_ranges_are_no_data_loss(
         len([o for o in offsets if o < mid]),
         len([o for o in offsets if o >= mid]),
     )
-    assert (empty.records, empty.files) == (0, ())
+    assert (empty.records, empty.files, empty.holes) == (0, (), after - hole)
+    assert (first.holes, rest.holes) == (mid - first.records, end - mid - rest.records)
+    assert first.holes + rest.holes == end - len(offsets) > 0
 
 
 # --------------------------------------------------------------------------- retention

@@ -85,6 +85,22 @@ def test_replaced_files_go_after_the_grace_period_and_never_one_a_current_segmen
     assert collect_garbage(store, "src", grace_s=3600).replaced == 0
 
 
+def test_a_replacement_carries_the_holes_of_the_segments_it_replaces(store: Metastore, tmp_path: Path) -> None:
+    """The holes (offsets with no record) of the old segments add up in their replacement; one
+    old segment without a count (published by an earlier release) leaves it none."""
+    uri = f"file://{tmp_path}"
+    serial = source(store, "src", uri)
+    ids = []
+    for start, holes in ((0, 2), (10, 3), (20, None), (30, 1)):
+        item = Build(store, "src", uri).item("src", 0, serial, start, start + 10)
+        segment = replace(item.segment, row_count=10 - (holes or 0), holes=holes)
+        ids.append(store.publish(replace(item, segment=segment)))
+    counted, _ = compact(store, uri, ids[:2], 15)
+    uncounted, _ = compact(store, uri, ids[2:], 19)
+    holes = {s["id"]: s["holes"] for s in store.current_segments("src")}
+    assert holes == {counted: 5, uncounted: None}
+
+
 def test_a_compaction_that_dies_before_its_replacement_leaves_nothing_visible_and_gc_cleans_it(
     store: Metastore, tmp_path: Path
 ) -> None:
