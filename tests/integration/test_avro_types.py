@@ -253,7 +253,6 @@ def test_a_field_added_inside_a_nested_record_evolves_the_table(database_url: st
     committed before read it as null."""
     src = Source(database_url, f"file://{tmp_path}/store", name="nested")
     try:
-        published = []
         for version, (ctype, address) in enumerate(
             [
                 ("struct<city:string>", pa.struct([("city", pa.string())])),
@@ -281,7 +280,7 @@ def test_a_field_added_inside_a_nested_record_evolves_the_table(database_url: st
             built = BuiltSegment(
                 split_id=split, location=uri.rpartition("/")[0], files=(uri,), row_count=1, size_bytes=1
             )
-            published.append(src.publish_built(built, start + 1))
+            src.publish_built(built, start + 1)
         enable_table(database_url, src.name, PartitionBy.NONE, RejectsMode.NONE)
         with committer(database_url, src.name) as c:
             c.commit_all()
